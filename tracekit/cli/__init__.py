@@ -1,0 +1,45 @@
+"""The `tracekit` command: a click group whose subcommands load lazily.
+
+`tracekit inspect` must stay fast and work without torch or vLLM installed, so each
+subcommand's module is imported only when that subcommand runs. Every `TracekitError` that
+escapes a subcommand becomes one readable line on stderr and the error's exit code: a bad
+bundle never shows the user a traceback.
+"""
+
+import importlib
+import sys
+
+import click
+
+from tracekit import __version__
+from tracekit.errors import TracekitError
+
+SUBCOMMANDS = {
+    "inspect": ("tracekit.cli.inspect", "inspect_command"),
+    "record": ("tracekit.cli.record", "record_command"),
+    "replay": ("tracekit.cli.replay", "replay_command"),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in SUBCOMMANDS:
+            return None
+        module_name, attribute = SUBCOMMANDS[name]
+        return getattr(importlib.import_module(module_name), attribute)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TracekitError as error:
+            click.echo(f"tracekit: error: {error}", err=True)
+            sys.exit(error.exit_code)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tracekit")
+def main():
+    """Record one exact vLLM engine step into a bundle; replay, check and time it anywhere."""

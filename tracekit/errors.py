@@ -1,0 +1,31 @@
+"""Errors that carry a user-facing message and the CLI exit code they map to.
+
+The exit codes are a contract (`git bisect run`, CI): 0 reproduced/ok, 1 ran but did not
+reproduce, 2 bad input or usage, 3 this machine cannot do it (missing weights, vLLM absent or
+incompatible, no graph-capable device).
+"""
+
+EXIT_OK = 0
+EXIT_NOT_REPRODUCED = 1
+EXIT_BAD_INPUT = 2
+EXIT_CANNOT_RUN_HERE = 3
+
+
+class TracekitError(Exception):
+    """Base class: `str(error)` is one readable line for the user."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class BundleError(TracekitError):
+    """A bundle is malformed, damaged, too large, or from an unsupported format version."""
+
+
+class UsageError(TracekitError):
+    """Bad arguments: an unknown trigger expression, an unwritable output path, ..."""
+
+
+class CannotRunHere(TracekitError):
+    """The request is valid but this machine cannot carry it out."""
+
+    exit_code = EXIT_CANNOT_RUN_HERE
