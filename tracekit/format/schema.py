@@ -1,0 +1,238 @@
+"""The typed content of a bundle: what a recorded engine step holds, defined once.
+
+The container (header, frames, index) is versioned by the format version; this schema is the
+content inside the metadata map, versioned by `SCHEMA_VERSION`. Every record converts to and
+from plain msgpack data. Readers are lenient in one direction only: fields a newer tracekit
+added are kept in `extras` (and written back unchanged), fields an older one lacked take their
+defaults. Wrong types in a stranger's bundle raise `BundleError`, never a crash later on.
+
+Tensor-valued fields hold a `torch.Tensor` while recording, a `{"$tensor": name}` reference in
+the file, and whatever `BundleReader.resolve` loads when replaying. vLLM objects (the scheduler
+output, sampling params) are stored as the field-by-field maps `tracekit.integrations.vllm`
+produces, tagged with the vLLM version that wrote them.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tracekit.errors import BundleError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class SchemaRecord:
+    """Base: plain-data conversion that keeps unknown fields and checks nested types."""
+
+    # field name -> record class (a single record) or [record class] (a list of them)
+    nested: ClassVar[dict[str, Any]] = {}
+    extras: dict[str, Any] = field(default_factory=dict, kw_only=True)
+
+    def to_plain(self) -> dict[str, Any]:
+        plain: dict[str, Any] = dict(self.extras)
+        for item in dataclasses.fields(self):
+            if item.name == "extras":
+                continue
+            value = getattr(self, item.name)
+            if isinstance(value, SchemaRecord):
+                value = value.to_plain()
+            elif isinstance(value, list) and value and isinstance(value[0], SchemaRecord):
+                value = [entry.to_plain() for entry in value]
+            plain[item.name] = value
+        return plain
+
+    @classmethod
+    def from_plain(cls, data: Any, where: str = "") -> "SchemaRecord":
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise BundleError(f"bundle content: {where} should be a map, found {type(data).__name__}")
+        known = {item.name for item in dataclasses.fields(cls)} - {"extras"}
+        values: dict[str, Any] = {}
+        for name in known & data.keys():
+            value = data[name]
+            kind = cls.nested.get(name)
+            if isinstance(kind, list):
+                if not isinstance(value, list):
+                    raise BundleError(f"bundle content: {where}.{name} should be a list")
+                value = [kind[0].from_plain(v, f"{where}.{name}[{i}]") for i, v in enumerate(value)]
+            elif kind is not None and value is not None:
+                value = kind.from_plain(value, f"{where}.{name}")
+            values[name] = value
+        missing = [
+            item.name
+            for item in dataclasses.fields(cls)
+            if item.name in known and item.name not in values
+            and item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise BundleError(f"bundle content: {where} lacks required field(s) {', '.join(missing)}")
+        extras = {key: value for key, value in data.items() if key not in known}
+        return cls(**values, extras=extras)
+
+
+@dataclass
+class Environment(SchemaRecord):
+    """Where a bundle was recorded; compared field by field before a replay."""
+
+    tracekit_version: str
+    vllm_version: str | None = None
+    torch_version: str | None = None
+    python_version: str | None = None
+    platform: str | None = None  # e.g. "Linux-6.1-x86_64"
+    device_kind: str = "cpu"  # "cpu", "cuda" or "npu"
+    device_name: str | None = None
+    cpu_isa: str | None = None  # e.g. "avx512_bf16" / "avx2"
+    gpu_capability: str | None = None  # e.g. "sm_90"
+    env_vars: dict[str, str] = field(default_factory=dict)  # VLLM_*, TRACEKIT_*, CUDA_* ...
+
+
+@dataclass
+class ModelInfo(SchemaRecord):
+    path: str
+    architecture: str | None = None
+    weights_fingerprint: str | None = None  # hash over the weight files' names and bytes
+
+
+@dataclass
+class EngineConfig(SchemaRecord):
+    """What is needed to rebuild the engine: vLLM `EngineArgs` values that differ from default,
+    the model, and the KV cache geometry the recorded block ids live in."""
+
+    vllm_version: str
+    engine_args: dict[str, Any]
+    model: ModelInfo
+    num_kv_blocks: int
+    block_size: int
+    nested: ClassVar[dict[str, Any]] = {"model": ModelInfo}
+
+
+@dataclass
+class RequestState(SchemaRecord):
+    """The runner's view of one request at the recorded step (batch order is `Step.batch_order`)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    block_ids: list[list[int]]  # one list per KV cache group
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    sampling_params: dict[str, Any] | None = None
+    generator_state: Any = None  # tensor: torch.Generator.get_state() of a seeded request
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed_tokens < len(self.prompt_token_ids)
+
+
+@dataclass
+class KVLayout(SchemaRecord):
+    """How one layer's KV cache tensor is laid out: blocks are slices along `block_dim`."""
+
+    shape: list[int]
+    dtype: str
+    block_dim: int
+    num_blocks: int
+    block_size: int
+
+
+@dataclass
+class KVGroupSnapshot(SchemaRecord):
+    """One KV cache group: its layers, the blocks saved, and those blocks' contents."""
+
+    layer_names: list[str]
+    layout: KVLayout
+    read_block_ids: list[int]
+    written_block_ids: list[int]
+    saved_block_ids: list[int]  # the rows of every `before` tensor, in this order
+    before: dict[str, Any] = field(default_factory=dict)  # layer -> tensor, pre-forward
+    after: dict[str, Any] = field(default_factory=dict)  # layer -> tensor of written blocks
+    nested: ClassVar[dict[str, Any]] = {"layout": KVLayout}
+
+
+@dataclass
+class KVSnapshot(SchemaRecord):
+    mode: str  # "read" (all the forward depends on), "written", or "none"
+    groups: list[KVGroupSnapshot] = field(default_factory=list)
+    nested: ClassVar[dict[str, Any]] = {"groups": [KVGroupSnapshot]}
+
+
+@dataclass
+class GraphDispatch(SchemaRecord):
+    """The engine's capture-size tables and what this step was dispatched to, as the platform
+    reported them (on CPU: no graphs, `runtime_mode` "NONE")."""
+
+    compilation_mode: str
+    cudagraph_mode: str
+    capture_sizes: list[int] = field(default_factory=list)
+    compile_sizes: list[int] = field(default_factory=list)
+    max_capture_size: int | None = None
+    num_warmups: int | None = None
+    splitting_ops: list[str] = field(default_factory=list)
+    runtime_mode: str = "NONE"
+    num_tokens: int = 0
+    num_tokens_padded: int = 0
+    batch_descriptor: dict[str, Any] | None = None
+
+
+@dataclass
+class StepOutputs(SchemaRecord):
+    hidden_states: Any = None  # tensor [num_tokens_padded, hidden]
+    logits: Any = None  # tensor [num_sampled, vocab]
+    sampled_token_ids: list[list[int]] | None = None  # per request, batch order
+    finite: bool = True
+
+
+@dataclass
+class StepTiming(SchemaRecord):
+    forward_us: float | None = None  # wall time of the model forward in the engine
+    forward_cpu_us: float | None = None  # process CPU time of that forward
+    step_us: float | None = None  # wall time of execute_model + sample_tokens
+    host_copy_us: float | None = None  # the recorder's stall: copying the step to host
+
+
+@dataclass
+class Step(SchemaRecord):
+    index: int  # the engine step (count of non-empty forwards since arming, from 0)
+    trigger: str  # what fired: "steps 3", "when num_reqs>=2", "exception", "nonfinite"
+    scheduler_output: dict[str, Any]
+    batch_order: list[str]
+    requests: list[RequestState]
+    input_ids: Any  # tensor, as fed to the model (padded)
+    positions: Any  # tensor
+    kv: KVSnapshot
+    graph: GraphDispatch
+    rng: dict[str, Any] = field(default_factory=dict)  # "cpu": global generator state tensor
+    outputs: StepOutputs | None = None  # None when the forward raised
+    timing: StepTiming = field(default_factory=StepTiming)
+    error: dict[str, Any] | None = None  # {"type", "message", "traceback"} if it raised
+    nested: ClassVar[dict[str, Any]] = {
+        "requests": [RequestState],
+        "kv": KVSnapshot,
+        "graph": GraphDispatch,
+        "outputs": StepOutputs,
+        "timing": StepTiming,
+    }
+
+
+@dataclass
+class BundleContent(SchemaRecord):
+    """The whole metadata map of a bundle."""
+
+    environment: Environment
+    engine: EngineConfig
+    steps: list[Step]
+    schema_version: int = SCHEMA_VERSION
+    created_at: str = ""  # ISO 8601, UTC
+    nested: ClassVar[dict[str, Any]] = {
+        "environment": Environment,
+        "engine": EngineConfig,
+        "steps": [Step],
+    }
+
+    @classmethod
+    def from_plain(cls, data: Any, where: str = "") -> "BundleContent":
+        content = super().from_plain(data, where or "bundle")
+        if not isinstance(content.schema_version, int) or content.schema_version < 1:
+            raise BundleError(f"bundle content: bad schema_version {content.schema_version!r}")
+        return content
