@@ -1,0 +1,1 @@
+"""Adapters to the serving engines tracekit records from. Only `vllm/` exists today."""

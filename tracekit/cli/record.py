@@ -1,0 +1,51 @@
+"""`tracekit record`: run a workload on a real vLLM engine and record the steps it picks.
+
+With no arguments it records the first mixed step (prefills and decodes together) of the
+built-in workload on the embedded tiny model. Options it does not know are vLLM engine
+arguments (`--enforce-eager`, `--max-num-batched-tokens 128`, ...), parsed by vLLM itself.
+"""
+
+import click
+
+from tracekit.errors import UsageError
+
+DEFAULT_OUTPUT = "tracekit-bundle.zst"
+
+
+@click.command(
+    "record",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+@click.option("--model", default=None, help="Model path or name. Default: the embedded tiny Llama.")
+@click.option("--prompts", type=click.Path(dir_okay=False), help="JSON lines or one prompt per line.")
+@click.option("--max-tokens", type=int, default=None, help="Tokens to generate per request (default 12).")
+@click.option("--steps", default=None, help="Step indices to record: 7, 5:9, 3,7,10:12.")
+@click.option("--when", default=None, help="Predicate: e.g. 'num_reqs>=2 and has_prefill', 'mixed'.")
+@click.option("--on", "events", multiple=True, type=click.Choice(["exception", "nonfinite"]),
+              help="Record a step whose forward raises / whose outputs are not finite.")
+@click.option("--kv", type=click.Choice(["read", "written", "none"]), default="read", show_default=True,
+              help="KV blocks to save: all the forward reads, only those it writes, or none.")
+@click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
+              help="Bundle path; put {step} in it to record every matching step, one bundle each.")
+@click.pass_context
+def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output):
+    """Record engine steps of a real vLLM engine into bundles."""
+    from tracekit.record.session import record_workload
+
+    if steps is None and when is None and not events:
+        when = "mixed"
+    written = record_workload(
+        model=model,
+        engine_argv=list(ctx.args),
+        prompts_file=prompts,
+        max_tokens=max_tokens,
+        steps=steps,
+        when=when,
+        events=tuple(events),
+        kv=kv,
+        output=output,
+    )
+    if not written:
+        raise UsageError("no step matched the trigger; nothing was recorded")
+    for path in written:
+        click.echo(f"recorded {path}")

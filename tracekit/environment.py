@@ -1,0 +1,68 @@
+"""The environment fingerprint: where a bundle was recorded, and how this machine differs.
+
+Bit-exact replay is only promised on the same platform, so the recorder stores the versions,
+device and CPU instruction set that shape the numbers, and the replayer prints every difference
+before it runs. Nothing here imports vLLM (its version is read from package metadata).
+"""
+
+import os
+import platform
+import sys
+from typing import Any
+
+from tracekit import __version__
+from tracekit.format.schema import Environment
+from tracekit.integrations.vllm.version import installed_vllm_version
+
+# Environment variables that change what a forward computes or how it is dispatched.
+RELEVANT_ENV_PREFIXES = ("VLLM_", "TRACEKIT_", "CUDA_", "NCCL_", "OMP_", "ASCEND_", "TORCH_")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# Set by vLLM itself with a fresh random value in every process: never a difference that matters.
+PER_PROCESS_VARS = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
+
+# Fields whose difference makes bit-exactness unlikely; the rest are informational.
+NUMERIC_FIELDS = ("vllm_version", "torch_version", "device_kind", "device_name", "cpu_isa", "gpu_capability")
+
+
+def current_environment(device: Any = None) -> Environment:
+    import torch
+
+    device = torch.device(device or "cpu")
+    environment = Environment(
+        tracekit_version=__version__,
+        vllm_version=installed_vllm_version(),
+        torch_version=torch.__version__,
+        python_version=sys.version.split()[0],
+        platform=platform.platform(),
+        device_kind=device.type,
+        device_name=platform.processor() or platform.machine(),
+        cpu_isa=torch.backends.cpu.get_cpu_capability(),
+        env_vars={
+            name: value
+            for name, value in sorted(os.environ.items())
+            if name.startswith(RELEVANT_ENV_PREFIXES)
+            and not any(marker in name for marker in SECRET_MARKERS)
+            and name not in PER_PROCESS_VARS
+        },
+    )
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        environment.device_name = torch.cuda.get_device_name(device)
+        environment.gpu_capability = f"sm_{major}{minor}"
+    elif device.type == "npu":
+        environment.device_name = torch.npu.get_device_name(device)  # type: ignore[attr-defined]
+    return environment
+
+
+def environment_differences(recorded: Environment, here: Environment) -> list[tuple[str, Any, Any, bool]]:
+    """(field, recorded, here, affects_numerics) for every field that differs, env vars included."""
+    differences = []
+    for name in ("tracekit_version", *NUMERIC_FIELDS, "python_version", "platform"):
+        before, now = getattr(recorded, name), getattr(here, name)
+        if before != now:
+            differences.append((name, before, now, name in NUMERIC_FIELDS))
+    for name in sorted(set(recorded.env_vars) | set(here.env_vars)):
+        before, now = recorded.env_vars.get(name), here.env_vars.get(name)
+        if before != now:
+            differences.append((f"env {name}", before, now, False))
+    return differences

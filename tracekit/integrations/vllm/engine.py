@@ -1,0 +1,146 @@
+"""Engine arguments <-> a live vLLM engine, and the way from an `LLM` to its model runner.
+
+A bundle must rebuild the engine that recorded it on another machine, so the recorder reads the
+settings that shape the forward back out of the live `VllmConfig` (this works for an `LLM` the
+user built, for `tracekit record` and for `vllm serve` alike) and stores them as `EngineArgs`
+keyword values. The KV cache geometry is pinned too (`num_gpu_blocks_override`), so recorded
+block ids address the same rows after the rebuild.
+"""
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import CannotRunHere, UsageError
+
+# In-process engine core: the model runner lives in this process and can be reached.
+IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+_COMPILATION_FIELDS = (
+    "backend",
+    "custom_ops",
+    "splitting_ops",
+    "compile_sizes",
+    "cudagraph_capture_sizes",
+    "max_cudagraph_capture_size",
+    "cudagraph_num_of_warmups",
+)
+
+
+def engine_args_from_config(vllm_config: Any) -> dict[str, Any]:
+    """The `EngineArgs` keyword values that rebuild an engine whose forward matches this one."""
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    scheduler, parallel = vllm_config.scheduler_config, vllm_config.parallel_config
+    compilation = vllm_config.compilation_config
+    args = {
+        "model": model.model,
+        "tokenizer": model.tokenizer,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "seed": model.seed,
+        "max_model_len": model.max_model_len,
+        "enforce_eager": model.enforce_eager,
+        "trust_remote_code": model.trust_remote_code,
+        "quantization": model.quantization,
+        "load_format": vllm_config.load_config.load_format,
+        "block_size": cache.block_size,
+        "enable_prefix_caching": cache.enable_prefix_caching,
+        "kv_cache_dtype": cache.cache_dtype,
+        "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
+        "num_gpu_blocks_override": cache.num_gpu_blocks,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "enable_chunked_prefill": scheduler.enable_chunked_prefill,
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "pipeline_parallel_size": parallel.pipeline_parallel_size,
+        "compilation_config": {
+            "mode": int(compilation.mode),
+            "cudagraph_mode": compilation.cudagraph_mode.name,
+            **{name: _plain(getattr(compilation, name)) for name in _COMPILATION_FIELDS},
+        },
+    }
+    return {name: value for name, value in args.items() if value is not None}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple, set)) else value
+
+
+def build_llm(engine_args: dict[str, Any]) -> Any:
+    """Start an in-process engine from recorded (or user) `EngineArgs` values."""
+    os.environ.update(IN_PROCESS_ENV)
+    from vllm import LLM
+
+    try:
+        return LLM(**engine_args)
+    except (TypeError, ValueError) as error:
+        raise CannotRunHere(f"vLLM refused the engine arguments: {error}") from error
+
+
+def find_runner(llm: Any) -> Any:
+    """The model runner of an in-process `LLM`, or a clear refusal."""
+    engine_core = getattr(llm.llm_engine, "engine_core", None)
+    inner = getattr(engine_core, "engine_core", None)  # InprocClient -> EngineCore
+    executor = getattr(inner, "model_executor", None) or getattr(
+        llm.llm_engine, "model_executor", None
+    )
+    worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        raise UsageError(
+            "cannot reach the model runner: the engine core runs in another process. "
+            "Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before building the LLM, or record through "
+            "the vLLM plugin (TRACEKIT_RECORD=... vllm serve ...)"
+        )
+    return runner
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weights_fingerprint(model_path: str, load_format: str | None) -> str | None:
+    """A hash over the weight files' names and bytes, plus config.json; None where the weights
+    are not a local folder (a hub id resolved elsewhere)."""
+    if load_format == "dummy":
+        return "dummy"
+    root = Path(model_path)
+    if not root.is_dir():
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    files = sorted(p for p in root.rglob("*") if p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        with path.open("rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+    return "blake2b-128:" + digest.hexdigest()
+
+
+def model_architecture(vllm_config: Any) -> str | None:
+    architectures = getattr(vllm_config.model_config.hf_config, "architectures", None) or [None]
+    return architectures[0]
+
+
+def parse_engine_cli_args(argv: list[str]) -> dict[str, Any]:
+    """`--max-model-len 1024 --enforce-eager ...` parsed by vLLM's own `EngineArgs` parser, as
+    the keyword values that differ from vLLM's defaults."""
+    if not argv:
+        return {}
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="tracekit", add_help=False))
+    try:
+        namespace, unknown = parser.parse_known_args(argv)
+    except SystemExit as error:
+        raise UsageError(f"bad engine arguments: {' '.join(argv)}") from error
+    if unknown:
+        raise UsageError(f"unknown engine argument(s): {' '.join(unknown)}")
+    defaults, _ = parser.parse_known_args([])
+    return {
+        name: value
+        for name, value in vars(namespace).items()
+        if name in {item.name for item in dataclasses.fields(EngineArgs)} and value != getattr(defaults, name, None)
+    }

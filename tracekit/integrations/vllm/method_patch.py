@@ -1,0 +1,43 @@
+"""Shadowing a vLLM object's methods for the length of an armed session.
+
+An instance attribute shadows the class method of the same name, for that one object only (the
+technique vLLM's own forward bench uses on its runner). Removing the attribute restores the
+original exactly; nothing about the class, or any other engine in the process, changes.
+"""
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+
+@contextmanager
+def shadowed(obj: Any, wrappers: dict[str, Callable[[Callable], Callable]]) -> Iterator[None]:
+    """Within the block, `obj.name(...)` calls `wrapper(original)(...)` for each name."""
+    installed = []
+    try:
+        for name, make_wrapper in wrappers.items():
+            if name in vars(obj):
+                raise RuntimeError(f"{type(obj).__name__}.{name} is already shadowed (armed twice?)")
+            setattr(obj, name, make_wrapper(getattr(obj, name)))
+            installed.append(name)
+        yield
+    finally:
+        for name in installed:
+            delattr(obj, name)
+
+
+def call_after(cls: type, name: str, hook: Callable[[Any], None]) -> None:
+    """Make every later `instance.name(...)` of `cls` (and subclasses that call it) run
+    `hook(instance)` once the original returns. Used by the vLLM plugin, which has no runner
+    instance to shadow until vLLM builds one inside its engine process."""
+    original = getattr(cls, name)
+    if getattr(original, "__tracekit_hooked__", False):
+        return
+
+    def with_hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        hook(self)
+        return result
+
+    with_hook.__tracekit_hooked__ = True  # type: ignore[attr-defined]
+    with_hook.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(cls, name, with_hook)

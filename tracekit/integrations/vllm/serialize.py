@@ -1,0 +1,127 @@
+"""vLLM objects <-> plain msgpack data, field by field, without pickle.
+
+vLLM's scheduler and runner objects (`SchedulerOutput`, `NewRequestData`, `CachedRequestData`,
+`SamplingParams`, ...) change between releases, so they are walked generically: dataclasses by
+their fields, msgspec structs by `__struct_fields__` (private and default fields included, which
+`msgspec.to_builtins` would drop). Python types msgpack lacks are tagged:
+
+    {"$type": "NewRequestData", ...fields}   a vLLM dataclass or struct
+    {"$set": [...]}  {"$tuple": [...]}  {"$items": [[key, value], ...]} (non-string keys)
+    {"$enum": "RequestOutputKind", "value": 0}
+
+Tensors and numpy arrays stay tensors: the bundle writer stores them as tensor frames. Reading
+back only ever builds types from the fixed allow-list `_vllm_types()` of the installed vLLM: a
+bundle's content never decides what gets imported or called.
+"""
+
+import dataclasses
+import enum
+from typing import Any
+
+import numpy as np
+import torch
+
+from tracekit.errors import BundleError, TracekitError
+
+
+class SerializationError(TracekitError):
+    """A vLLM object holds something tracekit cannot store faithfully."""
+
+
+def to_plain(value: Any, path: str = "value") -> Any:
+    """Convert a vLLM object graph to msgpack-able data (tensors kept as tensors)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value, copy=True))
+    if isinstance(value, enum.Enum):
+        return {"$enum": type(value).__name__, "value": value.value}
+    if isinstance(value, (set, frozenset)):
+        return {"$set": sorted((to_plain(v, path) for v in value), key=repr)}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return {"$tuple": [to_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, (list, tuple)):  # NamedTuples (e.g. KVCacheBlockCopy) become lists
+        return [to_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if all(isinstance(key, str) for key in value):
+            return {key: to_plain(v, f"{path}.{key}") for key, v in value.items()}
+        return {"$items": [[to_plain(k, path), to_plain(v, f"{path}[{k!r}]")] for k, v in value.items()]}
+    if dataclasses.is_dataclass(value):
+        names = [item.name for item in dataclasses.fields(value)]
+        return _tagged(value, names, path)
+    if hasattr(type(value), "__struct_fields__"):
+        return _tagged(value, type(value).__struct_fields__, path)
+    raise SerializationError(f"cannot serialise {path}: unsupported type {type(value).__qualname__}")
+
+
+def _tagged(value: Any, names: list[str] | tuple[str, ...], path: str) -> dict[str, Any]:
+    plain = {"$type": type(value).__name__}
+    for name in names:
+        plain[name] = to_plain(getattr(value, name), f"{path}.{name}")
+    return plain
+
+
+def from_plain(plain: Any) -> Any:
+    """Rebuild objects written by `to_plain` with the installed vLLM's classes."""
+    if isinstance(plain, list):
+        return [from_plain(v) for v in plain]
+    if not isinstance(plain, dict):
+        return plain
+    if "$set" in plain:
+        return {from_plain(v) for v in plain["$set"]}
+    if "$tuple" in plain:
+        return tuple(from_plain(v) for v in plain["$tuple"])
+    if "$items" in plain:
+        return {from_plain(k): from_plain(v) for k, v in plain["$items"]}
+    if "$enum" in plain:
+        return _lookup(_vllm_enums(), plain["$enum"])(plain["value"])
+    if "$type" in plain:
+        return _build(plain)
+    return {key: from_plain(v) for key, v in plain.items()}
+
+
+def _build(plain: dict[str, Any]) -> Any:
+    cls = _lookup(_vllm_types(), plain["$type"])
+    fields = {key: from_plain(v) for key, v in plain.items() if key != "$type"}
+    if hasattr(cls, "__struct_fields__"):
+        # msgspec structs: start from defaults, then set every recorded field as it was
+        # (constructor validation would re-derive private fields differently).
+        obj = cls()
+        for name, value in fields.items():
+            if name in cls.__struct_fields__:
+                setattr(obj, name, value)
+        return obj
+    known = {item.name for item in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in fields.items() if name in known})
+
+
+def _lookup(table: dict[str, Any], name: Any) -> Any:
+    if not isinstance(name, str) or name not in table:
+        raise BundleError(f"bundle holds a vLLM type this tracekit does not rebuild: {name!r}")
+    return table[name]
+
+
+def _vllm_types() -> dict[str, Any]:
+    from vllm.forward_context import BatchDescriptor
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+    from vllm.v1.core.sched import output
+
+    classes = [
+        output.SchedulerOutput,
+        output.NewRequestData,
+        output.CachedRequestData,
+        output.ScheduledEncoderInputStats,
+        output.GrammarOutput,
+        SamplingParams,
+        StructuredOutputsParams,
+        BatchDescriptor,
+    ]
+    return {cls.__name__: cls for cls in classes}
+
+
+def _vllm_enums() -> dict[str, Any]:
+    from vllm.sampling_params import RequestOutputKind, SamplingType
+
+    return {cls.__name__: cls for cls in (RequestOutputKind, SamplingType)}

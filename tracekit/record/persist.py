@@ -1,0 +1,109 @@
+"""Writing recorded steps to bundle files, off the engine's critical path.
+
+The engine thread hands over a step already copied to host; a single background thread encodes
+and compresses it into a bundle (one bundle per recorded step). A failure here — disk full, a
+value that cannot be stored, a bug — is logged once and leaves nothing at the target path (the
+bundle writer's temporary file is removed); it never reaches the engine.
+"""
+
+import logging
+import queue
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tracekit.errors import UsageError
+from tracekit.format import BundleWriter
+from tracekit.format.schema import BundleContent, EngineConfig, Environment, Step
+
+logger = logging.getLogger("tracekit.record")
+
+STEP_PLACEHOLDER = "{step}"
+
+
+class OutputTemplate:
+    """Where bundles go. A path with `{step}` takes every firing step; a plain path takes the
+    first one only (the recorder then stops firing)."""
+
+    def __init__(self, template: str | Path):
+        self.template = str(template)
+        parent = Path(self.template.replace(STEP_PLACEHOLDER, "0")).resolve().parent
+        if not parent.is_dir():
+            raise UsageError(f"cannot write bundles to {self.template}: {parent} is not a directory")
+        probe = parent / f".tracekit-write-probe-{threading.get_ident()}"
+        try:
+            probe.touch()
+            probe.unlink()
+        except OSError as error:
+            raise UsageError(f"cannot write bundles to {self.template}: {error.strerror}") from error
+
+    @property
+    def single(self) -> bool:
+        return STEP_PLACEHOLDER not in self.template
+
+    def path_for(self, step_index: int) -> Path:
+        return Path(self.template.replace(STEP_PLACEHOLDER, str(step_index)))
+
+
+def write_bundle(path: Path, environment: Environment, engine: EngineConfig, steps: list[Step]) -> Path:
+    content = BundleContent(
+        environment=environment,
+        engine=engine,
+        steps=steps,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    with BundleWriter(path) as writer:
+        writer.set_metadata(_store_tensors(content.to_plain(), writer, ""))
+    return path
+
+
+def _store_tensors(value: Any, writer: Any, name: str) -> Any:
+    """Replace every tensor in a plain tree by a reference to a tensor frame named by its path."""
+    if isinstance(value, torch.Tensor):
+        return writer.add_tensor(name, value)
+    if isinstance(value, dict):
+        return {key: _store_tensors(item, writer, f"{name}/{key}" if name else str(key)) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_store_tensors(item, writer, f"{name}/{i}") for i, item in enumerate(value)]
+    return value
+
+
+class BackgroundPersister:
+    """One writer thread with a queue; `close()` waits for every submitted bundle."""
+
+    def __init__(self, environment: Environment, engine: EngineConfig):
+        self.environment = environment
+        self.engine = engine
+        self.written: list[Path] = []
+        self.failures: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="tracekit-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path, step: Step) -> None:
+        self._queue.put((path, step))
+
+    def write_now(self, path: Path, step: Step) -> None:
+        """Synchronous write, for a step whose forward raised: the engine may be going down."""
+        self._write(path, step)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._write(*item)
+
+    def _write(self, path: Path, step: Step) -> None:
+        try:
+            self.written.append(write_bundle(path, self.environment, self.engine, [step]))
+            logger.info("tracekit: recorded step %d (%s) to %s", step.index, step.trigger, path)
+        except Exception as error:  # never let recording harm the engine
+            message = f"could not write {path}: {type(error).__name__}: {error}"
+            if not self.failures:
+                logger.error("tracekit: %s (further failures are counted, not logged)", message)
+            self.failures.append(message)

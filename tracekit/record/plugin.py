@@ -1,0 +1,66 @@
+"""The vLLM general plugin: arms a recorder inside any vLLM engine from environment variables.
+
+    TRACEKIT_RECORD_OUTPUT=/tmp/step{step}.zst TRACEKIT_RECORD_STEPS=5 vllm serve MODEL
+
+vLLM loads `vllm.general_plugins` entry points in every process it starts; this one does
+nothing unless `TRACEKIT_RECORD_OUTPUT` is set. It then arms a recorder on each model runner
+once its worker has finished compiling and warming up (those runs are not steps), and flushes
+the writer thread when the process exits.
+
+    TRACEKIT_RECORD_OUTPUT  bundle path; `{step}` in it records every firing step
+    TRACEKIT_RECORD_STEPS   e.g. `7`, `5:9`, `3,7`
+    TRACEKIT_RECORD_WHEN    a predicate, e.g. `num_reqs>=2 and has_prefill`
+    TRACEKIT_RECORD_ON      `exception`, `nonfinite` or both, comma separated
+    TRACEKIT_RECORD_KV      `read` (default), `written` or `none`
+"""
+
+import atexit
+import logging
+import os
+from typing import Any
+
+from tracekit.errors import TracekitError
+
+logger = logging.getLogger("tracekit.record")
+
+_armed: list[Any] = []
+
+
+def register() -> None:
+    if not os.environ.get("TRACEKIT_RECORD_OUTPUT"):
+        return
+    from tracekit.integrations.vllm.worker_hook import on_each_runner_ready
+
+    on_each_runner_ready(_arm_on)
+
+
+def _arm_on(runner: Any) -> None:
+    if any(recorder.runner is runner for recorder in _armed):
+        return
+    from tracekit.record.recorder import Recorder
+    from tracekit.record.triggers import TriggerSet
+
+    events = tuple(e.strip() for e in os.environ.get("TRACEKIT_RECORD_ON", "").split(",") if e.strip())
+    try:
+        recorder = Recorder(
+            runner,
+            os.environ["TRACEKIT_RECORD_OUTPUT"],
+            TriggerSet(
+                steps=os.environ.get("TRACEKIT_RECORD_STEPS"),
+                when=os.environ.get("TRACEKIT_RECORD_WHEN"),
+                events=events,
+            ),
+            kv=os.environ.get("TRACEKIT_RECORD_KV", "read"),
+        ).arm()
+    except TracekitError as error:
+        logger.error("tracekit: recorder not armed: %s", error)
+        return
+    _armed.append(recorder)
+    if len(_armed) == 1:
+        atexit.register(_disarm_all)
+    logger.info("tracekit: recorder armed, writing to %s", recorder.output.template)
+
+
+def _disarm_all() -> None:
+    while _armed:
+        _armed.pop().disarm()

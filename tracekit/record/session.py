@@ -1,0 +1,49 @@
+"""One `tracekit record` run: build the engine, arm, run the workload, disarm.
+
+Kept apart from the CLI so tests and tools drive exactly what a user's command does.
+"""
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import TracekitError
+from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm.version import require_supported_vllm
+from tracekit.models import tiny_model_path
+from tracekit.record import workload
+from tracekit.record.api import recording
+
+logger = logging.getLogger("tracekit.record")
+
+
+def record_workload(
+    *,
+    model: str | None = None,
+    engine_argv: list[str] = (),
+    engine_args: dict[str, Any] | None = None,
+    prompts_file: str | None = None,
+    max_tokens: int | None = None,
+    steps: str | None = None,
+    when: str | None = None,
+    events: tuple[str, ...] = (),
+    kv: str = "read",
+    output: str | Path = "tracekit-bundle.zst",
+) -> list[Path]:
+    """Record the steps the triggers pick from a workload run; returns the bundles written."""
+    require_supported_vllm()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
+    args = {
+        **workload.DEFAULT_ENGINE_ARGS,
+        "model": model or tiny_model_path(),
+        **vllm_engine.parse_engine_cli_args(list(engine_argv)),
+        **(engine_args or {}),
+    }
+    llm = vllm_engine.build_llm(args)
+    with recording(llm, output, steps=steps, when=when, on=events, kv=kv) as recorder:
+        workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
+    if recorder.failures:
+        raise TracekitError(f"recording failed: {recorder.failures[0]}")
+    return recorder.written

@@ -1,0 +1,144 @@
+"""When the recorder fires: by step index, by a predicate on the batch, on exception, on
+non-finite outputs.
+
+Step and predicate triggers are decided before the forward from cheap batch facts, so an armed
+recorder that does not fire costs one comparison per step. Exception and non-finite triggers
+cannot know in advance: they copy each step's inputs and KV blocks to host before its forward
+(that is the price of having them armed), and keep the copy only when the step fails.
+
+Predicates are a tiny language, parsed here and never evaluated as Python:
+
+    clause ("and" clause)*      clause = NAME | NAME OP VALUE      OP = == != >= <= > <
+    names: num_reqs, num_tokens, num_prefills, num_decodes (ints), has_prefill, has_decode,
+           mixed (booleans), req_id (true when any request of the batch has that id)
+"""
+
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tracekit.errors import UsageError
+
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+_CLAUSE = re.compile(r"^\s*([a-z_]+)\s*(?:(==|!=|>=|<=|>|<)\s*(\S+))?\s*$")
+_INT_FACTS = ("num_reqs", "num_tokens", "num_prefills", "num_decodes")
+_BOOL_FACTS = ("has_prefill", "has_decode", "mixed")
+EVENT_TRIGGERS = ("exception", "nonfinite")
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """What predicates can ask about a step's batch."""
+
+    num_reqs: int
+    num_tokens: int
+    num_prefills: int
+    req_ids: frozenset[str]
+
+    @property
+    def num_decodes(self) -> int:
+        return self.num_reqs - self.num_prefills
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.num_prefills > 0
+
+    @property
+    def has_decode(self) -> bool:
+        return self.num_decodes > 0
+
+    @property
+    def mixed(self) -> bool:
+        return self.has_prefill and self.has_decode
+
+
+def parse_steps(text: str) -> Callable[[int], bool]:
+    """`7`, `5:9` (5 to 8, as a Python slice), `3,7,10:12`, `5:` (5 onwards)."""
+    tests: list[Callable[[int], bool]] = []
+    for part in text.split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(\d+)?(:)?(\d+)?", part)
+        if not part or not match or (match.group(2) is None and match.group(3) is not None):
+            raise UsageError(f"bad --steps {text!r}: use an index (7), a range (5:9) or a list (3,7)")
+        start, is_range, stop = match.groups()
+        if not is_range:
+            tests.append(lambda index, at=int(start): index == at)
+            continue
+        low, high = int(start or 0), int(stop) if stop is not None else None
+        if high is not None and high <= low:
+            raise UsageError(f"bad --steps {text!r}: empty range {part}")
+        tests.append(lambda index, low=low, high=high: index >= low and (high is None or index < high))
+    return lambda index: any(test(index) for test in tests)
+
+
+def parse_predicate(text: str) -> Callable[[BatchFacts], bool]:
+    clauses = [_parse_clause(clause, text) for clause in re.split(r"\s+and\s+", text.strip())]
+    return lambda facts: all(clause(facts) for clause in clauses)
+
+
+def _parse_clause(clause: str, whole: str) -> Callable[[BatchFacts], bool]:
+    match = _CLAUSE.match(clause)
+    if not match:
+        raise UsageError(f"bad --when {whole!r}: cannot read {clause!r} (use e.g. 'num_reqs>=2 and has_prefill')")
+    name, op, value = match.groups()
+    known = _INT_FACTS + _BOOL_FACTS + ("req_id",)
+    if name not in known:
+        raise UsageError(f"bad --when {whole!r}: unknown name {name!r} (known: {', '.join(known)})")
+    if name in _BOOL_FACTS:
+        if op is not None:
+            raise UsageError(f"bad --when {whole!r}: {name} is a flag, use it alone")
+        return lambda facts: getattr(facts, name)
+    if op is None:
+        raise UsageError(f"bad --when {whole!r}: {name} needs a comparison, e.g. {name}>=2")
+    if name == "req_id":
+        if op not in ("==", "!="):
+            raise UsageError(f"bad --when {whole!r}: req_id takes == or !=")
+        wanted = value.strip("'\"")
+        return lambda facts: (wanted in facts.req_ids) == (op == "==")
+    if not re.fullmatch(r"-?\d+", value):
+        raise UsageError(f"bad --when {whole!r}: {name} compares with a whole number, not {value!r}")
+    compare, number = _OPERATORS[op], int(value)
+    return lambda facts: compare(getattr(facts, name), number)
+
+
+@dataclass
+class TriggerSet:
+    """All armed triggers; `describe` names what fired for the bundle's `trigger` field."""
+
+    steps: str | None = None
+    when: str | None = None
+    events: tuple[str, ...] = ()
+    _step_test: Callable[[int], bool] | None = field(default=None, repr=False)
+    _predicate: Callable[[BatchFacts], bool] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        unknown = [event for event in self.events if event not in EVENT_TRIGGERS]
+        if unknown:
+            raise UsageError(f"unknown trigger {unknown[0]!r} (known: {', '.join(EVENT_TRIGGERS)})")
+        if self.steps is not None:
+            self._step_test = parse_steps(self.steps)
+        if self.when is not None:
+            self._predicate = parse_predicate(self.when)
+        if self.steps is None and self.when is None and not self.events:
+            raise UsageError("nothing to record: give --steps, --when or --on exception/nonfinite")
+
+    @property
+    def copies_every_step(self) -> bool:
+        return bool(self.events)
+
+    def fires_before_forward(self, index: int, facts: BatchFacts) -> str | None:
+        """The reason this step is recorded, decided before its forward; None if it is not."""
+        if self._step_test is not None and self._step_test(index):
+            if self._predicate is None or self._predicate(facts):
+                return f"steps {self.steps}" + (f" when {self.when}" if self.when else "")
+        elif self._step_test is None and self._predicate is not None and self._predicate(facts):
+            return f"when {self.when}"
+        return None

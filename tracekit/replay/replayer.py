@@ -1,0 +1,208 @@
+"""`replay(bundle)`: rebuild the engine a bundle describes, run its step, check it, time it.
+
+The order matters for the exit codes a `git bisect run` relies on: the bundle is read and
+validated first (bad input: 2), then this machine is checked — vLLM series, weights — (cannot
+replay here: 3), and only then does the step run (did not reproduce: 1; reproduced: 0).
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracekit.environment import current_environment, environment_differences
+from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK, CannotRunHere, UsageError
+from tracekit.format import open_bundle
+from tracekit.format.schema import BundleContent, EngineConfig, Step
+from tracekit.graphs.device import get_device_backend
+from tracekit.graphs.modes import expand_modes, measure_mode
+from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
+from tracekit.integrations.vllm.version import require_same_series
+from tracekit.models import tiny_model_path
+from tracekit.replay.checks import CheckedItem, check_step, first_divergence
+
+
+@dataclass
+class ReplayResult:
+    bundle: str
+    step_index: int
+    trigger: str
+    reference_mode: str
+    checks: list[CheckedItem]
+    modes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    recorded_timing: dict[str, Any] = field(default_factory=dict)
+    replay_forward_us: float | None = None
+    environment_differences: list[dict[str, Any]] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    tolerance: float = 0.0
+    llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
+
+    @property
+    def bit_exact(self) -> bool:
+        return all(item.bit_exact for item in self.checks)
+
+    @property
+    def reproduced(self) -> bool:
+        return all(item.within_tolerance for item in self.checks)
+
+    @property
+    def first_divergence(self) -> str | None:
+        item = first_divergence(self.checks)
+        return item.name if item else None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.reproduced else EXIT_NOT_REPRODUCED
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "bundle": self.bundle,
+            "step": self.step_index,
+            "trigger": self.trigger,
+            "reproduced": self.reproduced,
+            "bit_exact": self.bit_exact,
+            "first_divergence": self.first_divergence,
+            "tolerance_relative_rms": self.tolerance,
+            "reference_mode": self.reference_mode,
+            "checks": [item.to_plain() for item in self.checks],
+            "modes": self.modes,
+            "recorded": self.recorded_timing,
+            "replay_forward_us": self.replay_forward_us,
+            "environment_differences": self.environment_differences,
+            "overrides": self.overrides,
+        }
+
+
+def load_step(bundle: str | Path, step: int | None) -> tuple[BundleContent, Step]:
+    """The bundle's content and one step with its tensors loaded (all others stay on disk)."""
+    with open_bundle(bundle) as reader:
+        metadata = reader.metadata
+        content = BundleContent.from_plain(metadata)
+        indices = [s.index for s in content.steps]
+        if not indices:
+            raise UsageError(f"bundle {bundle} holds no recorded step")
+        position = 0 if step is None else (indices.index(step) if step in indices else None)
+        if position is None:
+            raise UsageError(f"bundle {bundle} has no step {step} (it has {', '.join(map(str, indices))})")
+        loaded = Step.from_plain(reader.resolve(metadata["steps"][position], to="torch"))
+    return content, loaded
+
+
+def resolve_model(engine: EngineConfig, model: str | None, allow_weights_mismatch: bool) -> str:
+    """Where the weights are here, checked against the recorded fingerprint (exit 3 if not)."""
+    recorded = engine.model
+    load_format = engine.engine_args.get("load_format")
+    if model is None:
+        model = recorded.path
+        if not Path(model).exists() and recorded.weights_fingerprint == vllm_engine.weights_fingerprint(
+            tiny_model_path(), load_format
+        ):
+            model = tiny_model_path()  # recorded on another machine with tracekit's embedded model
+    if recorded.weights_fingerprint is None or allow_weights_mismatch:
+        return model
+    if not Path(model).exists():
+        raise CannotRunHere(f"model weights not found at {model}; pass --model PATH")
+    here = vllm_engine.weights_fingerprint(model, load_format)
+    if here != recorded.weights_fingerprint:
+        raise CannotRunHere(
+            f"weights at {model} differ from the recorded ones ({here} vs {recorded.weights_fingerprint}); "
+            "pass --allow-weights-mismatch to replay anyway"
+        )
+    return model
+
+
+def replay(
+    bundle: str | Path,
+    *,
+    step: int | None = None,
+    model: str | None = None,
+    allow_weights_mismatch: bool = False,
+    engine_overrides: dict[str, Any] | None = None,
+    modes: str | None = None,
+    iters: int = 10,
+    samples: int = 3,
+    warmup_s: float = 0.5,
+    tolerance: float = 0.0,
+    llm: Any = None,
+) -> ReplayResult:
+    """Replay one recorded step. Pass `llm` (a previous result's `.llm`) to reuse an engine
+    built for the same engine arguments."""
+    content, recorded = load_step(bundle, step)
+    require_same_series(content.engine.vllm_version)
+    overrides = dict(engine_overrides or {})
+    if llm is None:
+        args = dict(content.engine.engine_args)
+        args["model"] = resolve_model(content.engine, model, allow_weights_mismatch)
+        if args.get("tokenizer") == content.engine.model.path:
+            args["tokenizer"] = args["model"]
+        if overrides.get("enforce_eager"):
+            args["compilation_config"] = {**args.get("compilation_config", {}), "mode": 0}
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        llm = vllm_engine.build_llm({**args, **overrides})
+    runner = vllm_engine.find_runner(llm)
+    # Read after the engine is built: vLLM sets some variables of its own in every process.
+    differences = [
+        {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
+        for name, before, now, numeric in environment_differences(
+            content.environment, current_environment(runner.device)
+        )
+    ]
+    reference_mode = "eager" if int(runner.compilation_config.mode) == 0 else "compiled"
+    requested = expand_modes(modes) if modes else []
+    measured: dict[str, dict[str, Any]] = {}
+
+    def measure(handle: ForwardHandle) -> None:
+        device = get_device_backend(handle.device)
+        expected = recorded.outputs.hidden_states if recorded.outputs else None
+        for mode in requested:
+            if mode == "compiled" and reference_mode == "eager":
+                measured[mode] = {"mode": mode, "available": False, "reason": (
+                    "the engine runs without torch.compile (compilation mode NONE); "
+                    "record with compilation enabled to time it compiled")}
+                continue
+            handle.restore()
+            measured[mode] = measure_mode(
+                mode,
+                lambda eager=(mode == "eager"): handle.forward(eager=eager),
+                handle.state_views(),
+                expected,
+                device,
+                iters,
+                samples,
+                warmup_s,
+            )
+
+    driver = StepDriver(runner, recorded)
+    try:
+        if recorded.error is not None:
+            checks = [_replay_failing_step(driver, recorded.error)]
+        else:
+            observed = driver.run(measure if requested else None)
+            checks = check_step(observed, recorded, tolerance)
+    finally:
+        llm.reset_prefix_cache()
+    return ReplayResult(
+        bundle=str(bundle),
+        step_index=recorded.index,
+        trigger=recorded.trigger,
+        reference_mode=reference_mode,
+        checks=checks,
+        modes=measured,
+        recorded_timing=recorded.timing.to_plain(),
+        replay_forward_us=observed.forward_us if recorded.error is None else None,
+        environment_differences=differences,
+        overrides=overrides,
+        tolerance=tolerance,
+        llm=llm,
+    )
+
+
+def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> CheckedItem:
+    """A step recorded because its forward raised reproduces when it raises the same again."""
+    try:
+        driver.run()
+    except Exception as error:  # the step's own failure, reproduced or not
+        same = type(error).__name__ == recorded_error.get("type") and str(error) == recorded_error.get("message")
+        return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}"})
+    return CheckedItem("error", False, False, {"raised": None, "problem": "the forward did not raise"})
