@@ -1,0 +1,199 @@
+"""The bundle's table of contents: what the writer records about each tensor and the
+metadata, how it is serialized into the index frame, and how a reader validates it.
+
+The index is trusted only after its sha256 (kept in the trailer) matched; even then every
+field is type- and range-checked, because a hash proves integrity, not a well-behaved writer.
+Fields this version does not know are ignored, so a newer minor writer may add some.
+"""
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+from tracekit.errors import BundleError
+from tracekit.format import limits
+from tracekit.format.codec import frame_spans
+from tracekit.format.dtypes import DTYPES
+from tracekit.format.layout import CODEC, FILTER_NONE, FILTER_SHUFFLE, chunk_prefix
+
+
+@dataclass(frozen=True)
+class FrameRef:
+    offset: int
+    stored_nbytes: int
+    content_nbytes: int
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    nbytes: int
+    sha256: bytes
+    frames: tuple[FrameRef, ...]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    stored_nbytes: int
+    filter: str
+    codec: str
+    itemsize: int
+    chunks: tuple[ChunkRef, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class MetadataRef:
+    frame: FrameRef
+    sha256: bytes
+
+
+@dataclass(frozen=True)
+class Index:
+    header_sha256: bytes
+    tensors: dict[str, TensorInfo]
+    metadata: MetadataRef
+
+    def frames(self) -> list[FrameRef]:
+        """Every data frame the index points at, in file order."""
+        tensor_frames = [frame for info in self.tensors.values() for chunk in info.chunks for frame in chunk.frames]
+        return sorted(tensor_frames + [self.metadata.frame], key=lambda frame: frame.offset)
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            {
+                "header_sha256": self.header_sha256,
+                "tensors": [_pack_tensor(info) for info in self.tensors.values()],
+                "metadata": {"frame": _pack_frame(self.metadata.frame), "sha256": self.metadata.sha256},
+            },
+            use_bin_type=True,
+        )
+
+
+def _pack_frame(frame: FrameRef) -> list[int]:
+    return [frame.offset, frame.stored_nbytes, frame.content_nbytes]
+
+
+def _pack_tensor(info: TensorInfo) -> dict:
+    return {
+        "name": info.name, "dtype": info.dtype, "itemsize": info.itemsize, "shape": list(info.shape),
+        "nbytes": info.nbytes, "filter": info.filter, "codec": info.codec,
+        "chunks": [
+            {"nbytes": chunk.nbytes, "sha256": chunk.sha256, "frames": [_pack_frame(frame) for frame in chunk.frames]}
+            for chunk in info.chunks
+        ],
+    }
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _get(mapping, key: str, kind, where: str):
+    if not isinstance(mapping, dict):
+        raise _Malformed(f"{where} is not a map")
+    value = mapping.get(key)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _Malformed(f"{where} has no valid {key!r}")
+    return value
+
+
+def _count(mapping, key: str, where: str, upper: int) -> int:
+    value = _get(mapping, key, int, where)
+    if not 0 <= value <= upper:
+        raise _Malformed(f"{where} {key!r} is {value}, outside 0..{upper}")
+    return value
+
+
+def _parse_frame(raw, where: str) -> FrameRef:
+    if not (isinstance(raw, list) and len(raw) == 3 and all(type(value) is int and value >= 0 for value in raw)):
+        raise _Malformed(f"{where} has a malformed frame entry")
+    return FrameRef(*raw)
+
+
+def _parse_sha256(mapping, where: str) -> bytes:
+    digest = _get(mapping, "sha256", bytes, where)
+    if len(digest) != 32:
+        raise _Malformed(f"{where} has a malformed sha256")
+    return digest
+
+
+def _parse_tensor(raw) -> TensorInfo:
+    name = _get(raw, "name", str, "a tensor entry")
+    if not 0 < len(name) <= limits.MAX_NAME_CHARS:
+        raise _Malformed("a tensor entry has an empty or over-long name")
+    where = f"tensor {name!r}"
+    dtype = _get(raw, "dtype", str, where)
+    itemsize = _count(raw, "itemsize", where, 64)
+    if dtype in DTYPES and DTYPES[dtype].itemsize != itemsize:
+        raise _Malformed(f"{where} has itemsize {itemsize} for dtype {dtype}")
+    shape = _get(raw, "shape", list, where)
+    if len(shape) > limits.MAX_DIMS or not all(type(size) is int and size >= 0 for size in shape):
+        raise _Malformed(f"{where} has a malformed shape")
+    nbytes = _count(raw, "nbytes", where, limits.MAX_TENSOR_BYTES)
+    elements = 1
+    for size in shape:
+        elements = min(elements * size, limits.MAX_TENSOR_BYTES + 1)
+    if elements * itemsize != nbytes:
+        raise _Malformed(f"{where} declares {nbytes} bytes for shape {shape} of {dtype}")
+    filter_name = _get(raw, "filter", str, where)
+    if filter_name not in (FILTER_NONE, FILTER_SHUFFLE) or _get(raw, "codec", str, where) != CODEC:
+        raise _Malformed(f"{where} uses an unknown filter or codec")
+    chunks = tuple(_parse_chunk(chunk, name, number, filter_name, itemsize) for number, chunk in enumerate(_get(raw, "chunks", list, where)))
+    if sum(chunk.nbytes for chunk in chunks) != nbytes:
+        raise _Malformed(f"{where} chunks do not add up to its {nbytes} bytes")
+    stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
+    return TensorInfo(name, dtype, tuple(shape), nbytes, stored, filter_name, CODEC, itemsize, chunks)
+
+
+def _parse_chunk(raw, tensor_name: str, number: int, filter_name: str, itemsize: int) -> ChunkRef:
+    where = f"tensor {tensor_name!r} chunk {number}"
+    nbytes = _count(raw, "nbytes", where, limits.MAX_CHUNK_BYTES)
+    if itemsize == 0 or nbytes == 0 or nbytes % itemsize:
+        raise _Malformed(f"{where} has {nbytes} bytes, not a whole number of elements")
+    frames = tuple(_parse_frame(frame, where) for frame in _get(raw, "frames", list, where))
+    spans = frame_spans(len(chunk_prefix(tensor_name, number, nbytes)), nbytes, filter_name, itemsize)
+    if [frame.content_nbytes for frame in frames] != [end - start for start, end in spans]:
+        raise _Malformed(f"{where} frame sizes do not match its {filter_name} layout")
+    return ChunkRef(nbytes, _parse_sha256(raw, where), frames)
+
+
+def parse_index(payload: bytes, data_start: int, data_end: int) -> Index:
+    """Validate and build the index; frames must tile the bytes between the header and the
+    index exactly (no gap, no overlap), so every byte of the file is covered by a check."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        tensors: dict[str, TensorInfo] = {}
+        raw_tensors = _get(raw, "tensors", list, "the index")
+        if len(raw_tensors) > limits.MAX_TENSORS:
+            raise _Malformed(f"lists {len(raw_tensors)} tensors, more than the cap of {limits.MAX_TENSORS}")
+        for raw_tensor in raw_tensors:
+            info = _parse_tensor(raw_tensor)
+            if info.name in tensors:
+                raise _Malformed(f"lists tensor {info.name!r} twice")
+            tensors[info.name] = info
+        if sum(info.nbytes for info in tensors.values()) > limits.MAX_TOTAL_TENSOR_BYTES:
+            raise _Malformed("declares more tensor bytes than the cap")
+        raw_metadata = _get(raw, "metadata", dict, "the index")
+        metadata = MetadataRef(_parse_frame(raw_metadata.get("frame"), "metadata"), _parse_sha256(raw_metadata, "metadata"))
+        if metadata.frame.content_nbytes > limits.MAX_METADATA_BYTES:
+            raise _Malformed(f"metadata declares {metadata.frame.content_nbytes} bytes, more than the cap")
+        index = Index(_get(raw, "header_sha256", bytes, "the index"), tensors, metadata)
+        _check_tiling(index, data_start, data_end)
+        return index
+    except _Malformed as problem:
+        raise BundleError(f"index is malformed: {problem}") from None
+    except (ValueError, TypeError, msgpack.UnpackException) as error:
+        raise BundleError(f"index is malformed: not readable msgpack ({error})") from None
+
+
+def _check_tiling(index: Index, data_start: int, data_end: int) -> None:
+    position = data_start
+    for frame in index.frames():
+        if frame.offset != position:
+            raise _Malformed(f"frames leave a gap or overlap at byte {position}")
+        position += frame.stored_nbytes
+    if position != data_end:
+        raise _Malformed(f"frames end at byte {position}, the index starts at {data_end}")

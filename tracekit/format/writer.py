@@ -1,0 +1,190 @@
+"""BundleWriter: streams tensors into a bundle as they arrive and publishes it atomically.
+
+Each `add_tensor` call encodes the tensor chunk by chunk on a small thread pool (zstd and
+sha256 release the GIL) and appends the frames in order, so memory holds the caller's tensor
+plus a few chunks in flight, never the whole bundle. Everything goes to a temporary file next
+to the target; only a clean close (index + trailer written, fsync'd) renames it into place,
+so a killed writer leaves nothing at the target path that could read as a bundle.
+"""
+
+import collections
+import hashlib
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+
+import msgpack
+
+from tracekit import __version__
+from tracekit.errors import BundleError
+from tracekit.format import limits
+from tracekit.format.codec import DEFAULT_CHUNK_BYTES, ChunkEncoder, choose_filter
+from tracekit.format.dtypes import DTYPES, as_flat_bytes
+from tracekit.format.index import ChunkRef, FrameRef, Index, MetadataRef, TensorInfo
+from tracekit.format.layout import (
+    BUNDLE_MAGIC, CODEC, FORMAT_VERSION, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, MIN_READER_VERSION, skippable_frame,
+    trailer,
+)
+
+
+def tensor_ref(name: str) -> dict:
+    """What metadata embeds in place of a tensor; `BundleReader.resolve` swaps it back."""
+    return {"$tensor": name}
+
+
+def pack_plain(obj) -> bytes:
+    """msgpack of plain data (dict, list, str, int, float, bool, None, bytes) or a BundleError."""
+
+    def refuse(value):
+        raise TypeError(f"{type(value).__name__} is not plain data")
+
+    try:
+        return msgpack.packb(obj, use_bin_type=True, default=refuse, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise BundleError(f"metadata cannot be stored: {error}") from None
+
+
+class BundleWriter:
+    def __init__(self, path, *, compression_level: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 threads: int | None = None):
+        if not 64 <= chunk_bytes <= limits.MAX_CHUNK_BYTES or chunk_bytes % 64:
+            raise BundleError(f"chunk_bytes must be a multiple of 64 between 64 and {limits.MAX_CHUNK_BYTES}")
+        self.path = os.fspath(path)
+        self._chunk_bytes = chunk_bytes
+        self._encoder = ChunkEncoder(compression_level)
+        self._threads = threads or min(4, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-writer")
+        self._tensors: dict[str, TensorInfo] = {}
+        self._total_nbytes = 0
+        self._metadata_content = pack_plain({"metadata": None})
+        self._temp_path = f"{self.path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            self._file = open(self._temp_path, "xb")
+        except OSError as error:
+            self._pool.shutdown()
+            raise BundleError(f"cannot write bundle {self.path}: {error.strerror}") from None
+        self._open = True
+        header = pack_plain({
+            "magic": BUNDLE_MAGIC, "format_version": FORMAT_VERSION,
+            "min_reader_version": MIN_READER_VERSION, "writer": f"tracekit {__version__}",
+        })
+        self._header_sha256 = hashlib.sha256(header).digest()
+        self._offset = 0
+        self._write(skippable_frame(HEADER_FRAME_MAGIC, header))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _write(self, data) -> int:
+        offset = self._offset
+        self._file.write(data)
+        self._offset += len(data)
+        return offset
+
+    def _check_open(self):
+        if not self._open:
+            raise BundleError(f"bundle writer for {self.path} is already closed")
+
+    def add_tensor(self, name: str, tensor) -> dict:
+        """Write `tensor` now (the caller may reuse it afterwards) and return its reference."""
+        self._check_open()
+        if not isinstance(name, str) or not 0 < len(name) <= limits.MAX_NAME_CHARS:
+            raise BundleError(f"tensor name must be a non-empty string of at most {limits.MAX_NAME_CHARS} characters")
+        if name in self._tensors:
+            raise BundleError(f"tensor {name!r} is already in the bundle")
+        if len(self._tensors) >= limits.MAX_TENSORS:
+            raise BundleError(f"a bundle holds at most {limits.MAX_TENSORS} tensors")
+        dtype, shape, flat = as_flat_bytes(tensor)
+        if flat.nbytes > limits.MAX_TENSOR_BYTES or self._total_nbytes + flat.nbytes > limits.MAX_TOTAL_TENSOR_BYTES:
+            raise BundleError(f"tensor {name!r} ({flat.nbytes} bytes) is over the size caps")
+        itemsize = DTYPES[dtype].itemsize
+        filter_name = choose_filter(itemsize, flat.nbytes)
+        try:
+            chunks = self._write_chunks(name, flat, filter_name, itemsize)
+        except BaseException:
+            self.abort()
+            raise
+        stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
+        self._tensors[name] = TensorInfo(name, dtype, shape, flat.nbytes, stored, filter_name, CODEC, itemsize, chunks)
+        self._total_nbytes += flat.nbytes
+        return tensor_ref(name)
+
+    def _write_chunks(self, name, flat, filter_name, itemsize) -> tuple[ChunkRef, ...]:
+        step = self._chunk_bytes - self._chunk_bytes % itemsize
+        pending = collections.deque()
+        chunks = []
+
+        def write_oldest():
+            nbytes, future = pending.popleft()
+            encoded = future.result()
+            frames = tuple(
+                FrameRef(self._write(frame), len(frame), content_nbytes)
+                for frame, content_nbytes in zip(encoded.frames, encoded.content_nbytes)
+            )
+            chunks.append(ChunkRef(nbytes, encoded.sha256, frames))
+
+        for number, start in enumerate(range(0, flat.nbytes, step)):
+            raw = flat[start:start + step]
+            pending.append((raw.nbytes, self._pool.submit(self._encoder.encode, name, number, raw, filter_name, itemsize)))
+            if len(pending) > 2 * self._threads:
+                write_oldest()
+        while pending:
+            write_oldest()
+        return tuple(chunks)
+
+    def set_metadata(self, obj) -> None:
+        """Plain data describing the bundle; packed now (errors surface here), written at close."""
+        self._check_open()
+        content = pack_plain({"metadata": obj})
+        if len(content) > limits.MAX_METADATA_BYTES:
+            raise BundleError(f"metadata is {len(content)} bytes packed, more than the cap of {limits.MAX_METADATA_BYTES}")
+        self._metadata_content = content
+
+    def close(self) -> None:
+        """Finish the bundle and move it to its path; a no-op once closed or aborted."""
+        if not self._open:
+            return
+        try:
+            frame = self._encoder.compress(self._metadata_content)
+            metadata = MetadataRef(
+                FrameRef(self._write(frame), len(frame), len(self._metadata_content)),
+                hashlib.sha256(self._metadata_content).digest(),
+            )
+            index = Index(self._header_sha256, self._tensors, metadata).pack()
+            index_offset = self._write(skippable_frame(INDEX_FRAME_MAGIC, index))
+            self._write(trailer(index_offset, len(index), hashlib.sha256(index).digest()))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._temp_path, self.path)
+            _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+        except BaseException:
+            self.abort()
+            raise
+        self._open = False
+        self._pool.shutdown()
+
+    def abort(self) -> None:
+        """Drop everything written so far; nothing is left at the path or beside it."""
+        self._open = False
+        self._pool.shutdown(cancel_futures=True)
+        self._file.close()
+        try:
+            os.unlink(self._temp_path)
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_directory(directory: str) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
