@@ -7,6 +7,7 @@ bundle never shows the user a traceback.
 """
 
 import importlib
+import os
 import sys
 
 import click
@@ -43,3 +44,5 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="tracekit")
 def main():
     """Record one exact vLLM engine step into a bundle; replay, check and time it anywhere."""
+    # vLLM's INFO lines would bury tracekit's own report; VLLM_LOGGING_LEVEL=INFO brings them back.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

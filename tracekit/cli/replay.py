@@ -1,0 +1,61 @@
+"""`tracekit replay BUNDLE`: reproduce, check and time a recorded step.
+
+Exit codes (for `git bisect run` and CI): 0 reproduced (bit-exact, or within --tolerance),
+1 ran but did not reproduce, 2 bad input or usage, 3 this machine cannot replay it.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from tracekit.errors import UsageError
+
+
+@click.command(
+    "replay",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--step", type=int, default=None, help="Engine step index to replay (default: the first).")
+@click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
+@click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
+@click.option("--mode", "modes", default=None,
+              help="Also run and time the forward as eager|compiled|graph|piecewise|all.")
+@click.option("--iters", type=int, default=10, show_default=True, help="Timed forwards per sample.")
+@click.option("--samples", type=int, default=3, show_default=True, help="Samples (their medians' spread is reported).")
+@click.option("--tolerance", type=float, default=0.0, show_default=True,
+              help="Largest relative RMS accepted as reproduced for float tensors (0: bit-exact).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
+              help="Write the full result as JSON here ('-' for stdout).")
+@click.pass_context
+def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, iters, samples, tolerance, json_out):
+    """Rebuild the engine from BUNDLE, run its step, compare with the recording."""
+    from tracekit.integrations.vllm.engine import parse_engine_cli_args
+    from tracekit.replay.replayer import replay
+    from tracekit.replay.report import print_report
+
+    if not Path(bundle).is_file():
+        raise UsageError(f"no bundle at {bundle}")
+    if iters < 1 or samples < 1:
+        raise UsageError("--iters and --samples must be at least 1")
+    result = replay(
+        bundle,
+        step=step,
+        model=model,
+        allow_weights_mismatch=allow_weights_mismatch,
+        engine_overrides=parse_engine_cli_args(list(ctx.args)),
+        modes=modes,
+        iters=iters,
+        samples=samples,
+        tolerance=tolerance,
+    )
+    print_report(result, sys.stderr if json_out == "-" else sys.stdout)
+    if json_out:
+        text = json.dumps(result.to_plain(), indent=2, default=str)
+        if json_out == "-":
+            click.echo(text)
+        else:
+            Path(json_out).write_text(text + "\n")
+    sys.exit(result.exit_code)

@@ -1,0 +1,45 @@
+"""Rewriting a bundle into a new one with edits: the tool behind redaction, step extraction and
+the negative-control tests (a perturbed KV block, a dropped generator state).
+
+The source is read in full and verified; `edit(metadata, tensors)` may change the metadata and
+replace, add or drop tensors (`tensors` maps names to loaded tensors); the result is written
+atomically like any bundle, with references to dropped tensors refused.
+"""
+
+from pathlib import Path
+from typing import Any, Callable
+
+from tracekit.errors import BundleError
+from tracekit.format.reader import open_bundle
+from tracekit.format.writer import BundleWriter
+
+
+def _referenced(value: Any, found: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        if len(value) == 1 and isinstance(value.get("$tensor"), str):
+            found.add(value["$tensor"])
+        for item in value.values():
+            _referenced(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _referenced(item, found)
+    return found
+
+
+def rewrite_bundle(
+    source: str | Path,
+    target: str | Path,
+    edit: Callable[[Any, dict[str, Any]], None],
+) -> Path:
+    with open_bundle(source) as reader:
+        metadata = reader.metadata
+        tensors = {info.name: reader.read_tensor(info.name) for info in reader.tensor_infos()}
+    edit(metadata, tensors)
+    dangling = _referenced(metadata, set()) - tensors.keys()
+    if dangling:
+        raise BundleError(f"edited metadata refers to tensors it no longer has: {sorted(dangling)[:3]}")
+    with BundleWriter(target) as writer:
+        for name, tensor in tensors.items():
+            writer.add_tensor(name, tensor)
+        writer.set_metadata(metadata)
+    return Path(target)
