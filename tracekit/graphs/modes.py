@@ -1,0 +1,89 @@
+"""What `tracekit replay --mode` measures in each mode, behind one call per mode.
+
+The replayer builds the forward for a mode (eager model, compiled model, or a model compiled with
+the piecewise backend, see `tracekit.integrations.vllm.graph_backend`) and hands it here with the
+state the forward mutates and the recorded output; every mode answers with the same report shape:
+timing, comparison with the recording, and for graph modes on a machine without graphs, why not.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tracekit.errors import UsageError
+from tracekit.graphs.device import DeviceBackend
+from tracekit.graphs.oneshot import capture_and_time, first_tensor, state_restorer
+from tracekit.graphs.piecewise import PiecewiseGraphBackend
+from tracekit.graphs.timing import time_callable
+from tracekit.numerics import compare_tensors
+
+MODES = ("eager", "compiled", "graph", "piecewise")
+GRAPH_MODES = ("graph", "piecewise")
+
+
+def expand_modes(requested: str) -> list[str]:
+    """`--mode` value to the modes to run: one of MODES, or "all"."""
+    if requested == "all":
+        return list(MODES)
+    if requested not in MODES:
+        raise UsageError(f"unknown replay mode {requested!r}; choose from {', '.join(MODES)}, all")
+    return [requested]
+
+
+def unavailable_reason(mode: str, device: DeviceBackend) -> str | None:
+    """Why `mode` cannot run on `device`, or None when it can."""
+    return device.unavailable_reason if mode in GRAPH_MODES else None
+
+
+def measure_mode(
+    mode: str,
+    forward: Callable[[], Any],
+    state_views: Sequence[torch.Tensor],
+    expected: torch.Tensor,
+    device: DeviceBackend,
+    iters: int,
+    samples: int,
+    warmup_s: float = 1.0,
+    piecewise: PiecewiseGraphBackend | None = None,
+) -> dict[str, Any]:
+    """Run and time `forward` in `mode`; compare its first output tensor with `expected`.
+
+    `forward` takes no arguments and must already be the mode's forward: for "compiled" a
+    compiled model, for "piecewise" one compiled with `piecewise` (whose counters are reported),
+    for "eager" and "graph" the plain model. `state_views` are restored before every run.
+    Returns {"mode", "available": False, "reason"} where the mode cannot run here, else
+    {"mode", "available": True, "latency_us", "vs_recorded", ...}; "graph" adds the one-shot
+    checks (graph_vs_eager, graph_deterministic, ...), "piecewise" adds "piecewise" counters.
+    """
+    reason = unavailable_reason(mode, device)
+    if reason is not None:
+        return {"mode": mode, "available": False, "reason": reason}
+    if mode == "graph":
+        result = capture_and_time(forward, state_views, device, iters, samples, warmup_s)
+        return {
+            "mode": mode,
+            "available": True,
+            **result.report,
+            "vs_recorded": compare_tensors(result.output, expected),
+        }
+    if mode not in MODES:
+        raise UsageError(f"unknown replay mode {mode!r}")
+    restore = state_restorer(state_views)
+    # Timing first: its warm-up runs also take the piecewise backend through its warm-ups and
+    # captures, so the output checked below comes from replays.
+    latency = time_callable(forward, iters, samples, device, warmup_s, before=restore)
+    restore()
+    output = first_tensor(forward()).clone()
+    restore()
+    repeat = first_tensor(forward()).clone()
+    report = {
+        "mode": mode,
+        "available": True,
+        "latency_us": latency,
+        "vs_recorded": compare_tensors(output, expected),
+        "deterministic": bool(torch.equal(output, repeat)),
+    }
+    if piecewise is not None:
+        report["piecewise"] = piecewise.counters.to_plain()
+    return report

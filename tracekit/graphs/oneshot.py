@@ -1,0 +1,134 @@
+"""One-shot exact capture: one graph for one recorded batch, checked against eager and timed.
+
+The graph is captured for the exact inputs of the recorded step, so every host-side decision baked
+in at capture (attention plans, kernel choices by query length) is right by construction; no
+capture sizes, padding or dummy metadata are involved. Each replay first restores the state the
+forward mutates in place (the KV blocks it writes), inside the graph, so every replay computes the
+same step from the same state; the timing events sit inside the graph after that restore, so
+neither the restore nor host launch gaps reach the timed interval.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tracekit.graphs.device import DeviceBackend
+from tracekit.graphs.timing import latency_summary, warm_up
+from tracekit.numerics import compare_tensors
+
+
+@dataclass
+class OneShotResult:
+    """`report` is plain data (JSON-ready); `output` is the first replay's output, on the device."""
+
+    report: dict[str, Any]
+    output: torch.Tensor
+
+
+def capture_and_time(
+    forward: Callable[[], Any],
+    state_views: Sequence[torch.Tensor],
+    backend: DeviceBackend,
+    iters: int,
+    samples: int,
+    warmup_s: float = 1.0,
+) -> OneShotResult:
+    """Capture `forward` (no arguments; its first output tensor is checked) as one graph.
+
+    `state_views` are the tensors the forward mutates and reads (KV blocks it writes); they are
+    snapshotted now and restored before every run. The report holds `eager_repeat` (two eager runs
+    from the same state), `graph_vs_eager`, `graph_deterministic` (two replays bitwise equal),
+    `finite`, `state_reset_bytes`, `latency_us` (forward alone, between in-graph events where the
+    platform has them) and `replay_us` (whole replays, restore included, between events around
+    them).
+    """
+    backend.require_graphs()
+    restore = state_restorer(state_views)
+    stream = backend.new_stream()
+    backend.wait_for_current_stream(stream)
+    in_graph = (
+        (backend.timing_event(in_graph=True), backend.timing_event(in_graph=True))
+        if backend.in_graph_timing
+        else None
+    )
+    with backend.stream_context(stream):
+        # Some kernels set up per-stream state on first use, which cannot happen in a capture.
+        restore()
+        eager = first_tensor(forward()).clone()
+        restore()
+        reference = first_tensor(forward()).clone()
+    stream.synchronize()
+    graph = backend.new_graph()
+    with backend.graph_capture(graph, stream=stream):
+        restore()
+        if in_graph:
+            in_graph[0].record()
+        output = first_tensor(forward())
+        if in_graph:
+            in_graph[1].record()
+
+    graph.replay()
+    backend.synchronize()
+    first = output.clone()
+    graph.replay()
+    backend.synchronize()
+    report: dict[str, Any] = {
+        "eager_repeat": compare_tensors(reference, eager),
+        "graph_vs_eager": compare_tensors(first, reference),
+        "graph_deterministic": bool(torch.equal(first, output)),
+        "finite": bool(output.isfinite().all()),
+        "state_reset_bytes": sum(view.numel() * view.element_size() for view in state_views),
+    }
+    report.update(_time_replays(graph, backend, in_graph, iters, samples, warmup_s))
+    del graph
+    return OneShotResult(report=report, output=first)
+
+
+def _time_replays(
+    graph: Any,
+    backend: DeviceBackend,
+    in_graph: tuple[Any, Any] | None,
+    iters: int,
+    samples: int,
+    warmup_s: float,
+) -> dict[str, Any]:
+    warm_up(graph.replay, backend, warmup_s)
+    around = (backend.timing_event(), backend.timing_event())
+    forward_us, replay_us = [], []
+    for _ in range(iters * samples):
+        around[0].record()
+        graph.replay()
+        around[1].record()
+        around[1].synchronize()
+        replay_us.append(around[0].elapsed_time(around[1]) * 1000)
+        if in_graph:
+            forward_us.append(in_graph[0].elapsed_time(in_graph[1]) * 1000)
+    replay = latency_summary(replay_us, samples, "replay_events")
+    forward = latency_summary(forward_us, samples, "graph_events") if in_graph else replay
+    return {"latency_us": forward, "replay_us": replay}
+
+
+def state_restorer(state_views: Sequence[torch.Tensor]) -> Callable[[], None]:
+    """Snapshot `state_views` now; the returned function copies the snapshot back."""
+    snapshots = [(view, view.clone()) for view in state_views]
+
+    def restore() -> None:
+        for view, saved in snapshots:
+            view.copy_(saved)
+
+    return restore
+
+
+def first_tensor(output: Any) -> torch.Tensor:
+    """The tensor a forward's output leads with: itself, the first of a tuple/list, or the first
+    value of a mapping (a `transformers` ModelOutput, say)."""
+    while not isinstance(output, torch.Tensor):
+        if isinstance(output, Mapping):
+            output = next(iter(output.values()))
+        elif isinstance(output, (tuple, list)):
+            output = output[0]
+        else:
+            raise TypeError(f"forward returned {type(output).__name__}, which holds no tensor")
+    return output
