@@ -10,6 +10,7 @@ detects and emits at several GB/s. Measured numbers are in docs/FORMAT.md.
 
 import hashlib
 import threading
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +90,11 @@ class ChunkEncoder:
             frames=[self.compress(content[start:end]) for start, end in spans],
             content_nbytes=[end - start for start, end in spans],
         )
+
+
+def check_stored(frame: bytes | memoryview, crc32: int) -> None:
+    if zlib.crc32(frame) != crc32:
+        raise FrameDamage("is altered on disk (its stored bytes fail their CRC-32)")
 
 
 def decompress_frame(frame: bytes | memoryview, content_nbytes: int) -> bytes:

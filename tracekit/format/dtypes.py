@@ -3,7 +3,9 @@
 A bundle stores every tensor as its raw little-endian bytes plus a dtype name (torch's name
 without the `torch.` prefix). The names come from this table only: a name read from a file is
 looked up here, never passed to `getattr(torch, ...)` unchecked. torch is optional: without it
-a tensor decodes to numpy, or to bytes for the dtypes numpy lacks (bfloat16, float8, ...).
+a tensor decodes to numpy, or to bytes for the dtypes numpy lacks (bfloat16, float8, ...). Left out: quantized dtypes (their scales
+live outside the bytes) and torch's sub-byte shell dtypes uint1..7/int1..7 (no kernels hold
+data in them).
 """
 
 import sys
@@ -55,8 +57,6 @@ DTYPES: dict[str, DtypeSpec] = {
         _spec("bits1x8", 1),
         _spec("bits2x4", 1),
         _spec("bits4x2", 1),
-        *(_spec(f"uint{bits}", 1) for bits in range(1, 8)),
-        *(_spec(f"int{bits}", 1) for bits in range(1, 8)),
     ]
 }
 
@@ -81,11 +81,11 @@ def torch_or_none():
 
 def as_flat_bytes(tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
     """(dtype name, shape, contiguous 1-d uint8 array of the little-endian bytes) of a torch
-    tensor on any device or a numpy array, with any strides."""
+    tensor on any device or a numpy array or scalar, with any strides."""
     if sys.byteorder != "little":
         raise BundleError("writing bundles needs a little-endian machine")
-    if isinstance(tensor, np.ndarray):
-        return _numpy_flat_bytes(tensor)
+    if isinstance(tensor, (np.ndarray, np.generic)):
+        return _numpy_flat_bytes(np.asarray(tensor))
     torch = torch_or_none()
     if torch is None or not isinstance(tensor, torch.Tensor):
         raise BundleError(f"cannot store a {type(tensor).__name__}: expected a torch.Tensor or numpy array")

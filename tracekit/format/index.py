@@ -22,6 +22,7 @@ class FrameRef:
     offset: int
     stored_nbytes: int
     content_nbytes: int
+    crc32: int  # of the stored bytes: catches flips zstd ignores (unused header bits, padding)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Index:
 
 
 def _pack_frame(frame: FrameRef) -> list[int]:
-    return [frame.offset, frame.stored_nbytes, frame.content_nbytes]
+    return [frame.offset, frame.stored_nbytes, frame.content_nbytes, frame.crc32]
 
 
 def _pack_tensor(info: TensorInfo) -> dict:
@@ -108,7 +109,7 @@ def _count(mapping, key: str, where: str, upper: int) -> int:
 
 
 def _parse_frame(raw, where: str) -> FrameRef:
-    if not (isinstance(raw, list) and len(raw) == 3 and all(type(value) is int and value >= 0 for value in raw)):
+    if not (isinstance(raw, list) and len(raw) == 4 and all(type(value) is int and value >= 0 for value in raw)):
         raise _Malformed(f"{where} has a malformed frame entry")
     return FrameRef(*raw)
 
@@ -184,9 +185,9 @@ def parse_index(payload: bytes, data_start: int, data_end: int) -> Index:
         _check_tiling(index, data_start, data_end)
         return index
     except _Malformed as problem:
-        raise BundleError(f"index is malformed: {problem}") from None
+        raise BundleError(f"is malformed: {problem}") from None
     except (ValueError, TypeError, msgpack.UnpackException) as error:
-        raise BundleError(f"index is malformed: not readable msgpack ({error})") from None
+        raise BundleError(f"is malformed: not readable msgpack ({error})") from None
 
 
 def _check_tiling(index: Index, data_start: int, data_end: int) -> None:

@@ -11,6 +11,7 @@ import collections
 import hashlib
 import os
 import secrets
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
@@ -124,7 +125,7 @@ class BundleWriter:
             nbytes, future = pending.popleft()
             encoded = future.result()
             frames = tuple(
-                FrameRef(self._write(frame), len(frame), content_nbytes)
+                FrameRef(self._write(frame), len(frame), content_nbytes, zlib.crc32(frame))
                 for frame, content_nbytes in zip(encoded.frames, encoded.content_nbytes)
             )
             chunks.append(ChunkRef(nbytes, encoded.sha256, frames))
@@ -153,7 +154,7 @@ class BundleWriter:
         try:
             frame = self._encoder.compress(self._metadata_content)
             metadata = MetadataRef(
-                FrameRef(self._write(frame), len(frame), len(self._metadata_content)),
+                FrameRef(self._write(frame), len(frame), len(self._metadata_content), zlib.crc32(frame)),
                 hashlib.sha256(self._metadata_content).digest(),
             )
             index = Index(self._header_sha256, self._tensors, metadata).pack()
