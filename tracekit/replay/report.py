@@ -30,7 +30,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         console.print(f"   override {name} = {value!r}")
 
     checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
-    for column in ("item", "bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
+    checks.add_column("item", overflow="fold")
+    for column in ("bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
         checks.add_column(column)
     for item in result.checks:
         details = item.details
