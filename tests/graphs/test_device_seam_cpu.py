@@ -114,6 +114,8 @@ def test_all_modes_on_cpu_run_eager_and_compiled_and_mark_graph_modes_unavailabl
                                  "reason": CPU.unavailable_reason}
     with pytest.raises(UsageError):
         expand_modes("turbo")
+    unrecorded = measure_mode("eager", forwards["eager"], [], None, CPU, 1, 1, warmup_s=0.0)
+    assert unrecorded["available"] and unrecorded["vs_recorded"] is None
 
 
 def test_first_tensor_finds_the_leading_tensor():

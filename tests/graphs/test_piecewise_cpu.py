@@ -9,8 +9,10 @@ from tracekit.errors import CannotRunHere, UsageError
 from tracekit.graphs import divergence
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
-from tracekit.graphs.piecewise import PiecewiseGraphBackend, eager_pieces, split_at_ops
+from tracekit.graphs.piecewise import PiecewiseGraphBackend, split_at_ops
 from tracekit.graphs.toy_transformer import ATTENTION_OP, ToyTransformer
+
+from graph_test_helpers import off_by_a_bit_at, run_dynamic
 
 CPU = get_device_backend("cpu")
 
@@ -56,13 +58,6 @@ def _toy(layers=2):
     return ToyTransformer(hidden=64, heads=2, layers=layers, slots=32)
 
 
-def _run(compiled, ids, positions, size):
-    """Call with the token dimension marked dynamic, as vLLM compiles its models."""
-    ids, positions = ids[:size], positions[:size]
-    torch._dynamo.mark_dynamic(ids, 0)
-    torch._dynamo.mark_dynamic(positions, 0)
-    return compiled(ids, positions)
-
 
 def test_compile_sizes_are_compiled_once_and_other_sizes_fall_back():
     model = _toy()
@@ -73,7 +68,8 @@ def test_compile_sizes_are_compiled_once_and_other_sizes_fall_back():
     ids, positions = torch.randint(0, 512, (8,)), torch.arange(8)
     with torch.no_grad():
         for size in (4, 3, 4, 8):
-            assert torch.equal(_run(compiled, ids, positions, size), model(ids[:size], positions[:size]))
+            actual = run_dynamic(compiled, (ids, positions), size)
+            assert torch.equal(actual, model(ids[:size], positions[:size]))
     (forward,) = backend.forwards
     pieces = [spec.index for spec in forward.specs if not spec.is_splitting_op]
     assert pieces == [0, 2, 4]
@@ -87,25 +83,13 @@ def test_compile_sizes_are_compiled_once_and_other_sizes_fall_back():
 
 def test_a_table_that_asks_for_graphs_is_refused_on_cpu():
     with pytest.raises(CannotRunHere):
-        PiecewiseGraphBackend(CaptureTable(mode="piecewise", capture_sizes=(4,)), [ATTENTION_OP], CPU)
+        PiecewiseGraphBackend(
+            CaptureTable(mode="piecewise", capture_sizes=(4,)), [ATTENTION_OP], CPU
+        )
     backend = PiecewiseGraphBackend(CaptureTable(mode="piecewise", capture_sizes=()), [], CPU)
     with pytest.raises(UsageError):
         backend(fx.symbolic_trace(lambda x: x + 1), [torch.ones(2)])
 
-
-def _off_by_a_bit_at(piece_index):
-    """A compiler that is wrong for one piece at table sizes: the fault to locate."""
-
-    def compile_piece(piece, example_args, size):
-        if size is None or piece.index != piece_index:
-            return eager_pieces(piece, example_args, size)
-        def wrong(*args):
-            output = piece.graph_module(*args)
-            return tuple(t + 0.01 for t in output) if isinstance(output, tuple) else output + 0.01
-
-        return wrong
-
-    return compile_piece
 
 
 def test_divergence_report_names_the_first_wrong_piece_and_its_ops():
@@ -114,14 +98,14 @@ def test_divergence_report_names_the_first_wrong_piece_and_its_ops():
         CaptureTable(mode="none", capture_sizes=(), compile_sizes=(4,)),
         [ATTENTION_OP],
         CPU,
-        compiler=_off_by_a_bit_at(2),
+        compiler=off_by_a_bit_at(2),
     )
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     ids, positions = torch.randint(0, 512, (8,)), torch.arange(8)
     with torch.no_grad():
-        _run(compiled, ids, positions, 3)
+        run_dynamic(compiled, (ids, positions), 3)
         with divergence.probe(backend) as report:
-            _run(compiled, ids, positions, 4)
+            run_dynamic(compiled, (ids, positions), 4)
     # Each piece is judged on the inputs it got: the one after the wrong one is right.
     assert [(p.index, p.path, p.diverged) for p in report.pieces] == [
         (0, "compiled", False), (2, "compiled", True), (4, "compiled", False)

@@ -119,11 +119,8 @@ def get_device_backend(device: str | torch.device) -> DeviceBackend:
         return _cuda_backend(device)
     if kind == "npu":
         return _npu_backend(device)
-    return DeviceBackend(
-        name=kind,
-        device=device,
-        module=None,
-        unavailable_reason=f"graph modes need a CUDA or NPU device; {kind} has no graph capture",
+    return _without_graphs(
+        kind, device, f"graph modes need a CUDA or NPU device; {kind} has no graph capture"
     )
 
 
@@ -141,11 +138,8 @@ def default_device() -> str:
 
 def _cuda_backend(device: str) -> DeviceBackend:
     if not torch.cuda.is_available():
-        return DeviceBackend(
-            name="cuda",
-            device=device,
-            module=None,
-            unavailable_reason="graph modes need CUDA, and torch.cuda.is_available() is False here",
+        return _without_graphs(
+            "cuda", device, "graph modes need CUDA, and torch.cuda.is_available() is False here"
         )
     return DeviceBackend(
         name="cuda",
@@ -158,24 +152,18 @@ def _cuda_backend(device: str) -> DeviceBackend:
 
 def _npu_backend(device: str) -> DeviceBackend:
     if not _torch_npu_installed():
-        return DeviceBackend(
-            name="npu",
-            device=device,
-            module=None,
-            unavailable_reason="graph modes on NPU need torch_npu, which is not installed here",
+        return _without_graphs(
+            "npu", device, "graph modes on NPU need torch_npu, which is not installed here"
         )
     importlib.import_module("torch_npu")
     if not torch.npu.is_available():
-        return DeviceBackend(
-            name="npu",
-            device=device,
-            module=None,
-            unavailable_reason="torch_npu is installed but sees no NPU",
-        )
+        return _without_graphs("npu", device, "torch_npu is installed but sees no NPU")
     # In-graph timing events are not claimed for NPUGraph: nobody has checked them on an NPU.
-    return DeviceBackend(
-        name="npu", device=device, module=torch.npu, graph_class_name="NPUGraph"
-    )
+    return DeviceBackend(name="npu", device=device, module=torch.npu, graph_class_name="NPUGraph")
+
+
+def _without_graphs(name: str, device: str, reason: str) -> DeviceBackend:
+    return DeviceBackend(name=name, device=device, module=None, unavailable_reason=reason)
 
 
 def _torch_npu_installed() -> bool:

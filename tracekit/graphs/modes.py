@@ -40,23 +40,30 @@ def measure_mode(
     mode: str,
     forward: Callable[[], Any],
     state_views: Sequence[torch.Tensor],
-    expected: torch.Tensor,
+    expected: torch.Tensor | None,
     device: DeviceBackend,
     iters: int,
     samples: int,
     warmup_s: float = 1.0,
     piecewise: PiecewiseGraphBackend | None = None,
 ) -> dict[str, Any]:
-    """Run and time `forward` in `mode`; compare its first output tensor with `expected`.
+    """Run and time `forward` in `mode`; compare its first output tensor with `expected` (None
+    where nothing was recorded).
 
     `forward` takes no arguments and must already be the mode's forward: for "compiled" a
-    compiled model, for "piecewise" one compiled with `piecewise` (whose counters are reported),
-    for "eager" and "graph" the plain model. `state_views` are restored before every run.
+    compiled model, for "piecewise" one compiled with `piecewise` (whose counters are reported;
+    without it the mode is reported unavailable rather than mislabelled), for "eager" the plain
+    model, for "graph" the forward to capture. `state_views` are restored before every run.
     Returns {"mode", "available": False, "reason"} where the mode cannot run here, else
     {"mode", "available": True, "latency_us", "vs_recorded", ...}; "graph" adds the one-shot
     checks (graph_vs_eager, graph_deterministic, ...), "piecewise" adds "piecewise" counters.
     """
     reason = unavailable_reason(mode, device)
+    if reason is None and mode == "piecewise" and piecewise is None:
+        reason = (
+            "the engine was not built with tracekit's piecewise backend "
+            "(tracekit.integrations.vllm.graph_backend.compilation_config_for('piecewise', table))"
+        )
     if reason is not None:
         return {"mode": mode, "available": False, "reason": reason}
     if mode == "graph":
@@ -65,7 +72,7 @@ def measure_mode(
             "mode": mode,
             "available": True,
             **result.report,
-            "vs_recorded": compare_tensors(result.output, expected),
+            "vs_recorded": _compare_with_recording(result.output, expected),
         }
     if mode not in MODES:
         raise UsageError(f"unknown replay mode {mode!r}")
@@ -81,9 +88,15 @@ def measure_mode(
         "mode": mode,
         "available": True,
         "latency_us": latency,
-        "vs_recorded": compare_tensors(output, expected),
+        "vs_recorded": _compare_with_recording(output, expected),
         "deterministic": bool(torch.equal(output, repeat)),
     }
     if piecewise is not None:
         report["piecewise"] = piecewise.counters.to_plain()
     return report
+
+
+def _compare_with_recording(
+    output: torch.Tensor, expected: torch.Tensor | None
+) -> dict[str, Any] | None:
+    return None if expected is None else compare_tensors(output, expected)
