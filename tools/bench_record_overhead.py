@@ -1,0 +1,103 @@
+"""What an armed recorder costs the engine it sits in.
+
+Run by hand (not a test): `.venv/bin/python tools/bench_record_overhead.py [--rounds 5]`.
+
+In one engine and one process, alternating rounds of the same greedy workload:
+  unarmed                  no recorder
+  armed, waiting           a recorder whose step trigger never fires (the normal state)
+  armed, copy every step   `--on exception`: every step's inputs and KV are copied to host
+then one round in which every step fires (bundles written by the background thread), to show a
+firing step's stall: its host copy, against the step's own time.
+
+Prints generate throughput (tokens/s, median over rounds) and the ratios against unarmed.
+Target: armed-and-waiting >= 0.99x.
+"""
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (default: eager)")
+    options = parser.parse_args()
+
+    from vllm import SamplingParams
+
+    from tracekit.integrations.vllm.engine import build_llm
+    from tracekit.models import tiny_model_path
+    from tracekit.record.api import recording
+    from tracekit.record.workload import DEFAULT_ENGINE_ARGS
+
+    llm = build_llm({**DEFAULT_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": not options.compile,
+                     "max_num_batched_tokens": 512})
+    prompts = [f"Request number {i} asks the engine about the weather in city {i}" for i in range(options.requests)]
+    params = SamplingParams(max_tokens=options.max_tokens, temperature=0.0, ignore_eos=True)
+    out_dir = tempfile.mkdtemp(prefix="tracekit-bench-")
+
+    def generate() -> tuple[float, float]:
+        """Tokens per wall second, and per second of this process's CPU time (the steadier
+        figure on a shared machine: other processes' load does not count)."""
+        started, started_cpu = time.perf_counter(), time.process_time()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed, elapsed_cpu = time.perf_counter() - started, time.process_time() - started_cpu
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        return tokens / elapsed, tokens / elapsed_cpu
+
+    generate()  # warm-up
+    variants = {
+        "unarmed": lambda: None,
+        "armed, waiting": lambda: recording(llm, f"{out_dir}/never{{step}}.zst", steps="1000000"),
+        "armed, copy every step": lambda: recording(llm, f"{out_dir}/exc{{step}}.zst", on=("exception",)),
+    }
+    throughput: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    for _ in range(options.rounds):
+        for name, arm in variants.items():
+            context = arm()
+            if context is None:
+                throughput[name].append(generate())
+            else:
+                with context:
+                    throughput[name].append(generate())
+
+    def median(name: str, column: int) -> float:
+        return statistics.median(values[column] for values in throughput[name])
+
+    print(f"median of {options.rounds} alternating rounds, {options.requests} requests x {options.max_tokens} tokens")
+    print(f"{'variant':24} {'tok/s wall':>11} {'vs unarmed':>11} {'tok/s CPU':>10} {'vs unarmed':>11}")
+    for name in variants:
+        wall, cpu = median(name, 0), median(name, 1)
+        print(f"{name:24} {wall:11.1f} {wall / median('unarmed', 0):10.3f}x {cpu:10.1f} {cpu / median('unarmed', 1):10.3f}x")
+
+    with recording(llm, f"{out_dir}/fire{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
+        generate()
+    from tracekit.format import open_bundle
+    from tracekit.format.schema import BundleContent
+
+    copies, steps, forwards = [], [], []
+    for path in recorder.written:
+        with open_bundle(path) as reader:
+            timing = BundleContent.from_plain(reader.metadata).steps[0].timing
+        copies.append(timing.host_copy_us)
+        steps.append(timing.step_us)
+        forwards.append(timing.forward_us)
+    print(
+        f"\nfiring steps: {len(copies)}; host copy median {statistics.median(copies):.0f} us, "
+        f"forward median {statistics.median(forwards):.0f} us, step median {statistics.median(steps):.0f} us "
+        f"(the stall is the copy: {statistics.median(copies) / statistics.median(steps):.1%} of a step); "
+        f"compression and writing ran on the writer thread"
+    )
+
+
+if __name__ == "__main__":
+    main()
