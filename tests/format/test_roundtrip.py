@@ -37,6 +37,7 @@ tensor_cases = st.tuples(
 )
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cases=st.lists(tensor_cases, min_size=1, max_size=4))
 def test_every_dtype_and_shape_round_trips(tmp_path_factory, cases):
