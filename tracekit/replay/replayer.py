@@ -35,6 +35,7 @@ class ReplayResult:
     replay_forward_us: float | None = None
     environment_differences: list[dict[str, Any]] = field(default_factory=list)
     overrides: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
     tolerance: float = 0.0
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 
@@ -71,6 +72,7 @@ class ReplayResult:
             "replay_forward_us": self.replay_forward_us,
             "environment_differences": self.environment_differences,
             "overrides": self.overrides,
+            "notes": self.notes,
         }
 
 
@@ -193,6 +195,7 @@ def replay(
         replay_forward_us=observed.forward_us if recorded.error is None else None,
         environment_differences=differences,
         overrides=overrides,
+        notes=_kv_notes(recorded),
         tolerance=tolerance,
         llm=llm,
     )
@@ -206,3 +209,14 @@ def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> 
         same = type(error).__name__ == recorded_error.get("type") and str(error) == recorded_error.get("message")
         return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}"})
     return CheckedItem("error", False, False, {"raised": None, "problem": "the forward did not raise"})
+
+
+def _kv_notes(step: Step) -> list[str]:
+    """Why a replay may not match before it runs: KV blocks the step read that the bundle lacks."""
+    missing = sum(len(set(group.read_block_ids) - set(group.saved_block_ids)) for group in step.kv.groups)
+    if not missing:
+        return []
+    return [
+        f"the bundle saved KV blocks in mode {step.kv.mode!r}: {missing} block(s) the step read are "
+        "not in it, so their contents here are whatever the rebuilt engine holds"
+    ]

@@ -28,6 +28,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         )
     for name, value in result.overrides.items():
         console.print(f"   override {name} = {value!r}")
+    for note in result.notes:
+        console.print(f" [yellow]![/yellow] {escape(note)}")
 
     checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
     checks.add_column("item", overflow="fold")
