@@ -1,0 +1,142 @@
+"""Running real engines in fresh processes, and reading what they recorded.
+
+Every engine runs in a subprocess (the `tracekit` CLI or a script in `engine_scripts/`) with its
+engine core in-process and the hub offline; tests only read the bundles and JSON it leaves.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracekit.format import open_bundle
+from tracekit.format.schema import BundleContent, Step
+
+SCRIPTS = Path(__file__).parent / "engine_scripts"
+TRACEKIT = Path(sys.executable).parent / "tracekit"
+ENGINE_TIMEOUT_S = 300
+
+
+def engine_env() -> dict[str, str]:
+    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def explain(self) -> str:
+        return f"exit {self.returncode} after {self.seconds:.1f}s\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-6000:]}"
+
+
+def run(argv: list[str], cwd: Path | None = None) -> Finished:
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=cwd, env=engine_env(), capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    return Finished(done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
+
+
+def tracekit(*args: str, cwd: Path | None = None) -> Finished:
+    return run([str(TRACEKIT), *map(str, args)], cwd)
+
+
+def engine_script(name: str, result_path: Path, *args: Any) -> dict[str, Any]:
+    """Run `engine_scripts/NAME.py RESULT ARGS...`; return the JSON it wrote."""
+    finished = run([sys.executable, str(SCRIPTS / f"{name}.py"), str(result_path), *map(str, args)])
+    assert finished.returncode == 0, f"{name}.py failed: {finished.explain()}"
+    return json.loads(result_path.read_text())
+
+
+def read_step(path: str | Path) -> Step:
+    """The bundle's (only) step, metadata only: tensors stay `{"$tensor": name}` references."""
+    with open_bundle(path) as reader:
+        return BundleContent.from_plain(reader.metadata).steps[0]
+
+
+def read_content(path: str | Path) -> BundleContent:
+    with open_bundle(path) as reader:
+        return BundleContent.from_plain(reader.metadata)
+
+
+def bundles_by_step(directory: Path) -> dict[int, Path]:
+    """`stepN.zst` bundles of a directory, by the step index their metadata gives."""
+    found = {read_step(path).index: path for path in directory.glob("step*.zst")}
+    return dict(sorted(found.items()))
+
+
+# What kind of step a bundle holds, from its metadata alone.
+
+def is_prefill(request) -> bool:
+    """Computing a prompt, or recomputing prompt and outputs after a preemption (a decode has
+    every token in the KV cache but the last one sampled)."""
+    known = len(request.prompt_token_ids) + len(request.output_token_ids)
+    return request.num_computed_tokens < len(request.prompt_token_ids) or request.num_computed_tokens < known - 1
+
+
+def samples_this_step(request) -> bool:
+    """A request whose scheduled tokens reach the end of its known tokens samples one."""
+    return request.num_computed_tokens + request.num_scheduled_tokens >= len(request.prompt_token_ids) + len(
+        request.output_token_ids
+    )
+
+
+def sampling(request) -> dict[str, Any]:
+    return request.sampling_params or {}
+
+
+def is_greedy(request) -> bool:
+    return sampling(request).get("temperature") == 0.0
+
+
+def has_penalties(request) -> bool:
+    params = sampling(request)
+    return params.get("repetition_penalty", 1.0) != 1.0 or params.get("presence_penalty", 0.0) != 0.0 or params.get(
+        "frequency_penalty", 0.0
+    ) != 0.0
+
+
+def new_request_computed_tokens(step: Step) -> dict[str, int]:
+    """num_computed_tokens of the requests the scheduler sends this step for the first time."""
+    return {new["req_id"]: new["num_computed_tokens"] for new in step.scheduler_output.get("scheduled_new_reqs", [])}
+
+
+STEP_KINDS = {
+    "pure_prefill": lambda s: all(is_prefill(r) for r in s.requests),
+    "pure_decode": lambda s: not any(is_prefill(r) for r in s.requests),
+    "mixed": lambda s: any(is_prefill(r) for r in s.requests) and not all(is_prefill(r) for r in s.requests),
+    # a later chunk of a prompt too long for one step's token budget
+    "chunked_prefill": lambda s: any(
+        0 < r.num_computed_tokens and r.num_computed_tokens < len(r.prompt_token_ids)
+        and r.req_id not in new_request_computed_tokens(s)
+        for r in s.requests
+    ),
+    "greedy_sampling": lambda s: any(is_greedy(r) and not has_penalties(r) and samples_this_step(r) for r in s.requests),
+    "seeded_sampling": lambda s: any(
+        sampling(r).get("seed") is not None and not is_greedy(r) and samples_this_step(r) for r in s.requests
+    ),
+    "unseeded_sampling": lambda s: any(
+        sampling(r).get("seed") is None and not is_greedy(r) and samples_this_step(r) for r in s.requests
+    ),
+    "penalties": lambda s: any(has_penalties(r) and r.output_token_ids and samples_this_step(r) for r in s.requests),
+    # the scheduler found part of a new request's prompt in the prefix cache
+    "prefix_cache_hit": lambda s: any(computed > 0 for computed in new_request_computed_tokens(s).values()),
+    # a request that had generated tokens recomputes them after it was preempted
+    "resumed_after_preemption": lambda s: any(
+        r.output_token_ids and r.num_computed_tokens < len(r.prompt_token_ids) + len(r.output_token_ids) - 1
+        for r in s.requests
+    ),
+}
+
+
+def of_kind(bundles: dict[int, Path], kind: str) -> dict[int, Path]:
+    return {index: path for index, path in bundles.items() if STEP_KINDS[kind](read_step(path))}
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]

