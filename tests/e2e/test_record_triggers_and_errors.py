@@ -1,0 +1,71 @@
+"""Issue 3: event triggers and refusals of `tracekit record`.
+
+The exception and non-finite triggers are exercised by breaking a real forward inside a live
+engine (see `engine_scripts/recorder_behaviour.py`); bad trigger expressions and unwritable
+outputs must be refused with one readable line and exit 2 before any engine starts."""
+
+import pytest
+import torch
+
+from e2e_support import error_lines, tracekit
+from tracekit.replay.replayer import load_step
+
+
+@pytest.mark.slow
+def test_exception_trigger_keeps_the_failing_steps_inputs_and_error(recorder_behaviour):
+    failing_step = recorder_behaviour["inject_at_call"] - 1  # steps count from 0 after arming
+    assert recorder_behaviour["exception_raised"] == f"RuntimeError: {recorder_behaviour['injected_error']}"
+    assert not recorder_behaviour["exception_failures"]
+    (path,) = recorder_behaviour["exception_written"]
+    _, step = load_step(path, None)
+    assert step.index == failing_step and step.trigger == "exception"
+    assert step.error["type"] == "RuntimeError" and step.error["message"] == recorder_behaviour["injected_error"]
+    assert "Traceback" in step.error["traceback"] and "forward" in step.error["traceback"]
+    assert step.outputs is None
+    assert len(step.input_ids) == len(step.positions) == sum(r.num_scheduled_tokens for r in step.requests) > 0
+    (group,) = step.kv.groups
+    assert group.saved_block_ids and all(t.shape[0] == len(group.saved_block_ids) for t in group.before.values())
+    assert group.after == {}, "a forward that raised wrote nothing worth keeping"
+
+
+@pytest.mark.slow
+def test_replaying_the_failing_step_without_the_injected_fault_does_not_reproduce(recorder_behaviour, eager_replays):
+    """The fault was injected into the recording process only: the replayed forward does not
+    raise, so the recorded failure is NOT reproduced and the report names the item "error"."""
+    (path,) = recorder_behaviour["exception_written"]
+    result = eager_replays["replays"][path]
+    assert result["reproduced"] is False and result["first_divergence"] == "error"
+    (check,) = result["checks"]
+    assert check["raised"] is None and "did not raise" in check["problem"]
+
+
+@pytest.mark.slow
+def test_nonfinite_trigger_fires_on_the_step_whose_output_got_a_nan(recorder_behaviour):
+    assert not recorder_behaviour["nonfinite_failures"]
+    (path,) = recorder_behaviour["nonfinite_written"]  # only the poisoned step, none of the others
+    _, step = load_step(path, None)
+    assert step.index == recorder_behaviour["inject_at_call"] - 1 and step.trigger == "nonfinite"
+    assert step.outputs.finite is False
+    assert torch.isnan(step.outputs.hidden_states[0, 0]) and torch.isfinite(step.outputs.hidden_states[1:]).all()
+
+
+@pytest.mark.parametrize(
+    "arguments, complaint",
+    [
+        (["--when", "num_reqs>>2"], "bad --when"),
+        (["--when", "foo==1"], "unknown name 'foo'"),
+        (["--steps", "9:3"], "empty range"),
+        (["-o", "/nonexistent/x.zst"], "not a directory"),
+        # tests run as root, for whom chmod 0500 does not stop writes; /sys refuses even root
+        (["-o", "/sys/x.zst"], "Permission denied"),
+    ],
+    ids=["when-bad-operator", "when-unknown-name", "steps-empty-range", "output-missing-dir", "output-read-only-dir"],
+)
+def test_bad_record_arguments_exit_2_with_one_line_before_any_engine_starts(arguments, complaint, tmp_path):
+    finished = tracekit("record", "--enforce-eager", *arguments, cwd=tmp_path)
+    assert finished.returncode == 2, finished.explain()
+    lines = error_lines(finished.stderr)
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error:") and complaint in lines[0], finished.explain()
+    assert "Traceback" not in finished.stdout + finished.stderr
+    assert list(tmp_path.iterdir()) == []  # no default bundle either
+    assert finished.seconds < 20, "took as long as an engine start"

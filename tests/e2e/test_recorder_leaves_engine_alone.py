@@ -1,0 +1,38 @@
+"""Issue 3: arming a recorder never changes what the engine serves, even when every step is
+recorded or every write fails, and a failed write leaves no partial bundle behind.
+
+One engine process (`engine_scripts/recorder_behaviour.py`) generates the same greedy and
+seeded requests unarmed twice (showing they are repeatable), then armed in each situation."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_outputs_are_repeatable_unarmed(recorder_behaviour):
+    first, second = recorder_behaviour["unarmed"]
+    assert first == second and all(len(tokens) == 8 for tokens in first)
+
+
+def test_recording_every_step_leaves_outputs_unchanged(recorder_behaviour):
+    assert recorder_behaviour["armed"] == recorder_behaviour["unarmed"][0]
+    seen = recorder_behaviour["armed_steps_seen"]
+    assert seen >= 8 and len(recorder_behaviour["armed_written"]) == seen
+
+
+def test_output_dir_removed_after_arming_leaves_outputs_unchanged_and_no_bundle(recorder_behaviour):
+    assert recorder_behaviour["removed_dir_outputs"] == recorder_behaviour["unarmed"][0]
+    assert recorder_behaviour["removed_dir_written"] == []
+    failures = recorder_behaviour["removed_dir_failures"]
+    assert failures and all("No such file or directory" in failure for failure in failures)
+    assert not (recorder_behaviour["work"] / "removed").exists()
+
+
+def test_one_failed_write_leaves_no_partial_file_and_the_other_bundles(recorder_behaviour):
+    assert recorder_behaviour["blocked_path_outputs"] == recorder_behaviour["unarmed"][0]
+    (failure,) = recorder_behaviour["blocked_path_failures"]
+    assert "step1.zst" in failure
+    assert [p.rsplit("/", 1)[-1] for p in recorder_behaviour["blocked_path_written"]] == ["step0.zst", "step2.zst"]
+    # no temporary file of the failed write is left beside them
+    assert recorder_behaviour["blocked_dir_listing"] == ["step0.zst", "step1.zst", "step2.zst"]
+    assert (recorder_behaviour["work"] / "blocked" / "step1.zst").is_dir()
