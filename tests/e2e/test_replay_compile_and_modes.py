@@ -1,0 +1,75 @@
+"""Issue 4: the compile mode is part of what a replay reproduces, and `--mode all` on CPU reports
+what can run here (eager, and compiled where the engine compiles) and why graph modes cannot;
+`--json` carries the timing statistics."""
+
+import json
+
+import pytest
+
+from e2e_support import STEP_KINDS, read_content, read_step, tracekit
+
+pytestmark = pytest.mark.slow
+
+LATENCY_KEYS = {"median", "mean", "min", "p90", "std", "samples_us", "sample_spread_pct"}
+GRAPH_MODES = ("graph", "piecewise")
+ITERS, SAMPLES = 2, 3
+
+
+def replay_all_modes(bundle, tmp_path, *extra):
+    out = tmp_path / "replay.json"
+    finished = tracekit("replay", bundle, "--mode", "all", "--iters", str(ITERS), "--samples", str(SAMPLES), "--json", out, *extra)
+    return finished, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def assert_timed(report):
+    assert report["available"] is True
+    latency = report["latency_us"]
+    assert LATENCY_KEYS <= set(latency)
+    assert len(latency["samples_us"]) == ITERS * SAMPLES and all(sample > 0 for sample in latency["samples_us"])
+    assert min(latency["samples_us"]) <= latency["median"] <= max(latency["samples_us"])
+    assert latency["min"] <= latency["median"] <= latency["p90"]
+
+
+def assert_graph_modes_unavailable(result):
+    for mode in GRAPH_MODES:
+        assert result["modes"][mode]["available"] is False and result["modes"][mode]["reason"]
+
+
+def test_eager_bundle_all_modes(builtin_bundles, tmp_path):
+    mixed = next(p for p in builtin_bundles.values() if STEP_KINDS["mixed"](read_step(p)))
+    finished, result = replay_all_modes(mixed, tmp_path)
+    assert finished.returncode == 0, finished.explain()
+    assert result["reference_mode"] == "eager" and result["bit_exact"]
+    assert_timed(result["modes"]["eager"])
+    assert result["modes"]["eager"]["vs_recorded"]["bit_exact"]
+    assert result["modes"]["compiled"]["available"] is False and "compil" in result["modes"]["compiled"]["reason"]
+    assert_graph_modes_unavailable(result)
+    assert "unavailable here" in finished.stdout
+
+
+def test_compiled_bundle_replays_bit_exact_compiled_with_all_modes(compiled_bundle, tmp_path):
+    content = read_content(compiled_bundle)
+    assert content.engine.engine_args["compilation_config"]["mode"] != 0
+    assert content.steps[0].graph.compilation_mode != "NONE"
+    finished, result = replay_all_modes(compiled_bundle, tmp_path)
+    assert finished.returncode == 0, finished.explain()
+    assert result["reference_mode"] == "compiled" and result["bit_exact"]
+    assert_timed(result["modes"]["eager"])
+    assert_timed(result["modes"]["compiled"])
+    assert result["modes"]["compiled"]["vs_recorded"]["bit_exact"]
+    assert_graph_modes_unavailable(result)
+
+
+def test_compiled_bundle_forced_eager_does_not_reproduce(compiled_bundle, tmp_path):
+    """Eager and compiled forwards round differently from the first layer's fused K/V
+    projection on: the first divergence in forward order is the layer-0 KV the step writes."""
+    out = tmp_path / "eager.json"
+    finished = tracekit("replay", compiled_bundle, "--enforce-eager", "--json", out)
+    assert finished.returncode == 1, finished.explain()
+    result = json.loads(out.read_text())
+    assert result["reference_mode"] == "eager" and result["overrides"] == {"enforce_eager": True}
+    first_layer = read_content(compiled_bundle).steps[0].kv.groups[0].layer_names[0]
+    assert result["first_divergence"] == f"kv_written/{first_layer}", result["checks"]
+    checks = {check["item"]: check for check in result["checks"]}
+    assert checks["input_ids"]["bit_exact"] and checks["positions"]["bit_exact"]
+    assert not checks["hidden_states"]["bit_exact"] and checks["hidden_states"]["max_abs"] < 1e-3

@@ -1,0 +1,101 @@
+"""Issue 4: replays that must NOT reproduce, and must say where. Each bundle is a real recording
+edited with `rewrite_bundle` in one way; `tracekit replay` must exit 1 and name the first item
+that diverges in forward order — so a bit-exact verdict elsewhere means something. A bundle
+whose weights are nowhere to be found must exit 3 before any engine starts."""
+
+import json
+
+import pytest
+import torch
+
+from e2e_support import STEP_KINDS, error_lines, read_step, tracekit
+from tracekit.format.rewrite import rewrite_bundle
+from tracekit.replay.replayer import load_step
+
+pytestmark = pytest.mark.slow
+
+
+def replay_json(bundle, tmp_path, *extra):
+    out = tmp_path / "replay.json"
+    finished = tracekit("replay", bundle, "--json", out, *extra)
+    return finished, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def checks_by_item(result):
+    return {check["item"]: check for check in result["checks"]}
+
+
+def test_perturbed_kv_block_is_found_where_the_forward_first_reads_it(builtin_bundles, tmp_path):
+    """A block only READ by the step is perturbed in layer 0: the layer-0 KV the step writes
+    comes from its own tokens and still matches; layer 1's (which attends over layer 0) does not."""
+    for index, path in builtin_bundles.items():
+        group = read_step(path).kv.groups[0]
+        read_only = sorted(set(group.read_block_ids) - set(group.written_block_ids))
+        if read_only:
+            break
+    else:
+        pytest.fail("no step reads a block it does not write")
+    first_layer, second_layer = group.layer_names
+    row = group.saved_block_ids.index(read_only[0])
+
+    def perturb(metadata, tensors):
+        tensors[f"steps/0/kv/groups/0/before/{first_layer}"][row] += 0.5
+
+    edited = rewrite_bundle(path, tmp_path / "perturbed.zst", perturb)
+    finished, result = replay_json(edited, tmp_path)
+    assert finished.returncode == 1, finished.explain()
+    checks = checks_by_item(result)
+    assert checks[f"kv_written/{first_layer}"]["bit_exact"]
+    assert result["first_divergence"] == f"kv_written/{second_layer}"
+    assert not checks["hidden_states"]["bit_exact"]
+    assert "NOT REPRODUCED" in finished.stdout and f"kv_written/{second_layer}" in finished.stdout
+
+
+def least_likely_seeded_draw(bundles):
+    """The bundle whose seeded request drew its least likely token (by the recorded logits):
+    there the generator's state decided the token, not the peak of the distribution."""
+    candidates = []
+    for path in bundles.values():
+        _, step = load_step(path, None)
+        for row, request in enumerate(step.requests):
+            params, drawn = request.sampling_params, step.outputs.sampled_token_ids[row]
+            if params.get("seed") is not None and params["temperature"] > 0 and drawn:
+                probabilities = torch.softmax(step.outputs.logits[row] / params["temperature"], dim=-1)
+                candidates.append((float(probabilities[drawn[0]]), str(path)))
+    assert candidates, "no seeded request sampled in this workload"
+    return min(candidates)[1]
+
+
+def test_dropped_generator_state_changes_only_the_sampled_ids(builtin_bundles, tmp_path):
+    """Without its generator state a seeded request samples from a freshly seeded generator."""
+    path = least_likely_seeded_draw(builtin_bundles)
+
+    def drop_generator(metadata, tensors):
+        for position, request in enumerate(metadata["steps"][0]["requests"]):
+            if request.get("generator_state") is not None:
+                request["generator_state"] = None
+                del tensors[f"steps/0/requests/{position}/generator_state"]
+
+    edited = rewrite_bundle(path, tmp_path / "no_generator.zst", drop_generator)
+    finished, result = replay_json(edited, tmp_path)
+    assert finished.returncode == 1, finished.explain()
+    assert result["first_divergence"] == "sampled_token_ids"
+    checks = checks_by_item(result)
+    assert checks["hidden_states"]["bit_exact"] and checks["logits"]["bit_exact"]
+
+
+def test_bundle_whose_weights_are_missing_exits_3_with_a_clear_message(builtin_bundles, tmp_path):
+    missing = tmp_path / "no-such-model"
+
+    def move_weights(metadata, tensors):
+        engine = metadata["engine"]
+        engine["model"]["path"] = str(missing)
+        engine["model"]["weights_fingerprint"] = "blake2b-128:" + "0" * 32
+        engine["engine_args"]["model"] = engine["engine_args"]["tokenizer"] = str(missing)
+
+    edited = rewrite_bundle(next(iter(builtin_bundles.values())), tmp_path / "moved.zst", move_weights)
+    finished = tracekit("replay", edited)
+    assert finished.returncode == 3, finished.explain()
+    (line,) = error_lines(finished.stderr)
+    assert line.startswith("tracekit: error:") and "weights not found" in line and str(missing) in line
+    assert "--model" in line  # says what to do about it
