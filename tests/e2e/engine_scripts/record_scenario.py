@@ -11,9 +11,9 @@ from tracekit.record.api import recording
 
 # 96 shared prompt tokens: three full KV blocks of 32 the second request finds cached.
 SHARED_PREFIX = [3 + (7 * i) % 500 for i in range(96)]
-# 12 blocks of 32 tokens (32 KiB each: 32 tokens x 1 KV head x (64 K + 64 V) x 2 layers x 4 bytes)
-# for four requests that each grow to 5 blocks: the scheduler must preempt to make room.
-PREEMPTION_KV_BYTES = 12 * 32 * 1 * 128 * 2 * 4
+# 10 blocks of 32 tokens (32 KiB each: 32 tokens x 1 KV head x (64 K + 64 V) x 2 layers x 4 bytes)
+# for four requests that each grow to 4 blocks: the scheduler must preempt to make room.
+PREEMPTION_KV_BYTES = 10 * 32 * 1 * 128 * 2 * 4
 
 
 def prefix_cache(llm, out_dir):
@@ -35,7 +35,7 @@ def preemption(llm, out_dir):
     # ("CPU Generator does not use offset" in _bookkeeping_sync), which a resumed request is.
     sampling = [{"temperature": 0.0, "ignore_eos": True}] * 4
     with recording(llm, f"{out_dir}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
-        outputs = generate_token_ids(llm, prompts, sampling, 120)
+        outputs = generate_token_ids(llm, prompts, sampling, 80)
     return recorder, {"outputs": outputs}
 
 
