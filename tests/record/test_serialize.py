@@ -12,7 +12,12 @@ from vllm.sampling_params import RequestOutputKind  # noqa: E402
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 
 from tracekit.errors import BundleError  # noqa: E402
-from tracekit.integrations.vllm.serialize import SerializationError, from_plain, to_plain  # noqa: E402
+from tracekit.integrations.vllm.serialize import (  # noqa: E402
+    SerializationError,
+    from_plain,
+    to_plain,
+    to_versioned_plain,
+)
 
 
 def _scheduler_output() -> SchedulerOutput:
@@ -57,6 +62,12 @@ def test_scheduler_output_round_trips_through_msgpack():
     assert params.output_kind is RequestOutputKind.DELTA
     assert params.logit_bias == {5: 1.5, 9: -2.0}
     assert params.sampling_type == expected.sampling_type
+
+
+def test_the_vllm_version_tag_rides_along_and_is_ignored_on_rebuild():
+    plain = to_versioned_plain(_scheduler_output(), "0.32.0")
+    assert plain["$vllm_version"] == "0.32.0" and plain["$type"] == "SchedulerOutput"
+    assert from_plain(plain).total_num_scheduled_tokens == 4
 
 
 def test_private_and_default_sampling_fields_are_kept():

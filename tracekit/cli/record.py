@@ -8,6 +8,7 @@ arguments (`--enforce-eager`, `--max-num-batched-tokens 128`, ...), parsed by vL
 import click
 
 from tracekit.errors import UsageError
+from tracekit.record.recorder import DEFAULT_MAX_BUNDLES
 
 DEFAULT_OUTPUT = "tracekit-bundle.zst"
 
@@ -27,8 +28,10 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
               help="KV blocks to save: all the forward reads, only those it writes, or none.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
               help="Bundle path; put {step} in it to record every matching step, one bundle each.")
+@click.option("--max-bundles", type=int, default=DEFAULT_MAX_BUNDLES, show_default=True,
+              help="With {step} in the output: the most bundles one run writes.")
 @click.pass_context
-def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output):
+def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles):
     """Record engine steps of a real vLLM engine into bundles."""
     from tracekit.record.session import record_workload
 
@@ -44,6 +47,7 @@ def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, out
         events=tuple(events),
         kv=kv,
         output=output,
+        max_bundles=max_bundles,
     )
     if not written:
         raise UsageError("no step matched the trigger; nothing was recorded")

@@ -12,6 +12,7 @@ the writer thread when the process exits.
     TRACEKIT_RECORD_WHEN    a predicate, e.g. `num_reqs>=2 and has_prefill`
     TRACEKIT_RECORD_ON      `exception`, `nonfinite` or both, comma separated
     TRACEKIT_RECORD_KV      `read` (default), `written` or `none`
+    TRACEKIT_RECORD_MAX_BUNDLES  with `{step}`: the most bundles one process writes (default 16)
 """
 
 import atexit
@@ -37,7 +38,7 @@ def register() -> None:
 def _arm_on(runner: Any) -> None:
     if any(recorder.runner is runner for recorder in _armed):
         return
-    from tracekit.record.recorder import Recorder
+    from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, Recorder
     from tracekit.record.triggers import TriggerSet
 
     events = tuple(e.strip() for e in os.environ.get("TRACEKIT_RECORD_ON", "").split(",") if e.strip())
@@ -51,6 +52,7 @@ def _arm_on(runner: Any) -> None:
                 events=events,
             ),
             kv=os.environ.get("TRACEKIT_RECORD_KV", "read"),
+            max_bundles=_int_env("TRACEKIT_RECORD_MAX_BUNDLES", DEFAULT_MAX_BUNDLES),
         ).arm()
     except TracekitError as error:
         logger.error("tracekit: recorder not armed: %s", error)
@@ -64,3 +66,12 @@ def _arm_on(runner: Any) -> None:
 def _disarm_all() -> None:
     while _armed:
         _armed.pop().disarm()
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if not value.strip().isdigit():
+        raise TracekitError(f"{name} must be a whole number, not {value!r}")
+    return int(value)

@@ -77,6 +77,8 @@ class Recorder:
         self.output = OutputTemplate(output)
         self.triggers = triggers
         self.kv = kv
+        if max_bundles < 1:
+            raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
         self.steps_seen = 0
         self.bundles_fired = 0
@@ -200,8 +202,16 @@ class Recorder:
         if reason is None:
             return
         step.trigger = reason
-        self.bundles_fired += 1
+        self._count_bundle()
         self._persister.submit(self.output.path_for(step.index), step)
+
+    def _count_bundle(self) -> None:
+        self.bundles_fired += 1
+        if self.exhausted and not self.output.single:
+            logger.warning(
+                "tracekit: recorded %d bundles, the most this session takes (--max-bundles); "
+                "later steps are not recorded", self.max_bundles,
+            )
 
     def _record_failure(self, error: BaseException) -> None:
         pending, self._pending = self._pending, None
@@ -216,6 +226,6 @@ class Recorder:
             "message": str(error),
             "traceback": "".join(traceback.format_exception(error)),
         }
-        self.bundles_fired += 1
+        self._count_bundle()
         self._persister.write_now(self.output.path_for(step.index), step)
 

@@ -14,6 +14,7 @@ from tracekit.models import tiny_model_path
 from tracekit.record import workload
 from tracekit.record.api import recording
 from tracekit.record.persist import OutputTemplate
+from tracekit.record.recorder import DEFAULT_MAX_BUNDLES
 from tracekit.record.triggers import TriggerSet
 
 
@@ -29,6 +30,7 @@ def record_workload(
     events: tuple[str, ...] = (),
     kv: str = "read",
     output: str | Path = "tracekit-bundle.zst",
+    max_bundles: int = DEFAULT_MAX_BUNDLES,
 ) -> list[Path]:
     """Record the steps the triggers pick from a workload run; returns the bundles written."""
     require_supported_vllm()
@@ -44,7 +46,7 @@ def record_workload(
         **(engine_args or {}),
     }
     llm = vllm_engine.build_llm(args)
-    with recording(llm, output, steps=steps, when=when, on=events, kv=kv) as recorder:
+    with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles) as recorder:
         workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
     if recorder.failures:
         raise TracekitError(f"recording failed: {recorder.failures[0]}")

@@ -14,7 +14,8 @@ import torch
 
 from tracekit.format.schema import KVGroupSnapshot, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.serialize import to_plain
+from tracekit.integrations.vllm.serialize import to_versioned_plain
+from tracekit.integrations.vllm.version import installed_vllm_version
 
 KV_MODES = ("read", "written", "none")
 
@@ -68,7 +69,7 @@ def capture_before_forward(
     step = Step(
         index=index,
         trigger=trigger,
-        scheduler_output=to_plain(scheduler_output, "scheduler_output"),
+        scheduler_output=to_versioned_plain(scheduler_output, installed_vllm_version(), "scheduler_output"),
         batch_order=runner_state.batch_order(runner),
         requests=requests,
         input_ids=_to_host(input_ids) if input_ids is not None else None,

@@ -63,6 +63,11 @@ def _tagged(value: Any, names: list[str] | tuple[str, ...], path: str) -> dict[s
     return plain
 
 
+def to_versioned_plain(value: Any, vllm_version: str, path: str = "value") -> dict[str, Any]:
+    """`to_plain` of a vLLM dataclass or struct, tagged with the vLLM version that made it."""
+    return {**to_plain(value, path), "$vllm_version": vllm_version}
+
+
 def from_plain(plain: Any) -> Any:
     """Rebuild objects written by `to_plain` with the installed vLLM's classes."""
     if isinstance(plain, list):
@@ -84,7 +89,7 @@ def from_plain(plain: Any) -> Any:
 
 def _build(plain: dict[str, Any]) -> Any:
     cls = _lookup(_vllm_types(), plain["$type"])
-    fields = {key: from_plain(v) for key, v in plain.items() if key != "$type"}
+    fields = {key: from_plain(v) for key, v in plain.items() if not key.startswith("$")}
     if hasattr(cls, "__struct_fields__"):
         # msgspec structs: start from defaults, then set every recorded field as it was
         # (constructor validation would re-derive private fields differently).
