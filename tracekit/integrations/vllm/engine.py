@@ -144,3 +144,16 @@ def parse_engine_cli_args(argv: list[str]) -> dict[str, Any]:
         for name, value in vars(namespace).items()
         if name in {item.name for item in dataclasses.fields(EngineArgs)} and value != getattr(defaults, name, None)
     }
+
+
+def release_llm(llm: Any) -> None:
+    """Shut an in-process engine down and give its memory back, before another is built."""
+    import gc
+
+    import torch
+
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
