@@ -49,9 +49,25 @@ def _summary(reader) -> dict:
             "requests": [
                 {"req_id": request.req_id, "num_scheduled_tokens": request.num_scheduled_tokens,
                  "num_computed_tokens": request.num_computed_tokens,
+                 "num_prompt_tokens": len(request.prompt_token_ids),
+                 "num_output_tokens": len(request.output_token_ids),
                  "phase": "prefill" if request.is_prefill else "decode"}
                 for request in step.requests
             ],
+            "dispatch": {
+                "compilation_mode": step.graph.compilation_mode, "cudagraph_mode": step.graph.cudagraph_mode,
+                "runtime_mode": step.graph.runtime_mode, "num_tokens": step.graph.num_tokens,
+                "num_tokens_padded": step.graph.num_tokens_padded, "capture_sizes": step.graph.capture_sizes,
+            },
+            "kv": {
+                "mode": step.kv.mode,
+                "blocks_read": sum(len(group.read_block_ids) for group in step.kv.groups),
+                "blocks_written": sum(len(group.written_block_ids) for group in step.kv.groups),
+                "blocks_saved": sum(len(group.saved_block_ids) for group in step.kv.groups),
+            },
+            "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
+            "outputs_finite": step.outputs.finite if step.outputs is not None else None,
+            "error": step.error and {"type": step.error.get("type"), "message": step.error.get("message")},
         }
         for step in content.steps
     ]
@@ -67,6 +83,7 @@ def _size(nbytes: int) -> str:
 
 def _print_table(summary: dict, verify_report) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False)
@@ -85,12 +102,29 @@ def _print_table(summary: dict, verify_report) -> None:
         console.print(f"steps: {len(summary['steps'])}")
         for step in summary["steps"]:
             table = Table(title=f"step {step['index']} (trigger: {step['trigger']})", title_justify="left")
-            for column in ("request", "scheduled", "computed", "phase"):
+            for column in ("request", "scheduled", "computed", "prompt", "output", "phase"):
                 table.add_column(column, justify="left" if column in ("request", "phase") else "right")
             for request in step["requests"]:
                 table.add_row(request["req_id"], str(request["num_scheduled_tokens"]),
-                              str(request["num_computed_tokens"]), request["phase"])
+                              str(request["num_computed_tokens"]), str(request["num_prompt_tokens"]),
+                              str(request["num_output_tokens"]), request["phase"])
             console.print(table)
+            dispatch, kv, timing = step["dispatch"], step["kv"], step["timing_us"]
+            console.print(
+                f"  dispatch: {dispatch['num_tokens']} tokens -> {dispatch['num_tokens_padded']} padded, "
+                f"graph {dispatch['runtime_mode']} (engine: compilation {dispatch['compilation_mode']}, "
+                f"cudagraph {dispatch['cudagraph_mode']}, capture sizes {dispatch['capture_sizes'] or 'none'})"
+            )
+            console.print(
+                f"  kv: {kv['blocks_read']} blocks read, {kv['blocks_written']} written, "
+                f"{kv['blocks_saved']} saved (mode {kv['mode']})"
+            )
+            if timing["forward"] is not None:
+                console.print(f"  forward {timing['forward'] / 1000:.3f} ms, step {timing['step'] / 1000:.3f} ms in the engine")
+            if step["outputs_finite"] is False:
+                console.print("  [red]outputs are not finite[/]")
+            if step["error"]:
+                console.print(f"  [red]forward raised {step['error']['type']}: {escape(step['error']['message'])}[/]")
     else:
         console.print(summary["content"])
     tensors = Table(title=f"tensors: {len(summary['tensors'])}", title_justify="left")
