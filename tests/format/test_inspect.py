@@ -45,9 +45,13 @@ def test_inspect_json_reads_only_metadata_and_index(step_bundle, monkeypatch):
     assert summary["format_version"] == 1 and summary["model"]["path"] == "tiny-llama"
     assert summary["environment"]["vllm_version"] == "0.32.0"
     assert summary["steps"][0]["requests"] == [
-        {"req_id": "a", "num_scheduled_tokens": 8, "num_computed_tokens": 0, "phase": "prefill"},
-        {"req_id": "b", "num_scheduled_tokens": 1, "num_computed_tokens": 8, "phase": "decode"},
+        {"req_id": "a", "num_scheduled_tokens": 8, "num_computed_tokens": 0, "num_prompt_tokens": 8,
+         "num_output_tokens": 0, "phase": "prefill"},
+        {"req_id": "b", "num_scheduled_tokens": 1, "num_computed_tokens": 8, "num_prompt_tokens": 8,
+         "num_output_tokens": 1, "phase": "decode"},
     ]
+    assert summary["steps"][0]["dispatch"]["runtime_mode"] == "NONE"
+    assert summary["steps"][0]["kv"]["mode"] in ("read", "written", "none")
     assert summary["tensors"][0] | {"stored_nbytes": 0} == {
         "name": "steps/0/input_ids", "dtype": "int64", "shape": [9], "nbytes": 72, "stored_nbytes": 0,
         "filter": "none", "codec": "zstd",
