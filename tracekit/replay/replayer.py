@@ -132,6 +132,8 @@ def replay(
     built for the same engine arguments."""
     content, recorded = load_step(bundle, step)
     require_same_series(content.engine.vllm_version)
+    if llm is not None and (engine_overrides or model):
+        raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
     overrides = dict(engine_overrides or {})
     if llm is None:
         args = dict(content.engine.engine_args)
