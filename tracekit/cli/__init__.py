@@ -16,6 +16,7 @@ from tracekit import __version__
 from tracekit.errors import TracekitError
 
 SUBCOMMANDS = {
+    "diff": ("tracekit.cli.diff", "diff_command"),
     "inspect": ("tracekit.cli.inspect", "inspect_command"),
     "record": ("tracekit.cli.record", "record_command"),
     "replay": ("tracekit.cli.replay", "replay_command"),

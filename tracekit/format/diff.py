@@ -1,0 +1,74 @@
+"""Comparing two bundles tensor by tensor: the same step recorded on two machines, two vLLM
+versions, or eager against graph mode, shows where the numbers part.
+
+Tensors are paired by name (the recorder names them by their place in the step), compared with
+`tracekit.numerics.compare_tensors`, and reported in the order the first bundle stores them;
+the environments and engine arguments are compared field by field. torch is needed here.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracekit.format.reader import open_bundle
+
+
+@dataclass
+class BundleDiff:
+    tensors: list[dict[str, Any]] = field(default_factory=list)  # per shared tensor
+    only_in_first: list[str] = field(default_factory=list)
+    only_in_second: list[str] = field(default_factory=list)
+    metadata: list[dict[str, Any]] = field(default_factory=list)  # {"field", "first", "second"}
+
+    @property
+    def identical_tensors(self) -> bool:
+        return not self.only_in_first and not self.only_in_second and all(t["bit_exact"] for t in self.tensors)
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "identical_tensors": self.identical_tensors,
+            "tensors": self.tensors,
+            "only_in_first": self.only_in_first,
+            "only_in_second": self.only_in_second,
+            "metadata": self.metadata,
+        }
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, dict) and not (len(value) == 1 and "$tensor" in value):
+        for key, item in value.items():
+            _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
+    else:
+        out[prefix] = value
+    return out
+
+
+# Per-recording facts that always differ and say nothing about the numbers.
+_VOLATILE = ("created_at", "steps.0.timing")
+
+
+def diff_bundles(first: str | Path, second: str | Path) -> BundleDiff:
+    from tracekit.numerics import compare_tensors
+
+    result = BundleDiff()
+    with open_bundle(first) as a, open_bundle(second) as b:
+        names_a = [info.name for info in a.tensor_infos()]
+        names_b = {info.name for info in b.tensor_infos()}
+        for name in names_a:
+            if name not in names_b:
+                result.only_in_first.append(name)
+                continue
+            comparison = compare_tensors(a.read_tensor(name, to="torch"), b.read_tensor(name, to="torch"))
+            result.tensors.append({"name": name, **comparison})
+        result.only_in_second = sorted(names_b - set(names_a))
+        flat_a = _flatten({k: v for k, v in a.metadata.items() if k != "steps"}, "", {})
+        flat_b = _flatten({k: v for k, v in b.metadata.items() if k != "steps"}, "", {})
+        steps_a, steps_b = a.metadata.get("steps") or [], b.metadata.get("steps") or []
+        for index, (step_a, step_b) in enumerate(zip(steps_a, steps_b)):
+            _flatten(step_a, f"steps.{index}", flat_a)
+            _flatten(step_b, f"steps.{index}", flat_b)
+    for key in sorted(set(flat_a) | set(flat_b)):
+        if key.startswith(_VOLATILE) or flat_a.get(key) == flat_b.get(key):
+            continue
+        result.metadata.append({"field": key, "first": flat_a.get(key), "second": flat_b.get(key)})
+    return result
