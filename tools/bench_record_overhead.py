@@ -2,7 +2,8 @@
 
 Run by hand (not a test): `.venv/bin/python tools/bench_record_overhead.py [--rounds 5]`.
 
-In one engine and one process, alternating rounds of the same greedy workload:
+In one engine and one process, rounds of the same greedy workload, the variants' order rotated
+from round to round:
   unarmed                  no recorder
   armed, waiting           a recorder whose step trigger never fires (the normal state)
   armed, copy every step   `--on exception`: every step's inputs and KV are copied to host
@@ -61,8 +62,12 @@ def main() -> None:
         "armed, copy every step": lambda: recording(llm, f"{out_dir}/exc{{step}}.zst", on=("exception",)),
     }
     throughput: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    for _ in range(options.rounds):
-        for name, arm in variants.items():
+    names = list(variants)
+    for round_number in range(options.rounds):
+        # Rotate the order every round, so no variant always follows the same one.
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            arm = variants[name]
             context = arm()
             if context is None:
                 throughput[name].append(generate())
@@ -73,7 +78,7 @@ def main() -> None:
     def median(name: str, column: int) -> float:
         return statistics.median(values[column] for values in throughput[name])
 
-    print(f"median of {options.rounds} alternating rounds, {options.requests} requests x {options.max_tokens} tokens")
+    print(f"median of {options.rounds} rounds (order rotated), {options.requests} requests x {options.max_tokens} tokens")
     print(f"{'variant':24} {'tok/s wall':>11} {'vs unarmed':>11} {'tok/s CPU':>10} {'vs unarmed':>11}")
     for name in variants:
         wall, cpu = median(name, 0), median(name, 1)

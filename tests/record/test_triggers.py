@@ -67,15 +67,24 @@ def test_bad_predicates_name_the_problem(text, reason):
 
 def test_steps_and_predicate_must_both_hold():
     triggers = TriggerSet(steps="0:10", when="mixed")
-    assert triggers.fires_before_forward(2, DECODES) is None
-    assert triggers.fires_before_forward(2, MIXED) == "steps 0:10 when mixed"
-    assert triggers.fires_before_forward(12, MIXED) is None
+    assert triggers.fires_before_forward(2, lambda: DECODES) is None
+    assert triggers.fires_before_forward(2, lambda: MIXED) == "steps 0:10 when mixed"
+    assert triggers.fires_before_forward(12, lambda: MIXED) is None
+
+
+def test_a_step_trigger_alone_never_asks_for_batch_facts():
+    def no_facts():
+        raise AssertionError("batch facts computed for an index-only trigger")
+
+    triggers = TriggerSet(steps="3")
+    assert triggers.fires_before_forward(2, no_facts) is None
+    assert triggers.fires_before_forward(3, no_facts) == "steps 3"
 
 
 def test_event_triggers_copy_every_step_but_fire_only_after_the_forward():
     triggers = TriggerSet(events=("exception", "nonfinite"))
     assert triggers.copies_every_step
-    assert triggers.fires_before_forward(0, MIXED) is None
+    assert triggers.fires_before_forward(0, lambda: MIXED) is None
 
 
 def test_nothing_to_record_and_unknown_events_are_refused():

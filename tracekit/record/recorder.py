@@ -153,11 +153,9 @@ class Recorder:
             if pending is None or pending.forward_seen:
                 return original(*args, **kwargs)
             pending.forward_seen = True
-            num_reqs, num_tokens, num_prefills, req_ids = runner_state.batch_summary(
-                self.runner, pending.scheduler_output
+            pending.reason = self.triggers.fires_before_forward(
+                pending.index, lambda: self._batch_facts(pending.scheduler_output)
             )
-            facts = BatchFacts(num_reqs, num_tokens, num_prefills, frozenset(req_ids))
-            pending.reason = self.triggers.fires_before_forward(pending.index, facts)
             if pending.reason is not None or self.triggers.copies_every_step:
                 pending.step = step_capture.capture_before_forward(
                     self.runner,
@@ -179,6 +177,10 @@ class Recorder:
             return output
 
         return model_forward
+
+    def _batch_facts(self, scheduler_output: Any) -> BatchFacts:
+        num_reqs, num_tokens, num_prefills, req_ids = runner_state.batch_summary(self.runner, scheduler_output)
+        return BatchFacts(num_reqs, num_tokens, num_prefills, frozenset(req_ids))
 
     def _wrap_sample_tokens(self, original: Any) -> Any:
         def sample_tokens(*args: Any, **kwargs: Any) -> Any:

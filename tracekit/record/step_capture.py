@@ -25,8 +25,9 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _blocks(cache: torch.Tensor, block_dim: int, block_ids: list[int]) -> torch.Tensor:
+    """The blocks as a new host tensor (index_select already copies; only a device needs more)."""
     index = torch.tensor(block_ids, dtype=torch.long, device=cache.device)
-    return _to_host(cache.index_select(block_dim, index))
+    return cache.index_select(block_dim, index).to("cpu")
 
 
 def capture_before_forward(

