@@ -61,6 +61,7 @@ class EncodedChunk:
     sha256: bytes
     frames: list[bytes]
     content_nbytes: list[int]
+    crc32: list[int]  # of each stored frame, computed here on the worker thread
 
 
 class ChunkEncoder:
@@ -85,10 +86,12 @@ class ChunkEncoder:
         else:
             content[len(prefix):] = raw
         spans = frame_spans(len(prefix), raw.nbytes, filter_name, itemsize)
+        frames = [self.compress(content[start:end]) for start, end in spans]
         return EncodedChunk(
             sha256=hashlib.sha256(raw).digest(),
-            frames=[self.compress(content[start:end]) for start, end in spans],
+            frames=frames,
             content_nbytes=[end - start for start, end in spans],
+            crc32=[zlib.crc32(frame) for frame in frames],
         )
 
 

@@ -1,13 +1,15 @@
 """BundleWriter: streams tensors into a bundle as they arrive and publishes it atomically.
 
-Each `add_tensor` call encodes the tensor chunk by chunk on a small thread pool (zstd and
-sha256 release the GIL) and appends the frames in order, so memory holds the caller's tensor
+Each `add_tensor` call copies the tensor chunk by chunk into a queue that a small thread pool
+encodes (zstd, sha256 and CRC-32 release the GIL), and appends finished frames in queue order;
+encoding of one tensor overlaps the writing of the last, and memory holds the caller's tensor
 plus a few chunks in flight, never the whole bundle. Everything goes to a temporary file next
 to the target; only a clean close (index + trailer written, fsync'd) renames it into place,
 so a killed writer leaves nothing at the target path that could read as a bundle.
 """
 
 import collections
+import dataclasses
 import hashlib
 import os
 import secrets
@@ -15,6 +17,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
+import numpy as np
 
 from tracekit import __version__
 from tracekit.errors import BundleError
@@ -26,6 +29,13 @@ from tracekit.format.layout import (
     BUNDLE_MAGIC, CODEC, FORMAT_VERSION, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, MIN_READER_VERSION, skippable_frame,
     trailer,
 )
+
+
+@dataclasses.dataclass
+class _UnfinishedTensor:
+    info: TensorInfo  # without its chunks yet
+    expected_chunks: int
+    chunks: list[ChunkRef]
 
 
 def tensor_ref(name: str) -> dict:
@@ -56,6 +66,8 @@ class BundleWriter:
         self._threads = threads or min(4, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-writer")
         self._tensors: dict[str, TensorInfo] = {}
+        self._unfinished: dict[str, _UnfinishedTensor] = {}
+        self._in_flight: collections.deque = collections.deque()  # (tensor name, nbytes, future)
         self._total_nbytes = 0
         self._metadata_content = pack_plain({"metadata": None})
         self._temp_path = f"{self.path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -93,51 +105,58 @@ class BundleWriter:
             raise BundleError(f"bundle writer for {self.path} is already closed")
 
     def add_tensor(self, name: str, tensor) -> dict:
-        """Write `tensor` now (the caller may reuse it afterwards) and return its reference."""
+        """Queue `tensor` for writing and return its reference. Its chunks are copied as they are
+        queued, so the caller may reuse the tensor at once; encoding overlaps the next calls."""
         self._check_open()
         if not isinstance(name, str) or not 0 < len(name) <= limits.MAX_NAME_CHARS:
             raise BundleError(f"tensor name must be a non-empty string of at most {limits.MAX_NAME_CHARS} characters")
-        if name in self._tensors:
+        if name in self._tensors or name in self._unfinished:
             raise BundleError(f"tensor {name!r} is already in the bundle")
-        if len(self._tensors) >= limits.MAX_TENSORS:
+        if len(self._tensors) + len(self._unfinished) >= limits.MAX_TENSORS:
             raise BundleError(f"a bundle holds at most {limits.MAX_TENSORS} tensors")
         dtype, shape, flat = as_flat_bytes(tensor)
         if flat.nbytes > limits.MAX_TENSOR_BYTES or self._total_nbytes + flat.nbytes > limits.MAX_TOTAL_TENSOR_BYTES:
             raise BundleError(f"tensor {name!r} ({flat.nbytes} bytes) is over the size caps")
         itemsize = DTYPES[dtype].itemsize
         filter_name = choose_filter(itemsize, flat.nbytes)
+        step = self._chunk_bytes - self._chunk_bytes % itemsize
+        starts = range(0, flat.nbytes, step)
+        self._unfinished[name] = _UnfinishedTensor(
+            TensorInfo(name, dtype, shape, flat.nbytes, 0, filter_name, CODEC, itemsize, ()), len(starts), []
+        )
+        self._total_nbytes += flat.nbytes
         try:
-            chunks = self._write_chunks(name, flat, filter_name, itemsize)
+            for number, start in enumerate(starts):
+                raw = np.array(flat[start:start + step])
+                future = self._pool.submit(self._encoder.encode, name, number, raw, filter_name, itemsize)
+                self._in_flight.append((name, raw.nbytes, future))
+                while len(self._in_flight) > 2 * self._threads:
+                    self._write_oldest()
+            self._finish_if_complete(name)
         except BaseException:
             self.abort()
             raise
-        stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
-        self._tensors[name] = TensorInfo(name, dtype, shape, flat.nbytes, stored, filter_name, CODEC, itemsize, chunks)
-        self._total_nbytes += flat.nbytes
         return tensor_ref(name)
 
-    def _write_chunks(self, name, flat, filter_name, itemsize) -> tuple[ChunkRef, ...]:
-        step = self._chunk_bytes - self._chunk_bytes % itemsize
-        pending = collections.deque()
-        chunks = []
+    def _write_oldest(self) -> None:
+        name, nbytes, future = self._in_flight.popleft()
+        encoded = future.result()
+        frames = tuple(
+            FrameRef(self._write(frame), len(frame), content_nbytes, crc32)
+            for frame, content_nbytes, crc32 in zip(encoded.frames, encoded.content_nbytes, encoded.crc32)
+        )
+        self._unfinished[name].chunks.append(ChunkRef(nbytes, encoded.sha256, frames))
+        self._finish_if_complete(name)
 
-        def write_oldest():
-            nbytes, future = pending.popleft()
-            encoded = future.result()
-            frames = tuple(
-                FrameRef(self._write(frame), len(frame), content_nbytes, zlib.crc32(frame))
-                for frame, content_nbytes in zip(encoded.frames, encoded.content_nbytes)
-            )
-            chunks.append(ChunkRef(nbytes, encoded.sha256, frames))
-
-        for number, start in enumerate(range(0, flat.nbytes, step)):
-            raw = flat[start:start + step]
-            pending.append((raw.nbytes, self._pool.submit(self._encoder.encode, name, number, raw, filter_name, itemsize)))
-            if len(pending) > 2 * self._threads:
-                write_oldest()
-        while pending:
-            write_oldest()
-        return tuple(chunks)
+    def _finish_if_complete(self, name: str) -> None:
+        """Chunks are written in the order they were queued, so tensors complete in order too."""
+        unfinished = self._unfinished[name]
+        if len(unfinished.chunks) < unfinished.expected_chunks:
+            return
+        del self._unfinished[name]
+        chunks = tuple(unfinished.chunks)
+        stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
+        self._tensors[name] = dataclasses.replace(unfinished.info, stored_nbytes=stored, chunks=chunks)
 
     def set_metadata(self, obj) -> None:
         """Plain data describing the bundle; packed now (errors surface here), written at close."""
@@ -152,6 +171,8 @@ class BundleWriter:
         if not self._open:
             return
         try:
+            while self._in_flight:
+                self._write_oldest()
             frame = self._encoder.compress(self._metadata_content)
             metadata = MetadataRef(
                 FrameRef(self._write(frame), len(frame), len(self._metadata_content), zlib.crc32(frame)),
