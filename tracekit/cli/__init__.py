@@ -45,5 +45,6 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="tracekit")
 def main():
     """Record one exact vLLM engine step into a bundle; replay, check and time it anywhere."""
-    # vLLM's INFO lines would bury tracekit's own report; VLLM_LOGGING_LEVEL=INFO brings them back.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's INFO and WARNING lines (missing tcmalloc, thread binding, ...) would bury tracekit's
+    # own report; VLLM_LOGGING_LEVEL=INFO brings them back.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
