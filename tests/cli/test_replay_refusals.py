@@ -1,0 +1,47 @@
+"""Replays that cannot run here say so before any engine starts: exit 3 for a bundle of another
+vLLM series, exit 2 for a missing or damaged bundle — one readable line, no traceback."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracekit.format.rewrite import rewrite_bundle
+
+SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst"
+TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
+
+
+def _replay(bundle) -> subprocess.CompletedProcess:
+    return subprocess.run([TRACEKIT, "replay", str(bundle)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tracekit: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_a_bundle_of_another_vllm_series_is_refused_with_exit_3(tmp_path):
+    pytest.importorskip("vllm")
+
+    def from_the_future(metadata, tensors):
+        metadata["engine"]["vllm_version"] = "0.99.0"
+
+    result = _replay(rewrite_bundle(SAMPLE, tmp_path / "future.zst", from_the_future))
+    assert result.returncode == 3
+    assert "recorded with vLLM 0.99.0" in _one_error_line(result)
+
+
+def test_a_missing_or_damaged_bundle_is_bad_input(tmp_path):
+    assert _replay(tmp_path / "absent.zst").returncode == 2
+    damaged = tmp_path / "damaged.zst"
+    data = bytearray(SAMPLE.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data[: len(data) - 10]))
+    result = _replay(damaged)
+    assert result.returncode == 2
+    assert "damaged" in _one_error_line(result)
