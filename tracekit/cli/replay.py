@@ -21,8 +21,10 @@ from tracekit.errors import UsageError
 @click.option("--step", type=int, default=None, help="Engine step index to replay (default: the first).")
 @click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
 @click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
-@click.option("--mode", "modes", default=None,
-              help="Also run and time the forward as eager|compiled|graph|piecewise|all.")
+@click.option("--mode", "modes", default="reference", show_default=True,
+              help="Modes to run and time the forward in: eager|compiled|graph|piecewise|all, or "
+                   "reference (the mode the engine ran: compiled, or eager if it did not compile).")
+@click.option("--no-timing", is_flag=True, help="Only reproduce and check; time nothing.")
 @click.option("--iters", type=int, default=10, show_default=True, help="Timed forwards per sample.")
 @click.option("--samples", type=int, default=3, show_default=True, help="Samples (their medians' spread is reported).")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
@@ -30,7 +32,8 @@ from tracekit.errors import UsageError
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write the full result as JSON here ('-' for stdout).")
 @click.pass_context
-def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, iters, samples, tolerance, json_out):
+def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
+                   json_out):
     """Rebuild the engine from BUNDLE, run its step, compare with the recording."""
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
     from tracekit.replay.replayer import replay
@@ -46,7 +49,7 @@ def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, iter
         model=model,
         allow_weights_mismatch=allow_weights_mismatch,
         engine_overrides=parse_engine_cli_args(list(ctx.args)),
-        modes=modes,
+        modes=None if no_timing else modes,
         iters=iters,
         samples=samples,
         tolerance=tolerance,

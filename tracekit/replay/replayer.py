@@ -129,8 +129,10 @@ def replay(
     llm: Any = None,
 ) -> ReplayResult:
     """Replay one recorded step. Pass `llm` (a previous result's `.llm`) to reuse an engine
-    built for the same engine arguments."""
+    built for the same engine arguments. `modes`: None (check only), "reference" (also time the
+    forward as the engine ran it), a mode, or "all"."""
     content, recorded = load_step(bundle, step)
+    explicit_modes = expand_modes(modes) if modes not in (None, "reference") else []
     require_same_series(content.engine.vllm_version)
     if llm is not None and (engine_overrides or model):
         raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
@@ -153,7 +155,7 @@ def replay(
         )
     ]
     reference_mode = "eager" if int(runner.compilation_config.mode) == 0 else "compiled"
-    requested = expand_modes(modes) if modes else []
+    requested = [reference_mode] if modes == "reference" else explicit_modes
     # Graph modes need an engine of their own (vLLM's graphs off, or tracekit's piecewise
     # backend); where the device has no graphs, measure_mode reports why they cannot run.
     own_engine_modes = [m for m in requested if m in GRAPH_MODES and get_device_backend(runner.device).has_graphs]
