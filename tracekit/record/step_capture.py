@@ -24,12 +24,6 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", copy=True)
 
 
-def _blocks(cache: torch.Tensor, block_dim: int, block_ids: list[int]) -> torch.Tensor:
-    """The blocks as a new host tensor (index_select already copies; only a device needs more)."""
-    index = torch.tensor(block_ids, dtype=torch.long, device=cache.device)
-    return cache.index_select(block_dim, index).to("cpu")
-
-
 def capture_before_forward(
     runner: Any,
     scheduler_output: Any,
@@ -55,12 +49,7 @@ def capture_before_forward(
                 read_block_ids=read,
                 written_block_ids=written,
                 saved_block_ids=saved,
-                before={
-                    name: _blocks(cache, group.layout.block_dim, saved)
-                    for name, cache in zip(group.layer_names, group.caches)
-                }
-                if saved
-                else {},
+                before=runner_state.blocks_to_host(group, saved) if saved else {},
             )
         )
     num_tokens = int(scheduler_output.total_num_scheduled_tokens)
@@ -93,10 +82,7 @@ def capture_after_forward(runner: Any, step: Step, hidden_states: Any) -> None:
     if step.kv.mode != "none":
         for snapshot, group in zip(step.kv.groups, runner_state.kv_groups(runner)):
             if snapshot.written_block_ids:
-                snapshot.after = {
-                    name: _blocks(cache, group.layout.block_dim, snapshot.written_block_ids)
-                    for name, cache in zip(group.layer_names, group.caches)
-                }
+                snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids)
     step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
 

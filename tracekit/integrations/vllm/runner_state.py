@@ -75,6 +75,16 @@ def kv_groups(runner: Any) -> list[KVGroup]:
     return groups
 
 
+def blocks_to_host(group: KVGroup, block_ids: list[int]) -> dict[str, torch.Tensor]:
+    """Each layer's rows `block_ids` (in that order, along the block dimension) as new host
+    tensors; index_select already copies, so only a device cache is copied again."""
+    index = torch.tensor(block_ids, dtype=torch.long, device=group.caches[0].device)
+    return {
+        name: cache.index_select(group.layout.block_dim, index).to("cpu")
+        for name, cache in zip(group.layer_names, group.caches)
+    }
+
+
 def block_dim(cache: torch.Tensor, num_blocks: int) -> int:
     """The dimension that indexes blocks: the one sized `num_blocks` (leading K/V dims of 2 are
     skipped when `num_blocks` is also 2)."""

@@ -199,16 +199,10 @@ class StepDriver:
         return views
 
     def _kv_after(self) -> list[dict[str, torch.Tensor]]:
-        after = []
-        for live, recorded in zip(self.groups, self.step.kv.groups):
-            index = torch.tensor(recorded.written_block_ids, dtype=torch.long, device=live.caches[0].device)
-            after.append(
-                {
-                    name: cache.index_select(live.layout.block_dim, index).to("cpu")
-                    for name, cache in zip(live.layer_names, live.caches)
-                }
-            )
-        return after
+        return [
+            runner_state.blocks_to_host(live, recorded.written_block_ids)
+            for live, recorded in zip(self.groups, self.step.kv.groups)
+        ]
 
     def _wrap_model_forward(self, observed: ObservedStep, on_forward: Callable | None) -> Callable:
         def wrap(original: Callable) -> Callable:
