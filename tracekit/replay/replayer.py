@@ -180,7 +180,7 @@ def replay(
     finally:
         llm.reset_prefix_cache()
     if own_engine_modes:
-        engine_args = _engine_args(llm)
+        engine_args = vllm_engine.engine_args_from_config(runner.vllm_config)
         vllm_engine.release_llm(llm)
         llm = None
         for mode in own_engine_modes:
@@ -238,10 +238,6 @@ def _measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, sampl
         warmup_s,
         piecewise=piecewise,
     )
-
-
-def _engine_args(llm: Any) -> dict[str, Any]:
-    return vllm_engine.engine_args_from_config(vllm_engine.find_runner(llm).vllm_config)
 
 
 def _measure_in_own_engine(
