@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, Step
 
@@ -31,6 +33,12 @@ def engine_env(runner: str = "v1") -> dict[str, str]:
     if runner == "v2":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(V2_HARNESS), env.get("PYTHONPATH")]))
     return env
+
+
+def only_on_runner(kind: str) -> Any:
+    """Mark a test that uses the session's recordings to run only with runner `kind` (for what
+    one runner kind has by nature: V1's generator states, V2's seeds)."""
+    return pytest.mark.parametrize("runner_kind", [kind], indirect=True)
 
 
 @dataclass
@@ -131,6 +139,11 @@ STEP_KINDS = {
         sampling(r).get("seed") is None and not is_greedy(r) and samples_this_step(r) for r in s.requests
     ),
     "penalties": lambda s: any(has_penalties(r) and r.output_token_ids and samples_this_step(r) for r in s.requests),
+    # a request samples while its min_tokens still masks the end of sequence
+    "min_tokens": lambda s: any(
+        len(r.output_token_ids) < (sampling(r).get("min_tokens") or 0) and samples_this_step(r) for r in s.requests
+    ),
+    "logprobs": lambda s: any(sampling(r).get("logprobs") is not None and samples_this_step(r) for r in s.requests),
     # the scheduler found part of a new request's prompt in the prefix cache
     "prefix_cache_hit": lambda s: any(computed > 0 for computed in new_request_computed_tokens(s).values()),
     # a request that had generated tokens recomputes them after it was preempted

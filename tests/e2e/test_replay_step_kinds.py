@@ -38,6 +38,8 @@ def assert_replayed_bit_exact(replays, bundles):
         "seeded_sampling",
         "unseeded_sampling",
         "penalties",
+        "min_tokens",
+        "logprobs",
     ],
 )
 def test_builtin_workload_step_replays_bit_exact(kind, builtin_bundles, eager_replays):

@@ -3,7 +3,8 @@
 The built-in workload is shaped so the embedded tiny model produces every kind of step a
 replay must handle: short prompts that finish prefill at once and then decode, a long prompt
 that is chunked (the small token budget in `DEFAULT_ENGINE_ARGS` forces it) and so runs its
-prefill chunks beside the others' decodes, greedy, seeded and unseeded sampling, and penalties.
+prefill chunks beside the others' decodes, greedy, seeded and unseeded sampling, penalties,
+`min_tokens` (end-of-sequence masked until then) and sampled-token logprobs.
 
 A prompts file is JSON lines — `{"prompt": "text"}` or `{"prompt_token_ids": [1, 2, 3]}`, with
 any `SamplingParams` fields beside them — or plain text with one prompt per line.
@@ -41,7 +42,7 @@ class WorkloadRequest:
 BUILTIN_WORKLOAD = [
     WorkloadRequest("Hello, my name is", {"temperature": 0.0}),
     WorkloadRequest("The capital of France is", {"temperature": 0.8, "seed": 7}),
-    WorkloadRequest("Once upon a time", {"temperature": 1.0}),
+    WorkloadRequest("Once upon a time", {"temperature": 1.0, "min_tokens": 6, "logprobs": 3}),
     WorkloadRequest(
         "A list of colours: red, green,",
         {"temperature": 0.0, "repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.2},
