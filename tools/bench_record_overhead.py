@@ -2,6 +2,14 @@
 
 Run by hand (not a test): `.venv/bin/python tools/bench_record_overhead.py [--rounds 5]`.
 
+The engine runs the model runner vLLM picks (V1 on this CPU build); the environment chooses,
+as for any engine: `VLLM_USE_V2_MODEL_RUNNER=0|1`. On a CPU without Triton, Model Runner V2 runs
+only through the test harness (Triton's interpreter: steps are far slower than on a GPU, so keep
+the run short):
+
+    PYTHONPATH=$PWD:tests/harness/v2_on_cpu VLLM_USE_V2_MODEL_RUNNER=1 \
+        .venv/bin/python tools/bench_record_overhead.py --rounds 3 --max-tokens 16
+
 In one engine and one process, rounds of the same greedy workload, the variants' order rotated
 from round to round:
   unarmed                  no recorder
@@ -10,8 +18,8 @@ from round to round:
 then one round in which every step fires (bundles written by the background thread), to show a
 firing step's stall: its host copy, against the step's own time.
 
-Prints generate throughput (tokens/s, median over rounds) and the ratios against unarmed.
-Target: armed-and-waiting >= 0.99x.
+Prints generate throughput (tokens/s, median over rounds), the ratios against unarmed, and the
+same difference as time per engine step. Target: armed-and-waiting >= 0.99x.
 """
 
 import argparse
@@ -35,7 +43,8 @@ def main() -> None:
 
     from vllm import SamplingParams
 
-    from tracekit.integrations.vllm.engine import build_llm
+    from tracekit.integrations.vllm.engine import build_llm, find_runner
+    from tracekit.integrations.vllm.runner_adapter import adapter_for
     from tracekit.models import tiny_model_path
     from tracekit.record.api import recording
     from tracekit.record.workload import DEFAULT_ENGINE_ARGS
@@ -78,7 +87,8 @@ def main() -> None:
     def median(name: str, column: int) -> float:
         return statistics.median(values[column] for values in throughput[name])
 
-    print(f"median of {options.rounds} rounds (order rotated), {options.requests} requests x {options.max_tokens} tokens")
+    print(f"model runner {adapter_for(find_runner(llm)).kind}; median of {options.rounds} rounds (order rotated), "
+          f"{options.requests} requests x {options.max_tokens} tokens")
     print(f"{'variant':24} {'tok/s wall':>11} {'vs unarmed':>11} {'tok/s CPU':>10} {'vs unarmed':>11}")
     for name in variants:
         wall, cpu = median(name, 0), median(name, 1)
@@ -102,6 +112,12 @@ def main() -> None:
         f"(the stall is the copy: {statistics.median(copies) / statistics.median(steps):.1%} of a step); "
         f"compression and writing ran on the writer thread"
     )
+    # The ratios hide a fixed per-step cost behind a slow step (Model Runner V2 in Triton's
+    # interpreter): the same medians as time per engine step.
+    tokens = options.requests * options.max_tokens
+    for name in names[1:]:
+        wall, cpu = (1e6 * tokens * (1 / median(name, c) - 1 / median("unarmed", c)) / len(copies) for c in (0, 1))
+        print(f"{name}: {wall:+.0f} us wall, {cpu:+.0f} us CPU per step against unarmed")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ function-scoped fixture could change the environment.
 
 import pytest
 
-from e2e_support import RUNNER_KINDS, bundles_by_step, engine_script, of_kind, tracekit
+from e2e_support import BUILTIN_STEP_KINDS, RUNNER_KINDS, bundles_by_step, engine_script, of_kind, tracekit
 
 # V2 runs its Triton kernels in Triton's interpreter: fewer tokens per request keep it inside
 # the CI budget while every step kind still occurs (the long prompt's chunks still run beside
@@ -92,13 +92,29 @@ def preemption_replays(e2e_dir, runner_kind, preemption_bundles):
 
 
 @pytest.fixture(scope="session")
-def compiled_bundle(e2e_dir, runner_kind):
-    """The built-in workload's step 1 (mixed) recorded with torch.compile, as vLLM runs by default."""
+def compiled_bundles(e2e_dir, runner_kind):
+    """Every step of the built-in workload recorded with torch.compile, as vLLM runs by default."""
     out = e2e_dir / "compiled"
     out.mkdir()
     finished = tracekit(
-        "record", "-o", out / "mixed.zst", "--steps", "1", "--max-tokens", BUILTIN_MAX_TOKENS[runner_kind],
+        "record", "-o", out / "step{step}.zst", "--steps", "0:60", "--max-tokens", BUILTIN_MAX_TOKENS[runner_kind],
         runner=runner_kind,
     )
     assert finished.returncode == 0, finished.explain()
-    return out / "mixed.zst"
+    return bundles_by_step(out)
+
+
+@pytest.fixture(scope="session")
+def compiled_bundle(compiled_bundles):
+    """The compiled workload's first mixed step (a prefill chunk beside decodes)."""
+    return next(iter(of_kind(compiled_bundles, "mixed").values()))
+
+
+@pytest.fixture(scope="session")
+def compiled_replays(e2e_dir, runner_kind, compiled_bundles):
+    """The first compiled step of each built-in step kind, replayed on one compiled engine (one
+    per kind, not all: each compiled replay costs as much as an eager one, V2's far more)."""
+    chosen = {}
+    for kind in BUILTIN_STEP_KINDS:
+        chosen.update(list(of_kind(compiled_bundles, kind).items())[:1])
+    return engine_script("replay_many", e2e_dir / "compiled_replays.json", *chosen.values(), runner=runner_kind)

@@ -154,6 +154,21 @@ STEP_KINDS = {
 }
 
 
+# The kinds of step `tracekit record`'s built-in workload produces (the others need scenarios).
+BUILTIN_STEP_KINDS = (
+    "pure_prefill",
+    "pure_decode",
+    "mixed",
+    "chunked_prefill",
+    "greedy_sampling",
+    "seeded_sampling",
+    "unseeded_sampling",
+    "penalties",
+    "min_tokens",
+    "logprobs",
+)
+
+
 def of_kind(bundles: dict[int, Path], kind: str) -> dict[int, Path]:
     return {index: path for index, path in bundles.items() if STEP_KINDS[kind](read_step(path))}
 

@@ -7,7 +7,7 @@ a kind of step fails here instead of passing vacuously."""
 
 import pytest
 
-from e2e_support import of_kind
+from e2e_support import BUILTIN_STEP_KINDS, of_kind
 
 pytestmark = pytest.mark.slow
 
@@ -27,23 +27,15 @@ def assert_replayed_bit_exact(replays, bundles):
         assert result["bit_exact"] and not diverged, f"step {index} ({path.name}) diverged: {diverged}"
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "pure_prefill",
-        "pure_decode",
-        "mixed",
-        "chunked_prefill",
-        "greedy_sampling",
-        "seeded_sampling",
-        "unseeded_sampling",
-        "penalties",
-        "min_tokens",
-        "logprobs",
-    ],
-)
-def test_builtin_workload_step_replays_bit_exact(kind, builtin_bundles, eager_replays):
+@pytest.mark.parametrize("kind", BUILTIN_STEP_KINDS)
+def test_builtin_workload_step_replays_bit_exact_eager(kind, builtin_bundles, eager_replays):
     assert_replayed_bit_exact(eager_replays, of_kind(builtin_bundles, kind))
+
+
+@pytest.mark.parametrize("kind", BUILTIN_STEP_KINDS)
+def test_builtin_workload_step_replays_bit_exact_compiled(kind, compiled_bundles, compiled_replays):
+    replayed = {index: path for index, path in of_kind(compiled_bundles, kind).items() if str(path) in compiled_replays["replays"]}
+    assert_replayed_bit_exact(compiled_replays, replayed)
 
 
 def test_prefill_starting_from_a_prefix_cache_hit_replays_bit_exact(prefix_cache_bundles, eager_replays):
@@ -57,7 +49,7 @@ def test_step_recomputing_a_request_resumed_after_preemption_replays_bit_exact(p
     assert_replayed_bit_exact(preemption_replays, {**before, **resumed})
 
 
-def test_engine_serves_the_same_tokens_after_replays(eager_replays, preemption_replays):
-    for replays in (eager_replays, preemption_replays):
+def test_engine_serves_the_same_tokens_after_replays(eager_replays, preemption_replays, compiled_replays):
+    for replays in (eager_replays, preemption_replays, compiled_replays):
         assert len(replays["serve_before"]) == 8
         assert replays["serve_after"] == replays["serve_before"]

@@ -23,4 +23,10 @@ if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
             def is_active() -> bool:
                 return True
 
+            @staticmethod
+            def get_current_target():
+                # torch.compile (Inductor) asks the active driver for a target to hash, and takes
+                # this RuntimeError as "no active driver": it then compiles for CPU in C++.
+                raise RuntimeError("the stand-in cpu Triton driver has no target")
+
         backends.setdefault("cpu", Backend(compiler=None, driver=_ActiveDriver))
