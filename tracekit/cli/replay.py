@@ -51,6 +51,7 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     recorded one."""
     from tracekit.bundles import find_bundles, unique_names
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
+    from tracekit.outputs import require_parent
 
     specs, engine_argv = _split_arguments([*arguments, *ctx.args])
     if iters < 1 or samples < 1:
@@ -61,6 +62,9 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         from tracekit.replay.plots import require_matplotlib
 
         require_matplotlib(plot_path)
+    for output in (json_out, plot_path):
+        if output and output != "-":
+            require_parent(output)
     bundles = find_bundles(specs)
     options = dict(
         step=step,
@@ -121,11 +125,6 @@ def _write_json_lines(records, json_out: str) -> None:
     if json_out == "-":
         click.echo(text, nl=False)
         return
-    target = Path(json_out)
-    partial = target.with_name(f".{target.name}.partial")
-    try:
-        partial.write_text(text)
-        partial.replace(target)
-    except OSError as error:
-        partial.unlink(missing_ok=True)
-        raise UsageError(f"cannot write --json {json_out}: {error.strerror}") from None
+    from tracekit.outputs import write_text_atomically
+
+    write_text_atomically(json_out, text)

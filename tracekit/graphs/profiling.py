@@ -6,7 +6,6 @@ callable that was timed (an eager or compiled forward, a piecewise forward, a gr
 the trace shows what the numbers measured.
 """
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tracekit.graphs.device import DeviceBackend
+from tracekit.outputs import atomic_path
 
 TRACE_SUFFIX = ".trace.json"
 
@@ -40,12 +40,8 @@ def trace_calls(
             with record_function(f"tracekit forward {run}"):
                 fn()
             backend.synchronize()
-    partial = path.with_name(f".{path.name}.partial")
-    try:
+    with atomic_path(path) as partial:
         profiler.export_chrome_trace(str(partial))
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
     return str(path)
 
 

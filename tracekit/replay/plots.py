@@ -11,12 +11,12 @@ matplotlib is an optional dependency (`pip install 'tracekit[plot]'`); without i
 refused before any engine starts.
 """
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tracekit.errors import CannotRunHere, UsageError
+from tracekit.outputs import atomic_path
 from tracekit.replay.replayer import ReplayResult
 from tracekit.replay.suite import SuiteRecord
 
@@ -66,13 +66,8 @@ def plot_records(records: Sequence[SuiteRecord], path: str | Path) -> str:
     draw_latencies(axes[0], replayed)
     if layer_series:
         draw_layer_errors(axes[1], dict(list(layer_series.items())[:MAX_LAYER_SERIES]))
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        figure.savefig(partial, format=path.suffix.lstrip(".").lower(), dpi=110)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with atomic_path(path) as partial:
+        figure.savefig(partial, format=Path(path).suffix.lstrip(".").lower(), dpi=110)
     return str(path)
 
 

@@ -11,4 +11,5 @@ these modules:
   method_patch.py shadowing runner methods for one armed session
   replay_batch.py turning recorded request states back into a SchedulerOutput the runner accepts
   graph_backend.py plugging tracekit's piecewise graph backend into vLLM's compilation
+  bench_shapes.py recorded batches as `vllm bench forward --shapes` cases (metadata only)
 """
