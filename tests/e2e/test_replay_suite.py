@@ -4,6 +4,7 @@ a summary row, the exit code is the worst verdict (diverged > bad input > cannot
 and without --keep-going the suite stops at the first failure. `--profile` writes a Chrome trace
 per bundle and timed mode."""
 
+import importlib.util
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from tracekit.format.rewrite import rewrite_bundle
 pytestmark = pytest.mark.slow
 
 ITERS = 2
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def first_of_each_kind(bundles, kinds):
@@ -37,9 +39,14 @@ def moved_model(source, target):
 def test_many_bundles_replay_on_one_engine_with_a_trace_each(builtin_bundles, tmp_path):
     chosen = first_of_each_kind(builtin_bundles, ["pure_prefill", "mixed", "pure_decode"])
     bundles = [*chosen, moved_model(chosen[1], tmp_path / "moved.zst")]
-    out, traces = tmp_path / "suite.jsonl", tmp_path / "traces"
-    finished = tracekit("replay", *bundles, "--iters", ITERS, "--samples", 1, "--json", out, "--profile", traces)
+    out, traces, plot = tmp_path / "suite.jsonl", tmp_path / "traces", tmp_path / "suite.png"
+    # (matplotlib is optional; tools/setup.sh installs it, so CI draws the plot)
+    plotting = ["--plot", plot] if importlib.util.find_spec("matplotlib") else []
+    finished = tracekit("replay", *bundles, "--iters", ITERS, "--samples", 1, "--json", out, "--profile", traces,
+                        *plotting)
     assert finished.returncode == 0, finished.explain()
+    if plotting:
+        assert plot.read_bytes().startswith(PNG_MAGIC)
     records = json_lines(out)
     assert [record["bundle"] for record in records] == [str(bundle) for bundle in bundles]
     assert {record["verdict"] for record in records} == {"bit_exact"}
