@@ -115,9 +115,9 @@ def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> 
             "-" if record.engine is None else str(record.engine),
             _verdict_cell(record),
             escape((result.first_divergence if result else None) or "-"),
-            _us(record.replay_forward_us),
+            _us(record.forward_us),
             _us(record.recorded_forward_us),
-            _ratio(record.replay_forward_us, record.recorded_forward_us),
+            _ratio(record.forward_us, record.recorded_forward_us),
         )
     console.print(table)
     for record in outcome.records:

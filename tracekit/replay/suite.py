@@ -65,7 +65,7 @@ class SuiteRecord:
     result: ReplayResult | None = field(default=None, repr=False)
 
     @property
-    def replay_forward_us(self) -> float | None:
+    def forward_us(self) -> float | None:
         """The forward as replayed: the reference mode's median where it was timed, else the
         checked (cold) run."""
         if self.result is None:
@@ -89,7 +89,7 @@ class SuiteRecord:
             "engine": self.engine,
             "engine_built": self.engine_built,
             "seconds": round(self.seconds, 3),
-            "replay_forward_us": self.replay_forward_us,
+            "forward_us": self.forward_us,
             "recorded_forward_us": self.recorded_forward_us,
         }
         if self.result is not None:
