@@ -101,10 +101,11 @@ def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> 
     """One row per bundle, in the order they ran; errors and bundles left unrun below."""
     console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
     table = Table(title=f"{len(outcome.records)} bundle(s) on {outcome.engines_built} engine(s)", title_justify="left")
-    table.add_column("bundle", overflow="fold")
+    widest = max((len(record.name) for record in outcome.records), default=6)
+    table.add_column("bundle", overflow="fold", min_width=min(widest, 24))
     for column in ("step", "engine", "verdict"):
         table.add_column(column, no_wrap=True)
-    table.add_column("first divergence", overflow="fold")
+    table.add_column("first divergence", overflow="fold", min_width=12)
     for column in ("forward", "recorded", "vs recorded"):
         table.add_column(column, no_wrap=True)
     for record in outcome.records:

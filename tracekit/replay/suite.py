@@ -66,14 +66,10 @@ class SuiteRecord:
 
     @property
     def forward_us(self) -> float | None:
-        """The forward as replayed: the reference mode's median where it was timed, else the
-        checked (cold) run."""
-        if self.result is None:
-            return None
-        timed = self.result.modes.get(self.result.reference_mode, {})
-        if timed.get("available"):
-            return timed["latency_us"]["median"]
-        return self.result.replay_forward_us
+        """The median of the timed forwards in the mode the engine ran (None when not timed: the
+        checked run alone is cold, no match for the recorded time of a warm engine)."""
+        timed = self.result.modes.get(self.result.reference_mode, {}) if self.result else {}
+        return timed["latency_us"]["median"] if timed.get("available") else None
 
     @property
     def recorded_forward_us(self) -> float | None:
