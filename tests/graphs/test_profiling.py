@@ -17,7 +17,8 @@ ITERS = 3
 
 def traced_runs(path):
     events = json.loads(path.read_text())["traceEvents"]
-    runs = sum(event.get("name", "").startswith("tracekit forward") for event in events)
+    # (on CUDA each range also appears on the GPU timeline, as "gpu_user_annotation")
+    runs = sum(event.get("cat") == "user_annotation" and event["name"].startswith("tracekit forward") for event in events)
     return runs, {event.get("cat") for event in events}
 
 
