@@ -242,6 +242,7 @@ class Recorder:
             return
         step = pending.step
         step.trigger = pending.reason or "exception"
+        step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
         step.error = {
             "type": type(error).__name__,
             "message": str(error),
