@@ -57,6 +57,9 @@ def test_one_engine_for_the_same_weights_at_another_path_not_for_other_arguments
     content.engine.engine_args["max_num_seqs"] += 1
     assert engine_key(content) != key
     content.engine.engine_args["max_num_seqs"] -= 1
+    content.engine.runner = "v2"  # another model runner is another engine
+    assert engine_key(content) != key
+    content.engine.runner = "v1"
     content.engine.model.weights_fingerprint = None  # a hub id: only the name tells models apart
     hub_key = engine_key(content)
     content.engine.engine_args["model"] = "/other"

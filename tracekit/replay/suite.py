@@ -112,14 +112,17 @@ class SuiteOutcome:
 
 
 def engine_key(content: BundleContent) -> str:
-    """Bundles with equal keys replay on one engine."""
+    """Bundles with equal keys replay on one engine (the same vLLM, model runner kind, weights and
+    engine arguments)."""
     args = dict(content.engine.engine_args)
     fingerprint = content.engine.model.weights_fingerprint
     if fingerprint is not None:  # the same weights found at another path are the same engine
         for name in _MODEL_PATH_ARGS:
             args.pop(name, None)
     return json.dumps(
-        {"vllm": content.engine.vllm_version, "weights": fingerprint, "engine_args": args}, sort_keys=True, default=str
+        {"vllm": content.engine.vllm_version, "runner": content.engine.runner, "weights": fingerprint,
+         "engine_args": args},
+        sort_keys=True, default=str,
     )
 
 
