@@ -109,7 +109,7 @@ def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, stream):
-    """Today's detailed report; errors stay one line with their own exit code."""
+    """One bundle: the detailed report; its errors stay one line with their own exit code."""
     from tracekit.replay.replayer import replay
     from tracekit.replay.report import print_report
     from tracekit.replay.suite import record_of
