@@ -10,7 +10,8 @@ import torch
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import measure_mode
 from tracekit.graphs.profiling import trace_path
-from tracekit.graphs.toy_transformer import ToyTransformer
+
+from toy_transformer import ToyTransformer
 
 ITERS = 3
 
