@@ -88,33 +88,25 @@ def test_dropped_generator_state_changes_only_the_sampled_ids(builtin_bundles, t
     assert_only_the_sampled_ids_diverge(rewrite_bundle(path, tmp_path / "no_generator.zst", drop_generator), tmp_path, runner_kind)
 
 
-def arrival(req_id):
-    """vLLM numbers requests in submission order: `3-abcd` arrived fourth."""
-    return int(req_id.split("-")[0])
-
-
-def draws_seeds_in_another_order(path):
-    """V2 draws an unseeded request's seed from NumPy's global RNG (seeded from the engine seed)
-    when the request is added: the recording engine added them in arrival order, a replaying one
-    adds the step's requests in batch order. Where the orders differ, a request whose recorded
-    seed is dropped gets another request's draw; where they agree it would get its own back."""
-    step = read_step(path)
-    drawing = [r.req_id for r in step.requests if r.sampling_params.get("seed") is None]
-    return drawing != sorted(drawing, key=arrival)
-
-
 @only_on_runner("v2")
-def test_dropped_seed_changes_only_the_sampled_ids(builtin_bundles, tmp_path, runner_kind):
-    """V2: an unseeded request samples from the seed its worker drew when the request arrived;
-    without the recorded seeds, the replaying worker draws them again in another order."""
-    reordered = {index: path for index, path in builtin_bundles.items() if draws_seeds_in_another_order(path)}
-    path = least_likely_draw(reordered, lambda request: request.sampling_params.get("seed") is None)
+def test_changed_seeds_change_only_the_sampled_ids(builtin_bundles, tmp_path, runner_kind):
+    """V2 samples each request from its seed (its own, or one the worker drew from NumPy's global
+    RNG when the request arrived): with other seeds, a draw the noise decided comes out otherwise.
 
-    def drop_seeds(metadata, tensors):
+    Dropping the seeds instead is no control here: the replaying worker re-seeds NumPy's RNG from
+    the engine seed and, adding the step's requests in their arrival order, draws the same seeds."""
+    path = least_likely_draw(builtin_bundles, lambda request: True)
+    _, step = load_step(path, None)
+    assert any(
+        drawn and drawn[0] != int(logits.argmax())
+        for drawn, logits in zip(step.outputs.sampled_token_ids, step.outputs.logits)
+    ), "every sampled draw of the workload was its argmax: no seed decided a token"
+
+    def change_seeds(metadata, tensors):
         for request in metadata["steps"][0]["requests"]:
-            request["seed"] = None
+            request["seed"] ^= 1
 
-    assert_only_the_sampled_ids_diverge(rewrite_bundle(path, tmp_path / "no_seed.zst", drop_seeds), tmp_path, runner_kind)
+    assert_only_the_sampled_ids_diverge(rewrite_bundle(path, tmp_path / "other_seeds.zst", change_seeds), tmp_path, runner_kind)
 
 
 def test_bundle_whose_weights_are_missing_exits_3_with_a_clear_message(builtin_bundles, tmp_path, runner_kind):
