@@ -12,6 +12,7 @@ import click
 
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
+from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
 
 
@@ -42,6 +43,8 @@ def _summary(reader) -> dict:
     }
     summary["model"] = {"path": model.path, "architecture": model.architecture}
     summary["created_at"] = content.created_at
+    if content.parallel.multi_rank:
+        summary["rank_set"] = {"this_rank": content.parallel.rank, **find_rank_set(reader.path).to_plain()}
     summary["steps"] = [
         {
             "index": step.index,
@@ -99,6 +102,8 @@ def _print_table(summary: dict, verify_report) -> None:
             f"{environment['platform']}"
         )
         console.print(f"model: {summary['model']['path']} ({summary['model']['architecture']})")
+        if "rank_set" in summary:
+            _print_rank_set(console, summary["rank_set"])
         console.print(f"steps: {len(summary['steps'])}")
         for step in summary["steps"]:
             table = Table(title=f"step {step['index']} (trigger: {step['trigger']})", title_justify="left")
@@ -137,6 +142,24 @@ def _print_table(summary: dict, verify_report) -> None:
     if verify_report is not None:
         console.print(f"verify: all {len(verify_report.parts_checked)} parts intact" if verify_report.ok
                       else f"verify: {len(verify_report.damaged)} damaged part(s)")
+
+
+def _print_rank_set(console, rank_set: dict) -> None:
+    from rich.markup import escape
+
+    layout = f"TP={rank_set['tensor_parallel_size']}, PP={rank_set['pipeline_parallel_size']}"
+    console.print(
+        f"rank {rank_set['this_rank']} of {rank_set['world_size']} ({layout}) of step {rank_set['step']}, "
+        f"session {rank_set['set_id']}"
+    )
+    for rank, path in rank_set["parts"].items():
+        this = " (this bundle)" if int(rank) == rank_set["this_rank"] else ""
+        console.print(f"  rank {rank}: {escape(path)}{this}")
+    for rank in rank_set["missing"]:
+        console.print(f"  [red]rank {rank}: missing[/]")
+    for problem in rank_set["problems"]:
+        console.print(f"  [red]{escape(problem)}[/]")
+    console.print("  set complete" if rank_set["complete"] else "  [red]set incomplete: cannot be replayed[/]")
 
 
 @click.command("inspect")

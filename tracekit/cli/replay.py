@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.errors import UsageError
+from tracekit.errors import CannotRunHere, UsageError
 
 
 @click.command(
@@ -36,6 +36,8 @@ def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_t
                    json_out):
     """Rebuild the engine from BUNDLE, run its step, compare with the recording."""
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
+    from tracekit.replay.multirank import is_multi_rank, replay_rank_set
+    from tracekit.replay.multirank_report import print_rank_set_report
     from tracekit.replay.replayer import replay
     from tracekit.replay.report import print_report
 
@@ -43,6 +45,21 @@ def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_t
         raise UsageError(f"no bundle at {bundle}")
     if iters < 1 or samples < 1:
         raise UsageError("--iters and --samples must be at least 1")
+    if is_multi_rank(bundle):
+        if modes not in ("reference", None) and not no_timing:
+            raise CannotRunHere(f"--mode {modes}: a multi-rank step is timed as the engine ran it only (--mode reference)")
+        result = replay_rank_set(
+            bundle,
+            model=model,
+            allow_weights_mismatch=allow_weights_mismatch,
+            engine_overrides=parse_engine_cli_args(list(ctx.args)),
+            timing=not no_timing,
+            iters=iters,
+            samples=samples,
+            tolerance=tolerance,
+        )
+        print_rank_set_report(result, sys.stderr if json_out == "-" else sys.stdout)
+        _finish(result, json_out)
     result = replay(
         bundle,
         step=step,
@@ -55,6 +72,11 @@ def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_t
         tolerance=tolerance,
     )
     print_report(result, sys.stderr if json_out == "-" else sys.stdout)
+    _finish(result, json_out)
+
+
+def _finish(result, json_out):
+    """Write the JSON result where asked and exit with the result's code."""
     if json_out:
         text = json.dumps(result.to_plain(), indent=2, default=str)
         if json_out == "-":

@@ -216,6 +216,27 @@ class Step(SchemaRecord):
 
 
 @dataclass
+class ParallelRank(SchemaRecord):
+    """Which rank of a multi-rank engine (tensor / pipeline parallel) wrote this bundle, and what
+    ties it to the other ranks' bundles of the same step. A single-rank engine's bundle (and any
+    bundle older than this record) has the defaults: world size 1, rank 0."""
+
+    world_size: int = 1
+    rank: int = 0  # pp_rank * tensor_parallel_size + tp_rank
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    tp_rank: int = 0
+    pp_rank: int = 0
+    set_id: str | None = None  # shared by every rank's bundles of one recording session
+    parts: list[str] = field(default_factory=list)  # every rank's bundle of this step, by rank,
+    # relative to this bundle's folder
+
+    @property
+    def multi_rank(self) -> bool:
+        return self.world_size != 1
+
+
+@dataclass
 class BundleContent(SchemaRecord):
     """The whole metadata map of a bundle."""
 
@@ -224,10 +245,12 @@ class BundleContent(SchemaRecord):
     steps: list[Step]
     schema_version: int = SCHEMA_VERSION
     created_at: str = ""  # ISO 8601, UTC
+    parallel: ParallelRank = field(default_factory=ParallelRank)
     nested: ClassVar[dict[str, Any]] = {
         "environment": Environment,
         "engine": EngineConfig,
         "steps": [Step],
+        "parallel": ParallelRank,
     }
 
     @classmethod
@@ -235,4 +258,6 @@ class BundleContent(SchemaRecord):
         content = super().from_plain(data, where or "bundle")
         if not isinstance(content.schema_version, int) or content.schema_version < 1:
             raise BundleError(f"bundle content: bad schema_version {content.schema_version!r}")
+        if content.parallel is None:
+            content.parallel = ParallelRank()
         return content

@@ -6,7 +6,9 @@ model call) and `sample_tokens` (adds the sampled ids, hands the step to the wri
 Disarming removes the shadows; the engine's outputs are the same armed or not.
 """
 
+import dataclasses
 import logging
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -14,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import EngineConfig, ModelInfo, Step
+from tracekit.format.schema import EngineConfig, ModelInfo, ParallelRank, Step
 from tracekit.environment import current_environment
 from tracekit.graphs.device import get_device_backend
 from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm import ranks, runner_state
 from tracekit.integrations.vllm.method_patch import shadowed
 from tracekit.integrations.vllm.version import require_supported_vllm
 from tracekit.record import step_capture
@@ -70,11 +72,13 @@ class Recorder:
         triggers: TriggerSet,
         kv: str = "read",
         max_bundles: int = DEFAULT_MAX_BUNDLES,
+        set_id: str | None = None,
     ):
         if kv not in step_capture.KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(step_capture.KV_MODES)}")
         self.runner = runner
-        self.output = OutputTemplate(output)
+        self.rank = ranks.rank_of(runner, set_id)
+        self.output = OutputTemplate(output, self.rank.world_size)
         self.triggers = triggers
         self.kv = kv
         if max_bundles < 1:
@@ -205,7 +209,7 @@ class Recorder:
             return
         step.trigger = reason
         self._count_bundle()
-        self._persister.submit(self.output.path_for(step.index), step)
+        self._persister.submit(*self._destination(step))
 
     def _count_bundle(self) -> None:
         self.bundles_fired += 1
@@ -229,5 +233,14 @@ class Recorder:
             "traceback": "".join(traceback.format_exception(error)),
         }
         self._count_bundle()
-        self._persister.write_now(self.output.path_for(step.index), step)
+        self._persister.write_now(*self._destination(step))
+
+    def _destination(self, step: Step) -> tuple[Path, Step, ParallelRank]:
+        """This rank's bundle of the step, and the rank fields that tie it to the other ranks'."""
+        path = self.output.path_for(step.index, self.rank.rank)
+        parts = [
+            os.path.relpath(self.output.path_for(step.index, rank), path.parent)
+            for rank in range(self.rank.world_size)
+        ] if self.rank.multi_rank else []
+        return path, step, dataclasses.replace(self.rank, parts=parts)
 

@@ -132,6 +132,11 @@ def replay(
     built for the same engine arguments. `modes`: None (check only), "reference" (also time the
     forward as the engine ran it), a mode, or "all"."""
     content, recorded = load_step(bundle, step)
+    if content.parallel.multi_rank:
+        raise UsageError(
+            f"{bundle} is rank {content.parallel.rank} of a {content.parallel.world_size}-rank step: "
+            "replay it with tracekit.replay.multirank.replay_rank_set (the CLI does)"
+        )
     explicit_modes = expand_modes(modes) if modes not in (None, "reference") else []
     require_same_series(content.engine.vllm_version)
     if llm is not None and (engine_overrides or model):

@@ -1,0 +1,81 @@
+"""The human-readable report of a multi-rank replay: one row per rank, then what diverged where."""
+
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tracekit.replay.multirank import RankSetReplayResult
+
+
+def _ms(value: Any) -> str:
+    return f"{value / 1000:.3f} ms" if isinstance(value, (int, float)) else "-"
+
+
+def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = None) -> None:
+    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    layout = f"TP={result.tensor_parallel_size}" + (
+        f" PP={result.pipeline_parallel_size}" if result.pipeline_parallel_size > 1 else ""
+    )
+    console.print(
+        f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger}), "
+        f"{result.world_size} ranks ({layout})"
+    )
+    for difference in result.environment_differences:
+        marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
+        console.print(
+            f" {marker} environment {difference['field']}: recorded {difference['recorded']!r}, here {difference['here']!r}"
+        )
+    for name, value in result.overrides.items():
+        console.print(f"   override {name} = {value!r}")
+
+    table = Table(title="per rank", title_justify="left")
+    for column in ("rank", "items", "verdict", "first divergence", "recorded fwd", "replay fwd", "timed median", "min"):
+        table.add_column(column)
+    for rank in result.ranks:
+        latency = rank.latency_us or {}
+        verdict = (
+            "[green]bit-exact[/green]" if rank.bit_exact
+            else "[yellow]within tol[/yellow]" if rank.reproduced else "[red]DIVERGED[/red]"
+        )
+        table.add_row(
+            str(rank.rank),
+            str(len(rank.checks)),
+            verdict,
+            escape(rank.first_divergence or "-"),
+            _ms(rank.recorded_timing.get("forward_us")),
+            _ms(rank.replay_forward_us),
+            _ms(latency.get("median")),
+            _ms(latency.get("min")),
+        )
+    if result.step_latency_us:
+        step = result.step_latency_us
+        table.add_row("step", "", "", "(slowest rank per run)",
+                      _ms(max((r.recorded_timing.get("forward_us") or 0 for r in result.ranks), default=None)),
+                      _ms(max((r.replay_forward_us or 0 for r in result.ranks), default=None)),
+                      _ms(step["median"]), _ms(step["min"]))
+    console.print(table)
+
+    for rank in result.ranks:
+        diverged = [item for item in rank.checks if not item.bit_exact]
+        if not diverged:
+            continue
+        detail = Table(title=f"rank {rank.rank}: items not bit-exact", title_justify="left")
+        for column in ("item", "within tol", "max_abs", "relative_rms"):
+            detail.add_column(column)
+        for item in diverged:
+            detail.add_row(
+                escape(item.name),
+                "yes" if item.within_tolerance else "[red]no[/red]",
+                str(item.details.get("max_abs", "-")),
+                str(item.details.get("relative_rms", "-")),
+            )
+        console.print(detail)
+
+    if result.reproduced:
+        verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
+        console.print(f"[bold green]REPRODUCED[/bold green] on all {result.world_size} ranks ({verdict})")
+    else:
+        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{escape(result.first_divergence)}[/bold]")
