@@ -11,7 +11,7 @@ from tracekit.replay.multirank import RankSetReplayResult
 
 
 def _ms(value: Any) -> str:
-    return f"{value / 1000:.3f} ms" if isinstance(value, (int, float)) else "-"
+    return f"{value / 1000:.2f}" if isinstance(value, (int, float)) else "-"
 
 
 def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = None) -> None:
@@ -31,9 +31,9 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
     for name, value in result.overrides.items():
         console.print(f"   override {name} = {value!r}")
 
-    table = Table(title="per rank", title_justify="left")
-    for column in ("rank", "items", "verdict", "first divergence", "recorded fwd", "replay fwd", "timed median", "min"):
-        table.add_column(column)
+    table = Table(title="per rank (forward times in ms: recorded, replayed cold, then timed runs)", title_justify="left")
+    for column in ("rank", "verdict", "first divergence", "recorded", "replay", "median", "min"):
+        table.add_column(column, justify="right" if column in ("recorded", "replay", "median", "min") else "left")
     for rank in result.ranks:
         latency = rank.latency_us or {}
         verdict = (
@@ -42,7 +42,6 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         )
         table.add_row(
             str(rank.rank),
-            str(len(rank.checks)),
             verdict,
             escape(rank.first_divergence or "-"),
             _ms(rank.recorded_timing.get("forward_us")),
@@ -52,10 +51,13 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         )
     if result.step_latency_us:
         step = result.step_latency_us
-        table.add_row("step", "", "", "(slowest rank per run)",
-                      _ms(max((r.recorded_timing.get("forward_us") or 0 for r in result.ranks), default=None)),
-                      _ms(max((r.replay_forward_us or 0 for r in result.ranks), default=None)),
-                      _ms(step["median"]), _ms(step["min"]))
+        table.add_row(
+            "step", "", "slowest rank per run",
+            _ms(max((r.recorded_timing.get("forward_us") or 0 for r in result.ranks), default=None)),
+            _ms(max((r.replay_forward_us or 0 for r in result.ranks), default=None)),
+            _ms(step["median"]),
+            _ms(step["min"]),
+        )
     console.print(table)
 
     for rank in result.ranks:
