@@ -9,6 +9,8 @@ these modules:
   engine.py       engine args <-> a live engine, reaching the model runner, the weights
   runner_state.py reading a step's request states, KV cache geometry and graph dispatch
   method_patch.py shadowing runner methods for one armed session
+  ranks.py        a runner's place in a multi-rank engine, the layouts this machine can build
+  workers.py      tracekit's functions run in every worker process through collective_rpc
   replay_batch.py turning recorded request states back into a SchedulerOutput the runner accepts
   graph_backend.py plugging tracekit's piecewise graph backend into vLLM's compilation
 """
