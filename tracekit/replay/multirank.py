@@ -163,7 +163,7 @@ def replay_rank_set(
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ranks.cpu_thread_binding(rank_set.world_size))
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
     runs = iters * samples if timing else 0
-    llm = vllm_engine.build_llm({**args, **overrides})
+    llm = vllm_engine.build_llm({**args, **overrides}, content.engine.runner)
     session = uuid.uuid4().hex
     try:
         prepared = workers.on_every_worker(llm, workers.prepare_replay, session, bundles)

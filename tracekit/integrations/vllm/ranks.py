@@ -24,7 +24,9 @@ PIPELINE_PARALLEL_REASON = {
 
 def rank_of(runner: Any, set_id: str | None = None) -> ParallelRank:
     """This runner's ranks; `set_id` defaults to the engine's instance id."""
-    config = runner.vllm_config
+    config = getattr(runner, "vllm_config", None)
+    if config is None:  # not a runner this module knows; the recorder's adapter will say so
+        return ParallelRank(set_id=set_id)
     parallel = config.parallel_config
     tp, pp = int(parallel.tensor_parallel_size), int(parallel.pipeline_parallel_size)
     set_id = set_id or str(getattr(config, "instance_id", "") or "") or None

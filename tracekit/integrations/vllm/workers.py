@@ -74,11 +74,11 @@ def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when
             kv=kv,
             max_bundles=max_bundles,
             set_id=session,
-        ).arm()
+        )
     except TracekitError as error:
         return _reported(error)
-    _recorders[session] = recorder
-    return {"rank": recorder.rank.rank}
+    _recorders[session] = recorder.arm()  # a runner it cannot arm on: see `failures` at disarm
+    return {"rank": recorder.rank.rank, "armed": recorder.armed}
 
 
 def disarm_recorder(worker: Any, session: str) -> dict[str, Any]:
