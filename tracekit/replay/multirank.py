@@ -24,44 +24,8 @@ from tracekit.graphs.timing import latency_summary
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import ranks, workers
 from tracekit.integrations.vllm.version import require_same_series
-from tracekit.replay.checks import CheckedItem, first_divergence
-from tracekit.replay.replayer import resolve_model
-
-
-@dataclass
-class RankReplay:
-    rank: int
-    bundle: str
-    checks: list[CheckedItem]
-    replay_forward_us: float | None = None  # the checked (first) forward
-    recorded_timing: dict[str, Any] = field(default_factory=dict)
-    latency_us: dict[str, Any] | None = None  # the timed forwards after it
-
-    @property
-    def bit_exact(self) -> bool:
-        return all(item.bit_exact for item in self.checks)
-
-    @property
-    def reproduced(self) -> bool:
-        return all(item.within_tolerance for item in self.checks)
-
-    @property
-    def first_divergence(self) -> str | None:
-        item = first_divergence(self.checks)
-        return item.name if item else None
-
-    def to_plain(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "bundle": self.bundle,
-            "reproduced": self.reproduced,
-            "bit_exact": self.bit_exact,
-            "first_divergence": self.first_divergence,
-            "checks": [item.to_plain() for item in self.checks],
-            "replay_forward_us": self.replay_forward_us,
-            "recorded": self.recorded_timing,
-            "latency_us": self.latency_us,
-        }
+from tracekit.replay.checks import first_divergence
+from tracekit.replay.replayer import ReplayResult, resolve_model
 
 
 @dataclass
@@ -71,7 +35,7 @@ class RankSetReplayResult:
     trigger: str
     tensor_parallel_size: int
     pipeline_parallel_size: int
-    ranks: list[RankReplay]
+    ranks: list[ReplayResult]  # by rank, each checked against its own recording
     # Per timed run, the slowest rank's forward: the step takes as long as its slowest rank.
     step_latency_us: dict[str, Any] | None = None
     environment_differences: list[dict[str, Any]] = field(default_factory=list)
@@ -95,10 +59,10 @@ class RankSetReplayResult:
         """`rank R: ITEM` — the earliest item in forward order that diverged on any rank (the
         lowest such rank on a tie)."""
         diverged = []
-        for rank in self.ranks:
-            item = first_divergence(rank.checks)
+        for rank, result in enumerate(self.ranks):
+            item = first_divergence(result.checks)
             if item is not None:
-                diverged.append((rank.checks.index(item), rank.rank, item.name))
+                diverged.append((result.checks.index(item), rank, item.name))
         if not diverged:
             return None
         _, rank, name = min(diverged)
@@ -120,7 +84,7 @@ class RankSetReplayResult:
             "bit_exact": self.bit_exact,
             "first_divergence": self.first_divergence,
             "tolerance_relative_rms": self.tolerance,
-            "ranks": [rank.to_plain() for rank in self.ranks],
+            "ranks": [{"rank": rank, **result.to_plain()} for rank, result in enumerate(self.ranks)],
             "step_latency_us": self.step_latency_us,
             "environment_differences": self.environment_differences,
             "overrides": self.overrides,
@@ -171,22 +135,30 @@ def replay_rank_set(
         llm.reset_prefix_cache()
     finally:
         vllm_engine.release_llm(llm)
+    step = content.steps[0]
     per_rank = [
-        RankReplay(
-            rank=rank,
+        ReplayResult(
             bundle=bundles[rank],
+            step_index=step.index,
+            trigger=step.trigger,
+            reference_mode=outcome["reference_mode"],
             checks=outcome["checks"],
-            replay_forward_us=outcome["forward_us"],
+            modes={outcome["reference_mode"]: {
+                "mode": outcome["reference_mode"],
+                "available": True,
+                "latency_us": latency_summary(outcome["times_us"], samples, "perf_counter"),
+            }} if runs else {},
             recorded_timing=outcome["recorded_timing"],
-            latency_us=latency_summary(outcome["times_us"], samples, "perf_counter") if runs else None,
+            replay_forward_us=outcome["forward_us"],
+            tolerance=tolerance,
         )
         for rank, outcome in enumerate(outcomes)
     ]
     slowest = np.max([outcome["times_us"] for outcome in outcomes], axis=0) if runs else None
     return RankSetReplayResult(
         bundle=str(bundle),
-        step_index=rank_set.step_index,
-        trigger=content.steps[0].trigger,
+        step_index=step.index,
+        trigger=step.trigger,
         tensor_parallel_size=rank_set.tensor_parallel_size,
         pipeline_parallel_size=rank_set.pipeline_parallel_size,
         ranks=per_rank,

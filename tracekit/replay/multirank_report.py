@@ -34,18 +34,18 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
     table = Table(title="per rank (forward times in ms: recorded, replayed cold, then timed runs)", title_justify="left")
     for column in ("rank", "verdict", "first divergence", "recorded", "replay", "median", "min"):
         table.add_column(column, justify="right" if column in ("recorded", "replay", "median", "min") else "left")
-    for rank in result.ranks:
-        latency = rank.latency_us or {}
+    for rank, replayed in enumerate(result.ranks):
+        latency = next(iter(replayed.modes.values()), {}).get("latency_us", {})
         verdict = (
-            "[green]bit-exact[/green]" if rank.bit_exact
-            else "[yellow]within tol[/yellow]" if rank.reproduced else "[red]DIVERGED[/red]"
+            "[green]bit-exact[/green]" if replayed.bit_exact
+            else "[yellow]within tol[/yellow]" if replayed.reproduced else "[red]DIVERGED[/red]"
         )
         table.add_row(
-            str(rank.rank),
+            str(rank),
             verdict,
-            escape(rank.first_divergence or "-"),
-            _ms(rank.recorded_timing.get("forward_us")),
-            _ms(rank.replay_forward_us),
+            escape(replayed.first_divergence or "-"),
+            _ms(replayed.recorded_timing.get("forward_us")),
+            _ms(replayed.replay_forward_us),
             _ms(latency.get("median")),
             _ms(latency.get("min")),
         )
@@ -60,11 +60,11 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         )
     console.print(table)
 
-    for rank in result.ranks:
-        diverged = [item for item in rank.checks if not item.bit_exact]
+    for rank, replayed in enumerate(result.ranks):
+        diverged = [item for item in replayed.checks if not item.bit_exact]
         if not diverged:
             continue
-        detail = Table(title=f"rank {rank.rank}: items not bit-exact", title_justify="left")
+        detail = Table(title=f"rank {rank}: items not bit-exact", title_justify="left")
         for column in ("item", "within tol", "max_abs", "relative_rms"):
             detail.add_column(column)
         for item in diverged:

@@ -144,6 +144,7 @@ def run_replay(worker: Any, session: str, tolerance: float, timed_runs: int) -> 
 
     observed = driver.run(time_forwards if timed_runs else None)
     return {
+        "reference_mode": "eager" if int(driver.runner.compilation_config.mode) == 0 else "compiled",
         "checks": check_step(observed, driver.step, tolerance),
         "forward_us": observed.forward_us,
         "times_us": times_us,
