@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tracekit.replay.multirank import RankSetReplayResult
+from tracekit.replay.report import print_differences
 
 
 def _ms(value: Any) -> str:
@@ -23,13 +24,7 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger}), "
         f"{result.world_size} ranks ({layout})"
     )
-    for difference in result.environment_differences:
-        marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
-        console.print(
-            f" {marker} environment {difference['field']}: recorded {difference['recorded']!r}, here {difference['here']!r}"
-        )
-    for name, value in result.overrides.items():
-        console.print(f"   override {name} = {value!r}")
+    print_differences(console, result.environment_differences, result.overrides)
 
     table = Table(title="per rank (forward times in ms: recorded, replayed cold, then timed runs)", title_justify="left")
     for column in ("rank", "verdict", "first divergence", "recorded", "replay", "median", "min"):

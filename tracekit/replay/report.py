@@ -18,16 +18,21 @@ def _number(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
-def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
-    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
-    console.print(f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger})")
-    for difference in result.environment_differences:
+def print_differences(console: Console, environment_differences: list[dict[str, Any]], overrides: dict[str, Any]) -> None:
+    """How this machine differs from the recording one, and the engine arguments overridden."""
+    for difference in environment_differences:
         marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
         console.print(
             f" {marker} environment {difference['field']}: recorded {difference['recorded']!r}, here {difference['here']!r}"
         )
-    for name, value in result.overrides.items():
+    for name, value in overrides.items():
         console.print(f"   override {name} = {value!r}")
+
+
+def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
+    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    console.print(f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger})")
+    print_differences(console, result.environment_differences, result.overrides)
     for note in result.notes:
         console.print(f" [yellow]![/yellow] {escape(note)}")
 
