@@ -40,7 +40,7 @@ def _summary(reader) -> dict:
         for key in ("tracekit_version", "vllm_version", "torch_version", "python_version", "platform",
                     "device_kind", "device_name", "cpu_isa", "gpu_capability")
     }
-    summary["model"] = {"path": model.path, "architecture": model.architecture}
+    summary["model"] = {"path": model.path, "architecture": model.architecture, "runner": content.engine.runner}
     summary["created_at"] = content.created_at
     summary["steps"] = [
         {
@@ -98,7 +98,10 @@ def _print_table(summary: dict, verify_report) -> None:
             f"torch {environment['torch_version']} | {environment['device_kind']}: {environment['device_name']} | "
             f"{environment['platform']}"
         )
-        console.print(f"model: {summary['model']['path']} ({summary['model']['architecture']})")
+        console.print(
+            f"model: {summary['model']['path']} ({summary['model']['architecture']}), "
+            f"recorded on vLLM's {str(summary['model']['runner']).upper()} model runner"
+        )
         console.print(f"steps: {len(summary['steps'])}")
         for step in summary["steps"]:
             table = Table(title=f"step {step['index']} (trigger: {step['trigger']})", title_justify="left")
