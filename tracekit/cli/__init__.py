@@ -19,7 +19,9 @@ SUBCOMMANDS = {
     "diff": ("tracekit.cli.diff", "diff_command"),
     "inspect": ("tracekit.cli.inspect", "inspect_command"),
     "record": ("tracekit.cli.record", "record_command"),
+    "redact": ("tracekit.cli.redact", "redact_command"),
     "replay": ("tracekit.cli.replay", "replay_command"),
+    "shrink": ("tracekit.cli.shrink", "shrink_command"),
 }
 
 
