@@ -7,6 +7,12 @@ fires only when one request's poison token sits at its poison position in the ba
   3. engine B, fault "raise": shrink raises.zst --until raises, twice (to raises-small{1,2}.zst)
   4. engine B, fault "nan" (that row's hidden state becomes NaN): shrink mixed.zst --until nonfinite
   5. engine B, no fault: shrink mixed.zst --until nonfinite must refuse and write nothing
+  6. engine B, fault "skew" in the eager path only (that row's hidden state + 1e-3 when the
+     inner model runs uncompiled): shrink mixed.zst --until modes-differ
+
+Engine B is compiled (the recording engine A is eager, so its failing step can break it
+cheaply): modes-differ needs a compiled forward beside the eager one; the other properties are
+judged the same in either mode, because their faults sit outside the compiled inner model.
 
     python share_faults.py RESULT.json WORK_DIR
 """
@@ -28,6 +34,8 @@ SHORT_PROMPTS = [[3 + (5 * i + r) % 60 for i in range(6)] for r in range(3)]
 LONG_PROMPT = [100 + (7 * i) % 300 for i in range(100)]
 LONG_PROMPT[POISON_POSITION] = POISON_TOKEN
 INJECTED_ERROR = f"injected fault: token {POISON_TOKEN} at position {POISON_POSITION}"
+SKEW = 1e-3
+MODES_TOLERANCE = 1e-5  # far above compiled-vs-eager rounding, far below the skew
 
 
 def generate(llm):
@@ -41,8 +49,8 @@ def generate(llm):
 
 
 def inject(model, fault):
-    """Shadow `model.forward`: where the poison token is at the poison position, raise or put a
-    NaN into that token's hidden state. Returns the undo."""
+    """Shadow `model.forward`: where the poison token is at the poison position, raise, or put a
+    NaN into that token's hidden state, or add `SKEW` to it. Returns the undo."""
     original = model.forward
 
     def forward(*args, **kwargs):
@@ -52,9 +60,9 @@ def inject(model, fault):
         if len(hits) and fault == "raise":
             raise RuntimeError(INJECTED_ERROR)
         output = original(*args, **kwargs)
-        if len(hits) and fault == "nan":
+        if len(hits) and fault in ("nan", "skew"):
             output = output.clone()
-            output[hits] = float("nan")
+            output[hits] = float("nan") if fault == "nan" else output[hits] + SKEW
         return output
 
     model.forward = forward
@@ -78,14 +86,14 @@ if __name__ == "__main__":
     result["raises_written"] = [str(p) for p in recorder.written]
     release_llm(llm)
 
-    llm = eager_llm()
+    llm = eager_llm(enforce_eager=False)
     model = find_runner(llm).model
     undo = inject(model, "raise")
     for name in ("raises-small1.zst", "raises-small2.zst"):
-        result[name] = (shrink(work / "raises.zst", work / name, "raises", llm=llm).to_plain())
+        result[name] = shrink(work / "raises.zst", work / name, "raises", llm=llm).to_plain()
     undo()
     undo = inject(model, "nan")
-    result["nan-small.zst"] = (shrink(work / "mixed.zst", work / "nan-small.zst", "nonfinite", llm=llm).to_plain())
+    result["nan-small.zst"] = shrink(work / "mixed.zst", work / "nan-small.zst", "nonfinite", llm=llm).to_plain()
     undo()
     try:
         shrink(work / "mixed.zst", work / "refused.zst", "nonfinite", llm=llm)
@@ -93,4 +101,10 @@ if __name__ == "__main__":
     except UsageError as error:
         result["refusal"] = {"message": str(error), "exit_code": error.exit_code}
     result["refused_written"] = (work / "refused.zst").exists()
+    # The compiled inner model was traced at start-up; its instance `forward` now runs only when
+    # the forward context asks to skip compilation, i.e. in the eager forward.
+    undo = inject(model.model, "skew")
+    result["modes-small.zst"] = shrink(work / "mixed.zst", work / "modes-small.zst", "modes-differ",
+                                       tolerance=MODES_TOLERANCE, llm=llm).to_plain()
+    undo()
     write_result(result)
