@@ -38,10 +38,17 @@ class Verdict:
 class StepReplayer:
     """Runs candidate steps: on the reused engine, or written to a file for a command."""
 
-    def __init__(self, run: Callable[[Step, Any], Any], write: Callable[[Step], Path], engine_mode: Callable[[], str]):
-        self.run = run  # (step, on_forward) -> ObservedStep
-        self.write = write  # step -> path of a bundle holding it
-        self.engine_mode = engine_mode  # "eager" or "compiled"
+    def run(self, step: Step, on_forward: Callable[[Any], None] | None) -> Any:
+        """The step replayed (an `ObservedStep`); raises what its forward raises."""
+        raise NotImplementedError
+
+    def write(self, step: Step) -> Path:
+        """A bundle file holding the step."""
+        raise NotImplementedError
+
+    def engine_mode(self) -> str:
+        """"eager" or "compiled": how the engine's own forward runs."""
+        raise NotImplementedError
 
 
 class StepProperty:

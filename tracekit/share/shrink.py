@@ -121,7 +121,6 @@ class _EngineReplayer(StepReplayer):
         self.model = model
         self.allow_weights_mismatch = allow_weights_mismatch
         self.workdir = workdir
-        super().__init__(self._run, self._write, self._engine_mode)
 
     def _runner(self) -> Any:
         from tracekit.integrations.vllm import engine as vllm_engine
@@ -133,7 +132,7 @@ class _EngineReplayer(StepReplayer):
             self.llm = build_replay_engine(self.content.engine, self.model, self.allow_weights_mismatch, {})
         return vllm_engine.find_runner(self.llm)
 
-    def _run(self, step: Step, on_forward: Any) -> Any:
+    def run(self, step: Step, on_forward: Any) -> Any:
         from tracekit.integrations.vllm.step_driver import StepDriver
 
         driver = StepDriver(self._runner(), step)
@@ -142,10 +141,10 @@ class _EngineReplayer(StepReplayer):
         finally:
             self.llm.reset_prefix_cache()
 
-    def _engine_mode(self) -> str:
+    def engine_mode(self) -> str:
         return "eager" if int(self._runner().compilation_config.mode) == 0 else "compiled"
 
-    def _write(self, step: Step) -> Path:
+    def write(self, step: Step) -> Path:
         path = self.workdir / "candidate.zst"
         write_step(path, self.content, step, [])
         return path
