@@ -11,4 +11,6 @@ these modules:
   method_patch.py shadowing runner methods for one armed session
   replay_batch.py turning recorded request states back into a SchedulerOutput the runner accepts
   graph_backend.py plugging tracekit's piecewise graph backend into vLLM's compilation
+  step_records.py what sampling reads of a request's tokens; the SchedulerOutput record of a
+                  shrunk or redacted batch
 """
