@@ -110,13 +110,16 @@ def first_of_each_kind(bundles: dict[int, Path], kinds) -> dict[str, Path]:
     return chosen
 
 
-def blank_history(metadata, tensors):
-    """Every token id a penalised request computed in earlier steps set to the neutral id."""
-    for request in metadata["steps"][0]["requests"]:
-        if has_penalties(SimpleNamespace(sampling_params=request["sampling_params"])):
+def fill_history(metadata, tensors):
+    """Every token id a penalised request computed in earlier steps replaced by the token it
+    samples in this one: its penalties now push that very token down."""
+    step = metadata["steps"][0]
+    for row, request in enumerate(step["requests"]):
+        sampled = step["outputs"]["sampled_token_ids"][row]
+        if has_penalties(SimpleNamespace(sampling_params=request["sampling_params"])) and sampled:
             tokens = request["prompt_token_ids"] + request["output_token_ids"]
             computed = request["num_computed_tokens"]
-            tokens[:computed] = [NEUTRAL_TOKEN_ID] * computed
+            tokens[:computed] = [sampled[0]] * computed
             prompt_length = len(request["prompt_token_ids"])
             request["prompt_token_ids"], request["output_token_ids"] = tokens[:prompt_length], tokens[prompt_length:]
 
@@ -130,7 +133,7 @@ def shrink_keeping_kind(kind, source, out):
 @pytest.fixture(scope="module")
 def shared(e2e_dir, builtin_bundles, prefix_cache_bundles, preemption_bundles):
     """Of every kind of step: the first bundle, redacted and shrunk (keeping its kind); replayed
-    on one engine per engine configuration, beside negative controls (penalised histories blanked)."""
+    on one engine per engine configuration, beside negative controls (penalised histories changed)."""
     work = e2e_dir / "shared"
     work.mkdir()
     default = {**builtin_bundles, **{1000 + i: p for i, p in prefix_cache_bundles.items()}}
@@ -142,12 +145,13 @@ def shared(e2e_dir, builtin_bundles, prefix_cache_bundles, preemption_bundles):
         made["redacted"][kind] = work / f"redacted-{kind}.zst"
         redact(path, made["redacted"][kind])
         made["shrunk"][kind] = shrink_keeping_kind(kind, path, work / f"shrunk-{kind}.zst")
-    # Negative controls: the same steps with the history of penalised requests blanked.
-    made["history_blanked"] = []
-    for index, path in of_kind(builtin_bundles, "penalties").items():
-        made["history_blanked"].append(rewrite_bundle(path, work / f"history-blanked-{index}.zst", blank_history))
+    # Negative controls: the steps with penalties, the history of penalised requests changed.
+    made["history_changed"] = [
+        rewrite_bundle(path, work / f"history-changed-{index}.zst", fill_history)
+        for index, path in of_kind(builtin_bundles, "penalties").items()
+    ]
     default_bundles = [*(made["redacted"][k] for k in sources), *(made["shrunk"][k] for k in sources),
-                       *made["history_blanked"]]
+                       *made["history_changed"]]
     resumed_bundles = [made["redacted"]["resumed_after_preemption"], made["shrunk"]["resumed_after_preemption"]]
     made["replays"] = {
         **engine_script("replay_many", e2e_dir / "shared_default.json", *default_bundles)["replays"],
@@ -179,16 +183,15 @@ def test_redacted_step_holds_no_request_id_and_no_token_it_does_not_read(kind, s
             assert set(tokens[:start] + tokens[end:]) <= {NEUTRAL_TOKEN_ID}
 
 
-def test_blanking_the_history_penalties_read_changes_what_is_sampled(shared):
+def test_changing_the_history_penalties_read_changes_what_is_sampled(shared):
     """Why penalised requests keep their earlier token ids: the forward does not read them (its
-    outputs stay bit-exact), sampling does (the sampled ids change in some step)."""
-    changed = 0
-    for path in shared["history_blanked"]:
+    outputs stay bit-exact), sampling does (the sampled ids change)."""
+    assert shared["history_changed"], "the workload has no step with penalties"
+    for path in shared["history_changed"]:
         result = shared["replays"][str(path)]
         checks = {check["item"]: check for check in result["checks"]}
         assert checks["hidden_states"]["bit_exact"] and checks["logits"]["bit_exact"]
-        changed += result["first_divergence"] == "sampled_token_ids"
-    assert changed, "blanking the penalised history changed no sampled token"
+        assert result["first_divergence"] == "sampled_token_ids", path.name
 
 
 @pytest.mark.parametrize("kind", list(STEP_KINDS))
