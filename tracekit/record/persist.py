@@ -89,6 +89,8 @@ class BackgroundPersister:
         self._thread.start()
 
     def submit(self, path: Path, step: Step) -> None:
+        if not self._thread.is_alive():
+            raise RuntimeError(f"the writer thread is gone ({self.failures[-1] if self.failures else 'no reason'})")
         self._queue.put((path, step))
 
     def write_now(self, path: Path, step: Step) -> None:
@@ -100,8 +102,12 @@ class BackgroundPersister:
         self._thread.join()
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._write(*item)
+        try:
+            while (item := self._queue.get()) is not None:
+                self._write(*item)
+        except BaseException as error:  # the thread ends; the next submit says so to the recorder
+            self.failures.append(f"the writer thread died: {type(error).__name__}: {error}")
+            logger.error("tracekit: %s", self.failures[-1])
 
     def _write(self, path: Path, step: Step) -> None:
         try:
@@ -110,5 +116,5 @@ class BackgroundPersister:
         except Exception as error:  # never let recording harm the engine
             message = f"could not write {path}: {type(error).__name__}: {error}"
             if not self.failures:
-                logger.error("tracekit: %s (further failures are counted, not logged)", message)
+                logger.error("tracekit: %s; recording stops, the engine goes on unrecorded", message)
             self.failures.append(message)
