@@ -2,7 +2,8 @@
 into the forward only when one request's poison token is in the batch: it raises, or writes a
 NaN, or skews the eager forward only), twice the same; refuses a property that does not hold;
 and both `shrink` and `redact` work on steps of every kind the replay supports — the redacted
-ones replay bit-exact, the shrunk ones with exactly the inputs the runner builds for them."""
+ones replay bit-exact, the shrunk ones with exactly the inputs the runner builds for them (on
+Model Runner V2 too)."""
 
 import hashlib
 import sys
@@ -15,11 +16,13 @@ import pytest
 from e2e_support import (
     STEP_KINDS,
     assert_replayed_bit_exact,
+    bundles_by_step,
     engine_script,
     has_penalties,
     of_kind,
     read_content,
     read_step,
+    tracekit,
 )
 from tracekit.format import open_bundle
 from tracekit.format.rewrite import rewrite_bundle
@@ -204,3 +207,31 @@ def test_shrunk_step_of_every_kind_replays_with_the_inputs_the_runner_builds(kin
     checks = {check["item"]: check for check in result["checks"]}
     assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions"))
     assert result["reproduced"]
+
+
+@pytest.fixture(scope="module")
+def v2_shared(e2e_dir):
+    """Model Runner V2: steps 1 and 3 of the built-in workload (mixed: decodes, penalties, seeded
+    and unseeded sampling beside a prefill chunk) redacted, step 1 also shrunk keeping it mixed;
+    all replayed on one V2 engine."""
+    work = e2e_dir / "shared-v2"
+    work.mkdir()
+    finished = tracekit("record", "--enforce-eager", "-o", work / "step{step}.zst", "--steps", "1,3", runner="v2")
+    assert finished.returncode == 0, finished.explain()
+    sources = bundles_by_step(work)
+    redacted = {index: work / f"redacted-{index}.zst" for index in sources}
+    for index, path in sources.items():
+        redact(path, redacted[index])
+    shrunk = shrink_keeping_kind("mixed", sources[1], work / "shrunk-1.zst")
+    replays = engine_script("replay_many", e2e_dir / "shared_v2.json", *redacted.values(), shrunk, runner="v2")
+    return {"sources": sources, "redacted": redacted, "shrunk": shrunk, "replays": replays}
+
+
+def test_redacted_and_shrunk_model_runner_v2_steps_replay(v2_shared):
+    assert sorted(v2_shared["sources"]) == [1, 3]
+    assert {read_content(path).engine.runner for path in v2_shared["sources"].values()} == {"v2"}
+    assert_replayed_bit_exact(v2_shared["replays"], v2_shared["redacted"])
+    result = v2_shared["replays"]["replays"][str(v2_shared["shrunk"])]
+    checks = {check["item"]: check for check in result["checks"]}
+    assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions")), result
+    assert len(read_step(v2_shared["shrunk"]).requests) < len(read_step(v2_shared["sources"][1]).requests)
