@@ -116,21 +116,26 @@ def redact_step(step: Step) -> tuple[Step, RedactionRecord]:
     other_names = {req_id: f"other-{position}" for position, req_id in enumerate(others)}
     record.request_ids_renamed, record.other_ids_renamed = len(names), len(other_names)
     pairs = [(request, _redact_request(request, names[request.req_id], record)) for request in step.requests]
-    by_new = {new.req_id: new for _, new in pairs}
     ordered_pairs = sorted(pairs, key=lambda pair: step.batch_order.index(pair[0].req_id))
     mapping = {**names, **other_names}
     scheduler_output = _renamed_strings(rebuild_scheduler_output(step.scheduler_output, ordered_pairs, other_names),
                                         mapping)
-    trigger = step.trigger
-    for old, new in sorted(mapping.items(), key=lambda item: -len(item[0])):
-        trigger = trigger.replace(old, new)
+
+    def renamed_in_text(text: str) -> str:  # the trigger (`req_id==ID`), an error's message
+        for old, new in sorted(mapping.items(), key=lambda item: -len(item[0])):
+            text = text.replace(old, new)
+        return text
+
+    error = step.error and {key: renamed_in_text(value) if isinstance(value, str) else value
+                            for key, value in step.error.items()}
     record.unknown_fields_removed.extend(f"steps[].{name}" for name in sorted(step.extras))
     redacted = dataclasses.replace(
         step,
-        trigger=trigger,
+        trigger=renamed_in_text(step.trigger),
         scheduler_output=scheduler_output,
         batch_order=[names[req_id] for req_id in step.batch_order],
-        requests=[by_new[names[request.req_id]] for request in step.requests],
+        requests=[new for _, new in pairs],
+        error=error,
         extras={},
     )
     return redacted, record
