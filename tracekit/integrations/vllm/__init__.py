@@ -17,4 +17,6 @@ these modules:
   worker_hook.py    finding each runner vLLM builds in its own processes (for the plugin)
   graph_backend.py  plugging tracekit's piecewise graph backend into vLLM's compilation
   bench_shapes.py   recorded batches as `vllm bench forward --shapes` cases (metadata only)
+  step_records.py   what sampling reads of a request's tokens; the SchedulerOutput record of a
+                    shrunk or redacted batch
 """
