@@ -22,6 +22,20 @@ PER_PROCESS_VARS = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
 
 # Fields whose difference makes bit-exactness unlikely; the rest are informational.
 NUMERIC_FIELDS = ("vllm_version", "torch_version", "device_kind", "device_name", "cpu_isa", "gpu_capability")
+# Environment variables that choose a kernel, a precision, a backend, a thread count or the
+# compilation: what the numbers may depend on. A name marked so whose value is a location
+# (a directory, a file, a host) is not: it only says where things are.
+NUMERICS_ENV_MARKERS = (
+    "ATTENTION", "ATTN", "BACKEND", "KERNEL", "GEMM", "MOE", "FLASH", "SAMPLER", "TF32", "CUBLAS", "CUDNN",
+    "DETERMINISTIC", "BATCH_INVARIANT", "NUM_THREADS", "OMP_", "MKL_", "DNNL", "ONEDNN", "FP8", "FP4", "DTYPE",
+    "PRECISION", "COMPILE", "INDUCTOR", "CUDAGRAPH", "TRITON", "MODEL_RUNNER", "ALL_REDUCE", "ALLREDUCE",
+    "NCCL_ALGO", "NCCL_PROTO", "KVCACHE", "SSM", "SHARED_EXPERTS",
+)
+LOCATION_SUFFIXES = ("_DIR", "_PATH", "_ROOT", "_FILE", "_HOST", "_IP", "_PORT", "_URL", "_NAME")
+
+
+def numerics_relevant_env(name: str) -> bool:
+    return any(marker in name for marker in NUMERICS_ENV_MARKERS) and not name.endswith(LOCATION_SUFFIXES)
 
 
 def current_environment(device: Any = None) -> Environment:
@@ -64,5 +78,5 @@ def environment_differences(recorded: Environment, here: Environment) -> list[tu
     for name in sorted(set(recorded.env_vars) | set(here.env_vars)):
         before, now = recorded.env_vars.get(name), here.env_vars.get(name)
         if before != now:
-            differences.append((f"env {name}", before, now, False))
+            differences.append((f"env {name}", before, now, numerics_relevant_env(name)))
     return differences

@@ -41,8 +41,10 @@ def _summary(reader) -> dict:
         for key in ("tracekit_version", "vllm_version", "torch_version", "python_version", "platform",
                     "device_kind", "device_name", "cpu_isa", "gpu_capability")
     }
-    summary["model"] = {"path": model.path, "architecture": model.architecture}
+    summary["model"] = {"path": model.path, "architecture": model.architecture, "runner": content.engine.runner}
     summary["created_at"] = content.created_at
+    summary["derivations"] = content.derivations
+    summary["redacted"] = any(entry.get("kind") == "redact" for entry in content.derivations if isinstance(entry, dict))
     if content.parallel.multi_rank:
         summary["rank_set"] = {"this_rank": content.parallel.rank, **find_rank_set(reader.path).to_plain()}
     summary["steps"] = [
@@ -77,6 +79,33 @@ def _summary(reader) -> dict:
     return summary
 
 
+def derivation_lines(derivations: list) -> list[str]:
+    """One line per thing done to the recorded bundle (`tracekit shrink`, `tracekit redact`)."""
+    lines = []
+    for entry in derivations:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "shrink":
+            source = entry.get("from") or {}
+            lines.append(
+                f"SHRUNK from {source.get('file')} (sha256 {str(source.get('sha256'))[:12]}...) until "
+                f"{entry.get('property')}: requests {entry.get('requests_before')} -> {entry.get('requests_after')}, "
+                f"tokens {entry.get('tokens_before')} -> {entry.get('tokens_after')}, {entry.get('replays')} replays; "
+                "no recorded outputs"
+            )
+        elif entry.get("kind") == "redact":
+            lines.append(f"REDACTED (neutral token id {entry.get('neutral_token_id')}); removed:")
+            lines.extend(f"  - {item}" for item in entry.get("removed") or [])
+            for step in entry.get("steps") or []:
+                for req_id, readers in (step.get("history_kept") or {}).items():
+                    lines.append(f"  kept every token id of {req_id}: its sampling reads them ({', '.join(readers)})")
+            if entry.get("env_vars_removed"):
+                lines.append(f"  environment variables removed: {', '.join(entry['env_vars_removed'])}")
+        else:
+            lines.append(f"derived: {entry.get('kind')}")
+    return lines
+
+
 def _size(nbytes: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
@@ -101,7 +130,12 @@ def _print_table(summary: dict, verify_report) -> None:
             f"torch {environment['torch_version']} | {environment['device_kind']}: {environment['device_name']} | "
             f"{environment['platform']}"
         )
-        console.print(f"model: {summary['model']['path']} ({summary['model']['architecture']})")
+        console.print(
+            f"model: {summary['model']['path']} ({summary['model']['architecture']}), "
+            f"recorded on vLLM's {str(summary['model']['runner']).upper()} model runner"
+        )
+        for line in derivation_lines(summary["derivations"]):
+            console.print(escape(line))
         if "rank_set" in summary:
             _print_rank_set(console, summary["rank_set"])
         console.print(f"steps: {len(summary['steps'])}")

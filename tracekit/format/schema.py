@@ -258,6 +258,8 @@ class BundleContent(SchemaRecord):
     schema_version: int = SCHEMA_VERSION
     created_at: str = ""  # ISO 8601, UTC
     parallel: ParallelRank = field(default_factory=ParallelRank)
+    # what was done to the recorded bundle, oldest first: {"kind": "shrink" | "redact", ...}
+    derivations: list[dict[str, Any]] = field(default_factory=list)
     nested: ClassVar[dict[str, Any]] = {
         "environment": Environment,
         "engine": EngineConfig,

@@ -19,4 +19,6 @@ these modules:
   workers.py        tracekit's functions run in every worker process through collective_rpc
   graph_backend.py  plugging tracekit's piecewise graph backend into vLLM's compilation
   bench_shapes.py   recorded batches as `vllm bench forward --shapes` cases (metadata only)
+  step_records.py   what sampling reads of a request's tokens; the SchedulerOutput record of a
+                    shrunk or redacted batch
 """
