@@ -150,7 +150,3 @@ def run_replay(worker: Any, session: str, tolerance: float, timed_runs: int) -> 
         "times_us": times_us,
         "recorded_timing": driver.step.timing.to_plain(),
     }
-
-
-def discard_replay(worker: Any, session: str) -> None:
-    _prepared.pop(session, None)
