@@ -1,7 +1,8 @@
 """`tracekit replay BUNDLE`: reproduce, check and time a recorded step.
 
-Exit codes (for `git bisect run` and CI): 0 reproduced (bit-exact, or within --tolerance),
-1 ran but did not reproduce, 2 bad input or usage, 3 this machine cannot replay it.
+Exit codes (for `git bisect run` and CI): 0 for the verdicts bit_exact, within_tolerance,
+platform_difference and error_reproduced (with --strict: bit_exact only), 1 for diverged and
+error_not_reproduced, 2 bad input or usage, 3 this machine cannot replay it.
 """
 
 import json
@@ -29,11 +30,15 @@ from tracekit.errors import UsageError
 @click.option("--samples", type=int, default=3, show_default=True, help="Samples (their medians' spread is reported).")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="Largest relative RMS accepted as reproduced for float tensors (0: bit-exact).")
+@click.option("--strict", is_flag=True, help="Exit 0 only for a bit-exact replay (not for a platform difference).")
+@click.option("--layers", "layers_out", type=click.Path(dir_okay=False), default=None,
+              help="Also run the step eagerly capturing every decoder layer's output (and its norms, "
+                   "attention, MLP) into a small bundle here; `tracekit diff` two of them.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write the full result as JSON here ('-' for stdout).")
 @click.pass_context
 def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
-                   json_out):
+                   strict, layers_out, json_out):
     """Rebuild the engine from BUNDLE, run its step, compare with the recording."""
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
     from tracekit.replay.replayer import replay
@@ -43,6 +48,8 @@ def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_t
         raise UsageError(f"no bundle at {bundle}")
     if iters < 1 or samples < 1:
         raise UsageError("--iters and --samples must be at least 1")
+    if layers_out is not None and not Path(layers_out).resolve().parent.is_dir():
+        raise UsageError(f"cannot write --layers {layers_out}: its directory does not exist")
     result = replay(
         bundle,
         step=step,
@@ -53,6 +60,7 @@ def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_t
         iters=iters,
         samples=samples,
         tolerance=tolerance,
+        layers_out=layers_out,
     )
     print_report(result, sys.stderr if json_out == "-" else sys.stdout)
     if json_out:
@@ -61,4 +69,4 @@ def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_t
             click.echo(text)
         else:
             Path(json_out).write_text(text + "\n")
-    sys.exit(result.exit_code)
+    sys.exit(result.exit_code(strict))

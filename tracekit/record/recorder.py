@@ -15,10 +15,10 @@ from typing import Any
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import EngineConfig, ModelInfo, Step
-from tracekit.environment import current_environment
 from tracekit.graphs.device import get_device_backend
 from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm import layer_capture, runner_state
+from tracekit.integrations.vllm.platform_facts import runner_environment
 from tracekit.integrations.vllm.method_patch import shadowed
 from tracekit.integrations.vllm.version import require_supported_vllm
 from tracekit.record import step_capture
@@ -70,6 +70,7 @@ class Recorder:
         triggers: TriggerSet,
         kv: str = "read",
         max_bundles: int = DEFAULT_MAX_BUNDLES,
+        layers: bool = False,
     ):
         if kv not in step_capture.KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(step_capture.KV_MODES)}")
@@ -77,6 +78,9 @@ class Recorder:
         self.output = OutputTemplate(output)
         self.triggers = triggers
         self.kv = kv
+        if layers and not layer_capture.runs_eagerly(runner):
+            raise UsageError("--layers records per-layer outputs only from an eager engine: add --enforce-eager")
+        self.layers = layers  # also store every layer's output of a recorded step (eager engines)
         if max_bundles < 1:
             raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
@@ -100,7 +104,7 @@ class Recorder:
 
     def arm(self) -> "Recorder":
         self._persister = BackgroundPersister(
-            current_environment(self.runner.device), engine_config_of(self.runner)
+            runner_environment(self.runner), engine_config_of(self.runner)
         )
         self._shadows = shadowed(
             self.runner,
@@ -169,11 +173,14 @@ class Recorder:
             if pending.step is None:
                 return original(*args, **kwargs)
             started_wall, started_cpu = time.perf_counter(), time.process_time()
-            output = original(*args, **kwargs)
+            with layer_capture.capturing(self.runner, self.layers and pending.reason is not None) as layers:
+                output = original(*args, **kwargs)
             get_device_backend(self.runner.device).synchronize()
             pending.step.timing.forward_us = (time.perf_counter() - started_wall) * 1e6
             pending.step.timing.forward_cpu_us = (time.process_time() - started_cpu) * 1e6
             step_capture.capture_after_forward(self.runner, pending.step, output)
+            if layers is not None and layers.failure is None:
+                pending.step.outputs.layers = layers.outputs
             return output
 
         return model_forward

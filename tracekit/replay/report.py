@@ -1,4 +1,5 @@
-"""The human-readable replay report: what differs here, what matched, how fast it ran."""
+"""The human-readable replay report: what differs here, what matched, how fast it ran, and the
+verdict (its last line)."""
 
 import sys
 from typing import Any, TextIO
@@ -7,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tracekit.replay import verdict as verdicts
 from tracekit.replay.replayer import ReplayResult
 
 
@@ -24,7 +26,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     for difference in result.environment_differences:
         marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
         console.print(
-            f" {marker} environment {difference['field']}: recorded {difference['recorded']!r}, here {difference['here']!r}"
+            f" {marker} environment {escape(str(difference['field']))}: recorded {escape(repr(difference['recorded']))}, "
+            f"here {escape(repr(difference['here']))}"
         )
     for name, value in result.overrides.items():
         console.print(f"   override {name} = {value!r}")
@@ -45,6 +48,21 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
             _number(details.get("argmax_agreement", details.get("agreement"))),
         )
     console.print(checks)
+    for item in result.checks:
+        for row in item.details.get("differing_rows", []):
+            console.print(f"   {escape(verdicts.near_tie_summary(_only_row(item, row)))}")
+    if result.layer_checks:
+        first_layer = result.first_diverging_layer
+        agreeing = sum(item.bit_exact for item in result.layer_checks)
+        console.print(
+            f"layers vs recorded (eager): {agreeing}/{len(result.layer_checks)} bit-exact"
+            + ("" if first_layer is None else
+               f"; first diverging layer [bold]{escape(first_layer.name.removeprefix('layer/'))}[/bold] "
+               f"max_abs {_number(first_layer.details.get('max_abs'))} "
+               f"relative_rms {_number(first_layer.details.get('relative_rms'))}")
+        )
+    if result.layers_bundle:
+        console.print(f"per-layer outputs (eager) written to {escape(result.layers_bundle)}")
 
     timing = Table(title="forward time", title_justify="left")
     for column in ("mode", "median", "min", "p90", "spread", "vs recorded"):
@@ -69,8 +87,19 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     for mode, reason in unavailable.items():
         console.print(f"   {mode}: unavailable here ({escape(reason)})")
 
-    if result.reproduced:
-        verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
-        console.print(f"[bold green]REPRODUCED[/bold green] ({verdict})")
-    else:
-        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{result.first_divergence}[/bold]")
+    verdict = result.verdict
+    headline = {
+        verdicts.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
+        verdicts.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {result.tolerance:g})",
+        verdicts.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
+        verdicts.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
+        verdicts.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
+        verdicts.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
+                           f"[bold]{escape(str(result.first_divergence))}[/bold]",
+    }[verdict.name]
+    console.print(f"verdict [bold]{verdict.name}[/bold]: {headline} ({escape(verdict.reason)})")
+
+
+def _only_row(item, row):
+    """The sampled-ids item narrowed to one differing row, for a line of its own."""
+    return type(item)(item.name, item.bit_exact, item.within_tolerance, {"differing_rows": [row]})
