@@ -2,7 +2,7 @@
 the `platform_difference` bounds in `tracekit.numerics.PLATFORM_BOUNDS` (see docs/VERDICTS.md).
 
 On an AVX512 machine the AVX2 side runs vLLM's and torch's real AVX2 kernels: vLLM loads
-`_C_AVX2` when torch says AVX512 is absent, ATen dispatches its AVX2 kernels under
+`_C_AVX2` and its non-AMX GEMM and attention paths when torch says AVX512/AMX are absent, ATen dispatches its AVX2 kernels under
 `ATEN_CPU_CAPABILITY=avx2` and oneDNN its AVX2 ones under `ONEDNN_MAX_CPU_ISA=AVX2`. That this is
 what an AVX2 machine computes is checked, not assumed: `--check-fixture` replays a bundle
 recorded on a real AVX2 machine and must come out bit-exact.
@@ -30,7 +30,10 @@ def _enter_isa(isa: str) -> None:
     if isa == "avx2":
         import torch
 
-        torch.cpu._is_avx512_supported = lambda: False  # vLLM's choice of _C_AVX2
+        # What vLLM asks before picking _C_AVX2, its GEMM and attention kernels.
+        for probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+                      "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+            setattr(torch.cpu, probe, lambda: False)
 
 
 def _worker(argv: list[str]) -> None:

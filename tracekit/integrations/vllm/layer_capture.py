@@ -31,7 +31,7 @@ def model_of(runner: Any) -> nn.Module:
 
 
 def runs_eagerly(runner: Any) -> bool:
-    return int(runner.compilation_config.mode) == 0
+    return int(runner.vllm_config.compilation_config.mode) == 0
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

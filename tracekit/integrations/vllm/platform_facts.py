@@ -13,7 +13,8 @@ from tracekit.format.schema import Environment
 
 def attention_backend(runner: Any) -> str | None:
     """The attention backend names of the runner's attention layers, sorted and joined by ","."""
-    context = getattr(getattr(runner, "compilation_config", None), "static_forward_context", None) or {}
+    config = getattr(getattr(runner, "vllm_config", None), "compilation_config", None)
+    context = getattr(config, "static_forward_context", None) or {}
     names = set()
     for layer in context.values():
         get_backend = getattr(layer, "get_attn_backend", None)
