@@ -8,7 +8,7 @@ what an AVX2 machine computes is checked, not assumed: `--check-fixture` replays
 recorded on a real AVX2 machine and must come out bit-exact.
 
     python tools/calibrate_platform_bounds.py --out /tmp/calib [--dtypes float32,bfloat16,float16]
-        [--steps 0:8] [--check-fixture traces/avx2-mixed-step-eager.zst]
+        [--steps 0:8] [--pair native,avx2] [--check-fixture traces/avx2-mixed-step-eager.zst]
 
 For each dtype it records the built-in workload's steps (eager) once per ISA, replays each set
 on the other ISA in one engine, and prints per dtype the largest relative RMS and largest
@@ -25,15 +25,23 @@ from pathlib import Path
 SIMULATED_AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
-def _enter_isa(isa: str) -> None:
-    """Runs first in a worker process, before vLLM picks its kernel library."""
-    if isa == "avx2":
-        import torch
+# What vLLM asks before picking its kernel library (_C, _C_AVX512, _C_AVX2), GEMM and attention
+# kernels; "avx512" is an AVX512 CPU without AMX (vLLM's bf16 attention then keeps the common KV
+# layout), "avx2" one without AVX512 either.
+_ABSENT = {
+    "native": (),
+    "avx512": ("_is_amx_tile_supported", "_is_amx_fp16_supported"),
+    "avx2": ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+             "_is_amx_tile_supported", "_is_amx_fp16_supported"),
+}
 
-        # What vLLM asks before picking _C_AVX2, its GEMM and attention kernels.
-        for probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
-                      "_is_amx_tile_supported", "_is_amx_fp16_supported"):
-            setattr(torch.cpu, probe, lambda: False)
+
+def _enter_isa(isa: str) -> None:
+    """Runs first in a worker process, before vLLM picks its kernels."""
+    import torch
+
+    for probe in _ABSENT[isa]:
+        setattr(torch.cpu, probe, lambda: False)
 
 
 def _worker(argv: list[str]) -> None:
@@ -92,6 +100,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
     parser.add_argument("--steps", default="0:8")
     parser.add_argument("--check-fixture", default=None)
+    parser.add_argument("--pair", default="native,avx2", help="The two ISAs compared: native, avx512 (no AMX), avx2.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict = {}
@@ -101,7 +110,8 @@ def main() -> None:
         report["fixture_on_simulated_avx2"] = {"verdict": fixture.get("verdict"), "bit_exact": fixture["bit_exact"]}
         print("fixture replayed on simulated AVX2:", report["fixture_on_simulated_avx2"], flush=True)
     for dtype in args.dtypes.split(","):
-        for recorded_on, replayed_on in (("native", "avx2"), ("avx2", "native")):
+        first, second = args.pair.split(",")
+        for recorded_on, replayed_on in ((first, second), (second, first)):
             bundles = args.out / f"{dtype}-{recorded_on}"
             bundles.mkdir(exist_ok=True)
             if not any(bundles.glob("*.zst")):

@@ -18,7 +18,7 @@ from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import GRAPH_MODES, expand_modes, measure_mode
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import layer_capture
-from tracekit.integrations.vllm.platform_facts import runner_environment
+from tracekit.integrations.vllm.platform_facts import kv_layout_difference, runner_environment
 from tracekit.integrations.vllm.runner_adapter import adapter_for, runner_env
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
 from tracekit.integrations.vllm.version import require_same_series
@@ -182,6 +182,9 @@ def replay(
         )
     # Read after the engine is built: vLLM sets some variables of its own in every process.
     here = runner_environment(runner)
+    layout_problem = kv_layout_difference(content.environment.attention_backend, here.attention_backend)
+    if layout_problem is not None:
+        raise CannotRunHere(layout_problem)
     differences = [
         {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
         for name, before, now, numeric in environment_differences(
@@ -318,7 +321,9 @@ def _measure_in_own_engine(
     else:
         table = CaptureTable(mode="none", capture_sizes=(), compile_sizes=(dispatch.num_tokens,))
     compilation = {**engine_args.get("compilation_config", {}), **graph_backend.compilation_config_for(mode, table)}
-    llm = vllm_engine.build_llm({**engine_args, "compilation_config": compilation}, runner_kind)
+    # An eager recording's enforce_eager would switch the piecewise backend's compilation off.
+    eager = {"enforce_eager": False} if mode == "piecewise" else {}
+    llm = vllm_engine.build_llm({**engine_args, **eager, "compilation_config": compilation}, runner_kind)
     report: dict[str, Any] = {}
     try:
         def measure(handle: ForwardHandle) -> None:
