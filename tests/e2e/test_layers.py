@@ -6,8 +6,8 @@ a small bundle that `tracekit diff` compares layer by layer."""
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+import torch
 
 from e2e_support import read_step, tracekit
 from tracekit.format.rewrite import rewrite_bundle
@@ -66,8 +66,8 @@ def test_the_first_diverging_layer_is_named(layered_bundle, tmp_path):
     target = f"model.layers.{NUM_LAYERS - 1}.mlp"
 
     def nudge(metadata, tensors):
-        values = tensors[f"steps/0/outputs/layers/{target}"]
-        values.flat[0] = np.nextafter(values.flat[0], np.float32(np.inf))
+        values = tensors[f"steps/0/outputs/layers/{target}"].view(-1)
+        values[0] = torch.nextafter(values[0], torch.tensor(float("inf")))
 
     edited = rewrite_bundle(layered_bundle, tmp_path / "nudged.zst", nudge)
     result_path = tmp_path / "result.json"
