@@ -111,23 +111,30 @@ def test_a_discrete_difference_is_a_divergence_whatever_the_platform(avx512, avx
 
 
 def test_differing_sampled_ids_say_whether_the_recorded_logits_were_a_near_tie(avx512, avx2):
-    """Row 0's replayed logits swap its top two: a margin the logits moved by (a near tie). Row 1
-    samples another token with logits as recorded on AVX2: its margin dwarfs ~1e-5 moves."""
+    """Greedy row 0's replayed logits swap its top two: a margin the logits moved by (a near tie).
+    Greedy row 3 samples another token with logits as recorded on AVX2: its margin dwarfs ~1e-5
+    moves. Row 1 samples at temperature 0.8: no margin decides a random draw."""
     (_, reference), (_, other) = avx512, avx2
+    temperatures = [request.sampling_params["temperature"] for request in reference.requests]
+    assert temperatures[0] == temperatures[3] == 0.0 and temperatures[1] > 0
     logits = other.outputs.logits.clone()
     top2 = torch.topk(reference.outputs.logits[0], 2).indices
     logits[0, top2[0]], logits[0, top2[1]] = reference.outputs.logits[0, top2[1]], reference.outputs.logits[0, top2[0]]
     sampled = [list(ids) for ids in other.outputs.sampled_token_ids]
     sampled[0] = [int(top2[1])]
     sampled[1] = [sampled[1][0] + 1]
+    sampled[3] = [sampled[3][0] + 1]
     items = check_step(observed_like(other, reference.batch_order, logits=logits, sampled_token_ids=sampled), reference)
     rows = {row["row"]: row for row in next(i for i in items if i.name == "sampled_token_ids").details["differing_rows"]}
-    assert set(rows) == {0, 1}
+    assert set(rows) == {0, 1, 3}
     margin = float(torch.topk(reference.outputs.logits[0].double(), 2).values.diff().abs())
     assert rows[0]["top2_margin"] == pytest.approx(margin) and rows[0]["near_tie"] is True
-    assert rows[1]["near_tie"] is False and rows[1]["top2_margin"] > 100 * rows[1]["logits_max_abs_here"]
+    assert rows[3]["near_tie"] is False and rows[3]["top2_margin"] > 100 * rows[3]["logits_max_abs_here"]
+    assert rows[1]["sampling"] == "random (temperature 0.8)" and "near_tie" not in rows[1]
     verdict = verdicts.decide(items, ["cpu_isa"])
-    assert verdict.name == verdicts.DIVERGED and "near tie" in verdict.reason and "not a near tie" in verdict.reason
+    assert verdict.name == verdicts.DIVERGED
+    assert ": a near tie" in verdict.reason and ": not a near tie" in verdict.reason
+    assert "random (temperature 0.8) sampling" in verdict.reason
 
 
 def test_recorded_failures_are_reproduced_or_not():

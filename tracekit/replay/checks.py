@@ -62,9 +62,14 @@ def _exact_item(name: str, actual: Any, expected: Any) -> CheckedItem | None:
     return CheckedItem(name, same, same, details)
 
 
+# vLLM treats a temperature below this as greedy sampling.
+GREEDY_TEMPERATURE = 1e-5
+
+
 def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
-    """Sampled ids must be equal; where a request's differ, how close its recorded logits were to
-    a tie between the top two (a margin below the logits' difference here can flip an argmax)."""
+    """Sampled ids must be equal; where a greedy request's differ, how close its recorded logits
+    were to a tie between the top two (a margin below twice the logits' move here can flip an
+    argmax). A random draw depends on every probability, so no margin says it for those."""
     outputs = step.outputs
     item = _exact_item("sampled_token_ids", observed.sampled_token_ids, outputs.sampled_token_ids)
     if item is None or item.bit_exact:
@@ -74,15 +79,20 @@ def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
         logits_delta = (observed.logits.double() - outputs.logits.double()).abs()
     rows = []
     replayed = observed.sampled_token_ids or []
+    params = {request.req_id: request.sampling_params or {} for request in step.requests}
     for row, recorded_ids in enumerate(outputs.sampled_token_ids):
         here = replayed[row] if row < len(replayed) else None
         if here == recorded_ids:
             continue
+        req_id = step.batch_order[row] if row < len(step.batch_order) else None
+        temperature = params.get(req_id, {}).get("temperature")
+        greedy = isinstance(temperature, (int, float)) and temperature < GREEDY_TEMPERATURE
         entry: dict[str, Any] = {
             "row": row,
-            "req_id": step.batch_order[row] if row < len(step.batch_order) else None,
+            "req_id": req_id,
             "recorded": recorded_ids,
             "replayed": here,
+            "sampling": "greedy" if greedy else f"random (temperature {temperature})",
         }
         if outputs.logits is not None and row < outputs.logits.shape[0] and outputs.logits.shape[-1] > 1:
             top2 = torch.topk(outputs.logits[row].double(), 2).values
@@ -90,7 +100,8 @@ def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
             if logits_delta is not None:
                 # Two logits each moving by up to d can close a margin of up to 2d.
                 entry["logits_max_abs_here"] = float(logits_delta[row].max())
-                entry["near_tie"] = entry["top2_margin"] <= 2 * entry["logits_max_abs_here"]
+                if greedy:
+                    entry["near_tie"] = entry["top2_margin"] <= 2 * entry["logits_max_abs_here"]
         rows.append(entry)
     item.details["differing_rows"] = rows
     return item

@@ -38,11 +38,20 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     checks.add_column("item", overflow="fold")
     for column in ("bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
         checks.add_column(column)
+    verdict = result.verdict
     for item in result.checks:
         details = item.details
+        if item.bit_exact:
+            agreement = "[green]yes[/green]"
+        elif item.within_tolerance:
+            agreement = "[yellow]within tol[/yellow]"
+        elif verdict.name == verdicts.PLATFORM_DIFFERENCE:
+            agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
+        else:
+            agreement = "[red]NO[/red]"
         checks.add_row(
             escape(item.name),
-            "[green]yes[/green]" if item.bit_exact else ("[yellow]within tol[/yellow]" if item.within_tolerance else "[red]NO[/red]"),
+            agreement,
             _number(details.get("max_abs")),
             _number(details.get("relative_rms")),
             _number(details.get("argmax_agreement", details.get("agreement"))),
@@ -50,7 +59,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console.print(checks)
     for item in result.checks:
         for row in item.details.get("differing_rows", []):
-            console.print(f"   {escape(verdicts.near_tie_summary(_only_row(item, row)))}")
+            console.print(f"   {escape(verdicts.describe_differing_row(row))}")
     if result.layer_checks:
         first_layer = result.first_diverging_layer
         agreeing = sum(item.bit_exact for item in result.layer_checks)
@@ -87,7 +96,6 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     for mode, reason in unavailable.items():
         console.print(f"   {mode}: unavailable here ({escape(reason)})")
 
-    verdict = result.verdict
     headline = {
         verdicts.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
         verdicts.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {result.tolerance:g})",
@@ -95,11 +103,6 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         verdicts.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
         verdicts.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
         verdicts.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
-                           f"[bold]{escape(str(result.first_divergence))}[/bold]",
+                           f"[bold]{escape(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
     }[verdict.name]
     console.print(f"verdict [bold]{verdict.name}[/bold]: {headline} ({escape(verdict.reason)})")
-
-
-def _only_row(item, row):
-    """The sampled-ids item narrowed to one differing row, for a line of its own."""
-    return type(item)(item.name, item.bit_exact, item.within_tolerance, {"differing_rows": [row]})

@@ -76,18 +76,23 @@ def decide(
 
 def near_tie_summary(sampled: CheckedItem) -> str:
     """Whether the requests whose sampled ids differ had near-tied top-2 logits when recorded."""
-    rows = sampled.details.get("differing_rows", [])
-    parts = []
-    for row in rows:
-        if "near_tie" not in row:
-            parts.append(f"request {row['req_id']}: no logits to judge")
-            continue
-        kind = "a near tie" if row["near_tie"] else "not a near tie"
-        parts.append(
-            f"request {row['req_id']}: sampled ids differ, recorded top-2 logit margin "
-            f"{row['top2_margin']:.3g} vs logits moved up to {row['logits_max_abs_here']:.3g} here: {kind}"
+    return "; ".join(map(describe_differing_row, sampled.details.get("differing_rows", []))) or "sampled ids differ"
+
+
+def describe_differing_row(row: dict[str, Any]) -> str:
+    """One request whose sampled ids differ (a row of `checks._sampled_item`), in words."""
+    if "logits_max_abs_here" not in row:
+        return f"request {row['req_id']}: sampled ids differ; no logits to judge a near tie"
+    if "near_tie" not in row:
+        return (
+            f"request {row['req_id']}: sampled ids differ under {row['sampling']} sampling, whose draw "
+            f"depends on every probability: logits moved up to {row['logits_max_abs_here']:.3g} here"
         )
-    return "; ".join(parts) or "sampled ids differ"
+    kind = "a near tie" if row["near_tie"] else "not a near tie"
+    return (
+        f"request {row['req_id']}: sampled ids differ, recorded top-2 logit margin "
+        f"{row['top2_margin']:.3g} vs logits moved up to {row['logits_max_abs_here']:.3g} here: {kind}"
+    )
 
 
 def _platform_explains(item: CheckedItem) -> bool:
