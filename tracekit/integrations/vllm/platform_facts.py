@@ -31,7 +31,8 @@ def attention_backend(runner: Any) -> str | None:
             name = str(get_backend().get_name())
         except Exception:  # a layer type that cannot say: the fingerprint just lacks it
             continue
-        isa = getattr(getattr(layer, "impl", None), "isa", None)
+        # vLLM's CPU attention metadata builder sets the kernel ISA on each attention layer.
+        isa = getattr(layer, "isa", None) or getattr(getattr(layer, "impl", None), "isa", None)
         names.add(f"{name}/{isa}" if isa else name)
     return ",".join(sorted(names)) or None
 
