@@ -86,7 +86,7 @@ def _summary(reader, full: bool = False) -> dict:
             },
             "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
-            "error": step.error and {"type": step.error.get("type"), "message": step.error.get("message")},
+            "error": step.error and {key: step.error.get(key) for key in ("type", "message", "phase")},
         }
         for step in content.steps
     ]
@@ -150,7 +150,11 @@ def _print_table(summary: dict, verify_report) -> None:
             if step["outputs_finite"] is False:
                 console.print("  [red]outputs are not finite[/]")
             if step["error"]:
-                console.print(f"  [red]forward raised {step['error']['type']}: {escape(step['error']['message'])}[/]")
+                error = step["error"]
+                console.print(
+                    f"  [red]the step raised {escape(str(error['type']))} in its "
+                    f"{escape(str(error['phase'] or 'forward'))} phase: {escape(str(error['message']))}[/]"
+                )
     else:
         console.print(summary["content"])
     tensors = Table(title=f"tensors: {len(summary['tensors'])}", title_justify="left")

@@ -172,10 +172,11 @@ class Recorder:
     def __exit__(self, *exc_info: Any) -> None:
         self.disarm()
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, reason: str, logged: bool = False) -> None:
         """Log once, stop recording, leave the engine as if never armed."""
-        self._failures.append(reason)
-        logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
+        if not logged:
+            self._failures.append(reason)
+            logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
         _stop_layers(self._pending)
         shadows, self._shadows, self._pending = self._shadows, None, None
         if shadows is not None:
@@ -188,6 +189,9 @@ class Recorder:
 
     @_engine_boundary
     def step_started(self, scheduler_output: Any) -> None:
+        if self._persister.failures:  # a write failed on the writer thread: stop here, once
+            self._give_up(self._persister.failures[0], logged=True)
+            return
         self.adapter.scheduler_output_seen(scheduler_output)
         if self.exhausted:
             self._pending = None
@@ -256,6 +260,7 @@ class Recorder:
             return
         step = pending.step
         step.trigger = pending.reason or "exception"
+        step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
         step.error = {
             "type": type(error).__name__,
             "message": str(error),
