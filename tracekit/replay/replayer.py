@@ -16,6 +16,7 @@ from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, EngineConfig, Step
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import GRAPH_MODES, expand_modes, measure_mode
+from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import layer_capture
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference, runner_environment
@@ -43,6 +44,7 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     tolerance: float = 0.0
     error_step: bool = False  # the recorded forward raised
+    strict: bool = False  # exit 0 for a bit-exact replay only
     # The recorded per-layer outputs (`record --layers`) against this replay's eager forward.
     layer_checks: list[CheckedItem] = field(default_factory=list)
     layers_bundle: str | None = None  # where `--layers` wrote this replay's per-layer outputs
@@ -70,9 +72,10 @@ class ReplayResult:
         numeric = [d["field"] for d in self.environment_differences if d["affects_numerics"]]
         return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step)
 
-    def exit_code(self, strict: bool = False) -> int:
+    @property
+    def exit_code(self) -> int:
         """0 unless the verdict is diverged or error_not_reproduced; `strict`: 0 only if bit-exact."""
-        return self.verdict.exit_code(strict)
+        return self.verdict.exit_code(self.strict)
 
     def to_plain(self) -> dict[str, Any]:
         first_layer = self.first_diverging_layer
@@ -151,12 +154,16 @@ def replay(
     tolerance: float = 0.0,
     llm: Any = None,
     layers_out: str | Path | None = None,
+    strict: bool = False,
+    profile_prefix: str | Path | None = None,
 ) -> ReplayResult:
     """Replay one recorded step. Pass `llm` (a previous result's `.llm`) to reuse an engine
     built for the same engine arguments. `modes`: None (check only), "reference" (also time the
     forward as the engine ran it), a mode, or "all". `layers_out`: also run the step eagerly
     capturing every layer's output, into a bundle there. A bundle recorded with `--layers` is
-    always checked layer by layer against such an eager forward."""
+    always checked layer by layer against such an eager forward. `strict`: the exit code is 0
+    for a bit-exact replay only. With `profile_prefix`, each timed mode's forwards are also
+    traced with the torch profiler into `{profile_prefix}.{mode}.trace.json`."""
     content, recorded = load_step(bundle, step)
     explicit_modes = expand_modes(modes) if modes not in (None, "reference") else []
     require_same_series(content.engine.vllm_version)
@@ -214,7 +221,8 @@ def replay(
                     "the engine runs without torch.compile (compilation mode NONE); "
                     "record with compilation enabled to time it compiled")}
             elif mode not in own_engine_modes:
-                measured[mode] = _measure(mode, handle, recorded, iters, samples, warmup_s)
+                measured[mode] = _measure(mode, handle, recorded, iters, samples, warmup_s,
+                                          trace_to=trace_path(profile_prefix, mode))
 
     driver = StepDriver(runner, recorded)
     try:
@@ -233,7 +241,7 @@ def replay(
         for mode in own_engine_modes:
             measured[mode] = _measure_in_own_engine(
                 mode, engine_args, content.engine.runner, recorded, iters, samples, warmup_s,
-                has_graphs=has_graphs,
+                trace_path(profile_prefix, mode), has_graphs=has_graphs,
             )
     return ReplayResult(
         bundle=str(bundle),
@@ -248,6 +256,7 @@ def replay(
         overrides=overrides,
         notes=_kv_notes(recorded),
         tolerance=tolerance,
+        strict=strict,
         error_step=recorded.error is not None,
         layer_checks=check_layers(captured_layers, recorded_layers, tolerance) if recorded_layers else [],
         layers_bundle=(
@@ -280,7 +289,7 @@ def _kv_notes(step: Step) -> list[str]:
 
 
 def _measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
-             piecewise: Any = None) -> dict[str, Any]:
+             piecewise: Any = None, trace_to: Path | None = None) -> dict[str, Any]:
     """Time the step's forward in `mode` and compare its output with the recorded one."""
     handle.restore()
     return measure_mode(
@@ -293,12 +302,13 @@ def _measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, sampl
         samples,
         warmup_s,
         piecewise=piecewise,
+        trace_to=trace_to,
     )
 
 
 def _measure_in_own_engine(
     mode: str, engine_args: dict[str, Any], runner_kind: str, recorded: Step, iters: int, samples: int,
-    warmup_s: float, has_graphs: bool = True,
+    warmup_s: float, trace_to: Path | None = None, has_graphs: bool = True,
 ) -> dict[str, Any]:
     """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
     "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
@@ -328,7 +338,8 @@ def _measure_in_own_engine(
     try:
         def measure(handle: ForwardHandle) -> None:
             backend = graph_backend.built_backends[-1] if mode == "piecewise" and graph_backend.built_backends else None
-            report.update(_measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend))
+            report.update(_measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend,
+                                   trace_to=trace_to))
             if backend is not None:
                 handle.restore()
                 with divergence.probe(backend) as probed:

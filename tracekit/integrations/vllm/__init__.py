@@ -18,4 +18,5 @@ these modules:
   graph_backend.py  plugging tracekit's piecewise graph backend into vLLM's compilation
   layer_capture.py  forward hooks on the model's decoder layers: per-layer outputs of one forward
   platform_facts.py what only a live engine says about numerics: attention backend and kernel ISA
+  bench_shapes.py   recorded batches as `vllm bench forward --shapes` cases (metadata only)
 """
