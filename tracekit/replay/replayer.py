@@ -314,8 +314,8 @@ def _measure_in_own_engine(
     "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
     step's token count (vLLM does not pad without its graphs), so the step itself replays a graph;
     then one more forward under the divergence probe, every piece against its eager FX module.
-    Without graphs (CPU) the pieces are only compiled (Inductor, for this step's size): the mode
-    is not timed, but the probe still says which piece the compiler changed."""
+    Without graphs (CPU) the pieces are only compiled (Inductor, once for any size): the mode is
+    not timed, but the probe still says which piece the compiler changed."""
     from tracekit.graphs import divergence
     from tracekit.graphs.capture_table import CaptureTable
     from tracekit.integrations.vllm import graph_backend
@@ -328,8 +328,8 @@ def _measure_in_own_engine(
             compile_sizes=tuple(dispatch.compile_sizes),
             num_warmups=max(dispatch.num_warmups or 0, 1),
         )
-    else:
-        table = CaptureTable(mode="none", capture_sizes=(), compile_sizes=(dispatch.num_tokens,))
+    else:  # each piece compiled once, for the symbolic token count (its "general" form)
+        table = CaptureTable(mode="none", capture_sizes=(), compile_sizes=())
     compilation = {**engine_args.get("compilation_config", {}), **graph_backend.compilation_config_for(mode, table)}
     # An eager recording's enforce_eager would switch the piecewise backend's compilation off.
     eager = {"enforce_eager": False} if mode == "piecewise" else {}
