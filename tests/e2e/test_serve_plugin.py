@@ -94,7 +94,9 @@ def test_plugin_records_inside_vllm_serve_and_a_failed_write_harms_nothing(runne
     served = log.read_text()
     assert second["choices"][0]["text"] == first["choices"][0]["text"] == third["choices"][0]["text"]
     assert served.count("tracekit: could not write") == 1, served[-3000:]
-    assert "recording stops, the engine goes on unrecorded" in served and "Traceback" not in served
+    assert "recording stops, the engine goes on unrecorded" in served
+    before_shutdown = served.split("[shutdown]", 1)[0]  # vLLM logs tracebacks of its own as SIGTERM kills it
+    assert "Traceback" not in before_shutdown, before_shutdown[-3000:]
     assert not out.exists(), "nothing may recreate the removed output folder"
     assert sorted(path.name for path in kept.iterdir()) == [path.name for path in bundles]
     for index, path in enumerate(bundles):
