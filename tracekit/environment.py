@@ -19,16 +19,6 @@ RELEVANT_ENV_PREFIXES = (
     "VLLM_", "TRACEKIT_", "CUDA_", "NCCL_", "OMP_", "ASCEND_", "TORCH_", "ATEN_", "ONEDNN_", "DNNL_", "MKL_",
     "CUBLAS_", "NVIDIA_TF32",
 )
-# Of those, the ones known to change the numbers (kernel ISA, thread split of reductions, GEMM
-# workspace and TF32, attention backend, batch-invariant kernels); a difference in any other is
-# informational (logging, process layout, per-process names).
-NUMERIC_ENV_VARS = frozenset({
-    "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
-    "VLLM_ATTENTION_BACKEND", "VLLM_BATCH_INVARIANT", "VLLM_USE_DEEP_GEMM", "VLLM_FLASH_ATTN_VERSION",
-    "VLLM_CPU_SGL_KERNEL", "VLLM_CPU_MOE_PREPACK", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
-    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-})
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # Set by vLLM itself with a fresh random value in every process: never a difference that matters.
 PER_PROCESS_VARS = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
@@ -40,6 +30,20 @@ NUMERIC_FIELDS = (
     "vllm_version", "torch_version", "device_kind", "device_name", "cpu_isa", "gpu_capability",
     "attention_backend", "num_threads",
 )
+# Environment variables that choose a kernel, a precision, a backend, a thread count or the
+# compilation: what the numbers may depend on. A name marked so whose value is a location
+# (a directory, a file, a host) is not: it only says where things are.
+NUMERICS_ENV_MARKERS = (
+    "ATTENTION", "ATTN", "BACKEND", "KERNEL", "GEMM", "MOE", "FLASH", "SAMPLER", "TF32", "CUBLAS", "CUDNN",
+    "DETERMINISTIC", "BATCH_INVARIANT", "NUM_THREADS", "OMP_", "MKL_", "DNNL", "ONEDNN", "FP8", "FP4", "DTYPE",
+    "PRECISION", "COMPILE", "INDUCTOR", "CUDAGRAPH", "TRITON", "MODEL_RUNNER", "ALL_REDUCE", "ALLREDUCE",
+    "NCCL_ALGO", "NCCL_PROTO", "KVCACHE", "SSM", "SHARED_EXPERTS", "CPU_CAPABILITY",
+)
+LOCATION_SUFFIXES = ("_DIR", "_PATH", "_ROOT", "_FILE", "_HOST", "_IP", "_PORT", "_URL", "_NAME")
+
+
+def numerics_relevant_env(name: str) -> bool:
+    return any(marker in name for marker in NUMERICS_ENV_MARKERS) and not name.endswith(LOCATION_SUFFIXES)
 
 
 def current_environment(device: Any = None, attention_backend: str | None = None) -> Environment:
@@ -87,7 +91,7 @@ def environment_differences(recorded: Environment, here: Environment) -> list[tu
     for name in sorted(set(recorded.env_vars) | set(here.env_vars)):
         before, now = recorded.env_vars.get(name), here.env_vars.get(name)
         if before != now:
-            differences.append((f"env {name}", before, now, name in NUMERIC_ENV_VARS))
+            differences.append((f"env {name}", before, now, numerics_relevant_env(name)))
     return differences
 
 
@@ -104,5 +108,5 @@ def _affects_numerics(name: str, recorded: Environment) -> bool:
 def numerics_summary(environment: Environment) -> dict[str, Any]:
     """The recorded facts that shape the numbers, for `tracekit inspect`."""
     summary = {name: getattr(environment, name) for name in NUMERIC_FIELDS}
-    summary["env_vars"] = {k: v for k, v in environment.env_vars.items() if k in NUMERIC_ENV_VARS}
+    summary["env_vars"] = {k: v for k, v in environment.env_vars.items() if numerics_relevant_env(k)}
     return summary

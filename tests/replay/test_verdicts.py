@@ -58,13 +58,14 @@ def test_the_two_machines_recorded_the_same_step_with_other_rounding(avx512, avx
     assert not torch.equal(reference.outputs.hidden_states, other.outputs.hidden_states)
 
 
-def test_only_the_isa_is_a_numerics_relevant_difference_of_the_two_recordings(avx512, avx2):
-    """Their env vars differ too (VLLM_LOGGING_LEVEL...), which changes no number; fields the
-    bundles predate (attention backend, thread count) are unknown, not different."""
+def test_the_isa_is_the_numerics_relevant_field_the_two_recordings_differ_in(avx512, avx2):
+    """Their env vars differ too: VLLM_LOGGING_LEVEL changes no number; fields the bundles predate
+    (attention backend, thread count) are unknown, not different."""
     (content, _), (other, _) = avx512, avx2
-    differences = environment_differences(content.environment, other.environment)
-    assert numeric_fields(content.environment, other.environment) == ["cpu_isa"]
-    assert any(name.startswith("env ") and not numeric for name, _, _, numeric in differences)
+    differences = {name: numeric for name, _, _, numeric in environment_differences(content.environment, other.environment)}
+    assert [name for name, numeric in differences.items() if numeric and not name.startswith("env ")] == ["cpu_isa"]
+    assert differences["env VLLM_LOGGING_LEVEL"] is False
+    assert "attention_backend" not in differences and "num_threads" not in differences
 
 
 def test_avx2_numbers_against_the_avx512_recording_are_a_platform_difference(avx512, avx2):

@@ -57,10 +57,12 @@ def _summary(reader, full: bool = False) -> dict:
                     "device_kind", "device_name", "cpu_isa", "gpu_capability")
     }
     summary["numerics"] = numerics_summary(environment)
-    summary["model"] = {"path": model.path, "architecture": model.architecture}
+    summary["model"] = {"path": model.path, "architecture": model.architecture, "runner": content.engine.runner}
     if full:
         summary["content"] = _tensor_summaries(metadata, {info.name: info for info in reader.tensor_infos()})
     summary["created_at"] = content.created_at
+    summary["derivations"] = content.derivations
+    summary["redacted"] = any(entry.get("kind") == "redact" for entry in content.derivations if isinstance(entry, dict))
     summary["steps"] = [
         {
             "index": step.index,
@@ -91,6 +93,33 @@ def _summary(reader, full: bool = False) -> dict:
         for step in content.steps
     ]
     return summary
+
+
+def derivation_lines(derivations: list) -> list[str]:
+    """One line per thing done to the recorded bundle (`tracekit shrink`, `tracekit redact`)."""
+    lines = []
+    for entry in derivations:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "shrink":
+            source = entry.get("from") or {}
+            lines.append(
+                f"SHRUNK from {source.get('file')} (sha256 {str(source.get('sha256'))[:12]}...) until "
+                f"{entry.get('property')}: requests {entry.get('requests_before')} -> {entry.get('requests_after')}, "
+                f"tokens {entry.get('tokens_before')} -> {entry.get('tokens_after')}, {entry.get('replays')} replays; "
+                "no recorded outputs"
+            )
+        elif entry.get("kind") == "redact":
+            lines.append(f"REDACTED (neutral token id {entry.get('neutral_token_id')}); removed:")
+            lines.extend(f"  - {item}" for item in entry.get("removed") or [])
+            for step in entry.get("steps") or []:
+                for req_id, readers in (step.get("history_kept") or {}).items():
+                    lines.append(f"  kept every token id of {req_id}: its sampling reads them ({', '.join(readers)})")
+            if entry.get("env_vars_removed"):
+                lines.append(f"  environment variables removed: {', '.join(entry['env_vars_removed'])}")
+        else:
+            lines.append(f"derived: {entry.get('kind')}")
+    return lines
 
 
 def _size(nbytes: int) -> str:
@@ -124,7 +153,12 @@ def _print_table(summary: dict, verify_report) -> None:
         console.print(escape(
             f"numerics: {numerics['device_kind']} {numerics['device_name']} | " + " | ".join(map(str, facts))
         ))
-        console.print(f"model: {summary['model']['path']} ({summary['model']['architecture']})")
+        console.print(
+            f"model: {summary['model']['path']} ({summary['model']['architecture']}), "
+            f"recorded on vLLM's {str(summary['model']['runner']).upper()} model runner"
+        )
+        for line in derivation_lines(summary["derivations"]):
+            console.print(escape(line))
         console.print(f"steps: {len(summary['steps'])}")
         for step in summary["steps"]:
             table = Table(title=f"step {step['index']} (trigger: {step['trigger']})", title_justify="left")

@@ -241,6 +241,8 @@ class BundleContent(SchemaRecord):
     steps: list[Step]
     schema_version: int = SCHEMA_VERSION
     created_at: str = ""  # ISO 8601, UTC
+    # what was done to the recorded bundle, oldest first: {"kind": "shrink" | "redact", ...}
+    derivations: list[dict[str, Any]] = field(default_factory=list)
     nested: ClassVar[dict[str, Any]] = {
         "environment": Environment,
         "engine": EngineConfig,

@@ -140,6 +140,20 @@ def resolve_model(engine: EngineConfig, model: str | None, allow_weights_mismatc
     return model
 
 
+def build_replay_engine(
+    engine: EngineConfig, model: str | None, allow_weights_mismatch: bool, overrides: dict[str, Any]
+) -> Any:
+    """The engine a bundle was recorded with, rebuilt here (weights checked: exit 3 if not)."""
+    args = dict(engine.engine_args)
+    args["model"] = resolve_model(engine, model, allow_weights_mismatch)
+    if args.get("tokenizer") == engine.model.path:
+        args["tokenizer"] = args["model"]
+    if overrides.get("enforce_eager"):
+        args["compilation_config"] = {**args.get("compilation_config", {}), "mode": 0}
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return vllm_engine.build_llm({**args, **overrides}, engine.runner)
+
+
 def replay(
     bundle: str | Path,
     *,
@@ -171,14 +185,7 @@ def replay(
         raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
     overrides = dict(engine_overrides or {})
     if llm is None:
-        args = dict(content.engine.engine_args)
-        args["model"] = resolve_model(content.engine, model, allow_weights_mismatch)
-        if args.get("tokenizer") == content.engine.model.path:
-            args["tokenizer"] = args["model"]
-        if overrides.get("enforce_eager"):
-            args["compilation_config"] = {**args.get("compilation_config", {}), "mode": 0}
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        llm = vllm_engine.build_llm({**args, **overrides}, content.engine.runner)
+        llm = build_replay_engine(content.engine, model, allow_weights_mismatch, overrides)
     runner = vllm_engine.find_runner(llm)
     built = adapter_for(runner).kind
     if built != content.engine.runner:

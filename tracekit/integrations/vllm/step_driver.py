@@ -164,7 +164,8 @@ class StepDriver:
                 # Models may update the forward context in place; every call starts from the
                 # context the runner built.
                 for name, value in saved_context.items():
-                    setattr(context, name, value)
+                    if name != "skip_compiled":  # set by ForwardHandle.forward(eager=) for this call
+                        setattr(context, name, value)
                 return original(*args, **kwargs)
 
             handle = ForwardHandle(self._restore_state, call, self._written_views, self.runner.device)
