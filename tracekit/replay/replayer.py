@@ -275,13 +275,16 @@ def replay(
 
 
 def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> CheckedItem:
-    """A step recorded because its forward raised reproduces when it raises the same again."""
+    """A step recorded because it raised (in its forward, logits, sampling or bookkeeping)
+    reproduces when it raises the same again."""
+    recorded = {"recorded": f"{recorded_error.get('type')}: {recorded_error.get('message')}",
+                "recorded_phase": recorded_error.get("phase", "forward")}
     try:
         driver.run()
     except Exception as error:  # the step's own failure, reproduced or not
         same = type(error).__name__ == recorded_error.get("type") and str(error) == recorded_error.get("message")
-        return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}"})
-    return CheckedItem("error", False, False, {"raised": None, "problem": "the forward did not raise"})
+        return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
+    return CheckedItem("error", False, False, {"raised": None, "problem": "the step did not raise", **recorded})
 
 
 def _kv_notes(step: Step) -> list[str]:
