@@ -2,7 +2,8 @@
 
 It reads the header, index and metadata only (tensors stay compressed on disk), so it is fast
 on a multi-GiB bundle and runs without torch or vLLM. `--verify` decodes every part and checks
-every hash; a damaged bundle then exits with code 2.
+every hash; a damaged bundle then exits with code 2. `--json --full` adds the whole recorded
+content (scheduler output, request states, ...) as plain JSON, tensors as name/dtype/shape.
 """
 
 import json
@@ -10,13 +11,28 @@ import os
 
 import click
 
-from tracekit.errors import BundleError
+from tracekit.environment import numerics_summary
+from tracekit.errors import BundleError, UsageError
 from tracekit.format import open_bundle
 from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
 
 
-def _summary(reader) -> dict:
+def _tensor_summaries(value, infos: dict):
+    """The metadata tree with every tensor reference replaced by what the index says of it."""
+    if isinstance(value, dict):
+        if len(value) == 1 and "$tensor" in value:
+            info = infos.get(value["$tensor"])
+            return {"tensor": value["$tensor"], "dtype": info and info.dtype, "shape": info and list(info.shape)}
+        return {key: _tensor_summaries(item, infos) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_tensor_summaries(item, infos) for item in value]
+    if isinstance(value, bytes):
+        return {"bytes": len(value)}
+    return value
+
+
+def _summary(reader, full: bool = False) -> dict:
     summary = {
         "path": reader.path,
         "file_bytes": os.path.getsize(reader.path),
@@ -41,7 +57,10 @@ def _summary(reader) -> dict:
         for key in ("tracekit_version", "vllm_version", "torch_version", "python_version", "platform",
                     "device_kind", "device_name", "cpu_isa", "gpu_capability")
     }
+    summary["numerics"] = numerics_summary(environment)
     summary["model"] = {"path": model.path, "architecture": model.architecture, "runner": content.engine.runner}
+    if full:
+        summary["content"] = _tensor_summaries(metadata, {info.name: info for info in reader.tensor_infos()})
     summary["created_at"] = content.created_at
     summary["derivations"] = content.derivations
     summary["redacted"] = any(entry.get("kind") == "redact" for entry in content.derivations if isinstance(entry, dict))
@@ -130,6 +149,13 @@ def _print_table(summary: dict, verify_report) -> None:
             f"torch {environment['torch_version']} | {environment['device_kind']}: {environment['device_name']} | "
             f"{environment['platform']}"
         )
+        numerics = summary["numerics"]
+        facts = [f"{name} {numerics[name]}" for name in ("cpu_isa", "attention_backend", "num_threads", "gpu_capability")
+                 if numerics.get(name) is not None]
+        facts += [f"{name}={value}" for name, value in numerics["env_vars"].items()]
+        console.print(escape(
+            f"numerics: {numerics['device_kind']} {numerics['device_name']} | " + " | ".join(map(str, facts))
+        ))
         console.print(
             f"model: {summary['model']['path']} ({summary['model']['architecture']}), "
             f"recorded on vLLM's {str(summary['model']['runner']).upper()} model runner"
@@ -204,10 +230,14 @@ def _print_rank_set(console, rank_set: dict) -> None:
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--verify", is_flag=True, help="Decode every part and check every hash (reads the whole file).")
-def inspect_command(bundle, as_json, verify):
+@click.option("--full", is_flag=True, help="With --json: also the whole recorded content (scheduler output, "
+                                           "request states), tensors as name/dtype/shape.")
+def inspect_command(bundle, as_json, verify, full):
     """Summarize a bundle: versions, environment, model, steps, requests and tensors."""
+    if full and not as_json:
+        raise UsageError("--full dumps the recorded content as JSON: use it with --json")
     with open_bundle(bundle) as reader:
-        summary = _summary(reader)
+        summary = _summary(reader, full)
         report = reader.verify() if verify else None
     if report is not None:
         summary["verify"] = {"ok": report.ok, "parts_checked": len(report.parts_checked), "damaged": report.damaged}

@@ -3,8 +3,9 @@
 One bundle gets the detailed report. Many (files, folders, globs) run as a regression suite: one
 engine per engine configuration, a summary table, one JSON line per bundle.
 
-Exit codes (for `git bisect run` and CI): 0 reproduced (bit-exact, or within --tolerance),
-1 ran but did not reproduce, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
+Exit codes (for `git bisect run` and CI): 0 for the verdicts bit_exact, within_tolerance,
+platform_difference and error_reproduced (with --strict: bit_exact only), 1 for diverged and
+error_not_reproduced, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
 with the worst of its bundles' codes, in the order 0 < 3 < 2 < 1 (`tracekit.replay.suite`).
 """
 
@@ -33,6 +34,10 @@ from tracekit.errors import CannotRunHere, UsageError
 @click.option("--samples", type=int, default=3, show_default=True, help="Samples (their medians' spread is reported).")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="Largest relative RMS accepted as reproduced for float tensors (0: bit-exact).")
+@click.option("--strict", is_flag=True, help="Exit 0 only for a bit-exact replay (not for a platform difference).")
+@click.option("--layers", "layers_out", type=click.Path(dir_okay=False), default=None,
+              help="Also run the step eagerly capturing every decoder layer's output (and its norms, "
+                   "attention, MLP) into a small bundle here; `tracekit diff` two of them. One bundle only.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write one JSON line per bundle here ('-' for stdout).")
 @click.option("--keep-going", is_flag=True,
@@ -45,7 +50,7 @@ from tracekit.errors import CannotRunHere, UsageError
                    "not bit-exact, the relative error per layer) into this PNG. Needs matplotlib.")
 @click.pass_context
 def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
-                   json_out, keep_going, profile_dir, plot_path):
+                   strict, layers_out, json_out, keep_going, profile_dir, plot_path):
     """Rebuild the engine of each BUNDLE (a file, a folder of .zst bundles, a glob), run its
     step, compare with the recording. Any vLLM engine argument after the bundles overrides the
     recorded one."""
@@ -63,20 +68,22 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         from tracekit.replay.plots import require_matplotlib
 
         require_matplotlib(plot_path)
-    for output in (json_out, plot_path):
+    for output in (json_out, plot_path, layers_out):
         if output and output != "-":
             require_parent(output)
     bundles = find_bundles(specs)
+    if layers_out and len(bundles) > 1:
+        raise UsageError("--layers writes one bundle's per-layer outputs: replay one bundle with it")
     if any(is_multi_rank(bundle) for bundle in bundles):
         if len(bundles) > 1:
             raise UsageError("a multi-rank step replays on its own: name one rank's bundle "
                              "(tracekit replay step3.rank0.zst), the other ranks' are found from it")
-        if profile_dir or plot_path or modes not in ("reference", None) and not no_timing:
+        if profile_dir or plot_path or layers_out or modes not in ("reference", None) and not no_timing:
             raise CannotRunHere("a multi-rank step is checked and timed as the engine ran it only "
-                                "(no --mode other than reference, --profile or --plot yet)")
+                                "(no --mode other than reference, --profile, --plot or --layers yet)")
         _replay_rank_set(bundles[0], parse_engine_cli_args(engine_argv), json_out, model=model,
                          allow_weights_mismatch=allow_weights_mismatch, timing=not no_timing,
-                         iters=iters, samples=samples, tolerance=tolerance)
+                         iters=iters, samples=samples, tolerance=tolerance, strict=strict)
     options = dict(
         step=step,
         model=model,
@@ -86,7 +93,10 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         iters=iters,
         samples=samples,
         tolerance=tolerance,
+        strict=strict,
     )
+    if layers_out:
+        options["layers_out"] = layers_out
     profile = Path(profile_dir) if profile_dir else None
     report_stream = sys.stderr if json_out == "-" else sys.stdout
     if len(bundles) == 1:

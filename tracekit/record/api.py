@@ -43,15 +43,19 @@ def recording(
     on: tuple[str, ...] = (),
     kv: str = "read",
     max_bundles: int = DEFAULT_MAX_BUNDLES,
+    layers: bool = False,
 ) -> Iterator[Recorder | WorkerRecording]:
-    """Arm a recorder on `llm` for the block; bundles are all written when it exits."""
+    """Arm a recorder on `llm` for the block; bundles are all written when it exits. `layers`:
+    also store every decoder layer's output of a recorded step (eager engines only)."""
     triggers = TriggerSet(steps=steps, when=when, events=tuple(on))
     if workers.runner_in_this_process(llm):
-        recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles)
+        recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles, layers=layers)
         with recorder:
             yield recorder
         return
-    with _recording_in_workers(llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles) as remote:
+    with _recording_in_workers(
+        llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles, layers
+    ) as remote:
         yield remote
 
 

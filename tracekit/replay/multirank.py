@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK, BundleError, CannotRunHere
+from tracekit.errors import EXIT_OK, BundleError, CannotRunHere
 from tracekit.format.rankset import find_rank_set, read_part
 from tracekit.graphs.device import default_device
 from tracekit.graphs.timing import latency_summary
@@ -70,7 +70,8 @@ class RankSetReplayResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OK if self.reproduced else EXIT_NOT_REPRODUCED
+        """The worst rank's: each rank's verdict decides as a single-rank replay's does."""
+        return max((rank.exit_code for rank in self.ranks), default=EXIT_OK)
 
     def to_plain(self) -> dict[str, Any]:
         return {
@@ -110,6 +111,7 @@ def replay_rank_set(
     iters: int = 10,
     samples: int = 3,
     tolerance: float = 0.0,
+    strict: bool = False,
 ) -> RankSetReplayResult:
     """Replay the step `bundle` (any rank's part) belongs to, on every rank."""
     rank_set = find_rank_set(bundle)
@@ -153,7 +155,9 @@ def replay_rank_set(
             }} if runs else {},
             recorded_timing=outcome["recorded_timing"],
             replay_forward_us=outcome["forward_us"],
+            environment_differences=prepared[rank]["environment_differences"],
             tolerance=tolerance,
+            strict=strict,
         )
         for rank, outcome in enumerate(outcomes)
     ]

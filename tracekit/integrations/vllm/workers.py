@@ -62,7 +62,7 @@ def _reported(error: TracekitError) -> dict[str, Any]:
 # --- recording -----------------------------------------------------------------------------
 
 def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when: str | None,
-                 events: tuple[str, ...], kv: str, max_bundles: int) -> dict[str, Any]:
+                 events: tuple[str, ...], kv: str, max_bundles: int, layers: bool) -> dict[str, Any]:
     from tracekit.record.recorder import Recorder
     from tracekit.record.triggers import TriggerSet
 
@@ -73,6 +73,7 @@ def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when
             TriggerSet(steps=steps, when=when, events=tuple(events)),
             kv=kv,
             max_bundles=max_bundles,
+            layers=layers,
             set_id=session,
         )
     except TracekitError as error:
