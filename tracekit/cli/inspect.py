@@ -2,17 +2,32 @@
 
 It reads the header, index and metadata only (tensors stay compressed on disk), so it is fast
 on a multi-GiB bundle and runs without torch or vLLM. `--verify` decodes every part and checks
-every hash; a damaged bundle then exits with code 2.
+every hash; a damaged bundle then exits with code 2. Every string from the bundle is shown
+escaped (rich markup, ANSI and other control characters), and tables stop after
+`MAX_TABLE_ROWS` rows (`--json` lists everything).
 """
 
 import json
 import os
+import unicodedata
 
 import click
 
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
+
+
+MAX_TABLE_ROWS = 200
+
+
+def _length(value) -> int | None:
+    """len() of a list from the bundle; None when the bundle put something else there."""
+    return len(value) if isinstance(value, list) else None
+
+
+def _number(value) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _summary(reader) -> dict:
@@ -49,9 +64,9 @@ def _summary(reader) -> dict:
             "requests": [
                 {"req_id": request.req_id, "num_scheduled_tokens": request.num_scheduled_tokens,
                  "num_computed_tokens": request.num_computed_tokens,
-                 "num_prompt_tokens": len(request.prompt_token_ids),
-                 "num_output_tokens": len(request.output_token_ids),
-                 "phase": "prefill" if request.is_prefill else "decode"}
+                 "num_prompt_tokens": _length(request.prompt_token_ids),
+                 "num_output_tokens": _length(request.output_token_ids),
+                 "phase": _phase(request)}
                 for request in step.requests
             ],
             "dispatch": {
@@ -61,17 +76,37 @@ def _summary(reader) -> dict:
             },
             "kv": {
                 "mode": step.kv.mode,
-                "blocks_read": sum(len(group.read_block_ids) for group in step.kv.groups),
-                "blocks_written": sum(len(group.written_block_ids) for group in step.kv.groups),
-                "blocks_saved": sum(len(group.saved_block_ids) for group in step.kv.groups),
+                "blocks_read": sum(_length(group.read_block_ids) or 0 for group in step.kv.groups),
+                "blocks_written": sum(_length(group.written_block_ids) or 0 for group in step.kv.groups),
+                "blocks_saved": sum(_length(group.saved_block_ids) or 0 for group in step.kv.groups),
             },
-            "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
+            "timing_us": {"forward": _number(step.timing.forward_us), "step": _number(step.timing.step_us)},
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
-            "error": step.error and {"type": step.error.get("type"), "message": step.error.get("message")},
+            "error": {"type": step.error.get("type"), "message": step.error.get("message")} if isinstance(step.error, dict) else None,
         }
         for step in content.steps
     ]
     return summary
+
+
+def _phase(request) -> str:
+    prompt = _length(request.prompt_token_ids)
+    if prompt is None or _number(request.num_computed_tokens) is None:
+        return "?"
+    return "prefill" if request.is_prefill else "decode"
+
+
+def _text(value) -> str:
+    """A value from the bundle as inert terminal text: control and format characters (ANSI
+    escapes, bidi overrides, ...) become visible escapes, and rich markup is escaped."""
+    from rich.markup import escape
+
+    text = value if isinstance(value, str) else str(value)
+    if not text.isprintable():
+        text = "".join(
+            char if char == " " or unicodedata.category(char)[0] not in "CZ" else f"\\u{ord(char):04x}" for char in text
+        )
+    return escape(text)
 
 
 def _size(nbytes: int) -> str:
@@ -83,60 +118,68 @@ def _size(nbytes: int) -> str:
 
 def _print_table(summary: dict, verify_report) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False)
     console.print(
-        f"[bold]{os.path.basename(summary['path'])}[/]: tracekit bundle format {summary['format_version']} "
-        f"(needs reader >= {summary['min_reader_version']}), {_size(summary['file_bytes'])}, written by {summary['writer']}"
+        f"[bold]{_text(os.path.basename(summary['path']))}[/]: tracekit bundle format {_text(summary['format_version'])} "
+        f"(needs reader >= {_text(summary['min_reader_version'])}), {_size(summary['file_bytes'])}, "
+        f"written by {_text(summary['writer'])}"
     )
     if "environment" in summary:
-        environment = summary["environment"]
+        environment = {key: _text(value) for key, value in summary["environment"].items()}
         console.print(
             f"tracekit {environment['tracekit_version']} | vLLM {environment['vllm_version']} | "
             f"torch {environment['torch_version']} | {environment['device_kind']}: {environment['device_name']} | "
             f"{environment['platform']}"
         )
-        console.print(f"model: {summary['model']['path']} ({summary['model']['architecture']})")
+        console.print(f"model: {_text(summary['model']['path'])} ({_text(summary['model']['architecture'])})")
         console.print(f"steps: {len(summary['steps'])}")
-        for step in summary["steps"]:
-            table = Table(title=f"step {step['index']} (trigger: {step['trigger']})", title_justify="left")
+        for step in summary["steps"][:MAX_TABLE_ROWS]:
+            table = Table(title=f"step {_text(step['index'])} (trigger: {_text(step['trigger'])})", title_justify="left")
             for column in ("request", "scheduled", "computed", "prompt", "output", "phase"):
                 table.add_column(column, justify="left" if column in ("request", "phase") else "right")
-            for request in step["requests"]:
-                table.add_row(request["req_id"], str(request["num_scheduled_tokens"]),
-                              str(request["num_computed_tokens"]), str(request["num_prompt_tokens"]),
-                              str(request["num_output_tokens"]), request["phase"])
+            for request in step["requests"][:MAX_TABLE_ROWS]:
+                table.add_row(*(_text(request[key]) for key in (
+                    "req_id", "num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens", "num_output_tokens", "phase")))
             console.print(table)
-            dispatch, kv, timing = step["dispatch"], step["kv"], step["timing_us"]
+            _print_omitted(console, "requests", len(step["requests"]))
+            dispatch = {key: _text(value) for key, value in step["dispatch"].items()}
+            kv, timing = {key: _text(value) for key, value in step["kv"].items()}, step["timing_us"]
             console.print(
                 f"  dispatch: {dispatch['num_tokens']} tokens -> {dispatch['num_tokens_padded']} padded, "
                 f"graph {dispatch['runtime_mode']} (engine: compilation {dispatch['compilation_mode']}, "
-                f"cudagraph {dispatch['cudagraph_mode']}, capture sizes {dispatch['capture_sizes'] or 'none'})"
+                f"cudagraph {dispatch['cudagraph_mode']}, capture sizes {_text(step['dispatch']['capture_sizes'] or 'none')})"
             )
             console.print(
                 f"  kv: {kv['blocks_read']} blocks read, {kv['blocks_written']} written, "
                 f"{kv['blocks_saved']} saved (mode {kv['mode']})"
             )
-            if timing["forward"] is not None:
+            if timing["forward"] is not None and timing["step"] is not None:
                 console.print(f"  forward {timing['forward'] / 1000:.3f} ms, step {timing['step'] / 1000:.3f} ms in the engine")
             if step["outputs_finite"] is False:
                 console.print("  [red]outputs are not finite[/]")
             if step["error"]:
-                console.print(f"  [red]forward raised {step['error']['type']}: {escape(step['error']['message'])}[/]")
+                console.print(f"  [red]forward raised {_text(step['error']['type'])}: {_text(step['error']['message'])}[/]")
+        _print_omitted(console, "steps", len(summary["steps"]))
     else:
-        console.print(summary["content"])
+        console.print(_text(summary["content"]))
     tensors = Table(title=f"tensors: {len(summary['tensors'])}", title_justify="left")
     for column in ("name", "dtype", "shape", "bytes", "stored", "filter"):
         tensors.add_column(column, justify="right" if column in ("bytes", "stored") else "left")
-    for tensor in summary["tensors"]:
-        tensors.add_row(tensor["name"], tensor["dtype"], "x".join(map(str, tensor["shape"])) or "scalar",
+    for tensor in summary["tensors"][:MAX_TABLE_ROWS]:
+        tensors.add_row(_text(tensor["name"]), tensor["dtype"], "x".join(map(str, tensor["shape"])) or "scalar",
                         _size(tensor["nbytes"]), _size(tensor["stored_nbytes"]), tensor["filter"])
     console.print(tensors)
+    _print_omitted(console, "tensors", len(summary["tensors"]))
     if verify_report is not None:
         console.print(f"verify: all {len(verify_report.parts_checked)} parts intact" if verify_report.ok
                       else f"verify: {len(verify_report.damaged)} damaged part(s)")
+
+
+def _print_omitted(console, what: str, count: int) -> None:
+    if count > MAX_TABLE_ROWS:
+        console.print(f"  ... and {count - MAX_TABLE_ROWS} more {what} (--json lists all)")
 
 
 @click.command("inspect")
