@@ -184,7 +184,7 @@ def parse_index(payload: bytes, data_start: int, data_end: int, version: int) ->
     must tile the bytes between the header and the index exactly (no gap, no overlap, no
     reordering), so every byte of the file is covered by a check."""
     try:
-        raw = unpack_bounded(payload, limits.MAX_INDEX_ITEMS)
+        raw = unpack_bounded(payload, limits.MAX_INDEX_ITEMS, limits.MAX_INDEX_CONTAINERS)
         tensors: dict[str, TensorInfo] = {}
         raw_tensors = _get(raw, "tensors", list, "the index")
         if len(raw_tensors) > limits.MAX_TENSORS:

@@ -13,7 +13,8 @@ GiB = 1 << 30
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_INDEX_BYTES = 64 * MiB
-MAX_INDEX_ITEMS = 8_000_000  # map entries plus array elements (see MAX_METADATA_ITEMS)
+MAX_INDEX_ITEMS = 8_000_000  # map entries plus array elements (see below)
+MAX_INDEX_CONTAINERS = 4_000_000
 MAX_TENSORS = 200_000
 MAX_FRAMES = 1 << 18  # data frames in one bundle: bounds index parsing and verify time
 MAX_DIMS = 64
@@ -24,8 +25,10 @@ MAX_NAME_CHARS = 1024
 
 MAX_METADATA_BYTES = 64 * MiB  # decompressed
 # Python objects cost up to ~70x their msgpack bytes (an empty map is 1 byte packed, 64 in
-# Python), so the number of entries is capped too: map entries plus array elements.
-MAX_METADATA_ITEMS = 8_000_000
+# Python), so the numbers of entries (map entries plus array elements) and of maps and arrays
+# are capped too; a real step has a few million entries (token ids) in a few thousand maps.
+MAX_METADATA_ITEMS = 4_000_000
+MAX_METADATA_CONTAINERS = 500_000
 MAX_METADATA_DEPTH = 64  # maps and arrays nested in one another
 MAX_TENSOR_REFERENCES = 100_000  # {"$tensor": ...} maps in the metadata
 

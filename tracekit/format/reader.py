@@ -45,6 +45,7 @@ class BundleReader:
         self._threads = threads or min(4, os.cpu_count() or 1)
         self._pool = None
         self._metadata = None
+        self._metadata_error = None
         self._metadata_loaded = False
         if self.name.endswith(PARTIAL_SUFFIX):
             raise BundleError(
@@ -111,7 +112,7 @@ class BundleReader:
         self._header_payload = payload
         self._data_start = SKIPPABLE_HEADER.size + len(payload)
         try:
-            header = unpack_bounded(payload, limits.MAX_HEADER_BYTES)
+            header = unpack_bounded(payload, limits.MAX_HEADER_BYTES, limits.MAX_HEADER_BYTES)
         except Refused:
             raise self._damaged("header", "is not readable msgpack") from None
         if not isinstance(header, dict) or header.get("magic") != BUNDLE_MAGIC:
@@ -175,18 +176,25 @@ class BundleReader:
     def metadata(self):
         """The metadata object, decoded and hash-checked on first access."""
         if not self._metadata_loaded:
-            self._metadata = self._load_metadata(check_crc=False)
+            try:
+                self._metadata = self._load_metadata()
+            except BundleError as error:  # kept: a hostile metadata frame costs its decoding once
+                self._metadata_error = error
             self._metadata_loaded = True
+        if self._metadata_error is not None:
+            raise self._metadata_error
         return self._metadata
 
-    def _load_metadata(self, check_crc: bool):
+    def _load_metadata(self):
         ref = self._index.metadata
         if ref.frame.content_nbytes > limits.MAX_METADATA_BYTES:
             raise self._damaged("metadata", f"declares {ref.frame.content_nbytes} bytes, more than the cap of {limits.MAX_METADATA_BYTES}")
         try:
             stored = self._read(ref.frame.offset, ref.frame.stored_nbytes, "metadata")
-            if check_crc:
+            if self.format_version == 1:
                 check_stored(stored, ref.frame.crc32)
+            elif content_checksum(stored) != ref.frame.checksum:
+                raise FrameDamage("is not the frame the index put there (its content checksum differs)")
             content = decompress_frame(stored, ref.frame.content_nbytes)
         except FrameDamage as damage:
             raise self._damaged("metadata", str(damage)) from None
@@ -195,7 +203,7 @@ class BundleReader:
         if hashlib.sha256(content).digest() != ref.sha256:
             raise self._damaged("metadata", "fails its hash")
         try:
-            wrapper = unpack_bounded(content, limits.MAX_METADATA_ITEMS)
+            wrapper = unpack_bounded(content, limits.MAX_METADATA_ITEMS, limits.MAX_METADATA_CONTAINERS)
             if not isinstance(wrapper, dict) or "metadata" not in wrapper:
                 raise Refused("has no 'metadata' entry")
             referenced = check_plain(wrapper["metadata"])
@@ -204,6 +212,7 @@ class BundleReader:
         dangling = sorted(referenced - self._index.tensors.keys())
         if dangling:
             raise BundleError(f"bundle {self.name} has unacceptable metadata: it refers to tensor {dangling[0]!r}, which it lacks")
+        self._metadata_references = referenced
         return wrapper["metadata"]
 
     def tensor_infos(self) -> list[TensorInfo]:
@@ -261,6 +270,7 @@ class BundleReader:
         checks every stored byte's CRC-32 (and, in v1 bundles, the chunks' sha256), as
         `verify()` does."""
         info = self.tensor_info(name)
+        _check_memory_for(info.nbytes, f"bundle {self.name}: tensor {name!r}")
         try:
             out = np.empty(info.nbytes, dtype=np.uint8)
         except MemoryError:
@@ -276,8 +286,12 @@ class BundleReader:
         """Check every part; damaged parts are listed, never raised. Memory stays at a few
         chunks: chunks are decoded into scratch buffers and dropped."""
         report = VerifyReport(parts_checked=["header", "index", "trailer", "metadata"])
+        frame = self._index.metadata.frame
         try:
-            self._load_metadata(check_crc=True)
+            check_stored(self._read(frame.offset, frame.stored_nbytes, "metadata"), frame.crc32)
+            self.metadata
+        except FrameDamage as damage:
+            report.damaged["metadata"] = str(damage)
         except BundleError as error:
             report.damaged["metadata"] = str(error).split(": metadata ", 1)[-1]
         for info in self.tensor_infos():
@@ -294,9 +308,11 @@ class BundleReader:
         tensor is read once: references to one name share one tensor object. `obj` is checked
         like the metadata (depth, reference count) before anything is read."""
         try:
-            check_plain(obj)
+            referenced = self._metadata_references if obj is self._metadata else check_plain(obj)
         except Refused as problem:
             raise BundleError(f"cannot resolve an object that {problem}") from None
+        total = sum(self.tensor_info(name).nbytes for name in referenced)
+        _check_memory_for(total, f"bundle {self.name}: the {len(referenced)} tensors referenced")
         loaded: dict[str, object] = {}
 
         def load(value):
@@ -312,6 +328,28 @@ class BundleReader:
             return value
 
         return load(obj)
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), in bytes; None where unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_memory_for(nbytes: int, what: str) -> None:
+    """Refuse up front what cannot fit in memory (a few KiB of zstd can declare GiBs of zeros),
+    rather than be killed halfway through decoding it."""
+    if nbytes < 1 << 28:
+        return
+    available = _available_memory()
+    if available is not None and nbytes > available:
+        raise BundleError(f"{what} need(s) {nbytes} bytes of memory; only {available} are available")
 
 
 def open_bundle(path, **options) -> BundleReader:
