@@ -459,6 +459,8 @@ def fuzz(args) -> dict[str, int]:
             nonlocal done
             counts[outcome] += 1
             done += 1
+            if args.progress and done % args.progress == 0:
+                print(f"{done} cases: " + ", ".join(f"{name} {count}" for name, count in counts.items() if count), flush=True)
             if outcome not in FINE or outcome == "slow":
                 bad_cases.setdefault(outcome, []).append(case)
 
@@ -535,6 +537,7 @@ def main():
     parser.add_argument("--slow", type=float, default=5, help="seconds above which a case counts as slow")
     parser.add_argument("--memory-gib", type=float, default=4, help="RLIMIT_AS of each worker (default 4 GiB)")
     parser.add_argument("--nice", type=int, default=0, help="niceness of the workers")
+    parser.add_argument("--progress", type=int, default=0, help="print the counts every N cases")
     parser.add_argument("--save", help="folder for the bad cases' numbers (and --case's file)")
     parser.add_argument("--case", type=int, help="re-run this one case here and show its traceback")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
