@@ -32,8 +32,9 @@ Each case is classified (a case lands in the first class that applies):
   inconsistent       verify() and the reads disagree (verify ok but a read fails, or verify
                      names a part damaged whose verified read succeeds)
   hidden-bytes       opened although bytes outside header, frames, index and trailer exist
-  cli-crash          `tracekit inspect --verify` exited other than 0/2, printed a traceback, more
-                     than one error line, or an unescaped control character from the bundle
+  cli-crash          `tracekit inspect --verify` (run on every other case, as a table or --json in
+                     turn) exited other than 0/2, printed a traceback, more than one error line,
+                     or an unescaped control character from the bundle
   memory             MemoryError escaped, or the worker died (the RLIMIT_AS cap or a signal)
   timeout            the case ran past --timeout seconds (the worker is killed)
   slow               the case took more than --slow seconds
@@ -185,7 +186,7 @@ def crafted_metadata(rng: random.Random, names: list[str]) -> bytes:
         return b"\x81\xa8metadata" + b"\x91" * depth + b"\xc0"
     if kind == 1:
         count = rng.choice([1000, 20000, 100_001, 1_000_000])
-        ref = msgpack.packb({"$tensor": rng.choice(names) if names else "x"})
+        ref = msgpack.packb({"$tensor": rng.choice([name for name in names if len(name) < 64] or ["x"])})
         return b"\x81\xa8metadata" + b"\xdd" + struct.pack(">I", count) + ref * count
     if kind == 2:  # megabytes of empty maps: 1 byte packed, ~64 in Python
         count = rng.choice([1 << 20, 8 << 20, 60 << 20])
@@ -396,7 +397,7 @@ def run_case(case: int, base_seed: int, seeds: list[Path], intact: dict, workdir
     path = workdir / f"case-{case % 64}.zst"
     path.write_bytes(data)
     outcome = check_api(path, intact[seed], damage_only)
-    if outcome in ("refused", "read"):
+    if outcome in ("refused", "read") and case % 2 == 0:  # the CLI repeats the API's work: every other case
         problem = check_cli(path, table=case % 4 == 0)
         if problem:
             return "cli-crash"

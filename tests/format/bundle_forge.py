@@ -39,10 +39,11 @@ def frame_refs(index: dict) -> dict:
     return refs
 
 
-def forge(source, target, *, edit_header=None, edit_index=None, frames=None) -> None:
+def forge(source, target, *, edit_header=None, edit_index=None, frames=None, hidden=None) -> None:
     """Rewrite `source` into `target` with the header/index edited in place by the given
     functions and frames replaced ({key: new stored bytes}); offsets, hashes and the replaced
-    frames' CRC-32s and content checksums are redone."""
+    frames' CRC-32s and content checksums are redone. `hidden` ({key: bytes}) puts bytes that no
+    index entry covers before the frame `key`."""
     header, index, data = read_parts(source)
     refs = frame_refs(index)
     stored = {key: data[ref[0]:ref[0] + ref[1]] for key, ref in refs.items()}
@@ -56,6 +57,7 @@ def forge(source, target, *, edit_header=None, edit_index=None, frames=None) -> 
     header_payload = msgpack.packb(header)
     out = bytearray(struct.pack("<II", HEADER, len(header_payload)) + header_payload)
     for key in sorted(refs, key=lambda key: refs[key][0]):
+        out += (hidden or {}).get(key, b"")
         refs[key][0], refs[key][1] = len(out), len(stored[key])
         out += stored[key]
     index["header_sha256"] = hashlib.sha256(header_payload).digest()
