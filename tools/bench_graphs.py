@@ -7,6 +7,8 @@ one graph per piece), with each mode's median relative to eager.
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 
@@ -15,7 +17,10 @@ from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.oneshot import capture_and_time
 from tracekit.graphs.piecewise import PiecewiseGraphBackend
 from tracekit.graphs.timing import time_callable
-from tracekit.graphs.toy_transformer import ATTENTION_OP, ToyTransformer
+
+# The toy model is a test model: it lives with the graph tests, not in the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "graphs"))
+from toy_transformer import ATTENTION_OP, ToyTransformer  # noqa: E402
 
 
 def main() -> None:

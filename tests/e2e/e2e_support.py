@@ -19,10 +19,18 @@ from tracekit.format.schema import BundleContent, Step
 SCRIPTS = Path(__file__).parent / "engine_scripts"
 TRACEKIT = Path(sys.executable).parent / "tracekit"
 ENGINE_TIMEOUT_S = 300
+# The test harness that lets Model Runner V2 run on this CPU build (see its docstring).
+V2_HARNESS = Path(__file__).parents[1] / "harness" / "v2_on_cpu"
+RUNNER_KINDS = ("v1", "v2")
 
 
-def engine_env() -> dict[str, str]:
-    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+def engine_env(runner: str = "v1") -> dict[str, str]:
+    """The environment of an engine subprocess running vLLM's model runner `runner`."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    if runner == "v2":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(V2_HARNESS), env.get("PYTHONPATH")]))
+    return env
 
 
 @dataclass
@@ -36,19 +44,21 @@ class Finished:
         return f"exit {self.returncode} after {self.seconds:.1f}s\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-6000:]}"
 
 
-def run(argv: list[str], cwd: Path | None = None) -> Finished:
+def run(argv: list[str], cwd: Path | None = None, runner: str = "v1") -> Finished:
     started = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, env=engine_env(), capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    done = subprocess.run(
+        argv, cwd=cwd, env=engine_env(runner), capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S
+    )
     return Finished(done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
 
 
-def tracekit(*args: str, cwd: Path | None = None) -> Finished:
-    return run([str(TRACEKIT), *map(str, args)], cwd)
+def tracekit(*args: str, cwd: Path | None = None, runner: str = "v1") -> Finished:
+    return run([str(TRACEKIT), *map(str, args)], cwd, runner)
 
 
-def engine_script(name: str, result_path: Path, *args: Any) -> dict[str, Any]:
+def engine_script(name: str, result_path: Path, *args: Any, runner: str = "v1") -> dict[str, Any]:
     """Run `engine_scripts/NAME.py RESULT ARGS...`; return the JSON it wrote."""
-    finished = run([sys.executable, str(SCRIPTS / f"{name}.py"), str(result_path), *map(str, args)])
+    finished = run([sys.executable, str(SCRIPTS / f"{name}.py"), str(result_path), *map(str, args)], runner=runner)
     assert finished.returncode == 0, f"{name}.py failed: {finished.explain()}"
     return json.loads(result_path.read_text())
 
@@ -73,10 +83,7 @@ def bundles_by_step(directory: Path) -> dict[int, Path]:
 # What kind of step a bundle holds, from its metadata alone.
 
 def is_prefill(request) -> bool:
-    """Computing a prompt, or recomputing prompt and outputs after a preemption (a decode has
-    every token in the KV cache but the last one sampled)."""
-    known = len(request.prompt_token_ids) + len(request.output_token_ids)
-    return request.num_computed_tokens < len(request.prompt_token_ids) or request.num_computed_tokens < known - 1
+    return request.is_prefill
 
 
 def samples_this_step(request) -> bool:

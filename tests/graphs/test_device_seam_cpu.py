@@ -12,7 +12,7 @@ from tracekit.graphs.device import default_device, get_device_backend
 from tracekit.graphs.modes import expand_modes, measure_mode
 from tracekit.graphs.oneshot import capture_and_time, first_tensor
 from tracekit.graphs.timing import latency_summary, time_callable
-from tracekit.graphs.toy_transformer import ToyTransformer
+from toy_transformer import ToyTransformer
 
 CPU = get_device_backend("cpu")
 

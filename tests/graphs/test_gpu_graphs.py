@@ -11,7 +11,7 @@ from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import expand_modes, measure_mode
 from tracekit.graphs.oneshot import capture_and_time
 from tracekit.graphs.piecewise import GraphInputMoved, PiecewiseGraphBackend
-from tracekit.graphs.toy_transformer import ATTENTION_OP, ToyTransformer
+from toy_transformer import ATTENTION_OP, ToyTransformer
 
 from graph_test_helpers import off_by_a_bit_at, run_dynamic
 

@@ -10,7 +10,7 @@ from tracekit.graphs import divergence
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.piecewise import PiecewiseGraphBackend, split_at_ops
-from tracekit.graphs.toy_transformer import ATTENTION_OP, ToyTransformer
+from toy_transformer import ATTENTION_OP, ToyTransformer
 
 from graph_test_helpers import off_by_a_bit_at, run_dynamic
 

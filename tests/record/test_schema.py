@@ -55,8 +55,19 @@ def test_malformed_content_is_refused_with_its_place(mutate, where):
         BundleContent.from_plain(plain)
 
 
-def test_prefill_is_derived_from_computed_and_prompt_tokens():
+def test_prefill_is_derived_from_computed_prompt_and_output_tokens():
+    # A new request prefills through its last prompt token, however the prompt is chunked.
     request = RequestState("r", [1, 2, 3], [], [[0]], num_computed_tokens=2, num_scheduled_tokens=1)
     assert request.is_prefill
-    request.num_computed_tokens = 3
+    # After 2 outputs a decode computes the newest one: computed = 3 prompt + 2 outputs - 1.
+    request.output_token_ids = [7, 8]
+    request.num_computed_tokens = 4
     assert not request.is_prefill
+
+
+@pytest.mark.parametrize("computed", [0, 2, 3])
+def test_a_request_recomputing_past_its_prompt_after_preemption_is_a_prefill(computed):
+    # Resumed with 2 outputs: it recomputes tokens 0..3 (prompt and the first output) before
+    # its next decode computes the newest token (index 4).
+    request = RequestState("r", [1, 2, 3], [7, 8], [[0]], num_computed_tokens=computed, num_scheduled_tokens=1)
+    assert request.is_prefill

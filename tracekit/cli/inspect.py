@@ -82,7 +82,7 @@ def _summary(reader) -> dict:
             },
             "timing_us": {"forward": _number(step.timing.forward_us), "step": _number(step.timing.step_us)},
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
-            "error": {"type": step.error.get("type"), "message": step.error.get("message")} if isinstance(step.error, dict) else None,
+            "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if isinstance(step.error, dict) else None,
         }
         for step in content.steps
     ]
@@ -160,7 +160,11 @@ def _print_table(summary: dict, verify_report) -> None:
             if step["outputs_finite"] is False:
                 console.print("  [red]outputs are not finite[/]")
             if step["error"]:
-                console.print(f"  [red]forward raised {_text(step['error']['type'])}: {_text(step['error']['message'])}[/]")
+                error = step["error"]
+                console.print(
+                    f"  [red]the step raised {_text(error['type'])} in its "
+                    f"{_text(error['phase'] or 'forward')} phase: {_text(error['message'])}[/]"
+                )
         _print_omitted(console, "steps", len(summary["steps"]))
     else:
         console.print(_text(summary["content"]))

@@ -104,6 +104,7 @@ class EngineConfig(SchemaRecord):
     model: ModelInfo
     num_kv_blocks: int
     block_size: int
+    runner: str = "v1"  # which vLLM model runner recorded the step: "v1" or "v2"
     nested: ClassVar[dict[str, Any]] = {"model": ModelInfo}
 
 
@@ -118,11 +119,20 @@ class RequestState(SchemaRecord):
     num_computed_tokens: int
     num_scheduled_tokens: int
     sampling_params: dict[str, Any] | None = None
-    generator_state: Any = None  # tensor: torch.Generator.get_state() of a seeded request
+    generator_state: Any = None  # V1: tensor, torch.Generator.get_state() of a seeded request
+    seed: int | None = None  # V2: the request's sampling seed (drawn at random when unseeded)
+    prefill_len: int | None = None  # V2: tokens the runner was given when the request was added
 
     @property
     def is_prefill(self) -> bool:
-        return self.num_computed_tokens < len(self.prompt_token_ids)
+        return is_prefill(self.num_computed_tokens, len(self.prompt_token_ids), len(self.output_token_ids))
+
+
+def is_prefill(num_computed_tokens: int, num_prompt_tokens: int, num_output_tokens: int) -> bool:
+    """The one definition of a prefill: a request prefills while the runner computes tokens it
+    already had rather than the one it sampled last, that is its prompt or, when it resumes
+    after preemption, its prompt and earlier outputs. A decode computes only its newest token."""
+    return num_computed_tokens < num_prompt_tokens + max(num_output_tokens - 1, 0)
 
 
 @dataclass
@@ -205,7 +215,9 @@ class Step(SchemaRecord):
     rng: dict[str, Any] = field(default_factory=dict)  # "cpu": global generator state tensor
     outputs: StepOutputs | None = None  # None when the forward raised
     timing: StepTiming = field(default_factory=StepTiming)
-    error: dict[str, Any] | None = None  # {"type", "message", "traceback"} if it raised
+    # {"type", "message", "traceback", "phase"} if the step raised; phase is where: "prepare",
+    # "forward", "logits", "sampling" or "bookkeeping"
+    error: dict[str, Any] | None = None
     nested: ClassVar[dict[str, Any]] = {
         "requests": [RequestState],
         "kv": KVSnapshot,

@@ -84,6 +84,8 @@ class BackgroundPersister:
         self._thread.start()
 
     def submit(self, path: Path, step: Step) -> None:
+        if not self._thread.is_alive():
+            raise RuntimeError(f"the writer thread is gone ({self.failures[-1] if self.failures else 'no reason'})")
         self._queue.put((path, step))
 
     def write_now(self, path: Path, step: Step) -> None:
@@ -95,8 +97,12 @@ class BackgroundPersister:
         self._thread.join()
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._write(*item)
+        try:
+            while (item := self._queue.get()) is not None:
+                self._write(*item)
+        except BaseException as error:  # the thread ends; the next submit says so to the recorder
+            self.failures.append(f"the writer thread died: {type(error).__name__}: {error}")
+            logger.error("tracekit: %s", self.failures[-1])
 
     def _write(self, path: Path, step: Step) -> None:
         try:

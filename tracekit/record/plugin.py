@@ -54,8 +54,10 @@ def _arm_on(runner: Any) -> None:
             kv=os.environ.get("TRACEKIT_RECORD_KV", "read"),
             max_bundles=_int_env("TRACEKIT_RECORD_MAX_BUNDLES", DEFAULT_MAX_BUNDLES),
         ).arm()
-    except TracekitError as error:
+    except Exception as error:  # bad settings, or anything else: the engine starts unrecorded
         logger.error("tracekit: recorder not armed: %s", error)
+        return
+    if not recorder.armed:  # it logged why
         return
     _armed.append(recorder)
     if len(_armed) == 1:

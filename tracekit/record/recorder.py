@@ -1,29 +1,35 @@
 """The recorder armed on one live model runner.
 
-Arming shadows three runner methods on that instance: `execute_model` (counts steps, catches a
-failing forward), `_model_forward` (decides whether to fire, copies the step to host around the
-model call) and `sample_tokens` (adds the sampled ids, hands the step to the writer thread).
-Disarming removes the shadows; the engine's outputs are the same armed or not.
+Arming asks the runner's adapter (`tracekit.integrations.vllm.runner_adapter`) to shadow that
+runner's methods; the adapter reports each step's progress back (`StepObserver`): step started,
+just before the forward (decide whether to fire; copy the step's inputs and KV to host), after
+it (outputs, KV written), logits, sampling and bookkeeping phases, sampled ids, or a failure in
+any of those phases. Disarming removes the shadows.
+
+The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
+runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
+caught where the engine calls into it, logged once, and the recorder disarms itself: the
+engine's outputs stay exactly those of an unarmed run.
 """
 
+import functools
 import logging
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import EngineConfig, ModelInfo, Step
 from tracekit.environment import current_environment
 from tracekit.graphs.device import get_device_backend
 from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.method_patch import shadowed
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, adapter_for
 from tracekit.integrations.vllm.version import require_supported_vllm
 from tracekit.record import step_capture
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
-from tracekit.record.triggers import BatchFacts, TriggerSet
+from tracekit.record.triggers import TriggerSet
 
 logger = logging.getLogger("tracekit.record")
 
@@ -38,9 +44,29 @@ class _PendingStep:
     reason: str | None = None
     step: Step | None = None
     forward_seen: bool = False
+    phase: str = "prepare"
+    forward_started: tuple[float, float] | None = None  # (wall, process CPU) at the forward
 
 
-def engine_config_of(runner: Any) -> EngineConfig:
+def _engine_boundary(method: Callable) -> Callable:
+    """Run a recorder callback the engine makes; any failure in it disarms the recorder
+    instead of reaching the engine."""
+
+    @functools.wraps(method)
+    def guarded(self: "Recorder", *args: Any) -> Any:
+        if self._shadows is None:
+            return None
+        try:
+            return method(self, *args)
+        except Exception as error:
+            self._give_up(f"{method.__name__.strip('_')}: {type(error).__name__}: {error}")
+            return None
+
+    return guarded
+
+
+def engine_config_of(adapter: RunnerAdapter) -> EngineConfig:
+    runner = adapter.runner
     config = runner.vllm_config
     args = vllm_engine.engine_args_from_config(config)
     model_path = str(Path(args["model"]).resolve()) if Path(args["model"]).is_dir() else args["model"]
@@ -57,6 +83,7 @@ def engine_config_of(runner: Any) -> EngineConfig:
         ),
         num_kv_blocks=int(runner.kv_cache_config.num_blocks),
         block_size=int(config.cache_config.block_size),
+        runner=adapter.kind,
     )
 
 
@@ -82,9 +109,11 @@ class Recorder:
         self.max_bundles = 1 if self.output.single else max_bundles
         self.steps_seen = 0
         self.bundles_fired = 0
+        self.adapter: RunnerAdapter | None = None
         self._pending: _PendingStep | None = None
         self._persister: BackgroundPersister | None = None
         self._shadows: Any = None
+        self._failures: list[str] = []
 
     @property
     def written(self) -> list[Path]:
@@ -92,31 +121,41 @@ class Recorder:
 
     @property
     def failures(self) -> list[str]:
-        return self._persister.failures if self._persister else []
+        """Why recording stopped or a bundle was not written, oldest first."""
+        return self._failures + (self._persister.failures if self._persister else [])
+
+    @property
+    def armed(self) -> bool:
+        return self._shadows is not None
 
     @property
     def exhausted(self) -> bool:
         return self.bundles_fired >= self.max_bundles
 
+    @property
+    def tracking(self) -> bool:
+        return self._pending is not None and self._pending.step is not None
+
     def arm(self) -> "Recorder":
-        self._persister = BackgroundPersister(
-            current_environment(self.runner.device), engine_config_of(self.runner)
-        )
-        self._shadows = shadowed(
-            self.runner,
-            {
-                "execute_model": self._wrap_execute_model,
-                "_model_forward": self._wrap_model_forward,
-                "sample_tokens": self._wrap_sample_tokens,
-            },
-        )
-        self._shadows.__enter__()
+        """Shadow the runner's methods. A runner the recorder cannot arm on is logged and left
+        alone (see `failures`); the engine runs on unrecorded."""
+        try:
+            self.adapter = adapter_for(self.runner)
+            self._persister = BackgroundPersister(
+                current_environment(self.runner.device), engine_config_of(self.adapter)
+            )
+            shadows = self.adapter.observe(self)
+            shadows.__enter__()
+            self._shadows = shadows
+        except Exception as error:
+            self._give_up(f"cannot arm on this runner: {type(error).__name__}: {error}")
         return self
 
     def disarm(self) -> None:
-        if self._shadows is not None:
-            self._shadows.__exit__(None, None, None)
-            self._shadows = None
+        shadows, self._shadows = self._shadows, None
+        self._pending = None
+        if shadows is not None:
+            shadows.__exit__(None, None, None)
         if self._persister is not None:
             self._persister.close()
 
@@ -126,74 +165,101 @@ class Recorder:
     def __exit__(self, *exc_info: Any) -> None:
         self.disarm()
 
-    def _wrap_execute_model(self, original: Any) -> Any:
-        def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-            if scheduler_output.total_num_scheduled_tokens == 0 or self.exhausted:
-                return original(scheduler_output, *args, **kwargs)
-            self._pending = _PendingStep(self.steps_seen, scheduler_output, time.perf_counter())
-            self.steps_seen += 1
+    def _give_up(self, reason: str, logged: bool = False) -> None:
+        """Log once, stop recording, leave the engine as if never armed."""
+        if not logged:
+            self._failures.append(reason)
+            logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
+        shadows, self._shadows, self._pending = self._shadows, None, None
+        if shadows is not None:
             try:
-                result = original(scheduler_output, *args, **kwargs)
-            except BaseException as error:
-                self._record_failure(error)
-                raise
-            pending = self._pending
-            if pending is not None and pending.step is not None:
-                state = self.runner.execute_model_state
-                step_capture.capture_logits(pending.step, state.logits if state is not None else None)
-                if result is not None:  # no sample_tokens follows this step
-                    self._finish(sampled=None)
-            return result
+                shadows.__exit__(None, None, None)
+            except Exception as error:  # pragma: no cover - removing instance attributes
+                logger.error("tracekit: could not remove the runner shadows: %s", error)
 
-        return execute_model
+    # -- StepObserver: the adapter calls these from inside the engine's step -------------------
 
-    def _wrap_model_forward(self, original: Any) -> Any:
-        def model_forward(*args: Any, **kwargs: Any) -> Any:
-            pending = self._pending
-            if pending is None or pending.forward_seen:
-                return original(*args, **kwargs)
-            pending.forward_seen = True
-            pending.reason = self.triggers.fires_before_forward(
-                pending.index, lambda: self._batch_facts(pending.scheduler_output)
-            )
-            if pending.reason is not None or self.triggers.copies_every_step:
-                pending.step = step_capture.capture_before_forward(
-                    self.runner,
-                    pending.scheduler_output,
-                    pending.index,
-                    pending.reason or "",
-                    self.kv,
-                    kwargs.get("input_ids"),
-                    kwargs.get("positions"),
-                )
-            if pending.step is None:
-                return original(*args, **kwargs)
-            started_wall, started_cpu = time.perf_counter(), time.process_time()
-            output = original(*args, **kwargs)
-            get_device_backend(self.runner.device).synchronize()
-            pending.step.timing.forward_us = (time.perf_counter() - started_wall) * 1e6
-            pending.step.timing.forward_cpu_us = (time.process_time() - started_cpu) * 1e6
-            step_capture.capture_after_forward(self.runner, pending.step, output)
-            return output
-
-        return model_forward
-
-    def _batch_facts(self, scheduler_output: Any) -> BatchFacts:
-        num_reqs, num_tokens, num_prefills, req_ids = runner_state.batch_summary(self.runner, scheduler_output)
-        return BatchFacts(num_reqs, num_tokens, num_prefills, frozenset(req_ids))
-
-    def _wrap_sample_tokens(self, original: Any) -> Any:
-        def sample_tokens(*args: Any, **kwargs: Any) -> Any:
-            output = original(*args, **kwargs)
-            if self._pending is not None and self._pending.step is not None:
-                self._finish(sampled=getattr(output, "sampled_token_ids", None))
+    @_engine_boundary
+    def step_started(self, scheduler_output: Any) -> None:
+        if self._persister.failures:  # a write failed on the writer thread: stop here, once
+            self._give_up(self._persister.failures[0], logged=True)
+            return
+        self.adapter.scheduler_output_seen(scheduler_output)
+        if self.exhausted:
             self._pending = None
-            return output
+            return
+        self._pending = _PendingStep(self.steps_seen, scheduler_output, time.perf_counter())
+        self.steps_seen += 1
 
-        return sample_tokens
+    @_engine_boundary
+    def before_forward(self, input_ids: Any, positions: Any) -> None:
+        pending = self._pending
+        if pending is None or pending.forward_seen:
+            return
+        pending.forward_seen = True
+        pending.phase = "forward"
+        pending.reason = self.triggers.fires_before_forward(
+            pending.index, lambda: self.adapter.batch_facts(pending.scheduler_output)
+        )
+        if pending.reason is not None or self.triggers.copies_every_step:
+            pending.step = step_capture.capture_before_forward(
+                self.adapter, pending.scheduler_output, pending.index, pending.reason or "", self.kv,
+                input_ids, positions,
+            )
+            pending.forward_started = (time.perf_counter(), time.process_time())
 
-    def _finish(self, sampled: Any) -> None:
+    @_engine_boundary
+    def after_forward(self, hidden_states: Any) -> None:
+        pending = self._pending
+        if pending is None or pending.step is None or pending.forward_started is None:
+            return
+        get_device_backend(self.runner.device).synchronize()
+        started_wall, started_cpu = pending.forward_started
+        pending.forward_started = None
+        pending.step.timing.forward_us = (time.perf_counter() - started_wall) * 1e6
+        pending.step.timing.forward_cpu_us = (time.process_time() - started_cpu) * 1e6
+        step_capture.capture_after_forward(self.runner, pending.step, hidden_states)
+        pending.phase = "logits"
+
+    @_engine_boundary
+    def logits_computed(self, logits: Any) -> None:
+        if self.tracking:
+            step_capture.capture_logits(self._pending.step, logits)
+
+    @_engine_boundary
+    def phase_entered(self, phase: str) -> None:
+        if self._pending is not None:
+            self._pending.phase = phase
+
+    def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
         pending, self._pending = self._pending, None
+        if pending is None or pending.step is None:
+            return lambda sampled: None
+        return lambda sampled: self._finish(pending, sampled)
+
+    @_engine_boundary
+    def step_failed(self, error: BaseException) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None or pending.step is None:
+            return
+        if pending.reason is None and "exception" not in self.triggers.events:
+            return
+        step = pending.step
+        step.trigger = pending.reason or "exception"
+        step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
+        step.error = {
+            "type": type(error).__name__,
+            "message": str(error),
+            "traceback": "".join(traceback.format_exception(error)),
+            "phase": pending.phase,
+        }
+        self._count_bundle()
+        self._persister.write_now(self.output.path_for(step.index), step)
+
+    # -- firing ------------------------------------------------------------------------------
+
+    @_engine_boundary
+    def _finish(self, pending: _PendingStep, sampled: Any) -> None:
         step = pending.step
         step_capture.capture_sampled(step, sampled)
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
@@ -214,20 +280,3 @@ class Recorder:
                 "tracekit: recorded %d bundles, the most this session takes (--max-bundles); "
                 "later steps are not recorded", self.max_bundles,
             )
-
-    def _record_failure(self, error: BaseException) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None or pending.step is None:
-            return
-        if pending.reason is None and "exception" not in self.triggers.events:
-            return
-        step = pending.step
-        step.trigger = pending.reason or "exception"
-        step.error = {
-            "type": type(error).__name__,
-            "message": str(error),
-            "traceback": "".join(traceback.format_exception(error)),
-        }
-        self._count_bundle()
-        self._persister.write_now(self.output.path_for(step.index), step)
-

@@ -3,6 +3,7 @@
 Kept apart from the CLI so tests and tools drive exactly what a user's command does.
 """
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from tracekit.record.api import recording
 from tracekit.record.persist import OutputTemplate
 from tracekit.record.recorder import DEFAULT_MAX_BUNDLES
 from tracekit.record.triggers import TriggerSet
+
+logger = logging.getLogger("tracekit.record")
 
 
 def record_workload(
@@ -46,8 +49,19 @@ def record_workload(
         **(engine_args or {}),
     }
     llm = vllm_engine.build_llm(args)
+    engine_failure = None
     with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles) as recorder:
-        workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
+        try:
+            workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
+        except TracekitError:
+            raise
+        except Exception as error:  # the engine's own failure: the reason some users record at all
+            engine_failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     if recorder.failures:
         raise TracekitError(f"recording failed: {recorder.failures[0]}")
+    if engine_failure and not recorder.written:
+        hint = "" if "exception" in events else " (add --on exception to record the failing step)"
+        raise TracekitError(f"the engine failed and no step was recorded{hint}: {engine_failure}")
+    if engine_failure:
+        logger.warning("tracekit: the engine failed: %s", engine_failure)
     return recorder.written

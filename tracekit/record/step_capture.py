@@ -4,7 +4,7 @@ This is the only part of recording the engine waits for: tensors are cloned to h
 objects walked into plain data; compression and disk writes happen later on a background thread.
 The pre-forward part runs just before the model call, after vLLM applied the step's scheduler
 output (zeroed fresh blocks, CoW copies), so the KV blocks saved are exactly what the forward
-reads.
+reads. What differs between runner kinds is read through the runner's adapter.
 """
 
 import time
@@ -14,6 +14,7 @@ import torch
 
 from tracekit.format.schema import KVGroupSnapshot, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
 from tracekit.integrations.vllm.serialize import to_versioned_plain
 from tracekit.integrations.vllm.version import installed_vllm_version
 
@@ -25,7 +26,7 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def capture_before_forward(
-    runner: Any,
+    adapter: RunnerAdapter,
     scheduler_output: Any,
     index: int,
     trigger: str,
@@ -35,7 +36,8 @@ def capture_before_forward(
 ) -> Step:
     """Everything the forward depends on, copied to host before it runs."""
     started = time.perf_counter()
-    requests = runner_state.request_states(runner, scheduler_output)
+    runner = adapter.runner
+    requests = adapter.request_states(scheduler_output)
     groups = []
     for group_index, group in enumerate(runner_state.kv_groups(runner)):
         read, written = runner_state.blocks_read_and_written(
@@ -60,12 +62,12 @@ def capture_before_forward(
         index=index,
         trigger=trigger,
         scheduler_output=to_versioned_plain(scheduler_output, installed_vllm_version(), "scheduler_output"),
-        batch_order=runner_state.batch_order(runner),
+        batch_order=adapter.batch_order(),
         requests=requests,
         input_ids=_to_host(input_ids) if input_ids is not None else None,
         positions=_to_host(positions) if positions is not None else None,
         kv=KVSnapshot(mode=kv_mode, groups=groups),
-        graph=runner_state.graph_dispatch(runner, num_tokens),
+        graph=adapter.graph_dispatch(num_tokens),
         rng=rng,
         timing=StepTiming(),
     )
@@ -78,7 +80,9 @@ def capture_after_forward(runner: Any, step: Step, hidden_states: Any) -> None:
     started = time.perf_counter()
     if isinstance(hidden_states, tuple):  # EAGLE-3 returns (hidden, aux_hidden)
         hidden_states = hidden_states[0]
-    step.outputs = StepOutputs(hidden_states=_to_host(hidden_states))
+    if not isinstance(hidden_states, torch.Tensor):  # a non-last pipeline rank's intermediates
+        hidden_states = None
+    step.outputs = StepOutputs(hidden_states=_to_host(hidden_states) if hidden_states is not None else None)
     if step.kv.mode != "none":
         for snapshot, group in zip(step.kv.groups, runner_state.kv_groups(runner)):
             if snapshot.written_block_ids:

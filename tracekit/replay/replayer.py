@@ -17,6 +17,7 @@ from tracekit.format.schema import BundleContent, EngineConfig, Step
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import GRAPH_MODES, expand_modes, measure_mode
 from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm.runner_adapter import adapter_for, runner_env
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
 from tracekit.integrations.vllm.version import require_same_series
 from tracekit.models import tiny_model_path
@@ -145,8 +146,15 @@ def replay(
         if overrides.get("enforce_eager"):
             args["compilation_config"] = {**args.get("compilation_config", {}), "mode": 0}
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        llm = vllm_engine.build_llm({**args, **overrides})
+        llm = vllm_engine.build_llm({**args, **overrides}, content.engine.runner)
     runner = vllm_engine.find_runner(llm)
+    built = adapter_for(runner).kind
+    if built != content.engine.runner:
+        raise UsageError(
+            f"the bundle was recorded on vLLM's {content.engine.runner.upper()} model runner; the engine "
+            f"passed in runs {built.upper()}: build it with VLLM_USE_V2_MODEL_RUNNER="
+            f"{runner_env(content.engine.runner)['VLLM_USE_V2_MODEL_RUNNER']}"
+        )
     # Read after the engine is built: vLLM sets some variables of its own in every process.
     differences = [
         {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
@@ -184,7 +192,9 @@ def replay(
         vllm_engine.release_llm(llm)
         llm = None
         for mode in own_engine_modes:
-            measured[mode] = _measure_in_own_engine(mode, engine_args, recorded, iters, samples, warmup_s)
+            measured[mode] = _measure_in_own_engine(
+                mode, engine_args, content.engine.runner, recorded, iters, samples, warmup_s
+            )
     return ReplayResult(
         bundle=str(bundle),
         step_index=recorded.index,
@@ -241,7 +251,8 @@ def _measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, sampl
 
 
 def _measure_in_own_engine(
-    mode: str, engine_args: dict[str, Any], recorded: Step, iters: int, samples: int, warmup_s: float
+    mode: str, engine_args: dict[str, Any], runner_kind: str, recorded: Step, iters: int, samples: int,
+    warmup_s: float,
 ) -> dict[str, Any]:
     """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
     "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
@@ -257,7 +268,7 @@ def _measure_in_own_engine(
         num_warmups=max(dispatch.num_warmups or 0, 1),
     )
     compilation = {**engine_args.get("compilation_config", {}), **graph_backend.compilation_config_for(mode, table)}
-    llm = vllm_engine.build_llm({**engine_args, "compilation_config": compilation})
+    llm = vllm_engine.build_llm({**engine_args, "compilation_config": compilation}, runner_kind)
     report: dict[str, Any] = {}
     try:
         def measure(handle: ForwardHandle) -> None:

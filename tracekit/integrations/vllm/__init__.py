@@ -4,11 +4,16 @@ vLLM's runner internals move fast (SchedulerOutput fields differ between 0.32, 0
 0.34 ships only the V2 GPU runner), so recording and replaying code talks to vLLM only through
 these modules:
 
-  version.py      which vLLM is installed and whether a bundle's vLLM objects fit it
-  serialize.py    vLLM objects <-> plain data, field by field, no pickle
-  engine.py       engine args <-> a live engine, reaching the model runner, the weights
-  runner_state.py reading a step's request states, KV cache geometry and graph dispatch
-  method_patch.py shadowing runner methods for one armed session
-  replay_batch.py turning recorded request states back into a SchedulerOutput the runner accepts
-  graph_backend.py plugging tracekit's piecewise graph backend into vLLM's compilation
+  version.py        which vLLM is installed and whether a bundle's vLLM objects fit it
+  serialize.py      vLLM objects <-> plain data, field by field, no pickle
+  engine.py         engine args <-> a live engine, reaching the model runner, the weights
+  runner_adapter.py the seam: what record and replay need from a runner, and which adapter serves it
+  v1_runner.py      the V1 model runner's adapter: every V1 attribute tracekit touches
+  v2_runner.py      Model Runner V2's adapter: every V2 attribute tracekit touches
+  runner_state.py   what both runners keep alike: KV cache groups and blocks, graph tables
+  replay_batch.py   turning recorded request states back into a SchedulerOutput the runner accepts
+  step_driver.py    driving one recorded step through a rebuilt runner, repeatably
+  method_patch.py   shadowing a runner's methods for one armed session
+  worker_hook.py    finding each runner vLLM builds in its own processes (for the plugin)
+  graph_backend.py  plugging tracekit's piecewise graph backend into vLLM's compilation
 """

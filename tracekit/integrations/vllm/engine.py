@@ -66,9 +66,15 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, (list, tuple, set)) else value
 
 
-def build_llm(engine_args: dict[str, Any]) -> Any:
-    """Start an in-process engine from recorded (or user) `EngineArgs` values."""
+def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> Any:
+    """Start an in-process engine from recorded (or user) `EngineArgs` values; `runner_kind`
+    ("v1" or "v2") picks vLLM's model runner, refused (exit 3) where it cannot be built."""
     os.environ.update(IN_PROCESS_ENV)
+    if runner_kind is not None:
+        from tracekit.integrations.vllm.runner_adapter import require_buildable, runner_env
+
+        os.environ.update(runner_env(runner_kind))
+        require_buildable(runner_kind)
     from vllm import LLM
 
     try:

@@ -80,15 +80,3 @@ def splitting_ops() -> list[str]:
     from vllm.config import CompilationConfig
 
     return [*CompilationConfig._attention_ops, *KV_CACHE_UPDATE_OPS]
-
-
-def capture_table_from_vllm(compilation_config: Any) -> CaptureTable:
-    """The capture-size table of a live engine's `CompilationConfig`, for recording."""
-    return CaptureTable(
-        mode=compilation_config.cudagraph_mode.name.lower(),
-        capture_sizes=tuple(compilation_config.cudagraph_capture_sizes or ()),
-        compile_sizes=tuple(
-            size for size in compilation_config.compile_sizes or () if isinstance(size, int)
-        ),
-        num_warmups=compilation_config.cudagraph_num_of_warmups,
-    )

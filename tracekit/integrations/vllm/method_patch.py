@@ -5,8 +5,11 @@ technique vLLM's own forward bench uses on its runner). Removing the attribute r
 original exactly; nothing about the class, or any other engine in the process, changes.
 """
 
+import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
+
+logger = logging.getLogger("tracekit")
 
 
 @contextmanager
@@ -35,7 +38,10 @@ def call_after(cls: type, name: str, hook: Callable[[Any], None]) -> None:
 
     def with_hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        hook(self)
+        try:
+            hook(self)
+        except Exception as error:  # the hook is tracekit's: it must never stop the engine
+            logger.error("tracekit: %s.%s hook failed: %s: %s", cls.__name__, name, type(error).__name__, error)
         return result
 
     with_hook.__tracekit_hooked__ = True  # type: ignore[attr-defined]

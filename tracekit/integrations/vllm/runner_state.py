@@ -1,9 +1,8 @@
-"""What a vLLM model runner knows at the moment of a forward, read without changing it.
+"""What every vLLM model runner kind keeps alike: its KV caches and its graph tables.
 
-Called from inside the runner's `_model_forward` (where vLLM has already applied the step's
-scheduler output: zeroed fresh blocks, copied CoW blocks, updated the persistent batch), these
-functions read the batch order, each request's state, the KV cache geometry, and the graph
-dispatch decision from the forward context.
+Both runners (V1 and V2) allocate the KV caches from `kv_cache_config` and register each layer's
+cache in the compilation config's static forward context, and both keep the capture-size tables
+in `compilation_config`; the runner adapters (`v1_runner`, `v2_runner`) read the rest.
 """
 
 from dataclasses import dataclass
@@ -22,33 +21,6 @@ class KVGroup:
     layer_names: list[str]
     caches: list[torch.Tensor]
     layout: KVLayout
-
-
-def batch_order(runner: Any) -> list[str]:
-    return list(runner.input_batch.req_ids)
-
-
-def request_states(runner: Any, scheduler_output: Any) -> list[RequestState]:
-    """Per-request state in batch order, prompt and output tokens kept apart."""
-    states = []
-    batch = runner.input_batch
-    for req_id in batch.req_ids:
-        state = runner.requests[req_id]
-        index = batch.req_id_to_index[req_id]
-        generator = state.generator
-        states.append(
-            RequestState(
-                req_id=req_id,
-                prompt_token_ids=list(state.prompt_token_ids or []),
-                output_token_ids=list(state.output_token_ids),
-                block_ids=[list(ids) for ids in state.block_ids],
-                num_computed_tokens=int(batch.num_computed_tokens_cpu[index]),
-                num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
-                sampling_params=to_plain(state.sampling_params, f"{req_id}.sampling_params"),
-                generator_state=generator.get_state() if generator is not None else None,
-            )
-        )
-    return states
 
 
 def kv_groups(runner: Any) -> list[KVGroup]:
@@ -110,13 +82,10 @@ def blocks_read_and_written(
     return sorted(read), sorted(written)
 
 
-def graph_dispatch(runner: Any, num_tokens: int) -> GraphDispatch:
-    """The capture-size tables plus this step's dispatch, read from the live forward context."""
-    from vllm.forward_context import get_forward_context
-
+def graph_dispatch(runner: Any, num_tokens: int, runtime_mode: str, num_tokens_padded: int,
+                   batch_descriptor: Any = None) -> GraphDispatch:
+    """The engine's capture-size tables plus what this step was dispatched to."""
     compilation = runner.compilation_config
-    context = get_forward_context()
-    descriptor = context.batch_descriptor
     return GraphDispatch(
         compilation_mode=compilation.mode.name,
         cudagraph_mode=compilation.cudagraph_mode.name,
@@ -125,19 +94,8 @@ def graph_dispatch(runner: Any, num_tokens: int) -> GraphDispatch:
         max_capture_size=compilation.max_cudagraph_capture_size,
         num_warmups=compilation.cudagraph_num_of_warmups,
         splitting_ops=list(compilation.splitting_ops or []),
-        runtime_mode=context.cudagraph_runtime_mode.name,
+        runtime_mode=runtime_mode,
         num_tokens=num_tokens,
-        num_tokens_padded=descriptor.num_tokens if descriptor is not None else num_tokens,
-        batch_descriptor=to_plain(descriptor, "batch_descriptor") if descriptor else None,
+        num_tokens_padded=num_tokens_padded,
+        batch_descriptor=to_plain(batch_descriptor, "batch_descriptor") if batch_descriptor is not None else None,
     )
-
-
-def batch_summary(runner: Any, scheduler_output: Any) -> tuple[int, int, int, list[str]]:
-    """(num_reqs, num_tokens, num_prefills, req_ids) of the batch about to run: cheap enough to
-    compute on every step."""
-    batch = runner.input_batch
-    num_reqs = batch.num_reqs
-    computed = batch.num_computed_tokens_cpu[:num_reqs]
-    prompt_lengths = batch.num_prompt_tokens[:num_reqs]
-    num_prefills = int((computed < prompt_lengths).sum())
-    return num_reqs, int(scheduler_output.total_num_scheduled_tokens), num_prefills, list(batch.req_ids)

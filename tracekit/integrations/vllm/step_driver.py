@@ -2,29 +2,27 @@
 
 The scheduler never saw the recorded requests, so the driver hands the runner a
 `SchedulerOutput` in which each of them is new, with its recorded prompt, computed tokens and
-block ids. While the runner adds them to its persistent batch, the recorded output tokens and
-generator states are put back (so penalties, min_tokens, bad words and logprobs see what the
-engine saw); just before the model call, the recorded KV blocks are written at their block ids
-and the global RNG state is restored. Afterwards the requests are finished in the runner, which
-is left able to serve.
+block ids. While the runner adds them, its adapter puts back what that runner kind keeps per
+request (output tokens, generator states or seeds; so penalties, min_tokens, bad words and
+logprobs see what the engine saw); just before the model call, the recorded KV blocks are
+written at their block ids and the global RNG state is restored. Afterwards the requests are
+finished in the runner, which is left able to serve.
 
 The model call is handed to the caller as a `ForwardHandle`: it can run the exact forward
 again (each run restores KV and RNG first), eagerly or compiled, for timing and graph capture.
 """
 
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from tracekit.errors import CannotRunHere
-from tracekit.format.schema import RequestState, Step
+from tracekit.format.schema import Step
 from tracekit.graphs.device import get_device_backend
-from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.method_patch import shadowed
-from tracekit.integrations.vllm.serialize import from_plain
+from tracekit.integrations.vllm import replay_batch, runner_state
+from tracekit.integrations.vllm.runner_adapter import adapter_for
 
 
 @dataclass
@@ -96,6 +94,7 @@ class StepDriver:
         if reason is not None:
             raise CannotRunHere(f"replaying {reason} is not supported yet")
         self.runner = runner
+        self.adapter = adapter_for(runner)
         self.step = step
         self.groups = runner_state.kv_groups(runner)
         if len(self.groups) != len(step.kv.groups):
@@ -112,71 +111,15 @@ class StepDriver:
 
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
         observed = ObservedStep()
-        requests = {request.req_id: request for request in self.step.requests}
-        with torch.inference_mode(), ExitStack() as stack:
-            stack.enter_context(
-                shadowed(self.runner.input_batch, {"add_request": self._wrap_add_request(requests)})
-            )
-            stack.enter_context(
-                shadowed(self.runner, {"_model_forward": self._wrap_model_forward(observed, on_forward)})
-            )
+        with torch.inference_mode(), self.adapter.replaying(self.step, self._model_call(observed, on_forward)):
             try:
-                result = self.runner.execute_model(self._scheduler_output())
-                if result is not None:
-                    raise RuntimeError("the runner produced no forward for the recorded step")
-                observed.batch_order = list(self.runner.input_batch.req_ids)
-                logits = self.runner.execute_model_state.logits
-                observed.logits = logits.detach().to("cpu", copy=True) if logits is not None else None
-                output = self.runner.sample_tokens(None)
-                observed.sampled_token_ids = [list(map(int, ids)) for ids in output.sampled_token_ids]
+                sampled = self.adapter.execute_and_sample(self.adapter.scheduler_output_for(self.step))
             finally:
-                self.runner.execute_model_state = None
-                self._release(list(requests))
+                self.runner.execute_model(replay_batch.finishing_output(list(self.step.batch_order)))
+        observed.batch_order = sampled.batch_order
+        observed.logits = sampled.logits
+        observed.sampled_token_ids = sampled.sampled_token_ids
         return observed
-
-    def _scheduler_output(self) -> Any:
-        from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-
-        new_requests = []
-        for req_id in self.step.batch_order:
-            request = next(r for r in self.step.requests if r.req_id == req_id)
-            new_requests.append(
-                NewRequestData(
-                    req_id=req_id,
-                    prompt_token_ids=list(request.prompt_token_ids),
-                    mm_features=[],
-                    sampling_params=from_plain(request.sampling_params),
-                    pooling_params=None,
-                    block_ids=tuple(list(ids) for ids in request.block_ids),
-                    num_computed_tokens=request.num_computed_tokens,
-                    lora_request=None,
-                )
-            )
-        scheduled = {r.req_id: r.num_scheduled_tokens for r in self.step.requests}
-        return SchedulerOutput(
-            scheduled_new_reqs=new_requests,
-            scheduled_cached_reqs=CachedRequestData.make_empty(),
-            num_scheduled_tokens=scheduled,
-            total_num_scheduled_tokens=sum(scheduled.values()),
-            scheduled_spec_decode_tokens={},
-            scheduled_encoder_inputs={},
-            finished_req_ids=set(),
-            free_encoder_mm_hashes=[],
-        )
-
-    def _wrap_add_request(self, requests: dict[str, RequestState]) -> Callable:
-        def wrap(original: Callable) -> Callable:
-            def add_request(state: Any) -> Any:
-                recorded = requests.get(state.req_id)
-                if recorded is not None:
-                    state.output_token_ids.extend(recorded.output_token_ids)
-                    if state.generator is not None and recorded.generator_state is not None:
-                        state.generator.set_state(recorded.generator_state)
-                return original(state)
-
-            return add_request
-
-        return wrap
 
     def _restore_state(self) -> None:
         for live, recorded in zip(self.groups, self.step.kv.groups):
@@ -204,45 +147,36 @@ class StepDriver:
             for live, recorded in zip(self.groups, self.step.kv.groups)
         ]
 
-    def _wrap_model_forward(self, observed: ObservedStep, on_forward: Callable | None) -> Callable:
-        def wrap(original: Callable) -> Callable:
-            def model_forward(*args: Any, **kwargs: Any) -> Any:
-                from vllm.forward_context import get_forward_context
+    def _model_call(self, observed: ObservedStep, on_forward: Callable | None) -> Callable:
+        """What runs in place of the runner's model call: restore, forward (timed), capture."""
 
-                context = get_forward_context()
-                saved_context = dict(vars(context))
+        def model_call(original: Callable, args: tuple, kwargs: dict) -> Any:
+            from vllm.forward_context import get_forward_context, is_forward_context_available
 
-                def call() -> Any:
-                    # Models may update the forward context in place; every call starts from
-                    # the context the runner built.
-                    for name, value in saved_context.items():
-                        setattr(context, name, value)
-                    return original(*args, **kwargs)
+            context = get_forward_context() if is_forward_context_available() else None
+            saved_context = dict(vars(context)) if context is not None else {}
 
-                handle = ForwardHandle(self._restore_state, call, self._written_views, self.runner.device)
-                input_ids, positions = kwargs.get("input_ids"), kwargs.get("positions")
-                observed.input_ids = input_ids.detach().to("cpu", copy=True) if input_ids is not None else None
-                observed.positions = positions.detach().to("cpu", copy=True) if positions is not None else None
-                started = time.perf_counter()
-                output = handle.run()
-                get_device_backend(self.runner.device).synchronize()
-                observed.forward_us = (time.perf_counter() - started) * 1e6
-                hidden = output[0] if isinstance(output, tuple) else output
-                observed.hidden_states = hidden.detach().to("cpu", copy=True)
-                observed.kv_after = self._kv_after()
-                if on_forward is not None:
-                    on_forward(handle)
-                    output = handle.run()  # leave buffers and RNG exactly as after the checked run
-                return output
+            def call() -> Any:
+                # Models may update the forward context in place; every call starts from the
+                # context the runner built.
+                for name, value in saved_context.items():
+                    setattr(context, name, value)
+                return original(*args, **kwargs)
 
-            return model_forward
+            handle = ForwardHandle(self._restore_state, call, self._written_views, self.runner.device)
+            input_ids, positions = kwargs.get("input_ids"), kwargs.get("positions")
+            observed.input_ids = input_ids.detach().to("cpu", copy=True) if input_ids is not None else None
+            observed.positions = positions.detach().to("cpu", copy=True) if positions is not None else None
+            started = time.perf_counter()
+            output = handle.run()
+            get_device_backend(self.runner.device).synchronize()
+            observed.forward_us = (time.perf_counter() - started) * 1e6
+            hidden = output[0] if isinstance(output, tuple) else output
+            observed.hidden_states = hidden.detach().to("cpu", copy=True)
+            observed.kv_after = self._kv_after()
+            if on_forward is not None:
+                on_forward(handle)
+                output = handle.run()  # leave buffers and RNG exactly as after the checked run
+            return output
 
-        return wrap
-
-    def _release(self, req_ids: list[str]) -> None:
-        from vllm.v1.core.sched.output import SchedulerOutput
-
-        finish = SchedulerOutput.make_empty()
-        finish.finished_req_ids = set(req_ids)
-        self.runner.execute_model(finish)
-
+        return model_call
