@@ -33,8 +33,8 @@ Each case is classified (a case lands in the first class that applies):
                      names a part damaged whose verified read succeeds)
   hidden-bytes       opened although bytes outside header, frames, index and trailer exist
   cli-crash          `tracekit inspect --verify` (run on every other case; as a table on every
-                     fourth of those, else --json) exited other than 0/2, printed a traceback, more than one error line,
-                     or an unescaped control character from the bundle
+                     fourth of those, else --json) exited other than 0/2, printed a traceback,
+                     more than one error line, or an unescaped control character from the bundle
   memory             MemoryError escaped, or the worker died (the RLIMIT_AS cap or a signal)
   timeout            the case ran past --timeout seconds (the worker is killed)
   slow               the case took more than --slow seconds
@@ -44,7 +44,6 @@ Exit status 1 when any class other than refused/read/slow has a case.
 
 import argparse
 import hashlib
-import json
 import os
 import random
 import resource
@@ -449,6 +448,8 @@ class Worker:
 
 def fuzz(args) -> dict[str, int]:
     counts = dict.fromkeys(CLASSES, 0)
+    if args.save:
+        Path(args.save).mkdir(parents=True, exist_ok=True)
     bad_cases: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory(prefix="tracekit-fuzz-") as seed_dir:
         write_seeds(Path(seed_dir))
@@ -464,6 +465,9 @@ def fuzz(args) -> dict[str, int]:
                 print(f"{done} cases: " + ", ".join(f"{name} {count}" for name, count in counts.items() if count), flush=True)
             if outcome not in FINE or outcome == "slow":
                 bad_cases.setdefault(outcome, []).append(case)
+                if args.save:  # as they come, so that a long run can be looked into while it runs
+                    with open(Path(args.save) / "bad_cases.txt", "a") as listing:
+                        listing.write(f"{case} {outcome}\n")
 
         try:
             while True:
@@ -500,9 +504,6 @@ def fuzz(args) -> dict[str, int]:
     print(f"{done} cases (numbers {args.first_case}..{next_case - 1}, seed {args.seed})")
     for name in CLASSES:
         print(f"  {name:<16}{counts[name]:>9}" + (f"   e.g. --case {bad_cases[name][0]}" if name in bad_cases else ""))
-    if args.save and bad_cases:
-        Path(args.save).mkdir(parents=True, exist_ok=True)
-        (Path(args.save) / "bad_cases.json").write_text(json.dumps(bad_cases))
     return counts
 
 
@@ -539,7 +540,7 @@ def main():
     parser.add_argument("--memory-gib", type=float, default=4, help="RLIMIT_AS of each worker (default 4 GiB)")
     parser.add_argument("--nice", type=int, default=0, help="niceness of the workers")
     parser.add_argument("--progress", type=int, default=0, help="print the counts every N cases")
-    parser.add_argument("--save", help="folder for the bad cases' numbers (and --case's file)")
+    parser.add_argument("--save", help="folder for bad_cases.txt (cases other than refused/read) and --case's file")
     parser.add_argument("--case", type=int, help="re-run this one case here and show its traceback")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
