@@ -9,10 +9,10 @@ escaped (rich markup, ANSI and other control characters), and tables stop after
 
 import json
 import os
-import unicodedata
 
 import click
 
+from tracekit.cli.terminal import inert
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
@@ -96,19 +96,6 @@ def _phase(request) -> str:
     return "prefill" if request.is_prefill else "decode"
 
 
-def _text(value) -> str:
-    """A value from the bundle as inert terminal text: control and format characters (ANSI
-    escapes, bidi overrides, ...) become visible escapes, and rich markup is escaped."""
-    from rich.markup import escape
-
-    text = value if isinstance(value, str) else str(value)
-    if not text.isprintable():
-        text = "".join(
-            char if char == " " or unicodedata.category(char)[0] not in "CZ" else f"\\u{ord(char):04x}" for char in text
-        )
-    return escape(text)
-
-
 def _size(nbytes: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
@@ -122,34 +109,34 @@ def _print_table(summary: dict, verify_report) -> None:
 
     console = Console(highlight=False)
     console.print(
-        f"[bold]{_text(os.path.basename(summary['path']))}[/]: tracekit bundle format {_text(summary['format_version'])} "
-        f"(needs reader >= {_text(summary['min_reader_version'])}), {_size(summary['file_bytes'])}, "
-        f"written by {_text(summary['writer'])}"
+        f"[bold]{inert(os.path.basename(summary['path']))}[/]: tracekit bundle format {inert(summary['format_version'])} "
+        f"(needs reader >= {inert(summary['min_reader_version'])}), {_size(summary['file_bytes'])}, "
+        f"written by {inert(summary['writer'])}"
     )
     if "environment" in summary:
-        environment = {key: _text(value) for key, value in summary["environment"].items()}
+        environment = {key: inert(value) for key, value in summary["environment"].items()}
         console.print(
             f"tracekit {environment['tracekit_version']} | vLLM {environment['vllm_version']} | "
             f"torch {environment['torch_version']} | {environment['device_kind']}: {environment['device_name']} | "
             f"{environment['platform']}"
         )
-        console.print(f"model: {_text(summary['model']['path'])} ({_text(summary['model']['architecture'])})")
+        console.print(f"model: {inert(summary['model']['path'])} ({inert(summary['model']['architecture'])})")
         console.print(f"steps: {len(summary['steps'])}")
         for step in summary["steps"][:MAX_TABLE_ROWS]:
-            table = Table(title=f"step {_text(step['index'])} (trigger: {_text(step['trigger'])})", title_justify="left")
+            table = Table(title=f"step {inert(step['index'])} (trigger: {inert(step['trigger'])})", title_justify="left")
             for column in ("request", "scheduled", "computed", "prompt", "output", "phase"):
                 table.add_column(column, justify="left" if column in ("request", "phase") else "right")
             for request in step["requests"][:MAX_TABLE_ROWS]:
-                table.add_row(*(_text(request[key]) for key in (
+                table.add_row(*(inert(request[key]) for key in (
                     "req_id", "num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens", "num_output_tokens", "phase")))
             console.print(table)
             _print_omitted(console, "requests", len(step["requests"]))
-            dispatch = {key: _text(value) for key, value in step["dispatch"].items()}
-            kv, timing = {key: _text(value) for key, value in step["kv"].items()}, step["timing_us"]
+            dispatch = {key: inert(value) for key, value in step["dispatch"].items()}
+            kv, timing = {key: inert(value) for key, value in step["kv"].items()}, step["timing_us"]
             console.print(
                 f"  dispatch: {dispatch['num_tokens']} tokens -> {dispatch['num_tokens_padded']} padded, "
                 f"graph {dispatch['runtime_mode']} (engine: compilation {dispatch['compilation_mode']}, "
-                f"cudagraph {dispatch['cudagraph_mode']}, capture sizes {_text(step['dispatch']['capture_sizes'] or 'none')})"
+                f"cudagraph {dispatch['cudagraph_mode']}, capture sizes {inert(step['dispatch']['capture_sizes'] or 'none')})"
             )
             console.print(
                 f"  kv: {kv['blocks_read']} blocks read, {kv['blocks_written']} written, "
@@ -162,17 +149,17 @@ def _print_table(summary: dict, verify_report) -> None:
             if step["error"]:
                 error = step["error"]
                 console.print(
-                    f"  [red]the step raised {_text(error['type'])} in its "
-                    f"{_text(error['phase'] or 'forward')} phase: {_text(error['message'])}[/]"
+                    f"  [red]the step raised {inert(error['type'])} in its "
+                    f"{inert(error['phase'] or 'forward')} phase: {inert(error['message'])}[/]"
                 )
         _print_omitted(console, "steps", len(summary["steps"]))
     else:
-        console.print(_text(summary["content"]))
+        console.print(inert(summary["content"]))
     tensors = Table(title=f"tensors: {len(summary['tensors'])}", title_justify="left")
     for column in ("name", "dtype", "shape", "bytes", "stored", "filter"):
         tensors.add_column(column, justify="right" if column in ("bytes", "stored") else "left")
     for tensor in summary["tensors"][:MAX_TABLE_ROWS]:
-        tensors.add_row(_text(tensor["name"]), tensor["dtype"], "x".join(map(str, tensor["shape"])) or "scalar",
+        tensors.add_row(inert(tensor["name"]), tensor["dtype"], "x".join(map(str, tensor["shape"])) or "scalar",
                         _size(tensor["nbytes"]), _size(tensor["stored_nbytes"]), tensor["filter"])
     console.print(tensors)
     _print_omitted(console, "tensors", len(summary["tensors"]))
