@@ -171,6 +171,16 @@ def test_frames_swapped_or_copied_are_caught_by_plain_reads(tmp_path, swap, sour
                     assert f"tensor {info.name!r}" in damaged and "is damaged" in str(error)
 
 
+def test_metadata_and_verify_agree_on_a_forged_frame_crc(small_bundle, tmp_path):
+    """Found by the fuzzer (case 9942, seed 0): an index re-signed with a wrong CRC-32 for the
+    intact metadata frame failed verify() but read fine; metadata reads now run every check."""
+    forge(small_bundle, tmp_path / "crc.zst", edit_index=lambda index: index["metadata"]["frame"].__setitem__(3, 0))
+    with open_bundle(tmp_path / "crc.zst") as reader:
+        assert list(reader.verify().damaged) == ["metadata"]
+        with pytest.raises(BundleError, match="is damaged: metadata is altered on disk"):
+            reader.metadata
+
+
 def test_index_length_must_match_the_trailer(small_bundle, tmp_path):
     data = bytearray(small_bundle.read_bytes())
     _, index_offset, _, _ = struct.unpack_from("<8sQQ32s", data, len(data) - 56)
