@@ -186,9 +186,7 @@ class BundleReader:
         return self._metadata
 
     def _load_metadata(self):
-        ref = self._index.metadata
-        if ref.frame.content_nbytes > limits.MAX_METADATA_BYTES:
-            raise self._damaged("metadata", f"declares {ref.frame.content_nbytes} bytes, more than the cap of {limits.MAX_METADATA_BYTES}")
+        ref = self._index.metadata  # its size was checked against the cap with the index
         try:
             stored = self._read(ref.frame.offset, ref.frame.stored_nbytes, "metadata")
             check_stored(stored, ref.frame.crc32)  # every check, always: metadata is small
