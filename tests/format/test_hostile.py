@@ -55,6 +55,18 @@ def test_metadata_at_the_depth_cap_is_read(small_bundle, tmp_path):
         assert reader.resolve(reader.metadata) == reader.metadata
 
 
+def test_the_writer_refuses_metadata_a_reader_would_refuse(tmp_path):
+    deep = []
+    for _ in range(limits.MAX_METADATA_DEPTH):
+        deep = [deep]
+    with BundleWriter(tmp_path / "deep.zst") as writer:
+        with pytest.raises(BundleError, match="metadata cannot be stored: it is nested more than 64 deep"):
+            writer.set_metadata(deep)
+        writer.set_metadata(deep[0])  # at the cap: fine
+    with open_bundle(tmp_path / "deep.zst") as reader:
+        assert reader.metadata == deep[0]
+
+
 def test_many_references_to_one_tensor_read_it_once(small_bundle, tmp_path, monkeypatch):
     count = 20_000
     forge_metadata(small_bundle, tmp_path / "refs.zst", packed_array_of(msgpack.packb({"$tensor": "kv/layer.0"}), count))

@@ -58,27 +58,37 @@ def is_tensor_ref(value) -> bool:
 
 
 def check_plain(obj) -> set[str]:
-    """Check nesting depth and the number of tensor references; return the names referenced.
-    Walks one nesting level at a time (no recursion; ~0.1 s per million entries)."""
+    """Check nesting depth, the numbers of maps/arrays and their entries, and the number of
+    tensor references against the metadata caps; return the names referenced. Walks one
+    nesting level at a time (no recursion; ~0.1 s per million entries). The writer runs it
+    too, so that it never writes metadata a reader refuses."""
     referenced: set[str] = set()
-    references = 0
+    references = containers = entries = 0
     level, depth = [obj], 0
     while level:
-        containers = []
+        children = []
         for value in level:
             if value.__class__ is dict:
+                containers += 1
+                entries += len(value)
                 if len(value) == 1 and isinstance(value.get("$tensor"), str):
                     references += 1
                     referenced.add(value["$tensor"])
                     continue
-                containers.extend([child for child in value.values() if child.__class__ is dict or child.__class__ is list])
+                children.extend([child for child in value.values() if child.__class__ is dict or child.__class__ is list])
             elif value.__class__ is list:
-                containers.extend([child for child in value if child.__class__ is dict or child.__class__ is list])
+                containers += 1
+                entries += len(value)
+                children.extend([child for child in value if child.__class__ is dict or child.__class__ is list])
         if references > limits.MAX_TENSOR_REFERENCES:
             raise Refused(f"holds more than {limits.MAX_TENSOR_REFERENCES} tensor references")
-        if containers:
+        if containers > limits.MAX_METADATA_CONTAINERS:
+            raise Refused(f"holds more than {limits.MAX_METADATA_CONTAINERS} maps and arrays")
+        if entries > limits.MAX_METADATA_ITEMS:
+            raise Refused(f"holds more than {limits.MAX_METADATA_ITEMS} entries")
+        if children:
             depth += 1
             if depth >= limits.MAX_METADATA_DEPTH:
                 raise Refused(f"is nested more than {limits.MAX_METADATA_DEPTH} deep")
-        level = containers
+        level = children
     return referenced

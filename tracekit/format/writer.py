@@ -32,6 +32,7 @@ from tracekit.format.layout import (
     TRAILER_MAGIC, UNCOMMITTED_TRAILER_MAGIC, chunk_prefix, skippable_frame, trailer,
 )
 from tracekit.format.leftovers import remove_stale_partials, temporary_path
+from tracekit.format.untrusted import Refused, check_plain
 
 
 @dataclasses.dataclass
@@ -169,6 +170,10 @@ class BundleWriter:
     def set_metadata(self, obj) -> None:
         """Plain data describing the bundle; packed now (errors surface here), written at close."""
         self._check_open()
+        try:
+            check_plain(obj)
+        except Refused as problem:
+            raise BundleError(f"metadata cannot be stored: it {problem} (readers refuse that)") from None
         content = pack_plain({"metadata": obj})
         if len(content) > limits.MAX_METADATA_BYTES:
             raise BundleError(f"metadata is {len(content)} bytes packed, more than the cap of {limits.MAX_METADATA_BYTES}")
