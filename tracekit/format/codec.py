@@ -20,7 +20,7 @@ from tracekit.format.limits import MAX_ZSTD_EXPANSION
 
 # Smaller tensors are not shuffled: k frames per chunk would cost more than they save.
 SHUFFLE_MIN_BYTES = 64 * 1024
-DEFAULT_CHUNK_BYTES = 8 << 20
+DEFAULT_CHUNK_BYTES = 2 << 20  # small enough that a few-MiB tensor decodes on several cores
 MAX_WINDOW_BYTES = 1 << 27
 
 
