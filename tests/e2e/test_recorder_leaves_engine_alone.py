@@ -28,11 +28,14 @@ def test_output_dir_removed_after_arming_leaves_outputs_unchanged_and_no_bundle(
     assert not (recorder_behaviour["work"] / "removed").exists()
 
 
-def test_one_failed_write_leaves_no_partial_file_and_the_other_bundles(recorder_behaviour):
+def test_one_failed_write_leaves_no_partial_file_and_disarms_the_recorder(recorder_behaviour):
     assert recorder_behaviour["blocked_path_outputs"] == recorder_behaviour["unarmed"][0]
     (failure,) = recorder_behaviour["blocked_path_failures"]
     assert "step1.zst" in failure
-    assert [p.rsplit("/", 1)[-1] for p in recorder_behaviour["blocked_path_written"]] == ["step0.zst", "step2.zst"]
+    written = [p.rsplit("/", 1)[-1] for p in recorder_behaviour["blocked_path_written"]]
+    # Bundles are written on the writer thread; the recorder disarms at the first step that
+    # starts after the failure is known, so step 2 (already queued or not) may or may not follow.
+    assert written in (["step0.zst"], ["step0.zst", "step2.zst"])
     # no temporary file of the failed write is left beside them
-    assert recorder_behaviour["blocked_dir_listing"] == ["step0.zst", "step1.zst", "step2.zst"]
+    assert recorder_behaviour["blocked_dir_listing"] == sorted([*written, "step1.zst"])
     assert (recorder_behaviour["work"] / "blocked" / "step1.zst").is_dir()

@@ -17,6 +17,7 @@ from tracekit.errors import TracekitError
 
 SUBCOMMANDS = {
     "diff": ("tracekit.cli.diff", "diff_command"),
+    "export": ("tracekit.cli.export", "export_command"),
     "inspect": ("tracekit.cli.inspect", "inspect_command"),
     "record": ("tracekit.cli.record", "record_command"),
     "replay": ("tracekit.cli.replay", "replay_command"),

@@ -1,11 +1,15 @@
-"""`tracekit replay BUNDLE`: reproduce, check and time a recorded step.
+"""`tracekit replay BUNDLE...`: reproduce, check and time recorded steps.
+
+One bundle gets the detailed report. Many (files, folders, globs) run as a regression suite: one
+engine per engine configuration, a summary table, one JSON line per bundle.
 
 Exit codes (for `git bisect run` and CI): 0 reproduced (bit-exact, or within --tolerance),
-1 ran but did not reproduce, 2 bad input or usage, 3 this machine cannot replay it.
+1 ran but did not reproduce, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
+with the worst of its bundles' codes, in the order 0 < 3 < 2 < 1 (`tracekit.replay.suite`).
 """
 
-import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -17,7 +21,7 @@ from tracekit.errors import UsageError
     "replay",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
 )
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.argument("arguments", nargs=-1, metavar="BUNDLE... [ENGINE ARGS]")
 @click.option("--step", type=int, default=None, help="Engine step index to replay (default: the first).")
 @click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
 @click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
@@ -30,35 +34,97 @@ from tracekit.errors import UsageError
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="Largest relative RMS accepted as reproduced for float tensors (0: bit-exact).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
-              help="Write the full result as JSON here ('-' for stdout).")
+              help="Write one JSON line per bundle here ('-' for stdout).")
+@click.option("--keep-going", is_flag=True,
+              help="With many bundles, replay every one instead of stopping at the first that fails.")
+@click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
+              help="Write a torch profiler trace (Chrome trace JSON, opens in Perfetto) of each timed "
+                   "mode's forwards into this folder.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw the latency distributions against the recorded time (and, where a replay is "
+                   "not bit-exact, the relative error per layer) into this PNG. Needs matplotlib.")
 @click.pass_context
-def replay_command(ctx, bundle, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
-                   json_out):
-    """Rebuild the engine from BUNDLE, run its step, compare with the recording."""
+def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
+                   json_out, keep_going, profile_dir, plot_path):
+    """Rebuild the engine of each BUNDLE (a file, a folder of .zst bundles, a glob), run its
+    step, compare with the recording. Any vLLM engine argument after the bundles overrides the
+    recorded one."""
+    from tracekit.bundles import find_bundles, unique_names
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
-    from tracekit.replay.replayer import replay
-    from tracekit.replay.report import print_report
+    from tracekit.outputs import require_parent
 
-    if not Path(bundle).is_file():
-        raise UsageError(f"no bundle at {bundle}")
+    specs, engine_argv = _split_arguments([*arguments, *ctx.args])
     if iters < 1 or samples < 1:
         raise UsageError("--iters and --samples must be at least 1")
-    result = replay(
-        bundle,
+    if profile_dir and no_timing:
+        raise UsageError("--profile traces the timed forwards; drop --no-timing")
+    if plot_path:
+        from tracekit.replay.plots import require_matplotlib
+
+        require_matplotlib(plot_path)
+    for output in (json_out, plot_path):
+        if output and output != "-":
+            require_parent(output)
+    bundles = find_bundles(specs)
+    options = dict(
         step=step,
         model=model,
         allow_weights_mismatch=allow_weights_mismatch,
-        engine_overrides=parse_engine_cli_args(list(ctx.args)),
+        engine_overrides=parse_engine_cli_args(engine_argv),
         modes=None if no_timing else modes,
         iters=iters,
         samples=samples,
         tolerance=tolerance,
     )
-    print_report(result, sys.stderr if json_out == "-" else sys.stdout)
+    profile = Path(profile_dir) if profile_dir else None
+    report_stream = sys.stderr if json_out == "-" else sys.stdout
+    if len(bundles) == 1:
+        records = [_replay_single(bundles[0], unique_names(bundles)[0], profile, options, report_stream)]
+        exit_code = records[0].exit_code
+    else:
+        from tracekit.replay.report import print_suite_summary, suite_progress
+        from tracekit.replay.suite import run_suite
+
+        with suite_progress(len(bundles)) as progress:
+            outcome = run_suite(bundles, keep_going=keep_going, profile_dir=profile,
+                                on_start=progress.start, on_done=progress.done, **options)
+        print_suite_summary(outcome, report_stream)
+        records, exit_code = outcome.records, outcome.exit_code
     if json_out:
-        text = json.dumps(result.to_plain(), indent=2, default=str)
-        if json_out == "-":
-            click.echo(text)
-        else:
-            Path(json_out).write_text(text + "\n")
-    sys.exit(result.exit_code)
+        _write_json_lines(records, json_out)
+    if plot_path:
+        from tracekit.replay.plots import plot_records
+
+        click.echo(f"plot: {plot_records(records, plot_path)}", file=report_stream)
+    sys.exit(exit_code)
+
+
+def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
+    """Bundles first, then vLLM engine arguments (from the first one that starts with `-`)."""
+    first_option = next((i for i, argument in enumerate(arguments) if argument.startswith("-")), len(arguments))
+    specs, engine_argv = arguments[:first_option], arguments[first_option:]
+    if not specs:
+        raise UsageError("name at least one bundle, before any engine arguments: tracekit replay BUNDLE... [--ARG ...]")
+    return specs, engine_argv
+
+
+def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, stream):
+    """One bundle: the detailed report; its errors stay one line with their own exit code."""
+    from tracekit.replay.replayer import replay
+    from tracekit.replay.report import print_report
+    from tracekit.replay.suite import record_of
+
+    started = time.perf_counter()
+    result = replay(bundle, profile_prefix=profile / name if profile else None, **options)
+    print_report(result, stream)
+    return record_of(result, name, engine=1, engine_built=True, seconds=time.perf_counter() - started)
+
+
+def _write_json_lines(records, json_out: str) -> None:
+    text = "".join(record.json_line() + "\n" for record in records)
+    if json_out == "-":
+        click.echo(text, nl=False)
+        return
+    from tracekit.outputs import write_text_atomically
+
+    write_text_atomically(json_out, text)

@@ -7,6 +7,7 @@ timing, comparison with the recording, and for graph modes on a machine without 
 """
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from tracekit.errors import UsageError
 from tracekit.graphs.device import DeviceBackend
 from tracekit.graphs.oneshot import capture_and_time, first_tensor, state_restorer
 from tracekit.graphs.piecewise import PiecewiseGraphBackend
+from tracekit.graphs.profiling import trace_calls
 from tracekit.graphs.timing import time_callable
 from tracekit.numerics import compare_tensors
 
@@ -46,6 +48,7 @@ def measure_mode(
     samples: int,
     warmup_s: float = 1.0,
     piecewise: PiecewiseGraphBackend | None = None,
+    trace_to: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run and time `forward` in `mode`; compare its first output tensor with `expected` (None
     where nothing was recorded).
@@ -57,6 +60,8 @@ def measure_mode(
     Returns {"mode", "available": False, "reason"} where the mode cannot run here, else
     {"mode", "available": True, "latency_us", "vs_recorded", ...}; "graph" adds the one-shot
     checks (graph_vs_eager, graph_deterministic, ...), "piecewise" adds "piecewise" counters.
+    With `trace_to`, `iters` more runs of the timed forward are traced with the torch profiler
+    into that Chrome trace file, named in the report as "profile_trace".
     """
     reason = unavailable_reason(mode, device)
     if reason is None and mode == "piecewise" and piecewise is None:
@@ -67,7 +72,7 @@ def measure_mode(
     if reason is not None:
         return {"mode": mode, "available": False, "reason": reason}
     if mode == "graph":
-        result = capture_and_time(forward, state_views, device, iters, samples, warmup_s)
+        result = capture_and_time(forward, state_views, device, iters, samples, warmup_s, trace_to=trace_to)
         return {
             "mode": mode,
             "available": True,
@@ -93,6 +98,8 @@ def measure_mode(
     }
     if piecewise is not None:
         report["piecewise"] = piecewise.counters.to_plain()
+    if trace_to is not None:
+        report["profile_trace"] = trace_calls(forward, iters, device, trace_to, before=restore)
     return report
 
 

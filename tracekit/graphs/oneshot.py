@@ -10,11 +10,13 @@ neither the restore nor host launch gaps reach the timed interval.
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tracekit.graphs.device import DeviceBackend
+from tracekit.graphs.profiling import trace_calls
 from tracekit.graphs.timing import latency_summary, warm_up
 from tracekit.numerics import compare_tensors
 
@@ -34,6 +36,7 @@ def capture_and_time(
     iters: int,
     samples: int,
     warmup_s: float = 1.0,
+    trace_to: str | Path | None = None,
 ) -> OneShotResult:
     """Capture `forward` (no arguments; its first output tensor is checked) as one graph.
 
@@ -42,7 +45,8 @@ def capture_and_time(
     from the same state), `graph_vs_eager`, `graph_deterministic` (two replays bitwise equal),
     `finite`, `state_reset_bytes`, `latency_us` (forward alone, between in-graph events where the
     platform has them) and `replay_us` (whole replays, restore included, between events around
-    them).
+    them). With `trace_to`, `iters` more replays are traced into that Chrome trace file
+    (`profile_trace` in the report).
     """
     backend.require_graphs()
     restore = state_restorer(state_views)
@@ -82,6 +86,8 @@ def capture_and_time(
         "state_reset_bytes": sum(view.numel() * view.element_size() for view in state_views),
     }
     report.update(_time_replays(graph, backend, in_graph, iters, samples, warmup_s))
+    if trace_to is not None:
+        report["profile_trace"] = trace_calls(graph.replay, iters, backend, trace_to)
     del graph
     return OneShotResult(report=report, output=first)
 

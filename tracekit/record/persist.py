@@ -111,5 +111,5 @@ class BackgroundPersister:
         except Exception as error:  # never let recording harm the engine
             message = f"could not write {path}: {type(error).__name__}: {error}"
             if not self.failures:
-                logger.error("tracekit: %s (further failures are counted, not logged)", message)
+                logger.error("tracekit: %s; recording stops, the engine goes on unrecorded", message)
             self.failures.append(message)

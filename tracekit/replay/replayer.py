@@ -16,6 +16,7 @@ from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, EngineConfig, Step
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import GRAPH_MODES, expand_modes, measure_mode
+from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm.runner_adapter import adapter_for, runner_env
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
@@ -128,10 +129,12 @@ def replay(
     warmup_s: float = 0.5,
     tolerance: float = 0.0,
     llm: Any = None,
+    profile_prefix: str | Path | None = None,
 ) -> ReplayResult:
     """Replay one recorded step. Pass `llm` (a previous result's `.llm`) to reuse an engine
     built for the same engine arguments. `modes`: None (check only), "reference" (also time the
-    forward as the engine ran it), a mode, or "all"."""
+    forward as the engine ran it), a mode, or "all". With `profile_prefix`, each timed mode's
+    forwards are also traced with the torch profiler into `{profile_prefix}.{mode}.trace.json`."""
     content, recorded = load_step(bundle, step)
     explicit_modes = expand_modes(modes) if modes not in (None, "reference") else []
     require_same_series(content.engine.vllm_version)
@@ -176,7 +179,8 @@ def replay(
                     "the engine runs without torch.compile (compilation mode NONE); "
                     "record with compilation enabled to time it compiled")}
             elif mode not in own_engine_modes:
-                measured[mode] = _measure(mode, handle, recorded, iters, samples, warmup_s)
+                measured[mode] = _measure(mode, handle, recorded, iters, samples, warmup_s,
+                                          trace_to=trace_path(profile_prefix, mode))
 
     driver = StepDriver(runner, recorded)
     try:
@@ -193,7 +197,8 @@ def replay(
         llm = None
         for mode in own_engine_modes:
             measured[mode] = _measure_in_own_engine(
-                mode, engine_args, content.engine.runner, recorded, iters, samples, warmup_s
+                mode, engine_args, content.engine.runner, recorded, iters, samples, warmup_s,
+                trace_path(profile_prefix, mode),
             )
     return ReplayResult(
         bundle=str(bundle),
@@ -234,7 +239,7 @@ def _kv_notes(step: Step) -> list[str]:
 
 
 def _measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
-             piecewise: Any = None) -> dict[str, Any]:
+             piecewise: Any = None, trace_to: Path | None = None) -> dict[str, Any]:
     """Time the step's forward in `mode` and compare its output with the recorded one."""
     handle.restore()
     return measure_mode(
@@ -247,12 +252,13 @@ def _measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, sampl
         samples,
         warmup_s,
         piecewise=piecewise,
+        trace_to=trace_to,
     )
 
 
 def _measure_in_own_engine(
     mode: str, engine_args: dict[str, Any], runner_kind: str, recorded: Step, iters: int, samples: int,
-    warmup_s: float,
+    warmup_s: float, trace_to: Path | None = None,
 ) -> dict[str, Any]:
     """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
     "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
@@ -273,7 +279,8 @@ def _measure_in_own_engine(
     try:
         def measure(handle: ForwardHandle) -> None:
             backend = graph_backend.built_backends[-1] if mode == "piecewise" and graph_backend.built_backends else None
-            report.update(_measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend))
+            report.update(_measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend,
+                                   trace_to=trace_to))
 
         StepDriver(vllm_engine.find_runner(llm), recorded).run(measure)
     finally:

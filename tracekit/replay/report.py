@@ -1,13 +1,20 @@
-"""The human-readable replay report: what differs here, what matched, how fast it ran."""
+"""The human-readable replay reports: one bundle's in detail (what differs here, what matched,
+how fast it ran), and a suite's as one summary row per bundle with a progress bar meanwhile."""
 
+import contextlib
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tracekit.errors import EXIT_OK
 from tracekit.replay.replayer import ReplayResult
+from tracekit.replay.suite import SuiteOutcome, SuiteRecord
 
 
 def _us(value: Any) -> str:
@@ -68,9 +75,86 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console.print(timing)
     for mode, reason in unavailable.items():
         console.print(f"   {mode}: unavailable here ({escape(reason)})")
+    for mode, report in result.modes.items():
+        if report.get("profile_trace"):
+            console.print(f"   {mode}: profile trace {escape(report['profile_trace'])} (open in ui.perfetto.dev)")
 
     if result.reproduced:
         verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
         console.print(f"[bold green]REPRODUCED[/bold green] ({verdict})")
     else:
         console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{result.first_divergence}[/bold]")
+
+
+def _ratio(replayed: Any, recorded: Any) -> str:
+    if not isinstance(replayed, (int, float)) or not isinstance(recorded, (int, float)) or recorded <= 0:
+        return "-"
+    return f"{replayed / recorded:.2f}x"
+
+
+def _verdict_cell(record: SuiteRecord) -> str:
+    colour = "green" if record.exit_code == EXIT_OK else "red"
+    return f"[{colour}]{record.verdict}[/{colour}]"
+
+
+def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> None:
+    """One row per bundle, in the order they ran; errors and bundles left unrun below."""
+    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    table = Table(title=f"{len(outcome.records)} bundle(s) on {outcome.engines_built} engine(s)", title_justify="left")
+    widest = max((len(record.name) for record in outcome.records), default=6)
+    table.add_column("bundle", overflow="fold", min_width=min(widest, 24))
+    for column in ("step", "engine", "verdict"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("first divergence", overflow="fold", min_width=12)
+    for column in ("forward", "recorded", "vs recorded"):
+        table.add_column(column, no_wrap=True)
+    for record in outcome.records:
+        result = record.result
+        table.add_row(
+            escape(record.name),
+            "-" if result is None else str(result.step_index),
+            "-" if record.engine is None else str(record.engine),
+            _verdict_cell(record),
+            escape((result.first_divergence if result else None) or "-"),
+            _us(record.forward_us),
+            _us(record.recorded_forward_us),
+            _ratio(record.forward_us, record.recorded_forward_us),
+        )
+    console.print(table)
+    for record in outcome.records:
+        if record.error:
+            console.print(f" [red]![/red] {escape(record.bundle)}: {escape(record.error)}")
+    traces = [report["profile_trace"] for record in outcome.records if record.result
+              for report in record.result.modes.values() if report.get("profile_trace")]
+    if traces:
+        console.print(f"   profile traces: {len(traces)} in {escape(str(Path(traces[0]).parent))} (open in ui.perfetto.dev)")
+    if outcome.not_run:
+        console.print(f"[bold red]stopped at the first failure[/bold red]: {len(outcome.not_run)} bundle(s) not run "
+                      "(--keep-going runs them all)")
+    failed = sum(record.exit_code != EXIT_OK for record in outcome.records)
+    if failed:
+        console.print(f"[bold red]{failed} of {len(outcome.records)} bundle(s) failed[/bold red] (exit {outcome.exit_code})")
+    else:
+        console.print(f"[bold green]all {len(outcome.records)} bundle(s) reproduced[/bold green]")
+
+
+class _SuiteProgress:
+    def __init__(self, progress: Progress, total: int):
+        self._progress = progress
+        self._task = progress.add_task("reading bundles", total=total)
+
+    def start(self, position: int, bundle: Path, building_engine: bool) -> None:
+        doing = "building an engine for" if building_engine else "replaying"
+        self._progress.update(self._task, description=f"{doing} {escape(bundle.name)}")
+
+    def done(self, record: SuiteRecord) -> None:
+        self._progress.advance(self._task)
+
+
+@contextlib.contextmanager
+def suite_progress(total: int) -> Iterator[_SuiteProgress]:
+    """A progress bar on stderr (drawn only on a terminal), gone when the suite ends."""
+    console = Console(file=sys.stderr)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        yield _SuiteProgress(progress, total)

@@ -16,4 +16,5 @@ these modules:
   method_patch.py   shadowing a runner's methods for one armed session
   worker_hook.py    finding each runner vLLM builds in its own processes (for the plugin)
   graph_backend.py  plugging tracekit's piecewise graph backend into vLLM's compilation
+  bench_shapes.py   recorded batches as `vllm bench forward --shapes` cases (metadata only)
 """

@@ -132,6 +132,26 @@ def require_buildable(kind: str) -> None:
             )
 
 
+def reporting_failures(observer: StepObserver, original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original`, reporting any exception it raises to the observer as the step's failure."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except BaseException as error:
+            observer.step_failed(error)
+            raise
+
+    return call
+
+
+def sampled_token_ids(output: Any) -> list[list[int]]:
+    """The per-request sampled ids of `sample_tokens`' result, waiting for an async one."""
+    if hasattr(output, "get_output"):
+        output = output.get_output()
+    return [list(map(int, ids)) for ids in output.sampled_token_ids]
+
+
 def when_output_ready(output: Any, callback: Callable[[list[list[int]] | None], None]) -> Any:
     """Call `callback(sampled_token_ids)` once `sample_tokens`' result holds them.
 

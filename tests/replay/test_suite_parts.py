@@ -1,0 +1,66 @@
+"""The parts of a replay suite that need no engine: which files the arguments name, the names
+they get, which bundles share an engine, and which exit code wins."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tracekit.bundles import find_bundles, unique_names
+from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, UsageError
+from tracekit.format import open_bundle
+from tracekit.format.schema import BundleContent
+from tracekit.replay.suite import engine_key, worst_exit_code
+
+SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst"
+
+
+@pytest.fixture
+def tree(tmp_path):
+    for name in ("a/step1.zst", "a/deeper/step2.zst", "b/step1.zst", "b/notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SAMPLE, tmp_path / name)
+    return tmp_path
+
+
+def test_files_folders_and_globs_expand_in_order_each_once(tree):
+    found = find_bundles([str(tree / "b/step1.zst"), str(tree / "a"), str(tree / "*/step1.zst")])
+    assert found == [tree / "b/step1.zst", tree / "a/deeper/step2.zst", tree / "a/step1.zst"]
+
+
+@pytest.mark.parametrize("spec, problem", [("absent.zst", "no bundle at"), ("nothing-*.zst", "no bundle matches"),
+                                           ("empty", "no .zst bundle in folder")])
+def test_a_spec_that_names_nothing_is_refused(tmp_path, spec, problem):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match=problem):
+        find_bundles([str(tmp_path / spec)])
+
+
+def test_names_widen_only_where_stems_clash(tree):
+    paths = [tree / "a/step1.zst", tree / "b/step1.zst", tree / "a/deeper/step2.zst"]
+    assert unique_names(paths) == ["a__step1", "b__step1", "step2"]
+
+
+def test_the_worst_exit_code_is_a_divergence_then_bad_input_then_cannot_run_here():
+    assert worst_exit_code([]) == EXIT_OK
+    assert worst_exit_code([EXIT_OK, EXIT_CANNOT_RUN_HERE]) == EXIT_CANNOT_RUN_HERE
+    assert worst_exit_code([EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_OK]) == EXIT_BAD_INPUT
+    assert worst_exit_code([EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_CANNOT_RUN_HERE]) == EXIT_NOT_REPRODUCED
+
+
+def test_one_engine_for_the_same_weights_at_another_path_not_for_other_arguments():
+    with open_bundle(SAMPLE) as reader:
+        content = BundleContent.from_plain(reader.metadata)
+    key = engine_key(content)
+    content.engine.engine_args.update(model="/elsewhere", tokenizer="/elsewhere")
+    assert engine_key(content) == key  # the weights' fingerprint names the model
+    content.engine.engine_args["max_num_seqs"] += 1
+    assert engine_key(content) != key
+    content.engine.engine_args["max_num_seqs"] -= 1
+    content.engine.runner = "v2"  # another model runner is another engine
+    assert engine_key(content) != key
+    content.engine.runner = "v1"
+    content.engine.model.weights_fingerprint = None  # a hub id: only the name tells models apart
+    hub_key = engine_key(content)
+    content.engine.engine_args["model"] = "/other"
+    assert engine_key(content) != hub_key

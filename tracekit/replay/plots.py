@@ -1,0 +1,140 @@
+"""`tracekit replay --plot`: the figures people would rather look at than read.
+
+Top: the latency distribution of every timed mode against the time recorded in the engine (one
+bundle: milliseconds, the recorded time as a line; many: each bundle's runs divided by its
+recorded time, so bundles of any size share one axis around 1x). Bottom, when a replay is not
+bit-exact: the relative error per layer, in forward order, drawn from a plain list of
+(layer name, relative RMS) pairs — today the KV each layer wrote, then the hidden states and
+logits.
+
+matplotlib is an optional dependency (`pip install 'tracekit[plot]'`); without it `--plot` is
+refused before any engine starts.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import CannotRunHere, UsageError
+from tracekit.outputs import atomic_path
+from tracekit.replay.replayer import ReplayResult
+from tracekit.replay.suite import SuiteRecord
+
+FORMATS = ("png", "svg", "pdf")
+INSTALL = "pip install 'matplotlib>=3.7'  (or: pip install 'tracekit[plot]')"
+# Layer series drawn at most (the first bundles that are not bit-exact), to stay readable.
+MAX_LAYER_SERIES = 8
+
+
+def require_matplotlib(path: str | Path) -> None:
+    """Refuse --plot early: an unknown file type (exit 2), matplotlib missing (exit 3)."""
+    if Path(path).suffix.lstrip(".").lower() not in FORMATS:
+        raise UsageError(f"--plot {path}: name a .png, .svg or .pdf file")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CannotRunHere(f"--plot needs matplotlib, which is not installed here: {INSTALL}") from None
+
+
+def layer_errors(result: ReplayResult) -> list[tuple[str, float]]:
+    """(layer name, relative RMS) in forward order from the replay's checks: the KV written per
+    layer, then hidden states and logits."""
+    pairs = []
+    for item in result.checks:
+        relative = item.details.get("relative_rms")
+        if relative is None:
+            continue
+        if item.name.startswith("kv_written/"):
+            pairs.append((item.name.removeprefix("kv_written/"), float(relative)))
+        elif item.name in ("hidden_states", "logits"):
+            pairs.append((item.name, float(relative)))
+    return pairs
+
+
+def plot_records(records: Sequence[SuiteRecord], path: str | Path) -> str:
+    """Draw the replays of `records` into `path` (written atomically); returns the path."""
+    from matplotlib.figure import Figure
+
+    replayed = [record for record in records if record.result is not None]
+    layer_series = {
+        record.name: layer_errors(record.result) for record in replayed if not record.result.bit_exact
+    }
+    layer_series = {name: pairs for name, pairs in layer_series.items() if pairs}
+    rows = 2 if layer_series else 1
+    figure = Figure(figsize=(max(7.0, 1.2 * _box_count(replayed)), 4.5 * rows), layout="constrained")
+    axes = figure.subplots(rows, 1, squeeze=False)[:, 0]
+    draw_latencies(axes[0], replayed)
+    if layer_series:
+        draw_layer_errors(axes[1], dict(list(layer_series.items())[:MAX_LAYER_SERIES]))
+    with atomic_path(path) as partial:
+        figure.savefig(partial, format=Path(path).suffix.lstrip(".").lower(), dpi=110)
+    return str(path)
+
+
+def _timed(record: SuiteRecord) -> list[tuple[str, dict[str, Any]]]:
+    return [(mode, report) for mode, report in record.result.modes.items() if report.get("available")]
+
+
+def _box_count(records: Sequence[SuiteRecord]) -> int:
+    return sum(len(_timed(record)) for record in records)
+
+
+def draw_latencies(axis: Any, records: Sequence[SuiteRecord]) -> None:
+    """Box plots of each timed mode's runs; a single bundle in ms against its recorded time,
+    several as multiples of their own recorded times."""
+    relative = len(records) > 1
+    boxes, labels = [], []
+    for record in records:
+        recorded = record.recorded_forward_us
+        for mode, report in _timed(record):
+            runs = report["latency_us"]["samples_us"]
+            if relative:
+                if not recorded:
+                    continue
+                boxes.append([run / recorded for run in runs])
+                labels.append(f"{record.name}\n{mode}")
+            else:
+                boxes.append([run / 1000 for run in runs])
+                labels.append(mode)
+    if not boxes:
+        axis.text(0.5, 0.5, "no timed forwards (--no-timing, or no mode available here)",
+                  ha="center", va="center", transform=axis.transAxes)
+        axis.set_axis_off()
+        return
+    axis.boxplot(boxes, showmeans=True)
+    axis.set_xticks(range(1, len(labels) + 1), labels, rotation=30 if relative else 0, ha="right" if relative else "center",
+                    fontsize="small")
+    if relative:
+        axis.set_yscale("log")
+        axis.axhline(1.0, color="tab:red", linestyle="--", label="recorded in the engine")
+        axis.set_ylabel("forward time / recorded")
+        axis.set_title("replayed forward time relative to the recorded one")
+    else:
+        record = records[0]
+        if record.recorded_forward_us:
+            axis.axhline(record.recorded_forward_us / 1000, color="tab:red", linestyle="--",
+                         label=f"recorded in the engine ({record.recorded_forward_us / 1000:.3f} ms)")
+        axis.set_ylabel("forward time (ms)")
+        axis.set_title(f"{record.name} step {record.result.step_index}: forward time per mode")
+    axis.legend(loc="best", fontsize="small")
+
+
+def draw_layer_errors(axis: Any, series: dict[str, list[tuple[str, float]]]) -> None:
+    """One line per bundle over its layers in forward order: relative RMS, log-scaled, with
+    bit-exact layers (0) on the axis' linear band at the bottom."""
+    smallest = min((error for pairs in series.values() for _, error in pairs if error > 0), default=1e-9)
+    for label, pairs in series.items():
+        axis.plot(range(len(pairs)), [error for _, error in pairs], marker="o", label=label)
+    longest = max(series.values(), key=len)
+    axis.set_xticks(range(len(longest)), [_short(name) for name, _ in longest], rotation=30, ha="right",
+                    fontsize="small")
+    axis.set_yscale("symlog", linthresh=smallest / 10)
+    axis.set_ylim(bottom=0)
+    axis.set_ylabel("relative RMS vs recorded")
+    axis.set_title("where the replay parts from the recording (0: bit-exact)")
+    axis.legend(loc="best", fontsize="small")
+
+
+def _short(layer: str) -> str:
+    """`model.layers.3.self_attn.attn` -> `layers.3.self_attn.attn`: the shared prefix adds nothing."""
+    return layer.removeprefix("model.")

@@ -1,0 +1,219 @@
+"""Replaying many bundles as a regression suite, one engine per engine configuration.
+
+Building an engine costs seconds to minutes; replaying a step costs milliseconds. So the bundles
+are read first (metadata only), grouped by the engine they need — the recorded engine arguments
+with the model named by its weights' fingerprint rather than its path, and the vLLM version —
+and each group replays on one engine (`replay(bundle, llm=previous.llm)`), released before the
+next group's is built.
+
+Every bundle gets a record with a verdict and an exit code; the suite's exit code is the worst
+of them, in the order of `EXIT_SEVERITY`.
+"""
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracekit.bundles import unique_names
+from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, TracekitError
+from tracekit.format import open_bundle
+from tracekit.format.schema import BundleContent
+from tracekit.replay.replayer import ReplayResult, replay
+
+# Worst last. A divergence is the finding a suite exists for, so it wins over everything; a bad
+# bundle or argument (the suite itself needs fixing) over a bundle this machine cannot run.
+EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED)
+
+# Verdicts of bundles that did not replay, by the exit code of what stopped them.
+ERROR_VERDICTS = {EXIT_BAD_INPUT: "bad_input", EXIT_CANNOT_RUN_HERE: "cannot_run_here"}
+# The replay itself raised (a bug in tracekit or the engine): the step did not reproduce.
+CRASHED = "crashed"
+
+# The engine argument that names the weights' location, which may differ between machines.
+_MODEL_PATH_ARGS = ("model", "tokenizer")
+
+
+def verdict_of(result: ReplayResult) -> str:
+    """bit_exact, within_tolerance, diverged; error_reproduced / error_not_reproduced for a step
+    recorded because its forward raised."""
+    if any(item.name == "error" for item in result.checks):
+        return "error_reproduced" if result.reproduced else "error_not_reproduced"
+    if result.bit_exact:
+        return "bit_exact"
+    return "within_tolerance" if result.reproduced else "diverged"
+
+
+def worst_exit_code(codes: Sequence[int]) -> int:
+    return max(codes, key=EXIT_SEVERITY.index, default=EXIT_OK)
+
+
+@dataclass
+class SuiteRecord:
+    """One bundle's outcome: a replay result, or the error that kept it from replaying."""
+
+    bundle: str
+    name: str  # unique among the suite's bundles (profile files are named after it)
+    verdict: str
+    exit_code: int
+    engine: int | None = None  # which engine it replayed on, counting from 1
+    engine_built: bool = False  # whether its replay built that engine
+    seconds: float = 0.0  # wall time of its replay, engine build included
+    error: str | None = None
+    result: ReplayResult | None = field(default=None, repr=False)
+
+    @property
+    def forward_us(self) -> float | None:
+        """The median of the timed forwards in the mode the engine ran (None when not timed: the
+        checked run alone is cold, no match for the recorded time of a warm engine)."""
+        timed = self.result.modes.get(self.result.reference_mode, {}) if self.result else {}
+        return timed["latency_us"]["median"] if timed.get("available") else None
+
+    @property
+    def recorded_forward_us(self) -> float | None:
+        return self.result.recorded_timing.get("forward_us") if self.result else None
+
+    def to_plain(self) -> dict[str, Any]:
+        """One JSON line: the suite's fields, then the full replay result (README: JSON fields)."""
+        plain = {
+            "bundle": self.bundle,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "error": self.error,
+            "engine": self.engine,
+            "engine_built": self.engine_built,
+            "seconds": round(self.seconds, 3),
+            "forward_us": self.forward_us,
+            "recorded_forward_us": self.recorded_forward_us,
+        }
+        if self.result is not None:
+            plain.update({key: value for key, value in self.result.to_plain().items() if key not in plain})
+        return plain
+
+    def json_line(self) -> str:
+        return json.dumps(self.to_plain(), default=str)
+
+
+def record_of(result: ReplayResult, name: str, **suite_fields: Any) -> SuiteRecord:
+    return SuiteRecord(result.bundle, name, verdict_of(result), result.exit_code, result=result, **suite_fields)
+
+
+@dataclass
+class SuiteOutcome:
+    records: list[SuiteRecord]
+    not_run: list[str]  # bundles left after the first failure (without --keep-going)
+    engines_built: int
+
+    @property
+    def exit_code(self) -> int:
+        return worst_exit_code([record.exit_code for record in self.records])
+
+
+def engine_key(content: BundleContent) -> str:
+    """Bundles with equal keys replay on one engine (the same vLLM, model runner kind, weights and
+    engine arguments)."""
+    args = dict(content.engine.engine_args)
+    fingerprint = content.engine.model.weights_fingerprint
+    if fingerprint is not None:  # the same weights found at another path are the same engine
+        for name in _MODEL_PATH_ARGS:
+            args.pop(name, None)
+    return json.dumps(
+        {"vllm": content.engine.vllm_version, "runner": content.engine.runner, "weights": fingerprint,
+         "engine_args": args},
+        sort_keys=True, default=str,
+    )
+
+
+def run_suite(
+    bundles: Sequence[Path],
+    *,
+    keep_going: bool = False,
+    profile_dir: Path | None = None,
+    on_start: Callable[[int, Path, bool], None] = lambda index, bundle, building: None,
+    on_done: Callable[[SuiteRecord], None] = lambda record: None,
+    **replay_options: Any,
+) -> SuiteOutcome:
+    """Replay every bundle; `replay_options` go to `replay` (model and engine overrides apply to
+    every engine built). Without `keep_going`, stop at the first bundle that does not exit 0.
+    `on_start(position, bundle, building_engine)` and `on_done(record)` report progress."""
+    from tracekit.integrations.vllm.engine import release_llm
+
+    names = dict(zip(bundles, unique_names(bundles)))
+    records: list[SuiteRecord] = []
+    groups: dict[str, list[Path]] = {}
+    for bundle in bundles:
+        try:
+            with open_bundle(bundle) as reader:
+                content = BundleContent.from_plain(reader.metadata)
+        except TracekitError as error:
+            records.append(_error_record(bundle, names[bundle], error))
+            on_done(records[-1])
+            continue
+        groups.setdefault(engine_key(content), []).append(bundle)
+    queue = [bundle for group in groups.values() for bundle in group]
+    if records and not keep_going:
+        return SuiteOutcome(records, [str(bundle) for bundle in queue], 0)
+
+    engines_built = 0
+    for group in groups.values():
+        llm, engine_error = None, None
+        try:
+            for bundle in group:
+                queue.remove(bundle)
+                on_start(len(records), bundle, llm is None and engine_error is None)
+                if engine_error is not None:  # this group's engine could not be built here
+                    record = _error_record(bundle, names[bundle], engine_error)
+                else:
+                    record, llm, engine_error, built = _replay_one(
+                        bundle, names[bundle], llm, profile_dir, replay_options
+                    )
+                    engines_built += built
+                    if record.verdict not in ERROR_VERDICTS.values():
+                        record.engine = engines_built
+                records.append(record)
+                on_done(record)
+                if record.exit_code != EXIT_OK and not keep_going:
+                    return SuiteOutcome(records, [str(bundle) for bundle in queue], engines_built)
+        finally:
+            if llm is not None:
+                release_llm(llm)
+    return SuiteOutcome(records, [], engines_built)
+
+
+def _replay_one(
+    bundle: Path, name: str, llm: Any, profile_dir: Path | None, replay_options: dict[str, Any]
+) -> tuple[SuiteRecord, Any, TracekitError | None, bool]:
+    """Replay one bundle on `llm` (None: build one). Returns its record, the engine for the next
+    bundle of the group, the error that keeps the group from an engine, and whether it built one."""
+    from tracekit.integrations.vllm.engine import release_llm
+
+    building = llm is None
+    options = dict(replay_options)
+    if not building:  # model and overrides shaped the engine when it was built
+        options.pop("model", None)
+        options.pop("engine_overrides", None)
+    started = time.perf_counter()
+    try:
+        result = replay(bundle, llm=llm, profile_prefix=profile_dir / name if profile_dir else None, **options)
+    except TracekitError as error:
+        record = _error_record(bundle, name, error)
+        # Refused before an engine existed (weights not here, vLLM refused the arguments): every
+        # bundle of the group needs that same engine.
+        group_error = error if building and error.exit_code == EXIT_CANNOT_RUN_HERE else None
+        return record, llm, group_error, False
+    except Exception as error:  # the engine may be left mid-step: start the group's next one afresh
+        if llm is not None:
+            release_llm(llm)
+        message = f"{type(error).__name__}: {error}"
+        record = SuiteRecord(str(bundle), name, CRASHED, EXIT_NOT_REPRODUCED, error=message,
+                             engine_built=building, seconds=time.perf_counter() - started)
+        return record, None, None, building
+    record = record_of(result, name, engine_built=building, seconds=time.perf_counter() - started)
+    return record, result.llm, None, building
+
+
+def _error_record(bundle: Path, name: str, error: TracekitError) -> SuiteRecord:
+    return SuiteRecord(str(bundle), name, ERROR_VERDICTS.get(error.exit_code, "bad_input"), error.exit_code,
+                       error=str(error))
