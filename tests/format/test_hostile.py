@@ -193,6 +193,13 @@ def test_metadata_and_verify_agree_on_a_forged_frame_crc(small_bundle, tmp_path)
             reader.metadata
 
 
+def test_a_fifo_or_a_folder_is_refused_without_waiting(tmp_path):
+    os.mkfifo(tmp_path / "fifo.zst")  # opening it for reading would block until a writer came
+    for path in (tmp_path / "fifo.zst", tmp_path):
+        with pytest.raises(BundleError, match="not a regular file"):
+            open_bundle(path)
+
+
 def test_index_length_must_match_the_trailer(small_bundle, tmp_path):
     data = bytearray(small_bundle.read_bytes())
     _, index_offset, _, _ = struct.unpack_from("<8sQQ32s", data, len(data) - 56)

@@ -9,6 +9,7 @@ file can select code to run (no pickle, no imports, dtypes from a closed table).
 
 import hashlib
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -53,11 +54,15 @@ class BundleReader:
                 "writing): use the bundle it was meant to become"
             )
         try:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below)
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as error:
             raise BundleError(f"cannot open bundle {self.path}: {error.strerror}") from None
         try:
-            self._size = os.fstat(self._fd).st_size
+            status = os.fstat(self._fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise BundleError(f"{self.path} is not a tracekit bundle (not a regular file)")
+            self._size = status.st_size
             self.header = self._read_header()
             self._index = self._read_index_checking_version()
         except BaseException:
