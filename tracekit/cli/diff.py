@@ -46,5 +46,11 @@ def diff_command(first, second, as_json):
         console.print(f"only in {second}: {inert(name)}")
     for entry in result.metadata:
         console.print(f"{inert(entry['field'])}: {inert(repr(entry['first']))} -> {inert(repr(entry['second']))}")
+    first = result.first_difference
+    if first is not None:
+        console.print(
+            f"first difference: [bold]{inert(first['name'])}[/bold] max_abs {first['max_abs']:.3g} "
+            f"relative_rms {first['relative_rms']:.3g}"
+        )
     console.print("[green]tensors identical[/green]" if result.identical_tensors else "[red]tensors differ[/red]")
     sys.exit(0 if result.identical_tensors else 1)

@@ -2,9 +2,10 @@
 
 It reads the header, index and metadata only (tensors stay compressed on disk), so it is fast
 on a multi-GiB bundle and runs without torch or vLLM. `--verify` decodes every part and checks
-every hash; a damaged bundle then exits with code 2. Every string from the bundle is shown
-escaped (rich markup, ANSI and other control characters), and tables stop after
-`MAX_TABLE_ROWS` rows (`--json` lists everything).
+every hash; a damaged bundle then exits with code 2. `--json --full` adds the whole recorded
+content (scheduler output, request states, ...) as plain JSON, tensors as name/dtype/shape.
+Every string from the bundle is shown escaped (rich markup, ANSI and other control
+characters), and tables stop after `MAX_TABLE_ROWS` rows (`--json` lists everything).
 """
 
 import json
@@ -13,7 +14,8 @@ import os
 import click
 
 from tracekit.cli.terminal import inert
-from tracekit.errors import BundleError
+from tracekit.environment import numerics_summary
+from tracekit.errors import BundleError, UsageError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
 
@@ -30,7 +32,26 @@ def _number(value) -> float | None:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _summary(reader) -> dict:
+def _listed(value) -> list:
+    """A list from the bundle, or nothing when it put something else there."""
+    return value if isinstance(value, list) else []
+
+
+def _tensor_summaries(value, infos: dict):
+    """The metadata tree with every tensor reference replaced by what the index says of it."""
+    if isinstance(value, dict):
+        if len(value) == 1 and "$tensor" in value:
+            info = infos.get(value["$tensor"])
+            return {"tensor": value["$tensor"], "dtype": info and info.dtype, "shape": info and list(info.shape)}
+        return {key: _tensor_summaries(item, infos) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_tensor_summaries(item, infos) for item in value]
+    if isinstance(value, bytes):
+        return {"bytes": len(value)}
+    return value
+
+
+def _summary(reader, full: bool = False) -> dict:
     summary = {
         "path": reader.path,
         "file_bytes": os.path.getsize(reader.path),
@@ -55,8 +76,13 @@ def _summary(reader) -> dict:
         for key in ("tracekit_version", "vllm_version", "torch_version", "python_version", "platform",
                     "device_kind", "device_name", "cpu_isa", "gpu_capability")
     }
-    summary["model"] = {"path": model.path, "architecture": model.architecture}
+    summary["numerics"] = numerics_summary(environment)
+    summary["model"] = {"path": model.path, "architecture": model.architecture, "runner": content.engine.runner}
+    if full:
+        summary["content"] = _tensor_summaries(metadata, {info.name: info for info in reader.tensor_infos()})
     summary["created_at"] = content.created_at
+    summary["derivations"] = _listed(content.derivations)
+    summary["redacted"] = any(entry.get("kind") == "redact" for entry in summary["derivations"] if isinstance(entry, dict))
     summary["steps"] = [
         {
             "index": step.index,
@@ -90,10 +116,37 @@ def _summary(reader) -> dict:
 
 
 def _phase(request) -> str:
-    prompt = _length(request.prompt_token_ids)
-    if prompt is None or _number(request.num_computed_tokens) is None:
+    if _length(request.prompt_token_ids) is None or _number(request.num_computed_tokens) is None:
         return "?"
     return "prefill" if request.is_prefill else "decode"
+
+
+def derivation_lines(derivations: list) -> list[str]:
+    """One line per thing done to the recorded bundle (`tracekit shrink`, `tracekit redact`)."""
+    lines = []
+    for entry in _listed(derivations):
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "shrink":
+            source = entry.get("from") if isinstance(entry.get("from"), dict) else {}
+            lines.append(
+                f"SHRUNK from {source.get('file')} (sha256 {str(source.get('sha256'))[:12]}...) until "
+                f"{entry.get('property')}: requests {entry.get('requests_before')} -> {entry.get('requests_after')}, "
+                f"tokens {entry.get('tokens_before')} -> {entry.get('tokens_after')}, {entry.get('replays')} replays; "
+                "no recorded outputs"
+            )
+        elif entry.get("kind") == "redact":
+            lines.append(f"REDACTED (neutral token id {entry.get('neutral_token_id')}); removed:")
+            lines.extend(f"  - {item}" for item in _listed(entry.get("removed")))
+            for step in _listed(entry.get("steps")):
+                kept = step.get("history_kept") if isinstance(step, dict) else None
+                for req_id, readers in (kept.items() if isinstance(kept, dict) else ()):
+                    lines.append(f"  kept every token id of {req_id}: its sampling reads them ({', '.join(map(str, _listed(readers)))})")
+            if _listed(entry.get("env_vars_removed")):
+                lines.append(f"  environment variables removed: {', '.join(map(str, entry['env_vars_removed']))}")
+        else:
+            lines.append(f"derived: {entry.get('kind')}")
+    return lines
 
 
 def _size(nbytes: int) -> str:
@@ -120,7 +173,19 @@ def _print_table(summary: dict, verify_report) -> None:
             f"torch {environment['torch_version']} | {environment['device_kind']}: {environment['device_name']} | "
             f"{environment['platform']}"
         )
-        console.print(f"model: {inert(summary['model']['path'])} ({inert(summary['model']['architecture'])})")
+        numerics = summary["numerics"]
+        facts = [f"{name} {numerics[name]}" for name in ("cpu_isa", "attention_backend", "num_threads", "gpu_capability")
+                 if numerics.get(name) is not None]
+        facts += [f"{name}={value}" for name, value in numerics["env_vars"].items()]
+        console.print(inert(
+            f"numerics: {numerics['device_kind']} {numerics['device_name']} | " + " | ".join(map(str, facts))
+        ))
+        console.print(
+            f"model: {inert(summary['model']['path'])} ({inert(summary['model']['architecture'])}), "
+            f"recorded on vLLM's {inert(str(summary['model']['runner']).upper())} model runner"
+        )
+        for line in derivation_lines(summary["derivations"]):
+            console.print(inert(line))
         console.print(f"steps: {len(summary['steps'])}")
         for step in summary["steps"][:MAX_TABLE_ROWS]:
             table = Table(title=f"step {inert(step['index'])} (trigger: {inert(step['trigger'])})", title_justify="left")
@@ -177,10 +242,14 @@ def _print_omitted(console, what: str, count: int) -> None:
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--verify", is_flag=True, help="Decode every part and check every hash (reads the whole file).")
-def inspect_command(bundle, as_json, verify):
+@click.option("--full", is_flag=True, help="With --json: also the whole recorded content (scheduler output, "
+                                           "request states), tensors as name/dtype/shape.")
+def inspect_command(bundle, as_json, verify, full):
     """Summarize a bundle: versions, environment, model, steps, requests and tensors."""
+    if full and not as_json:
+        raise UsageError("--full dumps the recorded content as JSON: use it with --json")
     with open_bundle(bundle) as reader:
-        summary = _summary(reader)
+        summary = _summary(reader, full)
         report = reader.verify() if verify else None
     if report is not None:
         summary["verify"] = {"ok": report.ok, "parts_checked": len(report.parts_checked), "damaged": report.damaged}

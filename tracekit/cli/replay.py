@@ -3,8 +3,9 @@
 One bundle gets the detailed report. Many (files, folders, globs) run as a regression suite: one
 engine per engine configuration, a summary table, one JSON line per bundle.
 
-Exit codes (for `git bisect run` and CI): 0 reproduced (bit-exact, or within --tolerance),
-1 ran but did not reproduce, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
+Exit codes (for `git bisect run` and CI): 0 for the verdicts bit_exact, within_tolerance,
+platform_difference and error_reproduced (with --strict: bit_exact only), 1 for diverged and
+error_not_reproduced, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
 with the worst of its bundles' codes, in the order 0 < 3 < 2 < 1 (`tracekit.replay.suite`).
 """
 
@@ -33,6 +34,10 @@ from tracekit.errors import UsageError
 @click.option("--samples", type=int, default=3, show_default=True, help="Samples (their medians' spread is reported).")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="Largest relative RMS accepted as reproduced for float tensors (0: bit-exact).")
+@click.option("--strict", is_flag=True, help="Exit 0 only for a bit-exact replay (not for a platform difference).")
+@click.option("--layers", "layers_out", type=click.Path(dir_okay=False), default=None,
+              help="Also run the step eagerly capturing every decoder layer's output (and its norms, "
+                   "attention, MLP) into a small bundle here; `tracekit diff` two of them. One bundle only.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write one JSON line per bundle here ('-' for stdout).")
 @click.option("--keep-going", is_flag=True,
@@ -45,7 +50,7 @@ from tracekit.errors import UsageError
                    "not bit-exact, the relative error per layer) into this PNG. Needs matplotlib.")
 @click.pass_context
 def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
-                   json_out, keep_going, profile_dir, plot_path):
+                   strict, layers_out, json_out, keep_going, profile_dir, plot_path):
     """Rebuild the engine of each BUNDLE (a file, a folder of .zst bundles, a glob), run its
     step, compare with the recording. Any vLLM engine argument after the bundles overrides the
     recorded one."""
@@ -62,10 +67,12 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         from tracekit.replay.plots import require_matplotlib
 
         require_matplotlib(plot_path)
-    for output in (json_out, plot_path):
+    for output in (json_out, plot_path, layers_out):
         if output and output != "-":
             require_parent(output)
     bundles = find_bundles(specs)
+    if layers_out and len(bundles) > 1:
+        raise UsageError("--layers writes one bundle's per-layer outputs: replay one bundle with it")
     options = dict(
         step=step,
         model=model,
@@ -75,7 +82,10 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         iters=iters,
         samples=samples,
         tolerance=tolerance,
+        strict=strict,
     )
+    if layers_out:
+        options["layers_out"] = layers_out
     profile = Path(profile_dir) if profile_dir else None
     report_stream = sys.stderr if json_out == "-" else sys.stdout
     if len(bundles) == 1:

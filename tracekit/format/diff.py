@@ -4,7 +4,9 @@ versions, or eager against graph mode, shows where the numbers part.
 Tensors are paired by name (the recorder names them by their place in the step), compared with
 `tracekit.format.compare` (numpy, the definitions of `tracekit.numerics.compare_tensors`), and
 reported in the order the first bundle stores them; the environments and engine arguments are
-compared field by field. torch is not needed.
+compared field by field. torch is not needed. A recorder stores a step's tensors in forward
+order (inputs, KV, per-layer outputs, final outputs), so the first tensor that differs is where
+the two runs part: for two `tracekit replay --layers` bundles, the first layer.
 """
 
 from dataclasses import dataclass, field
@@ -23,12 +25,18 @@ class BundleDiff:
     metadata: list[dict[str, Any]] = field(default_factory=list)  # {"field", "first", "second"}
 
     @property
+    def first_difference(self) -> dict[str, Any] | None:
+        """The first tensor, in the first bundle's stored order, that is not bit-identical."""
+        return next((tensor for tensor in self.tensors if not tensor["bit_exact"]), None)
+
+    @property
     def identical_tensors(self) -> bool:
         return not self.only_in_first and not self.only_in_second and all(t["bit_exact"] for t in self.tensors)
 
     def to_plain(self) -> dict[str, Any]:
         return {
             "identical_tensors": self.identical_tensors,
+            "first_difference": self.first_difference,
             "tensors": self.tensors,
             "only_in_first": self.only_in_first,
             "only_in_second": self.only_in_second,

@@ -84,6 +84,8 @@ class Environment(SchemaRecord):
     device_name: str | None = None
     cpu_isa: str | None = None  # e.g. "avx512_bf16" / "avx2"
     gpu_capability: str | None = None  # e.g. "sm_90"
+    attention_backend: str | None = None  # vLLM's attention backend(s), e.g. "CPU_ATTN"
+    num_threads: int | None = None  # torch intra-op threads (CPU reductions may split by them)
     env_vars: dict[str, str] = field(default_factory=dict)  # VLLM_*, TRACEKIT_*, CUDA_* ...
 
 
@@ -187,6 +189,9 @@ class GraphDispatch(SchemaRecord):
 
 @dataclass
 class StepOutputs(SchemaRecord):
+    # `tracekit record --layers`: module name -> output tensor, in forward order (first in the
+    # file so that a diff meets them before the final hidden states they lead to).
+    layers: dict[str, Any] = field(default_factory=dict)
     hidden_states: Any = None  # tensor [num_tokens_padded, hidden]
     logits: Any = None  # tensor [num_sampled, vocab]
     sampled_token_ids: list[list[int]] | None = None  # per request, batch order
@@ -236,6 +241,8 @@ class BundleContent(SchemaRecord):
     steps: list[Step]
     schema_version: int = SCHEMA_VERSION
     created_at: str = ""  # ISO 8601, UTC
+    # what was done to the recorded bundle, oldest first: {"kind": "shrink" | "redact", ...}
+    derivations: list[dict[str, Any]] = field(default_factory=list)
     nested: ClassVar[dict[str, Any]] = {
         "environment": Environment,
         "engine": EngineConfig,

@@ -27,14 +27,17 @@ def recording(
     on: tuple[str, ...] = (),
     kv: str = "read",
     max_bundles: int = DEFAULT_MAX_BUNDLES,
+    layers: bool = False,
 ) -> Iterator[Recorder]:
-    """Arm a recorder on `llm` for the block; bundles are all written when it exits."""
+    """Arm a recorder on `llm` for the block; bundles are all written when it exits. `layers`:
+    also store every decoder layer's output of a recorded step (eager engines only)."""
     recorder = Recorder(
         find_runner(llm),
         output,
         TriggerSet(steps=steps, when=when, events=tuple(on)),
         kv=kv,
         max_bundles=max_bundles,
+        layers=layers,
     )
     with recorder:
         yield recorder

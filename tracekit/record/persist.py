@@ -55,9 +55,14 @@ def write_bundle(path: Path, environment: Environment, engine: EngineConfig, ste
         steps=steps,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+    return write_content(path, content)
+
+
+def write_content(path: str | Path, content: BundleContent) -> Path:
+    """A bundle holding `content`, its tensors named by their place in the content tree."""
     with BundleWriter(path) as writer:
         writer.set_metadata(_store_tensors(content.to_plain(), writer, ""))
-    return path
+    return Path(path)
 
 
 def _store_tensors(value: Any, writer: Any, name: str) -> Any:

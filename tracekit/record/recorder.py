@@ -22,9 +22,10 @@ from typing import Any, Callable
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import EngineConfig, ModelInfo, Step
-from tracekit.environment import current_environment
 from tracekit.graphs.device import get_device_backend
 from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm import layer_capture
+from tracekit.integrations.vllm.platform_facts import runner_environment
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, adapter_for
 from tracekit.integrations.vllm.version import require_supported_vllm
 from tracekit.record import step_capture
@@ -46,6 +47,7 @@ class _PendingStep:
     forward_seen: bool = False
     phase: str = "prepare"
     forward_started: tuple[float, float] | None = None  # (wall, process CPU) at the forward
+    layers: Any = None  # the LayerCapture hooked for this step's forward (`layers=True`)
 
 
 def _engine_boundary(method: Callable) -> Callable:
@@ -97,6 +99,7 @@ class Recorder:
         triggers: TriggerSet,
         kv: str = "read",
         max_bundles: int = DEFAULT_MAX_BUNDLES,
+        layers: bool = False,
     ):
         if kv not in step_capture.KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(step_capture.KV_MODES)}")
@@ -104,6 +107,9 @@ class Recorder:
         self.output = OutputTemplate(output)
         self.triggers = triggers
         self.kv = kv
+        if layers and not layer_capture.runs_eagerly(runner):
+            raise UsageError("--layers records per-layer outputs only from an eager engine: add --enforce-eager")
+        self.layers = layers  # also store every layer's output of a recorded step (eager engines)
         if max_bundles < 1:
             raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
@@ -142,7 +148,7 @@ class Recorder:
         try:
             self.adapter = adapter_for(self.runner)
             self._persister = BackgroundPersister(
-                current_environment(self.runner.device), engine_config_of(self.adapter)
+                runner_environment(self.runner), engine_config_of(self.adapter)
             )
             shadows = self.adapter.observe(self)
             shadows.__enter__()
@@ -153,6 +159,7 @@ class Recorder:
 
     def disarm(self) -> None:
         shadows, self._shadows = self._shadows, None
+        _stop_layers(self._pending)
         self._pending = None
         if shadows is not None:
             shadows.__exit__(None, None, None)
@@ -170,6 +177,7 @@ class Recorder:
         if not logged:
             self._failures.append(reason)
             logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
+        _stop_layers(self._pending)
         shadows, self._shadows, self._pending = self._shadows, None, None
         if shadows is not None:
             try:
@@ -206,6 +214,8 @@ class Recorder:
                 self.adapter, pending.scheduler_output, pending.index, pending.reason or "", self.kv,
                 input_ids, positions,
             )
+            if self.layers and pending.reason is not None:
+                pending.layers = layer_capture.LayerCapture(layer_capture.model_of(self.runner)).__enter__()
             pending.forward_started = (time.perf_counter(), time.process_time())
 
     @_engine_boundary
@@ -218,7 +228,10 @@ class Recorder:
         pending.forward_started = None
         pending.step.timing.forward_us = (time.perf_counter() - started_wall) * 1e6
         pending.step.timing.forward_cpu_us = (time.process_time() - started_cpu) * 1e6
+        layers = _stop_layers(pending)
         step_capture.capture_after_forward(self.runner, pending.step, hidden_states)
+        if layers is not None and layers.failure is None:
+            pending.step.outputs.layers = layers.outputs
         pending.phase = "logits"
 
     @_engine_boundary
@@ -240,6 +253,7 @@ class Recorder:
     @_engine_boundary
     def step_failed(self, error: BaseException) -> None:
         pending, self._pending = self._pending, None
+        _stop_layers(pending)
         if pending is None or pending.step is None:
             return
         if pending.reason is None and "exception" not in self.triggers.events:
@@ -280,3 +294,12 @@ class Recorder:
                 "tracekit: recorded %d bundles, the most this session takes (--max-bundles); "
                 "later steps are not recorded", self.max_bundles,
             )
+
+
+def _stop_layers(pending: _PendingStep | None) -> Any:
+    """Remove the step's layer hooks, if any; returns the capture."""
+    layers = pending.layers if pending is not None else None
+    if layers is not None:
+        pending.layers = None
+        layers.__exit__(None, None, None)
+    return layers

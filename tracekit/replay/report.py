@@ -1,5 +1,6 @@
 """The human-readable replay reports: one bundle's in detail (what differs here, what matched,
-how fast it ran), and a suite's as one summary row per bundle with a progress bar meanwhile."""
+how fast it ran, and the verdict as its last line), and a suite's as one summary row per bundle
+with a progress bar meanwhile."""
 
 import contextlib
 import sys
@@ -13,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tracekit.errors import EXIT_OK
+from tracekit.replay import verdict as verdicts
 from tracekit.replay.replayer import ReplayResult
 from tracekit.replay.suite import SuiteOutcome, SuiteRecord
 
@@ -31,7 +33,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     for difference in result.environment_differences:
         marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
         console.print(
-            f" {marker} environment {difference['field']}: recorded {difference['recorded']!r}, here {difference['here']!r}"
+            f" {marker} environment {escape(str(difference['field']))}: recorded {escape(repr(difference['recorded']))}, "
+            f"here {escape(repr(difference['here']))}"
         )
     for name, value in result.overrides.items():
         console.print(f"   override {name} = {value!r}")
@@ -42,16 +45,40 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     checks.add_column("item", overflow="fold")
     for column in ("bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
         checks.add_column(column)
+    verdict = result.verdict
     for item in result.checks:
         details = item.details
+        if item.bit_exact:
+            agreement = "[green]yes[/green]"
+        elif item.within_tolerance:
+            agreement = "[yellow]within tol[/yellow]"
+        elif verdict.name == verdicts.PLATFORM_DIFFERENCE:
+            agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
+        else:
+            agreement = "[red]NO[/red]"
         checks.add_row(
             escape(item.name),
-            "[green]yes[/green]" if item.bit_exact else ("[yellow]within tol[/yellow]" if item.within_tolerance else "[red]NO[/red]"),
+            agreement,
             _number(details.get("max_abs")),
             _number(details.get("relative_rms")),
             _number(details.get("argmax_agreement", details.get("agreement"))),
         )
     console.print(checks)
+    for item in result.checks:
+        for row in item.details.get("differing_rows", []):
+            console.print(f"   {escape(verdicts.describe_differing_row(row))}")
+    if result.layer_checks:
+        first_layer = result.first_diverging_layer
+        agreeing = sum(item.bit_exact for item in result.layer_checks)
+        console.print(
+            f"layers vs recorded (eager): {agreeing}/{len(result.layer_checks)} bit-exact"
+            + ("" if first_layer is None else
+               f"; first diverging layer [bold]{escape(first_layer.name.removeprefix('layer/'))}[/bold] "
+               f"max_abs {_number(first_layer.details.get('max_abs'))} "
+               f"relative_rms {_number(first_layer.details.get('relative_rms'))}")
+        )
+    if result.layers_bundle:
+        console.print(f"per-layer outputs (eager) written to {escape(result.layers_bundle)}")
 
     timing = Table(title="forward time", title_justify="left")
     for column in ("mode", "median", "min", "p90", "spread", "vs recorded"):
@@ -79,11 +106,16 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         if report.get("profile_trace"):
             console.print(f"   {mode}: profile trace {escape(report['profile_trace'])} (open in ui.perfetto.dev)")
 
-    if result.reproduced:
-        verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
-        console.print(f"[bold green]REPRODUCED[/bold green] ({verdict})")
-    else:
-        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{result.first_divergence}[/bold]")
+    headline = {
+        verdicts.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
+        verdicts.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {result.tolerance:g})",
+        verdicts.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
+        verdicts.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
+        verdicts.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
+        verdicts.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
+                           f"[bold]{escape(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
+    }[verdict.name]
+    console.print(f"verdict [bold]{verdict.name}[/bold]: {headline} ({escape(verdict.reason)})")
 
 
 def _ratio(replayed: Any, recorded: Any) -> str:

@@ -31,19 +31,17 @@ EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_NOT_REPRODU
 ERROR_VERDICTS = {EXIT_BAD_INPUT: "bad_input", EXIT_CANNOT_RUN_HERE: "cannot_run_here"}
 # The replay itself raised (a bug in tracekit or the engine): the step did not reproduce.
 CRASHED = "crashed"
+# A bundle holding no recorded step (e.g. traces/golden-v1.zst, a format fixture): nothing to replay.
+NO_STEP = "no_step"
 
 # The engine argument that names the weights' location, which may differ between machines.
 _MODEL_PATH_ARGS = ("model", "tokenizer")
 
 
 def verdict_of(result: ReplayResult) -> str:
-    """bit_exact, within_tolerance, diverged; error_reproduced / error_not_reproduced for a step
-    recorded because its forward raised."""
-    if any(item.name == "error" for item in result.checks):
-        return "error_reproduced" if result.reproduced else "error_not_reproduced"
-    if result.bit_exact:
-        return "bit_exact"
-    return "within_tolerance" if result.reproduced else "diverged"
+    """The replay's verdict (`tracekit.replay.verdict`): bit_exact, within_tolerance,
+    platform_difference, diverged, error_reproduced, error_not_reproduced."""
+    return result.verdict.name
 
 
 def worst_exit_code(codes: Sequence[int]) -> int:
@@ -151,9 +149,13 @@ def run_suite(
             records.append(_error_record(bundle, names[bundle], error))
             on_done(records[-1])
             continue
+        if not content.steps:
+            records.append(SuiteRecord(str(bundle), names[bundle], NO_STEP, EXIT_OK, error="holds no recorded step"))
+            on_done(records[-1])
+            continue
         groups.setdefault(engine_key(content), []).append(bundle)
     queue = [bundle for group in groups.values() for bundle in group]
-    if records and not keep_going:
+    if any(record.exit_code != EXIT_OK for record in records) and not keep_going:
         return SuiteOutcome(records, [str(bundle) for bundle in queue], 0)
 
     engines_built = 0
