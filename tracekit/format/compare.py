@@ -1,7 +1,7 @@
 """Comparing two tensors read from bundles, in numpy: the numbers `tracekit diff` prints.
 
 The definitions are those of `tracekit.numerics.compare_tensors` (exact bytes, `max_abs`,
-`relative_rms`, `argmax_agreement`), which works on live torch tensors during a replay; this
+`relative_rms`, `max_abs_vs_rms`, `argmax_agreement`), which works on live torch tensors during a replay; this
 module computes the same from a bundle's bytes without torch, so that `tracekit.format` stays
 free of it. `tests/format/test_compare.py` checks that both give the same answers. Element
 types numpy lacks are widened to float64 here: bfloat16 by a shift, the float8 kinds by a
@@ -79,18 +79,20 @@ def compare_bytes(actual: bytes, actual_dtype: str, actual_shape, expected: byte
     actual_shape, expected_shape = tuple(actual_shape), tuple(expected_shape)
     if actual_shape != expected_shape:
         return {"bit_exact": False, "shape_mismatch": [list(actual_shape), list(expected_shape)],
-                "max_abs": float("inf"), "relative_rms": float("inf")}
+                "max_abs": float("inf"), "relative_rms": float("inf"), "max_abs_vs_rms": float("inf")}
     bit_exact = actual_dtype == expected_dtype and actual == expected
     if int(np.prod(actual_shape, dtype=np.int64)) == 0:
-        return {"bit_exact": bit_exact, "max_abs": 0.0, "relative_rms": 0.0}
+        return {"bit_exact": bit_exact, "max_abs": 0.0, "relative_rms": 0.0, "max_abs_vs_rms": 0.0}
     first, second = as_float64(actual, actual_dtype, actual_shape), as_float64(expected, expected_dtype, expected_shape)
     with np.errstate(all="ignore"):
         delta = first - second
         scale = max(float(np.sqrt(np.mean(np.square(second)))), 1e-12)
+        max_abs = float(np.max(np.nan_to_num(np.abs(delta), nan=np.inf)))
         result = {
             "bit_exact": bit_exact,
-            "max_abs": float(np.max(np.nan_to_num(np.abs(delta), nan=np.inf))),
+            "max_abs": max_abs,
             "relative_rms": float(np.sqrt(np.mean(np.square(delta))) / scale),
+            "max_abs_vs_rms": max_abs / scale,
         }
     if actual_dtype in FLOATING and len(actual_shape) >= 2 and actual_shape[-1] > 1:
         result["argmax_agreement"] = float(np.mean(_argmax(first) == _argmax(second)))
