@@ -4,9 +4,9 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from tracekit.cli.terminal import inert
 from tracekit.replay.multirank import RankSetReplayResult
 from tracekit.replay.report import print_differences
 
@@ -21,7 +21,7 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         f" PP={result.pipeline_parallel_size}" if result.pipeline_parallel_size > 1 else ""
     )
     console.print(
-        f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger}), "
+        f"[bold]replay[/bold] {inert(result.bundle)}  step {inert(result.step_index)} ({inert(result.trigger)}), "
         f"{result.world_size} ranks ({layout})"
     )
     print_differences(console, result.environment_differences, result.overrides)
@@ -38,7 +38,7 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         table.add_row(
             str(rank),
             verdict,
-            escape(replayed.first_divergence or "-"),
+            inert(replayed.first_divergence or "-"),
             _ms(replayed.recorded_timing.get("forward_us")),
             _ms(replayed.replay_forward_us),
             _ms(latency.get("median")),
@@ -64,7 +64,7 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
             detail.add_column(column)
         for item in diverged:
             detail.add_row(
-                escape(item.name),
+                inert(item.name),
                 "yes" if item.within_tolerance else "[red]no[/red]",
                 str(item.details.get("max_abs", "-")),
                 str(item.details.get("relative_rms", "-")),
@@ -75,4 +75,4 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
         console.print(f"[bold green]REPRODUCED[/bold green] on all {result.world_size} ranks ({verdict})")
     else:
-        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{escape(result.first_divergence)}[/bold]")
+        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{inert(result.first_divergence)}[/bold]")

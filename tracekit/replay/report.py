@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.markup import escape
+from tracekit.cli.terminal import inert
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -32,8 +32,8 @@ def print_differences(console: Console, environment_differences: list[dict[str, 
     for difference in environment_differences:
         marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
         console.print(
-            f" {marker} environment {escape(str(difference['field']))}: recorded {escape(repr(difference['recorded']))}, "
-            f"here {escape(repr(difference['here']))}"
+            f" {marker} environment {inert(str(difference['field']))}: recorded {inert(repr(difference['recorded']))}, "
+            f"here {inert(repr(difference['here']))}"
         )
     for name, value in overrides.items():
         console.print(f"   override {name} = {value!r}")
@@ -44,7 +44,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console.print(f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger})")
     print_differences(console, result.environment_differences, result.overrides)
     for note in result.notes:
-        console.print(f" [yellow]![/yellow] {escape(note)}")
+        console.print(f" [yellow]![/yellow] {inert(note)}")
 
     checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
     checks.add_column("item", overflow="fold")
@@ -62,7 +62,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         else:
             agreement = "[red]NO[/red]"
         checks.add_row(
-            escape(item.name),
+            inert(item.name),
             agreement,
             _number(details.get("max_abs")),
             _number(details.get("relative_rms")),
@@ -71,19 +71,19 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console.print(checks)
     for item in result.checks:
         for row in item.details.get("differing_rows", []):
-            console.print(f"   {escape(verdicts.describe_differing_row(row))}")
+            console.print(f"   {inert(verdicts.describe_differing_row(row))}")
     if result.layer_checks:
         first_layer = result.first_diverging_layer
         agreeing = sum(item.bit_exact for item in result.layer_checks)
         console.print(
             f"layers vs recorded (eager): {agreeing}/{len(result.layer_checks)} bit-exact"
             + ("" if first_layer is None else
-               f"; first diverging layer [bold]{escape(first_layer.name.removeprefix('layer/'))}[/bold] "
+               f"; first diverging layer [bold]{inert(first_layer.name.removeprefix('layer/'))}[/bold] "
                f"max_abs {_number(first_layer.details.get('max_abs'))} "
                f"relative_rms {_number(first_layer.details.get('relative_rms'))}")
         )
     if result.layers_bundle:
-        console.print(f"per-layer outputs (eager) written to {escape(result.layers_bundle)}")
+        console.print(f"per-layer outputs (eager) written to {inert(result.layers_bundle)}")
 
     timing = Table(title="forward time", title_justify="left")
     for column in ("mode", "median", "min", "p90", "spread", "vs recorded"):
@@ -106,10 +106,10 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         )
     console.print(timing)
     for mode, reason in unavailable.items():
-        console.print(f"   {mode}: unavailable here ({escape(reason)})")
+        console.print(f"   {mode}: unavailable here ({inert(reason)})")
     for mode, report in result.modes.items():
         if report.get("profile_trace"):
-            console.print(f"   {mode}: profile trace {escape(report['profile_trace'])} (open in ui.perfetto.dev)")
+            console.print(f"   {mode}: profile trace {inert(report['profile_trace'])} (open in ui.perfetto.dev)")
 
     headline = {
         verdicts.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
@@ -118,9 +118,9 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         verdicts.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
         verdicts.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
         verdicts.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
-                           f"[bold]{escape(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
+                           f"[bold]{inert(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
     }[verdict.name]
-    console.print(f"verdict [bold]{verdict.name}[/bold]: {headline} ({escape(verdict.reason)})")
+    console.print(f"verdict [bold]{verdict.name}[/bold]: {headline} ({inert(verdict.reason)})")
 
 
 def _ratio(replayed: Any, recorded: Any) -> str:
@@ -148,11 +148,11 @@ def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> 
     for record in outcome.records:
         result = record.result
         table.add_row(
-            escape(record.name),
+            inert(record.name),
             "-" if result is None else str(result.step_index),
             "-" if record.engine is None else str(record.engine),
             _verdict_cell(record),
-            escape((result.first_divergence if result else None) or "-"),
+            inert((result.first_divergence if result else None) or "-"),
             _us(record.forward_us),
             _us(record.recorded_forward_us),
             _ratio(record.forward_us, record.recorded_forward_us),
@@ -160,11 +160,11 @@ def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> 
     console.print(table)
     for record in outcome.records:
         if record.error:
-            console.print(f" [red]![/red] {escape(record.bundle)}: {escape(record.error)}")
+            console.print(f" [red]![/red] {inert(record.bundle)}: {inert(record.error)}")
     traces = [report["profile_trace"] for record in outcome.records if record.result
               for report in record.result.modes.values() if report.get("profile_trace")]
     if traces:
-        console.print(f"   profile traces: {len(traces)} in {escape(str(Path(traces[0]).parent))} (open in ui.perfetto.dev)")
+        console.print(f"   profile traces: {len(traces)} in {inert(str(Path(traces[0]).parent))} (open in ui.perfetto.dev)")
     if outcome.not_run:
         console.print(f"[bold red]stopped at the first failure[/bold red]: {len(outcome.not_run)} bundle(s) not run "
                       "(--keep-going runs them all)")
@@ -182,7 +182,7 @@ class _SuiteProgress:
 
     def start(self, position: int, bundle: Path, building_engine: bool) -> None:
         doing = "building an engine for" if building_engine else "replaying"
-        self._progress.update(self._task, description=f"{doing} {escape(bundle.name)}")
+        self._progress.update(self._task, description=f"{doing} {inert(bundle.name)}")
 
     def done(self, record: SuiteRecord) -> None:
         self._progress.advance(self._task)
