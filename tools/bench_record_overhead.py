@@ -16,7 +16,8 @@ from round to round:
   armed, waiting           a recorder whose step trigger never fires (the normal state)
   armed, copy every step   `--on exception`: every step's inputs and KV are copied to host
 then one round in which every step fires (bundles written by the background thread), to show a
-firing step's stall: its host copy, against the step's own time.
+firing step's stall: its host copy, against the step's own time; and (eager) one more in which
+every step fires with `layers=True`, its forward and bundle size against firing without.
 
 Prints generate throughput (tokens/s, median over rounds), the ratios against unarmed, and the
 same difference as time per engine step. Target: armed-and-waiting >= 0.99x.
@@ -94,31 +95,48 @@ def main() -> None:
         wall, cpu = median(name, 0), median(name, 1)
         print(f"{name:24} {wall:11.1f} {wall / median('unarmed', 0):10.3f}x {cpu:10.1f} {cpu / median('unarmed', 1):10.3f}x")
 
-    with recording(llm, f"{out_dir}/fire{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
-        generate()
     from tracekit.format import open_bundle
     from tracekit.format.schema import BundleContent
 
-    copies, steps, forwards = [], [], []
-    for path in recorder.written:
-        with open_bundle(path) as reader:
-            timing = BundleContent.from_plain(reader.metadata).steps[0].timing
-        copies.append(timing.host_copy_us)
-        steps.append(timing.step_us)
-        forwards.append(timing.forward_us)
+    def firing_round(name: str, layers: bool) -> dict[str, float]:
+        """Every step fires; the medians of what its bundle says about the step, and its size."""
+        with recording(llm, f"{out_dir}/{name}{{step}}.zst", steps="0:", max_bundles=1000, layers=layers) as recorder:
+            generate()
+        timings, sizes = [], []
+        for path in recorder.written:
+            with open_bundle(path) as reader:
+                timings.append(BundleContent.from_plain(reader.metadata).steps[0].timing)
+            sizes.append(os.path.getsize(path))
+        return {
+            "steps": len(timings),
+            "copy": statistics.median(t.host_copy_us for t in timings),
+            "forward": statistics.median(t.forward_us for t in timings),
+            "step": statistics.median(t.step_us for t in timings),
+            "bytes": statistics.median(sizes),
+        }
+
+    fired = firing_round("fire", layers=False)
     print(
-        f"\nfiring steps: {len(copies)}; host copy median {statistics.median(copies):.0f} us, "
-        f"forward median {statistics.median(forwards):.0f} us, step median {statistics.median(steps):.0f} us "
-        f"(the stall is the copy: {statistics.median(copies) / statistics.median(steps):.1%} of a step); "
+        f"\nfiring steps: {fired['steps']}; host copy median {fired['copy']:.0f} us, "
+        f"forward median {fired['forward']:.0f} us, step median {fired['step']:.0f} us "
+        f"(the stall is the copy: {fired['copy'] / fired['step']:.1%} of a step); "
         f"compression and writing ran on the writer thread"
     )
     # The ratios hide a fixed per-step cost behind a slow step (Model Runner V2 in Triton's
     # interpreter): the same medians as time per engine step.
     tokens = options.requests * options.max_tokens
     for name in names[1:]:
-        wall, cpu = (1e6 * tokens * (1 / median(name, c) - 1 / median("unarmed", c)) / len(copies) for c in (0, 1))
+        wall, cpu = (1e6 * tokens * (1 / median(name, c) - 1 / median("unarmed", c)) / fired["steps"] for c in (0, 1))
         print(f"{name}: {wall:+.0f} us wall, {cpu:+.0f} us CPU per step against unarmed")
 
+    if not options.compile:  # per-layer outputs are captured from eager engines only
+        layered = firing_round("layers", layers=True)
+        print(
+            f"firing steps with --layers: forward median {layered['forward']:.0f} us "
+            f"({layered['forward'] / fired['forward']:.2f}x of firing without; the hooks copy every layer's "
+            f"output to host inside the forward), bundle median {layered['bytes'] / 1024:.0f} KiB "
+            f"({layered['bytes'] / fired['bytes']:.2f}x)"
+        )
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,9 @@
-"""Writes traces/golden-v1.zst, the committed bundle that every future tracekit must read.
+"""Writes traces/golden-vN.zst (N: the format version written now), a committed bundle that
+every future tracekit must read.
 
 Run once when the format version changes (a new golden-vN next to the old ones), never to
-"refresh" an existing golden file: tests/format/test_golden.py pins its decoded values, so a
-reader change that misreads a v1 bundle fails there.
+"refresh" an existing golden file: tests/format/test_golden.py pins their decoded values, so a
+reader change that misreads a v1 or v2 bundle fails there.
 
     python tools/make_golden_bundle.py [OUTPUT]
 """
@@ -11,7 +12,7 @@ import sys
 
 import torch
 
-from tracekit.format import BundleWriter
+from tracekit.format import FORMAT_VERSION, BundleWriter
 
 # Integer-valued patterns are exact in every dtype, fp8 and bool included.
 DTYPES = [
@@ -34,11 +35,11 @@ def golden_tensors() -> dict[str, torch.Tensor]:
     return tensors
 
 
-def main(output: str = "traces/golden-v1.zst") -> None:
+def main(output: str = f"traces/golden-v{FORMAT_VERSION}.zst") -> None:
     with BundleWriter(output, chunk_bytes=65536) as writer:
         refs = {name: writer.add_tensor(name, tensor) for name, tensor in golden_tensors().items()}
         writer.set_metadata({
-            "schema": "golden", "format_version": 1, "text": "héllo", "blob": b"\x00\x01\xff",
+            "schema": "golden", "format_version": FORMAT_VERSION, "text": "héllo", "blob": b"\x00\x01\xff",
             "numbers": [0, -1, 2**40, 1.5, True, None], "kv": refs["kv/layer.0"],
         })
     print(f"wrote {output}")

@@ -14,17 +14,41 @@ from tracekit import __version__
 from tracekit.format.schema import Environment
 from tracekit.integrations.vllm.version import installed_vllm_version
 
-# Environment variables that change what a forward computes or how it is dispatched.
-RELEVANT_ENV_PREFIXES = ("VLLM_", "TRACEKIT_", "CUDA_", "NCCL_", "OMP_", "ASCEND_", "TORCH_")
+# Environment variables worth recording: they may change what a forward computes or how it runs.
+RELEVANT_ENV_PREFIXES = (
+    "VLLM_", "TRACEKIT_", "CUDA_", "NCCL_", "OMP_", "ASCEND_", "TORCH_", "ATEN_", "ONEDNN_", "DNNL_", "MKL_",
+    "CUBLAS_", "NVIDIA_TF32",
+)
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # Set by vLLM itself with a fresh random value in every process: never a difference that matters.
 PER_PROCESS_VARS = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
 
-# Fields whose difference makes bit-exactness unlikely; the rest are informational.
-NUMERIC_FIELDS = ("vllm_version", "torch_version", "device_kind", "device_name", "cpu_isa", "gpu_capability")
+# Fields whose difference makes bit-exactness unlikely; the rest are informational. The torch and
+# vLLM versions carry their build tags ("2.13.0+cpu"). `num_threads` counts on CPU only, where the
+# thread count can change how a reduction is split.
+NUMERIC_FIELDS = (
+    "vllm_version", "torch_version", "device_kind", "device_name", "cpu_isa", "gpu_capability",
+    "attention_backend", "num_threads",
+)
+# Environment variables that choose a kernel, a precision, a backend, a thread count or the
+# compilation: what the numbers may depend on. A name marked so whose value is a location
+# (a directory, a file, a host) is not: it only says where things are.
+NUMERICS_ENV_MARKERS = (
+    "ATTENTION", "ATTN", "BACKEND", "KERNEL", "GEMM", "MOE", "FLASH", "SAMPLER", "TF32", "CUBLAS", "CUDNN",
+    "DETERMINISTIC", "BATCH_INVARIANT", "NUM_THREADS", "OMP_", "MKL_", "DNNL", "ONEDNN", "FP8", "FP4", "DTYPE",
+    "PRECISION", "COMPILE", "INDUCTOR", "CUDAGRAPH", "TRITON", "MODEL_RUNNER", "ALL_REDUCE", "ALLREDUCE",
+    "NCCL_ALGO", "NCCL_PROTO", "KVCACHE", "SSM", "SHARED_EXPERTS", "CPU_CAPABILITY",
+)
+LOCATION_SUFFIXES = ("_DIR", "_PATH", "_ROOT", "_FILE", "_HOST", "_IP", "_PORT", "_URL", "_NAME")
 
 
-def current_environment(device: Any = None) -> Environment:
+def numerics_relevant_env(name: str) -> bool:
+    return any(marker in name for marker in NUMERICS_ENV_MARKERS) and not name.endswith(LOCATION_SUFFIXES)
+
+
+def current_environment(device: Any = None, attention_backend: str | None = None) -> Environment:
+    """This process's fingerprint; `attention_backend` comes from the engine (see
+    `tracekit.integrations.vllm.platform_facts`)."""
     import torch
 
     device = torch.device(device or "cpu")
@@ -37,6 +61,8 @@ def current_environment(device: Any = None) -> Environment:
         device_kind=device.type,
         device_name=platform.processor() or platform.machine(),
         cpu_isa=torch.backends.cpu.get_cpu_capability(),
+        attention_backend=attention_backend,
+        num_threads=torch.get_num_threads(),
         env_vars={
             name: value
             for name, value in sorted(os.environ.items())
@@ -55,14 +81,32 @@ def current_environment(device: Any = None) -> Environment:
 
 
 def environment_differences(recorded: Environment, here: Environment) -> list[tuple[str, Any, Any, bool]]:
-    """(field, recorded, here, affects_numerics) for every field that differs, env vars included."""
+    """(field, recorded, here, affects_numerics) for every field that differs, env vars included.
+    A field an older bundle did not record (None) is not a difference."""
     differences = []
     for name in ("tracekit_version", *NUMERIC_FIELDS, "python_version", "platform"):
         before, now = getattr(recorded, name), getattr(here, name)
-        if before != now:
-            differences.append((name, before, now, name in NUMERIC_FIELDS))
+        if before != now and not (name in _ADDED_FIELDS and before is None):
+            differences.append((name, before, now, _affects_numerics(name, recorded)))
     for name in sorted(set(recorded.env_vars) | set(here.env_vars)):
         before, now = recorded.env_vars.get(name), here.env_vars.get(name)
         if before != now:
-            differences.append((f"env {name}", before, now, False))
+            differences.append((f"env {name}", before, now, numerics_relevant_env(name)))
     return differences
+
+
+# Fields added after the first bundles were recorded: absent there, so unknown rather than different.
+_ADDED_FIELDS = ("attention_backend", "num_threads")
+
+
+def _affects_numerics(name: str, recorded: Environment) -> bool:
+    if name == "num_threads":
+        return recorded.device_kind == "cpu"
+    return name in NUMERIC_FIELDS
+
+
+def numerics_summary(environment: Environment) -> dict[str, Any]:
+    """The recorded facts that shape the numbers, for `tracekit inspect`."""
+    summary = {name: getattr(environment, name) for name in NUMERIC_FIELDS}
+    summary["env_vars"] = {k: v for k, v in environment.env_vars.items() if numerics_relevant_env(k)}
+    return summary

@@ -173,5 +173,22 @@ def of_kind(bundles: dict[int, Path], kind: str) -> dict[int, Path]:
     return {index: path for index, path in bundles.items() if STEP_KINDS[kind](read_step(path))}
 
 
+# Items a replay must have compared for "bit-exact" to mean anything.
+CORE_ITEMS = {"batch_order", "input_ids", "positions", "hidden_states", "logits", "sampled_token_ids"}
+
+
+def assert_replayed_bit_exact(replays: dict[str, Any], bundles: dict[int, Path]) -> None:
+    """Every bundle's replay (from `replay_many.py`) compared the core items and KV, all bit-exact."""
+    assert bundles, "the workload produced no step of this kind"
+    for index, path in bundles.items():
+        result = replays["replays"][str(path)]
+        assert "error" not in result, f"step {index}: {result.get('error')}"
+        items = {check["item"] for check in result["checks"]}
+        assert CORE_ITEMS <= items, f"step {index} compared only {sorted(items)}"
+        assert any(item.startswith("kv_written/") for item in items), f"step {index} compared no KV"
+        diverged = [check for check in result["checks"] if not check["bit_exact"]]
+        assert result["bit_exact"] and not diverged, f"step {index} ({path.name}) diverged: {diverged}"
+
+
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]

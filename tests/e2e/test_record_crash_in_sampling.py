@@ -52,5 +52,8 @@ def test_replay_reproduces_the_failure(crashed, tmp_path):
     out = tmp_path / "replay.json"
     finished = tracekit("replay", bundles[0], "--no-timing", "--json", out, runner="v1")
     assert finished.returncode == 0, finished.explain()
-    (check,) = json.loads(out.read_text())["checks"]
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "error_reproduced"
+    (check,) = result["checks"]
     assert check["item"] == "error" and check["bit_exact"] and VLLM_BUG in check["raised"]
+    assert check["recorded_phase"] == "bookkeeping"

@@ -1,6 +1,7 @@
 """Issue 4: the compile mode is part of what a replay reproduces, and `--mode all` on CPU reports
 what can run here (eager, and compiled where the engine compiles) and why graph modes cannot;
-`--json` carries the timing statistics."""
+`--json` carries the timing statistics. Issue 9: it also reports per-piece agreement of
+Inductor-compiled pieces with eager through the piecewise backend's divergence probe."""
 
 import json
 
@@ -37,6 +38,20 @@ def assert_graph_modes_unavailable(result):
         assert result["modes"][mode]["available"] is False and result["modes"][mode]["reason"]
 
 
+def assert_pieces_probed_against_eager(result):
+    """On CPU the piecewise mode cannot capture, but its engine compiles the model's pieces with
+    Inductor and the divergence probe runs each against its eager FX module: one piece before
+    the first attention, one between consecutive layers' attentions, one after the last."""
+    divergence = result["modes"]["piecewise"]["divergence"]
+    assert divergence["pieces_compiled_with"] == "inductor" and divergence["pieces_captured"] is False
+    num_layers = len(read_step(result["bundle"]).kv.groups[0].layer_names)
+    pieces = divergence["pieces"]
+    assert len(pieces) == num_layers + 1 and all(piece["path"] == "general" for piece in pieces)
+    # Inductor's fusions round differently from eager kernels; an order of magnitude more, not a bug.
+    assert all(piece["max_abs"] < 1e-4 and piece["relative_rms"] < 1e-5 for piece in pieces), pieces
+    assert divergence["first_divergent"] is None
+
+
 def test_eager_bundle_all_modes(builtin_bundles, tmp_path, runner_kind):
     mixed = next(p for p in builtin_bundles.values() if STEP_KINDS["mixed"](read_step(p)))
     finished, result = replay_all_modes(mixed, tmp_path, runner_kind)
@@ -46,6 +61,7 @@ def test_eager_bundle_all_modes(builtin_bundles, tmp_path, runner_kind):
     assert result["modes"]["eager"]["vs_recorded"]["bit_exact"]
     assert result["modes"]["compiled"]["available"] is False and "compil" in result["modes"]["compiled"]["reason"]
     assert_graph_modes_unavailable(result)
+    assert_pieces_probed_against_eager(result)
     assert "unavailable here" in finished.stdout
 
 
@@ -59,6 +75,8 @@ def test_compiled_bundle_replays_bit_exact_compiled_with_all_modes(compiled_bund
     assert_timed(result["modes"]["eager"])
     assert_timed(result["modes"]["compiled"])
     assert result["modes"]["compiled"]["vs_recorded"]["bit_exact"]
+    # The eager mode really runs eagerly on a compiled engine: it rounds differently.
+    assert not result["modes"]["eager"]["vs_recorded"]["bit_exact"]
     assert_graph_modes_unavailable(result)
 
 

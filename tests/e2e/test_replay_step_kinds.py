@@ -7,24 +7,9 @@ a kind of step fails here instead of passing vacuously."""
 
 import pytest
 
-from e2e_support import BUILTIN_STEP_KINDS, of_kind
+from e2e_support import BUILTIN_STEP_KINDS, assert_replayed_bit_exact, of_kind
 
 pytestmark = pytest.mark.slow
-
-# Items a replay must have compared for "bit-exact" to mean anything.
-CORE_ITEMS = {"batch_order", "input_ids", "positions", "hidden_states", "logits", "sampled_token_ids"}
-
-
-def assert_replayed_bit_exact(replays, bundles):
-    assert bundles, "the workload produced no step of this kind"
-    for index, path in bundles.items():
-        result = replays["replays"][str(path)]
-        assert "error" not in result, f"step {index}: {result.get('error')}"
-        items = {check["item"] for check in result["checks"]}
-        assert CORE_ITEMS <= items, f"step {index} compared only {sorted(items)}"
-        assert any(item.startswith("kv_written/") for item in items), f"step {index} compared no KV"
-        diverged = [check for check in result["checks"] if not check["bit_exact"]]
-        assert result["bit_exact"] and not diverged, f"step {index} ({path.name}) diverged: {diverged}"
 
 
 @pytest.mark.parametrize("kind", BUILTIN_STEP_KINDS)

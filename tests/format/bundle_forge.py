@@ -4,6 +4,7 @@ only the edit is wrong, and to check that the spec describes the real bytes."""
 
 import hashlib
 import struct
+import zlib
 from pathlib import Path
 
 import msgpack
@@ -28,7 +29,8 @@ def read_parts(path) -> tuple[dict, dict, bytes]:
 
 
 def frame_refs(index: dict) -> dict:
-    """{("metadata",) or (tensor, chunk, frame): the index's mutable [offset, stored, content]}."""
+    """{("metadata",) or (tensor, chunk, frame): the index's mutable frame entry
+    [offset, stored, content, crc32(, content checksum in v2)]}."""
     refs = {("metadata",): index["metadata"]["frame"]}
     for tensor in index["tensors"]:
         for chunk_number, chunk in enumerate(tensor["chunks"]):
@@ -37,18 +39,25 @@ def frame_refs(index: dict) -> dict:
     return refs
 
 
-def forge(source, target, *, edit_header=None, edit_index=None, frames=None) -> None:
+def forge(source, target, *, edit_header=None, edit_index=None, frames=None, hidden=None) -> None:
     """Rewrite `source` into `target` with the header/index edited in place by the given
-    functions and frames replaced ({key: new stored bytes}); offsets and hashes are redone."""
+    functions and frames replaced ({key: new stored bytes}); offsets, hashes and the replaced
+    frames' CRC-32s and content checksums are redone. `hidden` ({key: bytes}) puts bytes that no
+    index entry covers before the frame `key`."""
     header, index, data = read_parts(source)
     refs = frame_refs(index)
     stored = {key: data[ref[0]:ref[0] + ref[1]] for key, ref in refs.items()}
-    stored.update(frames or {})
+    for key, frame in (frames or {}).items():
+        stored[key] = frame
+        refs[key][3] = zlib.crc32(frame)
+        if len(refs[key]) > 4:
+            refs[key][4] = int.from_bytes(frame[-4:], "little")
     if edit_header:
         edit_header(header)
     header_payload = msgpack.packb(header)
     out = bytearray(struct.pack("<II", HEADER, len(header_payload)) + header_payload)
     for key in sorted(refs, key=lambda key: refs[key][0]):
+        out += (hidden or {}).get(key, b"")
         refs[key][0], refs[key][1] = len(out), len(stored[key])
         out += stored[key]
     index["header_sha256"] = hashlib.sha256(header_payload).digest()

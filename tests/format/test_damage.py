@@ -57,7 +57,7 @@ def test_every_flipped_bit_is_detected_and_located(small_bundle, tmp_path):
     frame_owner = {}
     for tensor in index["tensors"]:
         for chunk in tensor["chunks"]:
-            for offset, stored, _, _ in chunk["frames"]:
+            for offset, stored, *_ in chunk["frames"]:
                 frame_owner.update({position: f"tensor {tensor['name']!r}" for position in range(offset, offset + stored)})
     flipped_path = tmp_path / "flipped.zst"
     intact = intact_tensors(small_bundle)
@@ -115,10 +115,10 @@ def test_forged_expansion_beyond_what_zstd_can_encode_is_refused(small_bundle, t
     tiny = zstandard.ZstdCompressor(write_checksum=True).compress(b"x")
 
     def claim_more(index):
-        index["metadata"]["frame"][2] = 1 << 28
+        index["metadata"]["frame"][2] = 1 << 25
 
     forge(small_bundle, tmp_path / "claim.zst", frames={("metadata",): tiny}, edit_index=claim_more)
-    with open_bundle(tmp_path / "claim.zst") as reader, pytest.raises(BundleError, match="metadata claims 268435456 bytes"):
+    with open_bundle(tmp_path / "claim.zst") as reader, pytest.raises(BundleError, match="metadata claims 33554432 bytes"):
         reader.metadata
 
 
@@ -127,7 +127,7 @@ def test_bundle_from_a_future_format_is_refused_clearly(small_bundle, tmp_path):
         header.update(format_version=3, min_reader_version=3)
 
     forge(small_bundle, tmp_path / "future.zst", edit_header=future)
-    with pytest.raises(BundleError, match=r"needs reader version >= 3; this tracekit reads format <= 1: upgrade tracekit"):
+    with pytest.raises(BundleError, match=r"needs reader version >= 3; this tracekit reads format <= 2: upgrade tracekit"):
         open_bundle(tmp_path / "future.zst")
 
 

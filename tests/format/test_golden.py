@@ -1,14 +1,17 @@
-"""traces/golden-v1.zst was written once by tools/make_golden_bundle.py and is never rewritten:
-every future tracekit must decode it to exactly these values."""
+"""traces/golden-v1.zst and golden-v2.zst were each written once by tools/make_golden_bundle.py
+(with the tracekit of their format version) and are never rewritten: every future tracekit must
+decode both to exactly these values."""
 
 import hashlib
 from pathlib import Path
 
+import pytest
 import torch
 
 from tracekit.format import open_bundle
 
-GOLDEN = Path(__file__).resolve().parents[2] / "traces" / "golden-v1.zst"
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+VERSIONS = [1, 2]
 
 RAW_SHA256_PREFIX = {
     "dtypes/bool": "877bb339b53a0ac2",
@@ -36,18 +39,20 @@ RAW_SHA256_PREFIX = {
 }
 
 
-def test_golden_v1_header_and_layout():
-    with open_bundle(GOLDEN) as reader:
-        assert (reader.format_version, reader.min_reader_version) == (1, 1)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_golden_header_and_layout(version):
+    with open_bundle(TRACES / f"golden-v{version}.zst") as reader:
+        assert (reader.format_version, reader.min_reader_version) == (version, version)
         assert [info.name for info in reader.tensor_infos()] == list(RAW_SHA256_PREFIX)
         kv = reader.tensor_info("kv/layer.0")
         assert (kv.dtype, kv.shape, kv.nbytes, kv.filter, len(kv.chunks)) == ("bfloat16", (2, 20, 16, 64), 81920, "shuffle", 2)
         assert reader.verify().ok
 
 
-def test_golden_v1_bytes_and_values():
+@pytest.mark.parametrize("version", VERSIONS)
+def test_golden_bytes_and_values(version):
     pattern = [[-6, -5, -4, -3], [-2, -1, 0, 1], [2, 3, 4, 5]]
-    with open_bundle(GOLDEN) as reader:
+    with open_bundle(TRACES / f"golden-v{version}.zst") as reader:
         for name, prefix in RAW_SHA256_PREFIX.items():
             assert hashlib.sha256(reader.read_tensor(name, to="bytes")).hexdigest()[:16] == prefix, name
         for name in RAW_SHA256_PREFIX:
@@ -62,6 +67,6 @@ def test_golden_v1_bytes_and_values():
         kv = reader.read_tensor("kv/layer.0").float().reshape(-1)
         assert kv[:3].tolist() == [-6.0, -5.875, -5.75] and kv[97].item() == -6.0
         assert reader.metadata == {
-            "schema": "golden", "format_version": 1, "text": "héllo", "blob": b"\x00\x01\xff",
+            "schema": "golden", "format_version": version, "text": "héllo", "blob": b"\x00\x01\xff",
             "numbers": [0, -1, 2**40, 1.5, True, None], "kv": {"$tensor": "kv/layer.0"},
         }

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 import tracekit.format.reader
 from tracekit.cli import main
-from tracekit.format import BundleWriter
+from tracekit.format import FORMAT_VERSION, BundleWriter
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_inspect_json_reads_only_metadata_and_index(step_bundle, monkeypatch):
     result = CliRunner().invoke(main, ["inspect", str(step_bundle), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    assert summary["format_version"] == 1 and summary["model"]["path"] == "tiny-llama"
+    assert summary["format_version"] == FORMAT_VERSION and summary["model"]["path"] == "tiny-llama"
     assert summary["environment"]["vllm_version"] == "0.32.0"
     assert summary["steps"][0]["requests"] == [
         {"req_id": "a", "num_scheduled_tokens": 8, "num_computed_tokens": 0, "num_prompt_tokens": 8,
@@ -61,7 +61,7 @@ def test_inspect_json_reads_only_metadata_and_index(step_bundle, monkeypatch):
 def test_inspect_table_and_verify(step_bundle):
     result = CliRunner().invoke(main, ["inspect", str(step_bundle), "--verify"], terminal_width=200)
     assert result.exit_code == 0, result.output
-    for expected in ("format 1", "vLLM 0.32.0", "tiny-llama", "step 3 (trigger: mixed)", "prefill", "decode",
+    for expected in (f"format {FORMAT_VERSION}", "vLLM 0.32.0", "tiny-llama", "step 3 (trigger: mixed)", "prefill", "decode",
                      "steps/0/input_ids", "int64", "verify: all 5 parts intact"):
         assert expected in result.output, expected
 

@@ -116,3 +116,29 @@ def test_divergence_report_names_the_first_wrong_piece_and_its_ops():
     assert "linear" in first.op_names and "gelu" in first.op_names
     assert report.to_plain()["first_divergent"]["index"] == 2
     assert backend.probe is None
+
+
+
+def test_an_allocation_handed_on_through_views_is_not_compared():
+    """A piece that returns a view of `empty` (vLLM's attention output buffer, reshaped per head)
+    hands over bytes that mean nothing yet: the probe compares only the piece's real outputs."""
+
+    def buffer_for_next_op(x):
+        return x * 2, torch.empty(x.shape[0], 4).view(x.shape[0], 2, 2)
+
+    def garbage_in_the_buffer(piece, example_args, size):
+        def run(*args):
+            doubled, buffer = piece.graph_module(*args)
+            return doubled, buffer.fill_(1e6)
+
+        return run
+
+    backend = PiecewiseGraphBackend(CaptureTable(mode="none", capture_sizes=()), [], CPU,
+                                    compiler=garbage_in_the_buffer)
+    compiled = torch.compile(buffer_for_next_op, backend=backend, fullgraph=True)
+    x = torch.ones(5, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+    with divergence.probe(backend) as report:
+        compiled(x)
+    (piece,) = report.pieces
+    assert piece.bit_exact and not piece.diverged and piece.max_abs == 0.0

@@ -20,7 +20,9 @@ SUBCOMMANDS = {
     "export": ("tracekit.cli.export", "export_command"),
     "inspect": ("tracekit.cli.inspect", "inspect_command"),
     "record": ("tracekit.cli.record", "record_command"),
+    "redact": ("tracekit.cli.redact", "redact_command"),
     "replay": ("tracekit.cli.replay", "replay_command"),
+    "shrink": ("tracekit.cli.shrink", "shrink_command"),
 }
 
 

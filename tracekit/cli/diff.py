@@ -17,8 +17,9 @@ import click
 def diff_command(first, second, as_json):
     """Compare two bundles tensor by tensor (e.g. one step recorded on two machines)."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+
+    from tracekit.cli.terminal import inert
 
     from tracekit.format.diff import diff_bundles
 
@@ -33,17 +34,23 @@ def diff_command(first, second, as_json):
         table.add_column(column)
     for tensor in result.tensors:
         table.add_row(
-            escape(tensor["name"]),
+            inert(tensor["name"]),
             "[green]yes[/green]" if tensor["bit_exact"] else "[red]NO[/red]",
             f"{tensor['max_abs']:.3g}",
             f"{tensor['relative_rms']:.3g}",
         )
     console.print(table)
     for name in result.only_in_first:
-        console.print(f"only in {first}: {escape(name)}")
+        console.print(f"only in {first}: {inert(name)}")
     for name in result.only_in_second:
-        console.print(f"only in {second}: {escape(name)}")
+        console.print(f"only in {second}: {inert(name)}")
     for entry in result.metadata:
-        console.print(f"{escape(entry['field'])}: {escape(repr(entry['first']))} -> {escape(repr(entry['second']))}")
+        console.print(f"{inert(entry['field'])}: {inert(repr(entry['first']))} -> {inert(repr(entry['second']))}")
+    first = result.first_difference
+    if first is not None:
+        console.print(
+            f"first difference: [bold]{inert(first['name'])}[/bold] max_abs {first['max_abs']:.3g} "
+            f"relative_rms {first['relative_rms']:.3g}"
+        )
     console.print("[green]tensors identical[/green]" if result.identical_tensors else "[red]tensors differ[/red]")
     sys.exit(0 if result.identical_tensors else 1)

@@ -2,7 +2,10 @@
 
 It reads the header, index and metadata only (tensors stay compressed on disk), so it is fast
 on a multi-GiB bundle and runs without torch or vLLM. `--verify` decodes every part and checks
-every hash; a damaged bundle then exits with code 2.
+every hash; a damaged bundle then exits with code 2. `--json --full` adds the whole recorded
+content (scheduler output, request states, ...) as plain JSON, tensors as name/dtype/shape.
+Every string from the bundle is shown escaped (rich markup, ANSI and other control
+characters), and tables stop after `MAX_TABLE_ROWS` rows (`--json` lists everything).
 """
 
 import json
@@ -10,12 +13,46 @@ import os
 
 import click
 
-from tracekit.errors import BundleError
+from tracekit.cli.terminal import inert
+from tracekit.environment import numerics_summary
+from tracekit.errors import BundleError, UsageError
 from tracekit.format import open_bundle
+from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
 
 
-def _summary(reader) -> dict:
+MAX_TABLE_ROWS = 200
+
+
+def _length(value) -> int | None:
+    """len() of a list from the bundle; None when the bundle put something else there."""
+    return len(value) if isinstance(value, list) else None
+
+
+def _number(value) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _listed(value) -> list:
+    """A list from the bundle, or nothing when it put something else there."""
+    return value if isinstance(value, list) else []
+
+
+def _tensor_summaries(value, infos: dict):
+    """The metadata tree with every tensor reference replaced by what the index says of it."""
+    if isinstance(value, dict):
+        if len(value) == 1 and "$tensor" in value:
+            info = infos.get(value["$tensor"])
+            return {"tensor": value["$tensor"], "dtype": info and info.dtype, "shape": info and list(info.shape)}
+        return {key: _tensor_summaries(item, infos) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_tensor_summaries(item, infos) for item in value]
+    if isinstance(value, bytes):
+        return {"bytes": len(value)}
+    return value
+
+
+def _summary(reader, full: bool = False) -> dict:
     summary = {
         "path": reader.path,
         "file_bytes": os.path.getsize(reader.path),
@@ -40,8 +77,15 @@ def _summary(reader) -> dict:
         for key in ("tracekit_version", "vllm_version", "torch_version", "python_version", "platform",
                     "device_kind", "device_name", "cpu_isa", "gpu_capability")
     }
-    summary["model"] = {"path": model.path, "architecture": model.architecture}
+    summary["numerics"] = numerics_summary(environment)
+    summary["model"] = {"path": model.path, "architecture": model.architecture, "runner": content.engine.runner}
+    if full:
+        summary["content"] = _tensor_summaries(metadata, {info.name: info for info in reader.tensor_infos()})
     summary["created_at"] = content.created_at
+    summary["derivations"] = _listed(content.derivations)
+    summary["redacted"] = any(entry.get("kind") == "redact" for entry in summary["derivations"] if isinstance(entry, dict))
+    if content.parallel.multi_rank:
+        summary["rank_set"] = {"this_rank": content.parallel.rank, **find_rank_set(reader.path).to_plain()}
     summary["steps"] = [
         {
             "index": step.index,
@@ -49,9 +93,9 @@ def _summary(reader) -> dict:
             "requests": [
                 {"req_id": request.req_id, "num_scheduled_tokens": request.num_scheduled_tokens,
                  "num_computed_tokens": request.num_computed_tokens,
-                 "num_prompt_tokens": len(request.prompt_token_ids),
-                 "num_output_tokens": len(request.output_token_ids),
-                 "phase": "prefill" if request.is_prefill else "decode"}
+                 "num_prompt_tokens": _length(request.prompt_token_ids),
+                 "num_output_tokens": _length(request.output_token_ids),
+                 "phase": _phase(request)}
                 for request in step.requests
             ],
             "dispatch": {
@@ -61,17 +105,51 @@ def _summary(reader) -> dict:
             },
             "kv": {
                 "mode": step.kv.mode,
-                "blocks_read": sum(len(group.read_block_ids) for group in step.kv.groups),
-                "blocks_written": sum(len(group.written_block_ids) for group in step.kv.groups),
-                "blocks_saved": sum(len(group.saved_block_ids) for group in step.kv.groups),
+                "blocks_read": sum(_length(group.read_block_ids) or 0 for group in step.kv.groups),
+                "blocks_written": sum(_length(group.written_block_ids) or 0 for group in step.kv.groups),
+                "blocks_saved": sum(_length(group.saved_block_ids) or 0 for group in step.kv.groups),
             },
-            "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
+            "timing_us": {"forward": _number(step.timing.forward_us), "step": _number(step.timing.step_us)},
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
-            "error": step.error and {key: step.error.get(key) for key in ("type", "message", "phase")},
+            "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if isinstance(step.error, dict) else None,
         }
         for step in content.steps
     ]
     return summary
+
+
+def _phase(request) -> str:
+    if _length(request.prompt_token_ids) is None or _number(request.num_computed_tokens) is None:
+        return "?"
+    return "prefill" if request.is_prefill else "decode"
+
+
+def derivation_lines(derivations: list) -> list[str]:
+    """One line per thing done to the recorded bundle (`tracekit shrink`, `tracekit redact`)."""
+    lines = []
+    for entry in _listed(derivations):
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "shrink":
+            source = entry.get("from") if isinstance(entry.get("from"), dict) else {}
+            lines.append(
+                f"SHRUNK from {source.get('file')} (sha256 {str(source.get('sha256'))[:12]}...) until "
+                f"{entry.get('property')}: requests {entry.get('requests_before')} -> {entry.get('requests_after')}, "
+                f"tokens {entry.get('tokens_before')} -> {entry.get('tokens_after')}, {entry.get('replays')} replays; "
+                "no recorded outputs"
+            )
+        elif entry.get("kind") == "redact":
+            lines.append(f"REDACTED (neutral token id {entry.get('neutral_token_id')}); removed:")
+            lines.extend(f"  - {item}" for item in _listed(entry.get("removed")))
+            for step in _listed(entry.get("steps")):
+                kept = step.get("history_kept") if isinstance(step, dict) else None
+                for req_id, readers in (kept.items() if isinstance(kept, dict) else ()):
+                    lines.append(f"  kept every token id of {req_id}: its sampling reads them ({', '.join(map(str, _listed(readers)))})")
+            if _listed(entry.get("env_vars_removed")):
+                lines.append(f"  environment variables removed: {', '.join(map(str, entry['env_vars_removed']))}")
+        else:
+            lines.append(f"derived: {entry.get('kind')}")
+    return lines
 
 
 def _size(nbytes: int) -> str:
@@ -83,74 +161,116 @@ def _size(nbytes: int) -> str:
 
 def _print_table(summary: dict, verify_report) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False)
     console.print(
-        f"[bold]{os.path.basename(summary['path'])}[/]: tracekit bundle format {summary['format_version']} "
-        f"(needs reader >= {summary['min_reader_version']}), {_size(summary['file_bytes'])}, written by {summary['writer']}"
+        f"[bold]{inert(os.path.basename(summary['path']))}[/]: tracekit bundle format {inert(summary['format_version'])} "
+        f"(needs reader >= {inert(summary['min_reader_version'])}), {_size(summary['file_bytes'])}, "
+        f"written by {inert(summary['writer'])}"
     )
     if "environment" in summary:
-        environment = summary["environment"]
+        environment = {key: inert(value) for key, value in summary["environment"].items()}
         console.print(
             f"tracekit {environment['tracekit_version']} | vLLM {environment['vllm_version']} | "
             f"torch {environment['torch_version']} | {environment['device_kind']}: {environment['device_name']} | "
             f"{environment['platform']}"
         )
-        console.print(f"model: {summary['model']['path']} ({summary['model']['architecture']})")
+        numerics = summary["numerics"]
+        facts = [f"{name} {numerics[name]}" for name in ("cpu_isa", "attention_backend", "num_threads", "gpu_capability")
+                 if numerics.get(name) is not None]
+        facts += [f"{name}={value}" for name, value in numerics["env_vars"].items()]
+        console.print(inert(
+            f"numerics: {numerics['device_kind']} {numerics['device_name']} | " + " | ".join(map(str, facts))
+        ))
+        console.print(
+            f"model: {inert(summary['model']['path'])} ({inert(summary['model']['architecture'])}), "
+            f"recorded on vLLM's {inert(str(summary['model']['runner']).upper())} model runner"
+        )
+        for line in derivation_lines(summary["derivations"]):
+            console.print(inert(line))
+        if "rank_set" in summary:
+            _print_rank_set(console, summary["rank_set"])
         console.print(f"steps: {len(summary['steps'])}")
-        for step in summary["steps"]:
-            table = Table(title=f"step {step['index']} (trigger: {step['trigger']})", title_justify="left")
+        for step in summary["steps"][:MAX_TABLE_ROWS]:
+            table = Table(title=f"step {inert(step['index'])} (trigger: {inert(step['trigger'])})", title_justify="left")
             for column in ("request", "scheduled", "computed", "prompt", "output", "phase"):
                 table.add_column(column, justify="left" if column in ("request", "phase") else "right")
-            for request in step["requests"]:
-                table.add_row(request["req_id"], str(request["num_scheduled_tokens"]),
-                              str(request["num_computed_tokens"]), str(request["num_prompt_tokens"]),
-                              str(request["num_output_tokens"]), request["phase"])
+            for request in step["requests"][:MAX_TABLE_ROWS]:
+                table.add_row(*(inert(request[key]) for key in (
+                    "req_id", "num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens", "num_output_tokens", "phase")))
             console.print(table)
-            dispatch, kv, timing = step["dispatch"], step["kv"], step["timing_us"]
+            _print_omitted(console, "requests", len(step["requests"]))
+            dispatch = {key: inert(value) for key, value in step["dispatch"].items()}
+            kv, timing = {key: inert(value) for key, value in step["kv"].items()}, step["timing_us"]
             console.print(
                 f"  dispatch: {dispatch['num_tokens']} tokens -> {dispatch['num_tokens_padded']} padded, "
                 f"graph {dispatch['runtime_mode']} (engine: compilation {dispatch['compilation_mode']}, "
-                f"cudagraph {dispatch['cudagraph_mode']}, capture sizes {dispatch['capture_sizes'] or 'none'})"
+                f"cudagraph {dispatch['cudagraph_mode']}, capture sizes {inert(step['dispatch']['capture_sizes'] or 'none')})"
             )
             console.print(
                 f"  kv: {kv['blocks_read']} blocks read, {kv['blocks_written']} written, "
                 f"{kv['blocks_saved']} saved (mode {kv['mode']})"
             )
-            if timing["forward"] is not None:
+            if timing["forward"] is not None and timing["step"] is not None:
                 console.print(f"  forward {timing['forward'] / 1000:.3f} ms, step {timing['step'] / 1000:.3f} ms in the engine")
             if step["outputs_finite"] is False:
                 console.print("  [red]outputs are not finite[/]")
             if step["error"]:
                 error = step["error"]
                 console.print(
-                    f"  [red]the step raised {escape(str(error['type']))} in its "
-                    f"{escape(str(error['phase'] or 'forward'))} phase: {escape(str(error['message']))}[/]"
+                    f"  [red]the step raised {inert(error['type'])} in its "
+                    f"{inert(error['phase'] or 'forward')} phase: {inert(error['message'])}[/]"
                 )
+        _print_omitted(console, "steps", len(summary["steps"]))
     else:
-        console.print(summary["content"])
+        console.print(inert(summary["content"]))
     tensors = Table(title=f"tensors: {len(summary['tensors'])}", title_justify="left")
     for column in ("name", "dtype", "shape", "bytes", "stored", "filter"):
         tensors.add_column(column, justify="right" if column in ("bytes", "stored") else "left")
-    for tensor in summary["tensors"]:
-        tensors.add_row(tensor["name"], tensor["dtype"], "x".join(map(str, tensor["shape"])) or "scalar",
+    for tensor in summary["tensors"][:MAX_TABLE_ROWS]:
+        tensors.add_row(inert(tensor["name"]), tensor["dtype"], "x".join(map(str, tensor["shape"])) or "scalar",
                         _size(tensor["nbytes"]), _size(tensor["stored_nbytes"]), tensor["filter"])
     console.print(tensors)
+    _print_omitted(console, "tensors", len(summary["tensors"]))
     if verify_report is not None:
         console.print(f"verify: all {len(verify_report.parts_checked)} parts intact" if verify_report.ok
                       else f"verify: {len(verify_report.damaged)} damaged part(s)")
+
+
+def _print_rank_set(console, rank_set: dict) -> None:
+    layout = f"TP={rank_set['tensor_parallel_size']}, PP={rank_set['pipeline_parallel_size']}"
+    console.print(
+        f"rank {rank_set['this_rank']} of {rank_set['world_size']} ({layout}) of step {inert(rank_set['step'])}, "
+        f"session {inert(rank_set['set_id'])}"
+    )
+    for rank, path in rank_set["parts"].items():
+        this = " (this bundle)" if int(rank) == rank_set["this_rank"] else ""
+        console.print(f"  rank {rank}: {inert(path)}{this}")
+    for rank in rank_set["missing"]:
+        console.print(f"  [red]rank {rank}: missing[/]")
+    for problem in rank_set["problems"]:
+        console.print(f"  [red]{inert(problem)}[/]")
+    console.print("  set complete" if rank_set["complete"] else "  [red]set incomplete: cannot be replayed[/]")
+
+
+def _print_omitted(console, what: str, count: int) -> None:
+    if count > MAX_TABLE_ROWS:
+        console.print(f"  ... and {count - MAX_TABLE_ROWS} more {what} (--json lists all)")
 
 
 @click.command("inspect")
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--verify", is_flag=True, help="Decode every part and check every hash (reads the whole file).")
-def inspect_command(bundle, as_json, verify):
+@click.option("--full", is_flag=True, help="With --json: also the whole recorded content (scheduler output, "
+                                           "request states), tensors as name/dtype/shape.")
+def inspect_command(bundle, as_json, verify, full):
     """Summarize a bundle: versions, environment, model, steps, requests and tensors."""
+    if full and not as_json:
+        raise UsageError("--full dumps the recorded content as JSON: use it with --json")
     with open_bundle(bundle) as reader:
-        summary = _summary(reader)
+        summary = _summary(reader, full)
         report = reader.verify() if verify else None
     if report is not None:
         summary["verify"] = {"ok": report.ok, "parts_checked": len(report.parts_checked), "damaged": report.damaged}

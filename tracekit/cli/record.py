@@ -30,8 +30,11 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
               help="Bundle path; put {step} in it to record every matching step, one bundle each.")
 @click.option("--max-bundles", type=int, default=DEFAULT_MAX_BUNDLES, show_default=True,
               help="With {step} in the output: the most bundles one run writes.")
+@click.option("--layers", is_flag=True,
+              help="Also store every decoder layer's output (norms, attention, MLP) of a recorded step, so "
+                   "a replay names the first layer that diverges. Needs an eager engine (--enforce-eager).")
 @click.pass_context
-def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles):
+def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles, layers):
     """Record engine steps of a real vLLM engine into bundles."""
     from tracekit.record.session import record_workload
 
@@ -48,6 +51,7 @@ def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, out
         kv=kv,
         output=output,
         max_bundles=max_bundles,
+        layers=layers,
     )
     if not written:
         raise UsageError("no step matched the trigger; nothing was recorded")

@@ -3,8 +3,9 @@
 One bundle gets the detailed report. Many (files, folders, globs) run as a regression suite: one
 engine per engine configuration, a summary table, one JSON line per bundle.
 
-Exit codes (for `git bisect run` and CI): 0 reproduced (bit-exact, or within --tolerance),
-1 ran but did not reproduce, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
+Exit codes (for `git bisect run` and CI): 0 for the verdicts bit_exact, within_tolerance,
+platform_difference and error_reproduced (with --strict: bit_exact only), 1 for diverged and
+error_not_reproduced, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
 with the worst of its bundles' codes, in the order 0 < 3 < 2 < 1 (`tracekit.replay.suite`).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.errors import UsageError
+from tracekit.errors import CannotRunHere, UsageError
 
 
 @click.command(
@@ -33,6 +34,10 @@ from tracekit.errors import UsageError
 @click.option("--samples", type=int, default=3, show_default=True, help="Samples (their medians' spread is reported).")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="Largest relative RMS accepted as reproduced for float tensors (0: bit-exact).")
+@click.option("--strict", is_flag=True, help="Exit 0 only for a bit-exact replay (not for a platform difference).")
+@click.option("--layers", "layers_out", type=click.Path(dir_okay=False), default=None,
+              help="Also run the step eagerly capturing every decoder layer's output (and its norms, "
+                   "attention, MLP) into a small bundle here; `tracekit diff` two of them. One bundle only.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write one JSON line per bundle here ('-' for stdout).")
 @click.option("--keep-going", is_flag=True,
@@ -45,13 +50,14 @@ from tracekit.errors import UsageError
                    "not bit-exact, the relative error per layer) into this PNG. Needs matplotlib.")
 @click.pass_context
 def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
-                   json_out, keep_going, profile_dir, plot_path):
+                   strict, layers_out, json_out, keep_going, profile_dir, plot_path):
     """Rebuild the engine of each BUNDLE (a file, a folder of .zst bundles, a glob), run its
     step, compare with the recording. Any vLLM engine argument after the bundles overrides the
     recorded one."""
     from tracekit.bundles import find_bundles, unique_names
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
     from tracekit.outputs import require_parent
+    from tracekit.replay.multirank import is_multi_rank
 
     specs, engine_argv = _split_arguments([*arguments, *ctx.args])
     if iters < 1 or samples < 1:
@@ -62,10 +68,22 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         from tracekit.replay.plots import require_matplotlib
 
         require_matplotlib(plot_path)
-    for output in (json_out, plot_path):
+    for output in (json_out, plot_path, layers_out):
         if output and output != "-":
             require_parent(output)
     bundles = find_bundles(specs)
+    if layers_out and len(bundles) > 1:
+        raise UsageError("--layers writes one bundle's per-layer outputs: replay one bundle with it")
+    if any(is_multi_rank(bundle) for bundle in bundles):
+        if len(bundles) > 1:
+            raise UsageError("a multi-rank step replays on its own: name one rank's bundle "
+                             "(tracekit replay step3.rank0.zst), the other ranks' are found from it")
+        if profile_dir or plot_path or layers_out or modes not in ("reference", None) and not no_timing:
+            raise CannotRunHere("a multi-rank step is checked and timed as the engine ran it only "
+                                "(no --mode other than reference, --profile, --plot or --layers yet)")
+        _replay_rank_set(bundles[0], parse_engine_cli_args(engine_argv), json_out, model=model,
+                         allow_weights_mismatch=allow_weights_mismatch, timing=not no_timing,
+                         iters=iters, samples=samples, tolerance=tolerance, strict=strict)
     options = dict(
         step=step,
         model=model,
@@ -75,7 +93,10 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         iters=iters,
         samples=samples,
         tolerance=tolerance,
+        strict=strict,
     )
+    if layers_out:
+        options["layers_out"] = layers_out
     profile = Path(profile_dir) if profile_dir else None
     report_stream = sys.stderr if json_out == "-" else sys.stdout
     if len(bundles) == 1:
@@ -118,6 +139,24 @@ def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict,
     result = replay(bundle, profile_prefix=profile / name if profile else None, **options)
     print_report(result, stream)
     return record_of(result, name, engine=1, engine_built=True, seconds=time.perf_counter() - started)
+
+
+def _replay_rank_set(bundle: Path, engine_overrides: dict, json_out: str | None, **options) -> None:
+    """Every rank of one multi-rank step: the per-rank report, one JSON line, its exit code."""
+    import json
+
+    from tracekit.replay.multirank import replay_rank_set
+    from tracekit.replay.multirank_report import print_rank_set_report
+
+    result = replay_rank_set(bundle, engine_overrides=engine_overrides, **options)
+    print_rank_set_report(result, sys.stderr if json_out == "-" else sys.stdout)
+    if json_out == "-":
+        click.echo(json.dumps(result.to_plain(), default=str))
+    elif json_out:
+        from tracekit.outputs import write_text_atomically
+
+        write_text_atomically(json_out, json.dumps(result.to_plain(), default=str) + "\n")
+    sys.exit(result.exit_code)
 
 
 def _write_json_lines(records, json_out: str) -> None:

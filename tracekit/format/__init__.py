@@ -1,7 +1,9 @@
 """The bundle file format: one zstd stream of msgpack holding tensors, metadata and an index.
 
 docs/FORMAT.md is the specification; `BundleWriter` streams a bundle to disk atomically and
-`BundleReader` reads its parts on demand, checking every hash. torch is optional here.
+`BundleReader` reads its parts on demand, treating the file as hostile: every number is capped,
+every byte returned is proven to be the byte written. This package never imports torch (it uses
+it only when the caller asks for torch tensors) or vLLM.
 """
 
 from tracekit.format.index import TensorInfo

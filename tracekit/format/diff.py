@@ -2,14 +2,18 @@
 versions, or eager against graph mode, shows where the numbers part.
 
 Tensors are paired by name (the recorder names them by their place in the step), compared with
-`tracekit.numerics.compare_tensors`, and reported in the order the first bundle stores them;
-the environments and engine arguments are compared field by field. torch is needed here.
+`tracekit.format.compare` (numpy, the definitions of `tracekit.numerics.compare_tensors`), and
+reported in the order the first bundle stores them; the environments and engine arguments are
+compared field by field. torch is not needed. A recorder stores a step's tensors in forward
+order (inputs, KV, per-layer outputs, final outputs), so the first tensor that differs is where
+the two runs part: for two `tracekit replay --layers` bundles, the first layer.
 """
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracekit.format.compare import compare_bytes
 from tracekit.format.reader import open_bundle
 
 
@@ -21,12 +25,18 @@ class BundleDiff:
     metadata: list[dict[str, Any]] = field(default_factory=list)  # {"field", "first", "second"}
 
     @property
+    def first_difference(self) -> dict[str, Any] | None:
+        """The first tensor, in the first bundle's stored order, that is not bit-identical."""
+        return next((tensor for tensor in self.tensors if not tensor["bit_exact"]), None)
+
+    @property
     def identical_tensors(self) -> bool:
         return not self.only_in_first and not self.only_in_second and all(t["bit_exact"] for t in self.tensors)
 
     def to_plain(self) -> dict[str, Any]:
         return {
             "identical_tensors": self.identical_tensors,
+            "first_difference": self.first_difference,
             "tensors": self.tensors,
             "only_in_first": self.only_in_first,
             "only_in_second": self.only_in_second,
@@ -48,8 +58,6 @@ _VOLATILE = ("created_at", "steps.0.timing")
 
 
 def diff_bundles(first: str | Path, second: str | Path) -> BundleDiff:
-    from tracekit.numerics import compare_tensors
-
     result = BundleDiff()
     with open_bundle(first) as a, open_bundle(second) as b:
         names_a = [info.name for info in a.tensor_infos()]
@@ -58,7 +66,9 @@ def diff_bundles(first: str | Path, second: str | Path) -> BundleDiff:
             if name not in names_b:
                 result.only_in_first.append(name)
                 continue
-            comparison = compare_tensors(a.read_tensor(name, to="torch"), b.read_tensor(name, to="torch"))
+            info_a, info_b = a.tensor_info(name), b.tensor_info(name)
+            comparison = compare_bytes(a.read_tensor(name, to="bytes"), info_a.dtype, info_a.shape,
+                                       b.read_tensor(name, to="bytes"), info_b.dtype, info_b.shape)
             result.tensors.append({"name": name, **comparison})
         result.only_in_second = sorted(names_b - set(names_a))
         flat_a = _flatten({k: v for k, v in a.metadata.items() if k != "steps"}, "", {})

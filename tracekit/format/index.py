@@ -15,6 +15,7 @@ from tracekit.format import limits
 from tracekit.format.codec import frame_spans
 from tracekit.format.dtypes import DTYPES
 from tracekit.format.layout import CODEC, FILTER_NONE, FILTER_SHUFFLE, chunk_prefix
+from tracekit.format.untrusted import Refused, unpack_bounded
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,13 @@ class FrameRef:
     stored_nbytes: int
     content_nbytes: int
     crc32: int  # of the stored bytes: catches flips zstd ignores (unused header bits, padding)
+    checksum: int | None = None  # v2: the zstd content checksum the frame ends with
 
 
 @dataclass(frozen=True)
 class ChunkRef:
     nbytes: int
-    sha256: bytes
+    sha256: bytes | None  # v1 only: sha256 of the chunk's tensor bytes
     frames: tuple[FrameRef, ...]
 
 
@@ -58,9 +60,9 @@ class Index:
     metadata: MetadataRef
 
     def frames(self) -> list[FrameRef]:
-        """Every data frame the index points at, in file order."""
+        """Every data frame the index points at, in index order, which must be file order."""
         tensor_frames = [frame for info in self.tensors.values() for chunk in info.chunks for frame in chunk.frames]
-        return sorted(tensor_frames + [self.metadata.frame], key=lambda frame: frame.offset)
+        return tensor_frames + [self.metadata.frame]
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -74,17 +76,14 @@ class Index:
 
 
 def _pack_frame(frame: FrameRef) -> list[int]:
-    return [frame.offset, frame.stored_nbytes, frame.content_nbytes, frame.crc32]
+    return [frame.offset, frame.stored_nbytes, frame.content_nbytes, frame.crc32, frame.checksum]
 
 
 def _pack_tensor(info: TensorInfo) -> dict:
     return {
         "name": info.name, "dtype": info.dtype, "itemsize": info.itemsize, "shape": list(info.shape),
         "nbytes": info.nbytes, "filter": info.filter, "codec": info.codec,
-        "chunks": [
-            {"nbytes": chunk.nbytes, "sha256": chunk.sha256, "frames": [_pack_frame(frame) for frame in chunk.frames]}
-            for chunk in info.chunks
-        ],
+        "chunks": [{"nbytes": chunk.nbytes, "frames": [_pack_frame(frame) for frame in chunk.frames]} for chunk in info.chunks],
     }
 
 
@@ -108,9 +107,16 @@ def _count(mapping, key: str, where: str, upper: int) -> int:
     return value
 
 
-def _parse_frame(raw, where: str) -> FrameRef:
-    if not (isinstance(raw, list) and len(raw) == 4 and all(type(value) is int and value >= 0 for value in raw)):
+_U32 = (1 << 32) - 1
+
+
+def _parse_frame(raw, where: str, version: int) -> FrameRef:
+    """v1: [offset, stored, content, crc32]; v2 adds the frame's zstd content checksum."""
+    numbers = 4 if version == 1 else 5
+    if not (isinstance(raw, list) and len(raw) == numbers and all(type(value) is int and value >= 0 for value in raw)):
         raise _Malformed(f"{where} has a malformed frame entry")
+    if raw[3] > _U32 or (version > 1 and raw[4] > _U32):
+        raise _Malformed(f"{where} has a checksum wider than 32 bits")
     return FrameRef(*raw)
 
 
@@ -121,14 +127,16 @@ def _parse_sha256(mapping, where: str) -> bytes:
     return digest
 
 
-def _parse_tensor(raw) -> TensorInfo:
+def _parse_tensor(raw, version: int, budget: list[int]) -> TensorInfo:
     name = _get(raw, "name", str, "a tensor entry")
     if not 0 < len(name) <= limits.MAX_NAME_CHARS:
         raise _Malformed("a tensor entry has an empty or over-long name")
     where = f"tensor {name!r}"
     dtype = _get(raw, "dtype", str, where)
+    if dtype not in DTYPES:  # refused here, so that verify() and read_tensor() agree
+        raise _Malformed(f"{where} has unknown dtype {dtype!r}")
     itemsize = _count(raw, "itemsize", where, 64)
-    if dtype in DTYPES and DTYPES[dtype].itemsize != itemsize:
+    if DTYPES[dtype].itemsize != itemsize:
         raise _Malformed(f"{where} has itemsize {itemsize} for dtype {dtype}")
     shape = _get(raw, "shape", list, where)
     if len(shape) > limits.MAX_DIMS or not all(type(size) is int and size >= 0 for size in shape):
@@ -142,49 +150,61 @@ def _parse_tensor(raw) -> TensorInfo:
     filter_name = _get(raw, "filter", str, where)
     if filter_name not in (FILTER_NONE, FILTER_SHUFFLE) or _get(raw, "codec", str, where) != CODEC:
         raise _Malformed(f"{where} uses an unknown filter or codec")
-    chunks = tuple(_parse_chunk(chunk, name, number, filter_name, itemsize) for number, chunk in enumerate(_get(raw, "chunks", list, where)))
+    raw_chunks = _get(raw, "chunks", list, where)
+    budget[0] -= len(raw_chunks)
+    if budget[0] < 0:
+        raise _Malformed(f"lists more than {limits.MAX_FRAMES} frames")
+    chunks = tuple(_parse_chunk(chunk, name, number, filter_name, itemsize, version, budget) for number, chunk in enumerate(raw_chunks))
     if sum(chunk.nbytes for chunk in chunks) != nbytes:
         raise _Malformed(f"{where} chunks do not add up to its {nbytes} bytes")
     stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
     return TensorInfo(name, dtype, tuple(shape), nbytes, stored, filter_name, CODEC, itemsize, chunks)
 
 
-def _parse_chunk(raw, tensor_name: str, number: int, filter_name: str, itemsize: int) -> ChunkRef:
+def _parse_chunk(raw, tensor_name: str, number: int, filter_name: str, itemsize: int, version: int,
+                 budget: list[int]) -> ChunkRef:
+    """`budget` holds the number of frames still allowed (a chunk costs at least one)."""
     where = f"tensor {tensor_name!r} chunk {number}"
     nbytes = _count(raw, "nbytes", where, limits.MAX_CHUNK_BYTES)
     if itemsize == 0 or nbytes == 0 or nbytes % itemsize:
         raise _Malformed(f"{where} has {nbytes} bytes, not a whole number of elements")
-    frames = tuple(_parse_frame(frame, where) for frame in _get(raw, "frames", list, where))
+    raw_frames = _get(raw, "frames", list, where)
+    budget[0] -= len(raw_frames) - 1
+    if budget[0] < 0:
+        raise _Malformed(f"lists more than {limits.MAX_FRAMES} frames")
+    frames = tuple(_parse_frame(frame, where, version) for frame in raw_frames)
     spans = frame_spans(len(chunk_prefix(tensor_name, number, nbytes)), nbytes, filter_name, itemsize)
     if [frame.content_nbytes for frame in frames] != [end - start for start, end in spans]:
         raise _Malformed(f"{where} frame sizes do not match its {filter_name} layout")
-    return ChunkRef(nbytes, _parse_sha256(raw, where), frames)
+    return ChunkRef(nbytes, _parse_sha256(raw, where) if version == 1 else None, frames)
 
 
-def parse_index(payload: bytes, data_start: int, data_end: int) -> Index:
-    """Validate and build the index; frames must tile the bytes between the header and the
-    index exactly (no gap, no overlap), so every byte of the file is covered by a check."""
+def parse_index(payload: bytes, data_start: int, data_end: int, version: int) -> Index:
+    """Validate and build the index of a bundle in format `version`; its frames, in index order,
+    must tile the bytes between the header and the index exactly (no gap, no overlap, no
+    reordering), so every byte of the file is covered by a check."""
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        raw = unpack_bounded(payload, limits.MAX_INDEX_ITEMS, limits.MAX_INDEX_CONTAINERS)
         tensors: dict[str, TensorInfo] = {}
         raw_tensors = _get(raw, "tensors", list, "the index")
         if len(raw_tensors) > limits.MAX_TENSORS:
             raise _Malformed(f"lists {len(raw_tensors)} tensors, more than the cap of {limits.MAX_TENSORS}")
+        budget = [limits.MAX_FRAMES - 1]  # the metadata frame
         for raw_tensor in raw_tensors:
-            info = _parse_tensor(raw_tensor)
+            info = _parse_tensor(raw_tensor, version, budget)
             if info.name in tensors:
                 raise _Malformed(f"lists tensor {info.name!r} twice")
             tensors[info.name] = info
         if sum(info.nbytes for info in tensors.values()) > limits.MAX_TOTAL_TENSOR_BYTES:
             raise _Malformed("declares more tensor bytes than the cap")
         raw_metadata = _get(raw, "metadata", dict, "the index")
-        metadata = MetadataRef(_parse_frame(raw_metadata.get("frame"), "metadata"), _parse_sha256(raw_metadata, "metadata"))
+        metadata = MetadataRef(_parse_frame(raw_metadata.get("frame"), "metadata", version), _parse_sha256(raw_metadata, "metadata"))
         if metadata.frame.content_nbytes > limits.MAX_METADATA_BYTES:
             raise _Malformed(f"metadata declares {metadata.frame.content_nbytes} bytes, more than the cap")
         index = Index(_get(raw, "header_sha256", bytes, "the index"), tensors, metadata)
         _check_tiling(index, data_start, data_end)
         return index
-    except _Malformed as problem:
+    except (_Malformed, Refused) as problem:
         raise BundleError(f"is malformed: {problem}") from None
     except (ValueError, TypeError, msgpack.UnpackException) as error:
         raise BundleError(f"is malformed: not readable msgpack ({error})") from None

@@ -9,11 +9,14 @@ import struct
 
 import msgpack
 
-FORMAT_VERSION = 1
-# What this writer's bundles need; raised only when a change would break older readers.
-MIN_READER_VERSION = 1
+# Version 2 adds each frame's zstd content checksum to its index entry (plain reads bind every
+# frame to its place without hashing it) and drops the per-chunk sha256; version 1 stays readable.
+FORMAT_VERSION = 2
+# What this writer's bundles need; raised only when a change would break older readers
+# (a v1 reader refuses the 5-number frame entries of v2).
+MIN_READER_VERSION = 2
 # The newest format this code reads; a bundle whose min_reader_version is above it is refused.
-READER_VERSION = 1
+READER_VERSION = 2
 BUNDLE_MAGIC = "tracekit.bundle"
 
 ZSTD_FRAME_MAGIC = 0xFD2FB528
@@ -24,6 +27,11 @@ TRAILER_FRAME_MAGIC = 0x184D2A5F
 SKIPPABLE_HEADER = struct.Struct("<II")  # magic, payload length
 TRAILER_PAYLOAD = struct.Struct("<8sQQ32s")  # magic, index frame offset, index payload length, sha256
 TRAILER_MAGIC = b"TRACEKIT"
+# What a writer puts in the trailer until it commits: a file cut short of its commit (a killed
+# writer's leftover) never reads as a bundle, even if renamed.
+UNCOMMITTED_TRAILER_MAGIC = b"UNCOMMIT"
+# A writer's temporary file is named ".<target name>.<host>-<pid>-<random>" + this suffix.
+PARTIAL_SUFFIX = ".tracekit-partial"
 TRAILER_BYTES = SKIPPABLE_HEADER.size + TRAILER_PAYLOAD.size
 
 FILTER_NONE = "none"
@@ -35,8 +43,8 @@ def skippable_frame(magic: int, payload: bytes) -> bytes:
     return SKIPPABLE_HEADER.pack(magic, len(payload)) + payload
 
 
-def trailer(index_offset: int, index_payload_length: int, index_sha256: bytes) -> bytes:
-    payload = TRAILER_PAYLOAD.pack(TRAILER_MAGIC, index_offset, index_payload_length, index_sha256)
+def trailer(index_offset: int, index_payload_length: int, index_sha256: bytes, magic: bytes = TRAILER_MAGIC) -> bytes:
+    payload = TRAILER_PAYLOAD.pack(magic, index_offset, index_payload_length, index_sha256)
     return skippable_frame(TRAILER_FRAME_MAGIC, payload)
 
 

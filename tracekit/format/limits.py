@@ -1,9 +1,11 @@
 """Caps that a reader enforces before it trusts a number read from a file.
 
-A bundle may come from anywhere, so every size it declares is checked against these before
-memory is allocated or data is decompressed: a forged header, index or frame (a zip bomb)
-produces a BundleError, never an out-of-memory kill. The caps are far above what a real
-engine step produces (the largest real part is a layer's KV cache, a few GiB).
+A bundle may come from anywhere, so every size or count it declares is checked against these
+before memory is allocated, data is decompressed or a loop runs: a forged header, index, frame
+(a zip bomb) or metadata object produces a BundleError, never an out-of-memory kill or a hang.
+The caps are far above what a real engine step produces (the largest real part is a layer's
+KV cache, a few GiB; real metadata is a few MiB, nested about 10 deep). docs/FORMAT.md lists
+them.
 """
 
 MiB = 1 << 20
@@ -11,13 +13,25 @@ GiB = 1 << 30
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_INDEX_BYTES = 64 * MiB
-MAX_METADATA_BYTES = 512 * MiB  # decompressed
+MAX_INDEX_ITEMS = 8_000_000  # map entries plus array elements (see below)
+MAX_INDEX_CONTAINERS = 4_000_000
 MAX_TENSORS = 200_000
+MAX_FRAMES = 1 << 18  # data frames in one bundle: bounds index parsing and verify time
 MAX_DIMS = 64
 MAX_CHUNK_BYTES = 64 * MiB  # decompressed bytes of one chunk; writers use far less
 MAX_TENSOR_BYTES = 256 * GiB
 MAX_TOTAL_TENSOR_BYTES = 4096 * GiB
 MAX_NAME_CHARS = 1024
+
+MAX_METADATA_BYTES = 64 * MiB  # decompressed
+# Python objects cost up to ~70x their msgpack bytes (an empty map is 1 byte packed, 64 in
+# Python), so the numbers of entries (map entries plus array elements) and of maps and arrays
+# are capped too; a real step has up to a few million entries (token ids) but only ~30 maps and
+# arrays per request (132 in traces/tiny-llama-mixed-step.zst, 5 requests).
+MAX_METADATA_ITEMS = 4_000_000
+MAX_METADATA_CONTAINERS = 200_000
+MAX_METADATA_DEPTH = 64  # maps and arrays nested in one another
+MAX_TENSOR_REFERENCES = 100_000  # {"$tensor": ...} maps in the metadata
 
 # zstd cannot encode more than one 128 KiB block per 3-byte block header plus one byte, so a
 # frame that claims more content than this per stored byte is forged.

@@ -1,5 +1,6 @@
 """BundleReader: opens a bundle by reading only its header, trailer and index, then decodes
-single tensors or the metadata on demand, checking every hash on the way.
+single tensors or the metadata on demand, checking on the way that no damaged or misplaced
+byte comes back (docs/FORMAT.md, "Integrity", says which check each read runs).
 
 Every number taken from the file is checked against `limits` before use, every failure
 becomes one BundleError line that names the bundle and the damaged part, and nothing in the
@@ -8,21 +9,22 @@ file can select code to run (no pickle, no imports, dtypes from a closed table).
 
 import hashlib
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import msgpack
 import numpy as np
 
 from tracekit.errors import BundleError
 from tracekit.format import limits
-from tracekit.format.codec import FrameDamage, check_stored, decode_chunk, decompress_frame
-from tracekit.format.dtypes import decode, dtype_spec
-from tracekit.format.index import Index, TensorInfo, parse_index
+from tracekit.format.codec import FrameDamage, check_stored, content_checksum, decode_chunk, decompress_frame
+from tracekit.format.dtypes import decode
+from tracekit.format.index import ChunkRef, Index, TensorInfo, parse_index
 from tracekit.format.layout import (
-    BUNDLE_MAGIC, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, READER_VERSION, SKIPPABLE_HEADER, TRAILER_BYTES,
-    TRAILER_FRAME_MAGIC, TRAILER_MAGIC, TRAILER_PAYLOAD,
+    BUNDLE_MAGIC, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, PARTIAL_SUFFIX, READER_VERSION, SKIPPABLE_HEADER,
+    TRAILER_BYTES, TRAILER_FRAME_MAGIC, TRAILER_MAGIC, TRAILER_PAYLOAD, UNCOMMITTED_TRAILER_MAGIC,
 )
+from tracekit.format.untrusted import Refused, check_plain, is_tensor_ref, unpack_bounded
 
 
 @dataclass
@@ -44,13 +46,23 @@ class BundleReader:
         self._threads = threads or min(4, os.cpu_count() or 1)
         self._pool = None
         self._metadata = None
+        self._metadata_error = None
         self._metadata_loaded = False
+        if self.name.endswith(PARTIAL_SUFFIX):
+            raise BundleError(
+                f"{self.path} is an unfinished bundle (a writer's temporary file; the writer died or is still "
+                "writing): use the bundle it was meant to become"
+            )
         try:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below)
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as error:
             raise BundleError(f"cannot open bundle {self.path}: {error.strerror}") from None
         try:
-            self._size = os.fstat(self._fd).st_size
+            status = os.fstat(self._fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise BundleError(f"{self.path} is not a tracekit bundle (not a regular file)")
+            self._size = status.st_size
             self.header = self._read_header()
             self._index = self._read_index_checking_version()
         except BaseException:
@@ -77,7 +89,14 @@ class BundleReader:
     def _read(self, offset: int, length: int, part: str) -> bytes:
         if self._fd is None:
             raise BundleError(f"bundle {self.name} is closed")
-        data = os.pread(self._fd, length, offset) if length else b""
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
+        try:
+            data = os.pread(self._fd, length, offset) if length else b""
+        except MemoryError:
+            raise BundleError(f"bundle {self.name}: reading {part} needs {length} bytes of memory; not available") from None
+        except OSError as error:
+            raise BundleError(f"cannot read bundle {self.path}: {error.strerror}") from None
         if len(data) != length:
             raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
         return data
@@ -98,8 +117,8 @@ class BundleReader:
         self._header_payload = payload
         self._data_start = SKIPPABLE_HEADER.size + len(payload)
         try:
-            header = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-        except (ValueError, TypeError, msgpack.UnpackException):
+            header = unpack_bounded(payload, limits.MAX_HEADER_BYTES, limits.MAX_HEADER_BYTES)
+        except Refused:
             raise self._damaged("header", "is not readable msgpack") from None
         if not isinstance(header, dict) or header.get("magic") != BUNDLE_MAGIC:
             raise BundleError(f"{self.path} is not a tracekit bundle (its header has no tracekit magic)")
@@ -136,14 +155,16 @@ class BundleReader:
         if len(payload) != TRAILER_PAYLOAD.size:
             raise self._damaged("trailer", "has the wrong size")
         magic, index_offset, index_length, index_sha256 = TRAILER_PAYLOAD.unpack(payload)
+        if magic == UNCOMMITTED_TRAILER_MAGIC:
+            raise self._damaged("trailer", "was never committed (a writer died before finishing this file)")
         index_end = index_offset + SKIPPABLE_HEADER.size + index_length
         if magic != TRAILER_MAGIC or index_offset < self._data_start or index_end != self._size - TRAILER_BYTES:
             raise self._damaged("trailer", "does not point at an index")
         index_payload = self._read_skippable(index_offset, INDEX_FRAME_MAGIC, limits.MAX_INDEX_BYTES, "index")
-        if hashlib.sha256(index_payload).digest() != index_sha256:
+        if len(index_payload) != index_length or hashlib.sha256(index_payload).digest() != index_sha256:
             raise self._damaged("index", "fails its hash")
         try:
-            index = parse_index(index_payload, self._data_start, index_offset)
+            index = parse_index(index_payload, self._data_start, index_offset, min(self.format_version, READER_VERSION))
         except BundleError as error:
             raise self._damaged("index", str(error)) from None
         return index
@@ -160,27 +181,40 @@ class BundleReader:
     def metadata(self):
         """The metadata object, decoded and hash-checked on first access."""
         if not self._metadata_loaded:
-            self._metadata = self._load_metadata(check_crc=False)
+            try:
+                self._metadata = self._load_metadata()
+            except BundleError as error:  # kept: a hostile metadata frame costs its decoding once
+                self._metadata_error = error
             self._metadata_loaded = True
+        if self._metadata_error is not None:
+            raise self._metadata_error
         return self._metadata
 
-    def _load_metadata(self, check_crc: bool):
-        ref = self._index.metadata
+    def _load_metadata(self):
+        ref = self._index.metadata  # its size was checked against the cap with the index
         try:
             stored = self._read(ref.frame.offset, ref.frame.stored_nbytes, "metadata")
-            if check_crc:
-                check_stored(stored, ref.frame.crc32)
+            check_stored(stored, ref.frame.crc32)  # every check, always: metadata is small
+            if ref.frame.checksum is not None and content_checksum(stored) != ref.frame.checksum:
+                raise FrameDamage("is not the frame the index put there (its content checksum differs)")
             content = decompress_frame(stored, ref.frame.content_nbytes)
         except FrameDamage as damage:
             raise self._damaged("metadata", str(damage)) from None
+        except MemoryError:
+            raise BundleError(f"bundle {self.name}: its metadata does not fit in memory") from None
         if hashlib.sha256(content).digest() != ref.sha256:
             raise self._damaged("metadata", "fails its hash")
         try:
-            wrapper = msgpack.unpackb(content, raw=False, strict_map_key=False)
-        except (ValueError, TypeError, msgpack.UnpackException):
-            raise self._damaged("metadata", "is not readable msgpack") from None
-        if not isinstance(wrapper, dict) or "metadata" not in wrapper:
-            raise self._damaged("metadata", "has no 'metadata' entry")
+            wrapper = unpack_bounded(content, limits.MAX_METADATA_ITEMS, limits.MAX_METADATA_CONTAINERS)
+            if not isinstance(wrapper, dict) or "metadata" not in wrapper:
+                raise Refused("has no 'metadata' entry")
+            referenced = check_plain(wrapper["metadata"])
+        except Refused as problem:
+            raise BundleError(f"bundle {self.name} has unacceptable metadata: it {problem}") from None
+        dangling = sorted(referenced - self._index.tensors.keys())
+        if dangling:
+            raise BundleError(f"bundle {self.name} has unacceptable metadata: it refers to tensor {dangling[0]!r}, which it lacks")
+        self._metadata_references = referenced
         return wrapper["metadata"]
 
     def tensor_infos(self) -> list[TensorInfo]:
@@ -192,47 +226,57 @@ class BundleReader:
         except KeyError:
             raise BundleError(f"bundle {self.name} has no tensor {name!r}") from None
 
-    def _decode_chunks(self, info: TensorInfo, out_for_chunk, verify_hash: bool) -> dict[int, str]:
-        """Decode every chunk of `info` into `out_for_chunk(number, chunk)`; {chunk number:
-        problem} for the chunks that failed."""
+    def _decode_chunks(self, info: TensorInfo, out_for_chunk, verify: bool) -> dict[int, str]:
+        """Decode every chunk of `info` into `out_for_chunk(number, chunk)`, in parallel;
+        {chunk number: problem} for the chunks that failed.
 
-        def decode_one(number_and_chunk):
-            number, chunk = number_and_chunk
+        Each frame is bound to its index entry before it is decoded: in v2 by the zstd content
+        checksum it ends with (which zstd then checks against the content), in v1 by the CRC-32
+        of its stored bytes. `verify` adds the CRC-32 in v2 and the chunk sha256 in v1."""
+        check_crc = verify or self.format_version == 1
+
+        def decode_one(number: int, chunk: ChunkRef):
             first, last = chunk.frames[0], chunk.frames[-1]
             try:
                 stored = memoryview(self._read(first.offset, last.offset + last.stored_nbytes - first.offset, f"tensor {info.name!r}"))
                 frames = [stored[frame.offset - first.offset:][: frame.stored_nbytes] for frame in chunk.frames]
-                if verify_hash:
-                    for frame, ref in zip(frames, chunk.frames):
+                for frame, ref in zip(frames, chunk.frames):
+                    if check_crc:
                         check_stored(frame, ref.crc32)
-                expected_sha256 = chunk.sha256 if verify_hash else None
-                decode_chunk(frames, info.name, number, expected_sha256, info.filter, info.itemsize, out_for_chunk(number, chunk))
+                    if ref.checksum is not None and content_checksum(frame) != ref.checksum:
+                        raise FrameDamage("is not the frame the index put there (its content checksum differs)")
+                out = out_for_chunk(number, chunk)
+                decode_chunk(frames, info.name, number, info.filter, info.itemsize, out)
+                if verify and chunk.sha256 is not None and hashlib.sha256(out).digest() != chunk.sha256:
+                    raise FrameDamage("fails its hash")
             except FrameDamage as damage:
-                return number, str(damage)
-            return number, None
+                return str(damage)
+            except MemoryError:
+                raise BundleError(f"bundle {self.name}: tensor {info.name!r} does not fit in memory") from None
+            return None
 
-        items = list(enumerate(info.chunks))
-        if len(items) > 1:
+        if len(info.chunks) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-reader")
-            results = list(self._pool.map(decode_one, items))
+            results = list(self._pool.map(decode_one, range(len(info.chunks)), info.chunks))
         else:
-            results = [decode_one(item) for item in items]
-        return {number: problem for number, problem in results if problem}
+            results = [decode_one(number, chunk) for number, chunk in enumerate(info.chunks)]
+        return {number: problem for number, problem in enumerate(results) if problem}
 
     def read_tensor(self, name: str, to: str = "auto", *, verify_hash: bool = False):
         """The tensor as torch (to="torch"), numpy (to="numpy"), or raw little-endian bytes;
         "auto" picks torch when installed, else numpy, else bytes for dtypes numpy lacks.
 
-        Every frame's zstd content checksum is always checked, so the bytes returned are the
-        bytes written; `verify_hash` also checks the stored bytes' CRC-32 and the sha256 content
-        hash (as `verify()` does), at about half the speed."""
+        Every read checks that each frame is the one the index put at its place and that zstd's
+        content checksum holds, so the bytes returned are the bytes written; `verify_hash` also
+        checks every stored byte's CRC-32 (and, in v1 bundles, the chunks' sha256), as
+        `verify()` does."""
         info = self.tensor_info(name)
-        dtype_spec(info.dtype)
+        _check_memory_for(info.nbytes, f"bundle {self.name}: tensor {name!r}")
         try:
             out = np.empty(info.nbytes, dtype=np.uint8)
         except MemoryError:
-            raise BundleError(f"tensor {name!r} needs {info.nbytes} bytes of memory; not available") from None
+            raise BundleError(f"bundle {self.name}: tensor {name!r} needs {info.nbytes} bytes of memory; not available") from None
         starts = np.cumsum([0] + [chunk.nbytes for chunk in info.chunks])
         failures = self._decode_chunks(info, lambda number, chunk: out[starts[number]:starts[number] + chunk.nbytes], verify_hash)
         if failures:
@@ -241,10 +285,11 @@ class BundleReader:
         return decode(out, info.dtype, info.shape, to)
 
     def verify(self) -> VerifyReport:
-        """Check the hash of every part; damaged parts are listed, never raised."""
+        """Check every part; damaged parts are listed, never raised. Memory stays at a few
+        chunks: chunks are decoded into scratch buffers and dropped."""
         report = VerifyReport(parts_checked=["header", "index", "trailer", "metadata"])
         try:
-            self._load_metadata(check_crc=True)
+            self.metadata
         except BundleError as error:
             report.damaged["metadata"] = str(error).split(": metadata ", 1)[-1]
         for info in self.tensor_infos():
@@ -257,14 +302,52 @@ class BundleReader:
         return report
 
     def resolve(self, obj, to: str = "auto"):
-        """`obj` with every {"$tensor": name} reference replaced by the loaded tensor."""
-        if isinstance(obj, dict):
-            if len(obj) == 1 and isinstance(obj.get("$tensor"), str):
-                return self.read_tensor(obj["$tensor"], to=to)
-            return {key: self.resolve(value, to) for key, value in obj.items()}
-        if isinstance(obj, list):
-            return [self.resolve(value, to) for value in obj]
-        return obj
+        """`obj` with every {"$tensor": name} reference replaced by the loaded tensor. Each
+        tensor is read once: references to one name share one tensor object. `obj` is checked
+        like the metadata (depth, reference count) before anything is read."""
+        try:
+            referenced = self._metadata_references if obj is self._metadata else check_plain(obj)
+        except Refused as problem:
+            raise BundleError(f"cannot resolve an object that {problem}") from None
+        total = sum(self.tensor_info(name).nbytes for name in referenced)
+        _check_memory_for(total, f"bundle {self.name}: the {len(referenced)} tensors referenced")
+        loaded: dict[str, object] = {}
+
+        def load(value):
+            if is_tensor_ref(value):
+                name = value["$tensor"]
+                if name not in loaded:
+                    loaded[name] = self.read_tensor(name, to=to)
+                return loaded[name]
+            if isinstance(value, dict):
+                return {key: load(item) for key, item in value.items()}
+            if isinstance(value, list):
+                return [load(item) for item in value]
+            return value
+
+        return load(obj)
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), in bytes; None where unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_memory_for(nbytes: int, what: str) -> None:
+    """Refuse up front what cannot fit in memory (a few KiB of zstd can declare GiBs of zeros),
+    rather than be killed halfway through decoding it."""
+    if nbytes < 1 << 28:
+        return
+    available = _available_memory()
+    if available is not None and nbytes > available:
+        raise BundleError(f"{what} need(s) {nbytes} bytes of memory; only {available} are available")
 
 
 def open_bundle(path, **options) -> BundleReader:

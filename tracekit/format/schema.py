@@ -84,6 +84,8 @@ class Environment(SchemaRecord):
     device_name: str | None = None
     cpu_isa: str | None = None  # e.g. "avx512_bf16" / "avx2"
     gpu_capability: str | None = None  # e.g. "sm_90"
+    attention_backend: str | None = None  # vLLM's attention backend(s), e.g. "CPU_ATTN"
+    num_threads: int | None = None  # torch intra-op threads (CPU reductions may split by them)
     env_vars: dict[str, str] = field(default_factory=dict)  # VLLM_*, TRACEKIT_*, CUDA_* ...
 
 
@@ -187,6 +189,9 @@ class GraphDispatch(SchemaRecord):
 
 @dataclass
 class StepOutputs(SchemaRecord):
+    # `tracekit record --layers`: module name -> output tensor, in forward order (first in the
+    # file so that a diff meets them before the final hidden states they lead to).
+    layers: dict[str, Any] = field(default_factory=dict)
     hidden_states: Any = None  # tensor [num_tokens_padded, hidden]
     logits: Any = None  # tensor [num_sampled, vocab]
     sampled_token_ids: list[list[int]] | None = None  # per request, batch order
@@ -228,6 +233,27 @@ class Step(SchemaRecord):
 
 
 @dataclass
+class ParallelRank(SchemaRecord):
+    """Which rank of a multi-rank engine (tensor / pipeline parallel) wrote this bundle, and what
+    ties it to the other ranks' bundles of the same step. A single-rank engine's bundle (and any
+    bundle older than this record) has the defaults: world size 1, rank 0."""
+
+    world_size: int = 1
+    rank: int = 0  # pp_rank * tensor_parallel_size + tp_rank
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    tp_rank: int = 0
+    pp_rank: int = 0
+    set_id: str | None = None  # shared by every rank's bundles of one recording session
+    parts: list[str] = field(default_factory=list)  # every rank's bundle of this step, by rank,
+    # relative to this bundle's folder
+
+    @property
+    def multi_rank(self) -> bool:
+        return self.world_size != 1
+
+
+@dataclass
 class BundleContent(SchemaRecord):
     """The whole metadata map of a bundle."""
 
@@ -236,10 +262,14 @@ class BundleContent(SchemaRecord):
     steps: list[Step]
     schema_version: int = SCHEMA_VERSION
     created_at: str = ""  # ISO 8601, UTC
+    parallel: ParallelRank = field(default_factory=ParallelRank)
+    # what was done to the recorded bundle, oldest first: {"kind": "shrink" | "redact", ...}
+    derivations: list[dict[str, Any]] = field(default_factory=list)
     nested: ClassVar[dict[str, Any]] = {
         "environment": Environment,
         "engine": EngineConfig,
         "steps": [Step],
+        "parallel": ParallelRank,
     }
 
     @classmethod
@@ -247,4 +277,6 @@ class BundleContent(SchemaRecord):
         content = super().from_plain(data, where or "bundle")
         if not isinstance(content.schema_version, int) or content.schema_version < 1:
             raise BundleError(f"bundle content: bad schema_version {content.schema_version!r}")
+        if content.parallel is None:
+            content.parallel = ParallelRank()
         return content

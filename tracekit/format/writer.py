@@ -5,30 +5,34 @@ encodes (zstd, sha256 and CRC-32 release the GIL), and appends finished frames i
 encoding of one tensor overlaps the writing of the last, and memory holds the caller's tensor
 plus a few chunks in flight, never the whole bundle. Everything goes to a temporary file next
 to the target; only a clean close (index + trailer written, fsync'd) renames it into place,
-so a killed writer leaves nothing at the target path that could read as a bundle.
+so a killed writer leaves nothing at the target path that could read as a bundle. The
+temporary file's name says it is one (readers refuse it) and which process writes it, so the
+next writer in that folder deletes the leftovers of dead ones (`tracekit.format.leftovers`).
 """
 
 import collections
 import dataclasses
 import hashlib
 import os
-import secrets
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
-import numpy as np
 
 from tracekit import __version__
 from tracekit.errors import BundleError
 from tracekit.format import limits
-from tracekit.format.codec import DEFAULT_CHUNK_BYTES, ChunkEncoder, choose_filter
+from tracekit.format.codec import (
+    DEFAULT_CHUNK_BYTES, ChunkEncoder, choose_filter, content_checksum, frame_spans, shuffled_content,
+)
 from tracekit.format.dtypes import DTYPES, as_flat_bytes
 from tracekit.format.index import ChunkRef, FrameRef, Index, MetadataRef, TensorInfo
 from tracekit.format.layout import (
-    BUNDLE_MAGIC, CODEC, FORMAT_VERSION, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, MIN_READER_VERSION, skippable_frame,
-    trailer,
+    BUNDLE_MAGIC, CODEC, FORMAT_VERSION, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, MIN_READER_VERSION, TRAILER_BYTES,
+    TRAILER_MAGIC, UNCOMMITTED_TRAILER_MAGIC, chunk_prefix, skippable_frame, trailer,
 )
+from tracekit.format.leftovers import remove_stale_partials, temporary_path
+from tracekit.format.untrusted import Refused, check_plain
 
 
 @dataclasses.dataclass
@@ -66,11 +70,13 @@ class BundleWriter:
         self._threads = threads or min(4, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-writer")
         self._tensors: dict[str, TensorInfo] = {}
+        self._order: list[str] = []  # tensors as added (an empty one completes before earlier ones)
         self._unfinished: dict[str, _UnfinishedTensor] = {}
         self._in_flight: collections.deque = collections.deque()  # (tensor name, nbytes, future)
         self._total_nbytes = 0
         self._metadata_content = pack_plain({"metadata": None})
-        self._temp_path = f"{self.path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        self._temp_path = temporary_path(self.path)
+        remove_stale_partials(os.path.dirname(os.path.abspath(self.path)))
         try:
             self._file = open(self._temp_path, "xb")
         except OSError as error:
@@ -117,6 +123,7 @@ class BundleWriter:
         dtype, shape, flat = as_flat_bytes(tensor)
         if flat.nbytes > limits.MAX_TENSOR_BYTES or self._total_nbytes + flat.nbytes > limits.MAX_TOTAL_TENSOR_BYTES:
             raise BundleError(f"tensor {name!r} ({flat.nbytes} bytes) is over the size caps")
+        self._order.append(name)
         itemsize = DTYPES[dtype].itemsize
         filter_name = choose_filter(itemsize, flat.nbytes)
         step = self._chunk_bytes - self._chunk_bytes % itemsize
@@ -127,8 +134,10 @@ class BundleWriter:
         self._total_nbytes += flat.nbytes
         try:
             for number, start in enumerate(starts):
-                raw = np.array(flat[start:start + step])
-                future = self._pool.submit(self._encoder.encode, name, number, raw, filter_name, itemsize)
+                raw = flat[start:start + step]
+                content = shuffled_content(name, number, raw, filter_name, itemsize)  # the caller may reuse `tensor` now
+                spans = frame_spans(len(chunk_prefix(name, number, raw.nbytes)), raw.nbytes, filter_name, itemsize)
+                future = self._pool.submit(self._encoder.encode, content, spans)
                 self._in_flight.append((name, raw.nbytes, future))
                 while len(self._in_flight) > 2 * self._threads:
                     self._write_oldest()
@@ -142,10 +151,10 @@ class BundleWriter:
         name, nbytes, future = self._in_flight.popleft()
         encoded = future.result()
         frames = tuple(
-            FrameRef(self._write(frame), len(frame), content_nbytes, crc32)
-            for frame, content_nbytes, crc32 in zip(encoded.frames, encoded.content_nbytes, encoded.crc32)
+            FrameRef(self._write(frame), len(frame), content_nbytes, crc32, checksum)
+            for frame, content_nbytes, crc32, checksum in zip(encoded.frames, encoded.content_nbytes, encoded.crc32, encoded.checksums)
         )
-        self._unfinished[name].chunks.append(ChunkRef(nbytes, encoded.sha256, frames))
+        self._unfinished[name].chunks.append(ChunkRef(nbytes, None, frames))
         self._finish_if_complete(name)
 
     def _finish_if_complete(self, name: str) -> None:
@@ -161,6 +170,10 @@ class BundleWriter:
     def set_metadata(self, obj) -> None:
         """Plain data describing the bundle; packed now (errors surface here), written at close."""
         self._check_open()
+        try:
+            check_plain(obj)
+        except Refused as problem:
+            raise BundleError(f"metadata cannot be stored: it {problem} (readers refuse that)") from None
         content = pack_plain({"metadata": obj})
         if len(content) > limits.MAX_METADATA_BYTES:
             raise BundleError(f"metadata is {len(content)} bytes packed, more than the cap of {limits.MAX_METADATA_BYTES}")
@@ -175,13 +188,16 @@ class BundleWriter:
                 self._write_oldest()
             frame = self._encoder.compress(self._metadata_content)
             metadata = MetadataRef(
-                FrameRef(self._write(frame), len(frame), len(self._metadata_content), zlib.crc32(frame)),
+                FrameRef(self._write(frame), len(frame), len(self._metadata_content), zlib.crc32(frame), content_checksum(frame)),
                 hashlib.sha256(self._metadata_content).digest(),
             )
-            index = Index(self._header_sha256, self._tensors, metadata).pack()
+            index = Index(self._header_sha256, {name: self._tensors[name] for name in self._order}, metadata).pack()
             index_offset = self._write(skippable_frame(INDEX_FRAME_MAGIC, index))
-            self._write(trailer(index_offset, len(index), hashlib.sha256(index).digest()))
+            index_sha256 = hashlib.sha256(index).digest()
+            self._write(trailer(index_offset, len(index), index_sha256, magic=UNCOMMITTED_TRAILER_MAGIC))
             self._file.flush()
+            # The commit: only now does the file end in a trailer a reader accepts.
+            os.pwrite(self._file.fileno(), trailer(index_offset, len(index), index_sha256, magic=TRAILER_MAGIC), self._offset - TRAILER_BYTES)
             os.fsync(self._file.fileno())
             self._file.close()
             os.replace(self._temp_path, self.path)

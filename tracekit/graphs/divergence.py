@@ -113,18 +113,28 @@ def probe(
         backend.probe = None
 
 
-# Allocations without contents: a piece returns them as output buffers for the splitting op after
-# it (vLLM's attention writes into one), and their bytes mean nothing until that op runs.
+# Allocations without contents: a piece returns them (or views of them: vLLM's attention output
+# buffer is an `empty` reshaped per head) as output buffers for the splitting op after it, and
+# their bytes mean nothing until that op runs.
 _ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}
+_VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "transpose", "permute", "expand",
+          "as_strided", "slice", "select", "narrow", "flatten", "unflatten", "contiguous"}
 
 
 def _uninitialized_outputs(graph_module: torch.fx.GraphModule) -> list[bool]:
     (output_node,) = [node for node in graph_module.graph.nodes if node.op == "output"]
-    return [
-        isinstance(value, torch.fx.Node)
-        and op_name(value).removeprefix("aten::") in _ALLOCATIONS
-        for value in _outputs(output_node.args[0])
-    ]
+    return [_is_allocation(value) for value in _outputs(output_node.args[0])]
+
+
+def _is_allocation(value: Any) -> bool:
+    while isinstance(value, torch.fx.Node):
+        name = op_name(value).removeprefix("aten::").split(".")[0]
+        if name in _ALLOCATIONS:
+            return True
+        if name not in _VIEWS or not value.args:
+            return False
+        value = value.args[0]
+    return False
 
 
 def _outputs(output: Any) -> list[Any]:

@@ -4,17 +4,33 @@
         llm.generate(prompts, params)
     print(recorder.written)
 
-The `LLM` must run its engine core in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so that
-its model runner can be reached; for servers use the vLLM plugin (`tracekit.record.plugin`).
+With the engine core in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and one rank, the recorder
+is armed on the runner directly. Otherwise — a tensor-parallel `LLM`, whose runners live in one
+worker process per rank, or an engine core in its own process — a recorder is armed inside every
+worker through vLLM's `collective_rpc`, and `written` / `failures` are collected from all of
+them when the block exits (each rank writes its own bundle of every recorded step,
+`step3.rank0.zst`, `step3.rank1.zst`, ...). For servers use the vLLM plugin
+(`tracekit.record.plugin`).
 """
 
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from tracekit.errors import TracekitError
+from tracekit.integrations.vllm import workers
 from tracekit.integrations.vllm.engine import find_runner
 from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, Recorder
 from tracekit.record.triggers import TriggerSet
+
+
+class WorkerRecording:
+    """The recorders armed in an engine's worker processes, seen from the `LLM`'s process."""
+
+    def __init__(self) -> None:
+        self.written: list[Path] = []
+        self.failures: list[str] = []
 
 
 @contextmanager
@@ -27,14 +43,34 @@ def recording(
     on: tuple[str, ...] = (),
     kv: str = "read",
     max_bundles: int = DEFAULT_MAX_BUNDLES,
-) -> Iterator[Recorder]:
-    """Arm a recorder on `llm` for the block; bundles are all written when it exits."""
-    recorder = Recorder(
-        find_runner(llm),
-        output,
-        TriggerSet(steps=steps, when=when, events=tuple(on)),
-        kv=kv,
-        max_bundles=max_bundles,
-    )
-    with recorder:
-        yield recorder
+    layers: bool = False,
+) -> Iterator[Recorder | WorkerRecording]:
+    """Arm a recorder on `llm` for the block; bundles are all written when it exits. `layers`:
+    also store every decoder layer's output of a recorded step (eager engines only)."""
+    triggers = TriggerSet(steps=steps, when=when, events=tuple(on))
+    if workers.runner_in_this_process(llm):
+        recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles, layers=layers)
+        with recorder:
+            yield recorder
+        return
+    with _recording_in_workers(
+        llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles, layers
+    ) as remote:
+        yield remote
+
+
+@contextmanager
+def _recording_in_workers(llm: Any, output: str, *settings: Any) -> Iterator[WorkerRecording]:
+    session = uuid.uuid4().hex
+    remote = WorkerRecording()
+    try:
+        workers.on_every_worker(llm, workers.arm_recorder, session, output, *settings)
+    except TracekitError:
+        workers.on_every_worker(llm, workers.disarm_recorder, session)  # ranks that did arm
+        raise
+    try:
+        yield remote
+    finally:
+        for result in workers.on_every_worker(llm, workers.disarm_recorder, session):
+            remote.written.extend(Path(path) for path in result["written"])
+            remote.failures.extend(result["failures"])

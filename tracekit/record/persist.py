@@ -7,6 +7,7 @@ bundle writer's temporary file is removed); it never reaches the engine.
 """
 
 import logging
+import os
 import queue
 import threading
 from datetime import datetime, timezone
@@ -17,20 +18,27 @@ import torch
 
 from tracekit.errors import UsageError
 from tracekit.format import BundleWriter
-from tracekit.format.schema import BundleContent, EngineConfig, Environment, Step
+from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
 
 logger = logging.getLogger("tracekit.record")
 
 STEP_PLACEHOLDER = "{step}"
+RANK_PLACEHOLDER = "{rank}"
 
 
 class OutputTemplate:
     """Where bundles go. A path with `{step}` takes every firing step; a plain path takes the
-    first one only (the recorder then stops firing)."""
+    first one only (the recorder then stops firing).
 
-    def __init__(self, template: str | Path):
+    Every rank of a multi-rank engine records its own bundle of each step. With `{rank}` in the
+    path it goes there; without, `.rank{rank}` is inserted before the file's suffixes
+    (`step{step}.zst` -> `step3.rank1.zst`), so ranks never overwrite each other."""
+
+    def __init__(self, template: str | Path, world_size: int = 1):
         self.template = str(template)
-        parent = Path(self.template.replace(STEP_PLACEHOLDER, "0")).resolve().parent
+        if world_size > 1 and RANK_PLACEHOLDER not in self.template:
+            self.template = _with_rank(self.template)
+        parent = Path(self.path_for(0)).resolve().parent
         if not parent.is_dir():
             raise UsageError(f"cannot write bundles to {self.template}: {parent} is not a directory")
         probe = parent / f".tracekit-write-probe-{threading.get_ident()}"
@@ -44,20 +52,35 @@ class OutputTemplate:
     def single(self) -> bool:
         return STEP_PLACEHOLDER not in self.template
 
-    def path_for(self, step_index: int) -> Path:
-        return Path(self.template.replace(STEP_PLACEHOLDER, str(step_index)))
+    def path_for(self, step_index: int, rank: int = 0) -> Path:
+        return Path(self.template.replace(STEP_PLACEHOLDER, str(step_index)).replace(RANK_PLACEHOLDER, str(rank)))
 
 
-def write_bundle(path: Path, environment: Environment, engine: EngineConfig, steps: list[Step]) -> Path:
+def _with_rank(template: str) -> str:
+    folder, name = os.path.split(template)
+    stem, dot, suffixes = name.partition(".")
+    ranked = f"{stem}.rank{RANK_PLACEHOLDER}{dot}{suffixes}" if dot else f"{name}.rank{RANK_PLACEHOLDER}"
+    return os.path.join(folder, ranked)
+
+
+def write_bundle(
+    path: Path, environment: Environment, engine: EngineConfig, steps: list[Step], parallel: ParallelRank | None = None
+) -> Path:
     content = BundleContent(
         environment=environment,
         engine=engine,
         steps=steps,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        parallel=parallel or ParallelRank(),
     )
+    return write_content(path, content)
+
+
+def write_content(path: str | Path, content: BundleContent) -> Path:
+    """A bundle holding `content`, its tensors named by their place in the content tree."""
     with BundleWriter(path) as writer:
         writer.set_metadata(_store_tensors(content.to_plain(), writer, ""))
-    return path
+    return Path(path)
 
 
 def _store_tensors(value: Any, writer: Any, name: str) -> Any:
@@ -83,14 +106,14 @@ class BackgroundPersister:
         self._thread = threading.Thread(target=self._run, name="tracekit-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, path: Path, step: Step) -> None:
+    def submit(self, path: Path, step: Step, parallel: ParallelRank | None = None) -> None:
         if not self._thread.is_alive():
             raise RuntimeError(f"the writer thread is gone ({self.failures[-1] if self.failures else 'no reason'})")
-        self._queue.put((path, step))
+        self._queue.put((path, step, parallel))
 
-    def write_now(self, path: Path, step: Step) -> None:
+    def write_now(self, path: Path, step: Step, parallel: ParallelRank | None = None) -> None:
         """Synchronous write, for a step whose forward raised: the engine may be going down."""
-        self._write(path, step)
+        self._write(path, step, parallel)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -104,9 +127,9 @@ class BackgroundPersister:
             self.failures.append(f"the writer thread died: {type(error).__name__}: {error}")
             logger.error("tracekit: %s", self.failures[-1])
 
-    def _write(self, path: Path, step: Step) -> None:
+    def _write(self, path: Path, step: Step, parallel: ParallelRank | None) -> None:
         try:
-            self.written.append(write_bundle(path, self.environment, self.engine, [step]))
+            self.written.append(write_bundle(path, self.environment, self.engine, [step], parallel))
             logger.info("tracekit: recorded step %d (%s) to %s", step.index, step.trigger, path)
         except Exception as error:  # never let recording harm the engine
             message = f"could not write {path}: {type(error).__name__}: {error}"

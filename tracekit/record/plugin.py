@@ -7,7 +7,8 @@ nothing unless `TRACEKIT_RECORD_OUTPUT` is set. It then arms a recorder on each 
 once its worker has finished compiling and warming up (those runs are not steps), and flushes
 the writer thread when the process exits.
 
-    TRACEKIT_RECORD_OUTPUT  bundle path; `{step}` in it records every firing step
+    TRACEKIT_RECORD_OUTPUT  bundle path; `{step}` in it records every firing step; each rank of a
+                            multi-rank engine writes its own (`{rank}`, else `.rank{rank}` inserted)
     TRACEKIT_RECORD_STEPS   e.g. `7`, `5:9`, `3,7`
     TRACEKIT_RECORD_WHEN    a predicate, e.g. `num_reqs>=2 and has_prefill`
     TRACEKIT_RECORD_ON      `exception`, `nonfinite` or both, comma separated

@@ -12,8 +12,10 @@ caught where the engine calls into it, logged once, and the recorder disarms its
 engine's outputs stay exactly those of an unarmed run.
 """
 
+import dataclasses
 import functools
 import logging
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -21,10 +23,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import EngineConfig, ModelInfo, Step
-from tracekit.environment import current_environment
+from tracekit.format.schema import EngineConfig, ModelInfo, ParallelRank, Step
 from tracekit.graphs.device import get_device_backend
 from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm import layer_capture, ranks
+from tracekit.integrations.vllm.platform_facts import runner_environment
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, adapter_for
 from tracekit.integrations.vllm.version import require_supported_vllm
 from tracekit.record import step_capture
@@ -46,6 +49,7 @@ class _PendingStep:
     forward_seen: bool = False
     phase: str = "prepare"
     forward_started: tuple[float, float] | None = None  # (wall, process CPU) at the forward
+    layers: Any = None  # the LayerCapture hooked for this step's forward (`layers=True`)
 
 
 def _engine_boundary(method: Callable) -> Callable:
@@ -97,13 +101,20 @@ class Recorder:
         triggers: TriggerSet,
         kv: str = "read",
         max_bundles: int = DEFAULT_MAX_BUNDLES,
+        layers: bool = False,
+        set_id: str | None = None,
     ):
         if kv not in step_capture.KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(step_capture.KV_MODES)}")
         self.runner = runner
-        self.output = OutputTemplate(output)
+        self.rank = ranks.rank_of(runner, set_id)
+        ranks.require_recordable(self.rank)
+        self.output = OutputTemplate(output, self.rank.world_size)
         self.triggers = triggers
         self.kv = kv
+        if layers and not layer_capture.runs_eagerly(runner):
+            raise UsageError("--layers records per-layer outputs only from an eager engine: add --enforce-eager")
+        self.layers = layers  # also store every layer's output of a recorded step (eager engines)
         if max_bundles < 1:
             raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
@@ -142,7 +153,7 @@ class Recorder:
         try:
             self.adapter = adapter_for(self.runner)
             self._persister = BackgroundPersister(
-                current_environment(self.runner.device), engine_config_of(self.adapter)
+                runner_environment(self.runner), engine_config_of(self.adapter)
             )
             shadows = self.adapter.observe(self)
             shadows.__enter__()
@@ -153,6 +164,7 @@ class Recorder:
 
     def disarm(self) -> None:
         shadows, self._shadows = self._shadows, None
+        _stop_layers(self._pending)
         self._pending = None
         if shadows is not None:
             shadows.__exit__(None, None, None)
@@ -170,6 +182,7 @@ class Recorder:
         if not logged:
             self._failures.append(reason)
             logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
+        _stop_layers(self._pending)
         shadows, self._shadows, self._pending = self._shadows, None, None
         if shadows is not None:
             try:
@@ -206,6 +219,8 @@ class Recorder:
                 self.adapter, pending.scheduler_output, pending.index, pending.reason or "", self.kv,
                 input_ids, positions,
             )
+            if self.layers and pending.reason is not None:
+                pending.layers = layer_capture.LayerCapture(layer_capture.model_of(self.runner)).__enter__()
             pending.forward_started = (time.perf_counter(), time.process_time())
 
     @_engine_boundary
@@ -218,7 +233,10 @@ class Recorder:
         pending.forward_started = None
         pending.step.timing.forward_us = (time.perf_counter() - started_wall) * 1e6
         pending.step.timing.forward_cpu_us = (time.process_time() - started_cpu) * 1e6
+        layers = _stop_layers(pending)
         step_capture.capture_after_forward(self.runner, pending.step, hidden_states)
+        if layers is not None and layers.failure is None:
+            pending.step.outputs.layers = layers.outputs
         pending.phase = "logits"
 
     @_engine_boundary
@@ -240,6 +258,7 @@ class Recorder:
     @_engine_boundary
     def step_failed(self, error: BaseException) -> None:
         pending, self._pending = self._pending, None
+        _stop_layers(pending)
         if pending is None or pending.step is None:
             return
         if pending.reason is None and "exception" not in self.triggers.events:
@@ -254,7 +273,7 @@ class Recorder:
             "phase": pending.phase,
         }
         self._count_bundle()
-        self._persister.write_now(self.output.path_for(step.index), step)
+        self._persister.write_now(*self._destination(step))
 
     # -- firing ------------------------------------------------------------------------------
 
@@ -271,7 +290,7 @@ class Recorder:
             return
         step.trigger = reason
         self._count_bundle()
-        self._persister.submit(self.output.path_for(step.index), step)
+        self._persister.submit(*self._destination(step))
 
     def _count_bundle(self) -> None:
         self.bundles_fired += 1
@@ -280,3 +299,21 @@ class Recorder:
                 "tracekit: recorded %d bundles, the most this session takes (--max-bundles); "
                 "later steps are not recorded", self.max_bundles,
             )
+
+    def _destination(self, step: Step) -> tuple[Path, Step, ParallelRank]:
+        """This rank's bundle of the step, and the rank fields that tie it to the other ranks'."""
+        path = self.output.path_for(step.index, self.rank.rank)
+        parts = [
+            os.path.relpath(self.output.path_for(step.index, rank), path.parent)
+            for rank in range(self.rank.world_size)
+        ] if self.rank.multi_rank else []
+        return path, step, dataclasses.replace(self.rank, parts=parts)
+
+
+def _stop_layers(pending: _PendingStep | None) -> Any:
+    """Remove the step's layer hooks, if any; returns the capture."""
+    layers = pending.layers if pending is not None else None
+    if layers is not None:
+        pending.layers = None
+        layers.__exit__(None, None, None)
+    return layers

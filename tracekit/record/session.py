@@ -34,6 +34,7 @@ def record_workload(
     kv: str = "read",
     output: str | Path = "tracekit-bundle.zst",
     max_bundles: int = DEFAULT_MAX_BUNDLES,
+    layers: bool = False,
 ) -> list[Path]:
     """Record the steps the triggers pick from a workload run; returns the bundles written."""
     require_supported_vllm()
@@ -50,7 +51,8 @@ def record_workload(
     }
     llm = vllm_engine.build_llm(args)
     engine_failure = None
-    with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles) as recorder:
+    with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles,
+                   layers=layers) as recorder:
         try:
             workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
         except TracekitError:

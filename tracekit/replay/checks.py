@@ -2,11 +2,14 @@
 
 Items come in the order the forward produces them (batch order, inputs, KV written, hidden
 states, logits, sampled ids), so the first one that differs is where to start looking: if the
-KV written already differs, the hidden states will too.
+KV written already differs, the hidden states will too. Per-layer outputs (a bundle recorded
+with `--layers`) are checked apart, in the order the forward ran them.
 """
 
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from tracekit.format.schema import Step
 from tracekit.integrations.vllm.step_driver import ObservedStep
@@ -19,23 +22,30 @@ class CheckedItem:
     bit_exact: bool
     within_tolerance: bool
     details: dict[str, Any]
+    # The recorded tensor's dtype for float items ("float32", "bfloat16", ...); None for discrete
+    # items (batch order, ids, positions, sampled ids), which must be equal on any platform.
+    float_dtype: str | None = None
 
     def to_plain(self) -> dict[str, Any]:
-        return {"item": self.name, "bit_exact": self.bit_exact, "within_tolerance": self.within_tolerance, **self.details}
+        plain = {"item": self.name, "bit_exact": self.bit_exact, "within_tolerance": self.within_tolerance}
+        if self.float_dtype is not None:
+            plain["dtype"] = self.float_dtype
+        return {**plain, **self.details}
 
 
 def _tensor_item(name: str, actual: Any, expected: Any, tolerance: float) -> CheckedItem | None:
     if expected is None:
         return None
+    floating = expected.is_floating_point()
+    dtype = str(expected.dtype).removeprefix("torch.") if floating else None
     if actual is None:
-        return CheckedItem(name, False, False, {"problem": "not produced by the replay"})
+        return CheckedItem(name, False, False, {"problem": "not produced by the replay"}, dtype)
     details = compare_tensors(actual, expected)
     bit_exact = details.pop("bit_exact")
-    floating = expected.is_floating_point()
     within = bit_exact or (
         floating and "shape_mismatch" not in details and details["relative_rms"] <= tolerance
     )
-    return CheckedItem(name, bit_exact, within, details)
+    return CheckedItem(name, bit_exact, within, details, dtype)
 
 
 def _exact_item(name: str, actual: Any, expected: Any) -> CheckedItem | None:
@@ -50,6 +60,51 @@ def _exact_item(name: str, actual: Any, expected: Any) -> CheckedItem | None:
             (i for i, (a, e) in enumerate(pairs) if a != e), min(len(actual or []), len(expected))
         )
     return CheckedItem(name, same, same, details)
+
+
+# vLLM treats a temperature below this as greedy sampling.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
+    """Sampled ids must be equal; where a greedy request's differ, how close its recorded logits
+    were to a tie between the top two (a margin below twice the logits' move here can flip an
+    argmax). A random draw depends on every probability, so no margin says it for those."""
+    outputs = step.outputs
+    item = _exact_item("sampled_token_ids", observed.sampled_token_ids, outputs.sampled_token_ids)
+    if item is None or item.bit_exact:
+        return item
+    logits_delta = None
+    if observed.logits is not None and outputs.logits is not None and observed.logits.shape == outputs.logits.shape:
+        logits_delta = (observed.logits.double() - outputs.logits.double()).abs()
+    rows = []
+    replayed = observed.sampled_token_ids or []
+    params = {request.req_id: request.sampling_params or {} for request in step.requests}
+    for row, recorded_ids in enumerate(outputs.sampled_token_ids):
+        here = replayed[row] if row < len(replayed) else None
+        if here == recorded_ids:
+            continue
+        req_id = step.batch_order[row] if row < len(step.batch_order) else None
+        temperature = params.get(req_id, {}).get("temperature")
+        greedy = isinstance(temperature, (int, float)) and temperature < GREEDY_TEMPERATURE
+        entry: dict[str, Any] = {
+            "row": row,
+            "req_id": req_id,
+            "recorded": recorded_ids,
+            "replayed": here,
+            "sampling": "greedy" if greedy else f"random (temperature {temperature})",
+        }
+        if outputs.logits is not None and row < outputs.logits.shape[0] and outputs.logits.shape[-1] > 1:
+            top2 = torch.topk(outputs.logits[row].double(), 2).values
+            entry["top2_margin"] = float(top2[0] - top2[1])
+            if logits_delta is not None:
+                # Two logits each moving by up to d can close a margin of up to 2d.
+                entry["logits_max_abs_here"] = float(logits_delta[row].max())
+                if greedy:
+                    entry["near_tie"] = entry["top2_margin"] <= 2 * entry["logits_max_abs_here"]
+        rows.append(entry)
+    item.details["differing_rows"] = rows
+    return item
 
 
 def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> list[CheckedItem]:
@@ -67,10 +122,14 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> li
     if outputs is not None:
         items.append(_tensor_item("hidden_states", observed.hidden_states, outputs.hidden_states, tolerance))
         items.append(_tensor_item("logits", observed.logits, outputs.logits, tolerance))
-        items.append(_exact_item("sampled_token_ids", observed.sampled_token_ids, outputs.sampled_token_ids))
+        items.append(_sampled_item(observed, step))
     return [item for item in items if item is not None]
+
+
+def check_layers(replayed: dict[str, Any], recorded: dict[str, Any], tolerance: float = 0.0) -> list[CheckedItem]:
+    """Per-module outputs of an eager forward against those recorded, in recorded (forward) order."""
+    return [_tensor_item(f"layer/{name}", replayed.get(name), expected, tolerance) for name, expected in recorded.items()]
 
 
 def first_divergence(items: list[CheckedItem]) -> CheckedItem | None:
     return next((item for item in items if not item.within_tolerance), None)
-

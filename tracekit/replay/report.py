@@ -1,5 +1,6 @@
 """The human-readable replay reports: one bundle's in detail (what differs here, what matched,
-how fast it ran), and a suite's as one summary row per bundle with a progress bar meanwhile."""
+how fast it ran, and the verdict as its last line), and a suite's as one summary row per bundle
+with a progress bar meanwhile."""
 
 import contextlib
 import sys
@@ -8,11 +9,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.markup import escape
+from tracekit.cli.terminal import inert
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tracekit.errors import EXIT_OK
+from tracekit.replay import verdict as verdicts
 from tracekit.replay.replayer import ReplayResult
 from tracekit.replay.suite import SuiteOutcome, SuiteRecord
 
@@ -25,33 +27,63 @@ def _number(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
+def print_differences(console: Console, environment_differences: list[dict[str, Any]], overrides: dict[str, Any]) -> None:
+    """How this machine differs from the recording one, and the engine arguments overridden."""
+    for difference in environment_differences:
+        marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
+        console.print(
+            f" {marker} environment {inert(str(difference['field']))}: recorded {inert(repr(difference['recorded']))}, "
+            f"here {inert(repr(difference['here']))}"
+        )
+    for name, value in overrides.items():
+        console.print(f"   override {name} = {value!r}")
+
+
 def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
     console.print(f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger})")
-    for difference in result.environment_differences:
-        marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
-        console.print(
-            f" {marker} environment {difference['field']}: recorded {difference['recorded']!r}, here {difference['here']!r}"
-        )
-    for name, value in result.overrides.items():
-        console.print(f"   override {name} = {value!r}")
+    print_differences(console, result.environment_differences, result.overrides)
     for note in result.notes:
-        console.print(f" [yellow]![/yellow] {escape(note)}")
+        console.print(f" [yellow]![/yellow] {inert(note)}")
 
     checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
     checks.add_column("item", overflow="fold")
     for column in ("bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
         checks.add_column(column)
+    verdict = result.verdict
     for item in result.checks:
         details = item.details
+        if item.bit_exact:
+            agreement = "[green]yes[/green]"
+        elif item.within_tolerance:
+            agreement = "[yellow]within tol[/yellow]"
+        elif verdict.name == verdicts.PLATFORM_DIFFERENCE:
+            agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
+        else:
+            agreement = "[red]NO[/red]"
         checks.add_row(
-            escape(item.name),
-            "[green]yes[/green]" if item.bit_exact else ("[yellow]within tol[/yellow]" if item.within_tolerance else "[red]NO[/red]"),
+            inert(item.name),
+            agreement,
             _number(details.get("max_abs")),
             _number(details.get("relative_rms")),
             _number(details.get("argmax_agreement", details.get("agreement"))),
         )
     console.print(checks)
+    for item in result.checks:
+        for row in item.details.get("differing_rows", []):
+            console.print(f"   {inert(verdicts.describe_differing_row(row))}")
+    if result.layer_checks:
+        first_layer = result.first_diverging_layer
+        agreeing = sum(item.bit_exact for item in result.layer_checks)
+        console.print(
+            f"layers vs recorded (eager): {agreeing}/{len(result.layer_checks)} bit-exact"
+            + ("" if first_layer is None else
+               f"; first diverging layer [bold]{inert(first_layer.name.removeprefix('layer/'))}[/bold] "
+               f"max_abs {_number(first_layer.details.get('max_abs'))} "
+               f"relative_rms {_number(first_layer.details.get('relative_rms'))}")
+        )
+    if result.layers_bundle:
+        console.print(f"per-layer outputs (eager) written to {inert(result.layers_bundle)}")
 
     timing = Table(title="forward time", title_justify="left")
     for column in ("mode", "median", "min", "p90", "spread", "vs recorded"):
@@ -74,16 +106,21 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         )
     console.print(timing)
     for mode, reason in unavailable.items():
-        console.print(f"   {mode}: unavailable here ({escape(reason)})")
+        console.print(f"   {mode}: unavailable here ({inert(reason)})")
     for mode, report in result.modes.items():
         if report.get("profile_trace"):
-            console.print(f"   {mode}: profile trace {escape(report['profile_trace'])} (open in ui.perfetto.dev)")
+            console.print(f"   {mode}: profile trace {inert(report['profile_trace'])} (open in ui.perfetto.dev)")
 
-    if result.reproduced:
-        verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
-        console.print(f"[bold green]REPRODUCED[/bold green] ({verdict})")
-    else:
-        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{result.first_divergence}[/bold]")
+    headline = {
+        verdicts.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
+        verdicts.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {result.tolerance:g})",
+        verdicts.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
+        verdicts.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
+        verdicts.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
+        verdicts.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
+                           f"[bold]{inert(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
+    }[verdict.name]
+    console.print(f"verdict [bold]{verdict.name}[/bold]: {headline} ({inert(verdict.reason)})")
 
 
 def _ratio(replayed: Any, recorded: Any) -> str:
@@ -111,11 +148,11 @@ def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> 
     for record in outcome.records:
         result = record.result
         table.add_row(
-            escape(record.name),
+            inert(record.name),
             "-" if result is None else str(result.step_index),
             "-" if record.engine is None else str(record.engine),
             _verdict_cell(record),
-            escape((result.first_divergence if result else None) or "-"),
+            inert((result.first_divergence if result else None) or "-"),
             _us(record.forward_us),
             _us(record.recorded_forward_us),
             _ratio(record.forward_us, record.recorded_forward_us),
@@ -123,11 +160,11 @@ def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> 
     console.print(table)
     for record in outcome.records:
         if record.error:
-            console.print(f" [red]![/red] {escape(record.bundle)}: {escape(record.error)}")
+            console.print(f" [red]![/red] {inert(record.bundle)}: {inert(record.error)}")
     traces = [report["profile_trace"] for record in outcome.records if record.result
               for report in record.result.modes.values() if report.get("profile_trace")]
     if traces:
-        console.print(f"   profile traces: {len(traces)} in {escape(str(Path(traces[0]).parent))} (open in ui.perfetto.dev)")
+        console.print(f"   profile traces: {len(traces)} in {inert(str(Path(traces[0]).parent))} (open in ui.perfetto.dev)")
     if outcome.not_run:
         console.print(f"[bold red]stopped at the first failure[/bold red]: {len(outcome.not_run)} bundle(s) not run "
                       "(--keep-going runs them all)")
@@ -145,7 +182,7 @@ class _SuiteProgress:
 
     def start(self, position: int, bundle: Path, building_engine: bool) -> None:
         doing = "building an engine for" if building_engine else "replaying"
-        self._progress.update(self._task, description=f"{doing} {escape(bundle.name)}")
+        self._progress.update(self._task, description=f"{doing} {inert(bundle.name)}")
 
     def done(self, record: SuiteRecord) -> None:
         self._progress.advance(self._task)

@@ -39,13 +39,9 @@ _MODEL_PATH_ARGS = ("model", "tokenizer")
 
 
 def verdict_of(result: ReplayResult) -> str:
-    """bit_exact, within_tolerance, diverged; error_reproduced / error_not_reproduced for a step
-    recorded because its forward raised."""
-    if any(item.name == "error" for item in result.checks):
-        return "error_reproduced" if result.reproduced else "error_not_reproduced"
-    if result.bit_exact:
-        return "bit_exact"
-    return "within_tolerance" if result.reproduced else "diverged"
+    """The replay's verdict (`tracekit.replay.verdict`): bit_exact, within_tolerance,
+    platform_difference, diverged, error_reproduced, error_not_reproduced."""
+    return result.verdict.name
 
 
 def worst_exit_code(codes: Sequence[int]) -> int:

@@ -15,6 +15,12 @@ these modules:
   step_driver.py    driving one recorded step through a rebuilt runner, repeatably
   method_patch.py   shadowing a runner's methods for one armed session
   worker_hook.py    finding each runner vLLM builds in its own processes (for the plugin)
+  ranks.py          a runner's place in a multi-rank engine, the layouts this machine can build
+  workers.py        tracekit's functions run in every worker process through collective_rpc
   graph_backend.py  plugging tracekit's piecewise graph backend into vLLM's compilation
+  layer_capture.py  forward hooks on the model's decoder layers: per-layer outputs of one forward
+  platform_facts.py what only a live engine says about numerics: attention backend and kernel ISA
   bench_shapes.py   recorded batches as `vllm bench forward --shapes` cases (metadata only)
+  step_records.py   what sampling reads of a request's tokens; the SchedulerOutput record of a
+                    shrunk or redacted batch
 """

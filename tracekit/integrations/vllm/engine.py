@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import CannotRunHere, UsageError
+from tracekit.integrations.vllm import ranks
 
 # In-process engine core: the model runner lives in this process and can be reached.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -70,6 +71,9 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> An
     """Start an in-process engine from recorded (or user) `EngineArgs` values; `runner_kind`
     ("v1" or "v2") picks vLLM's model runner, refused (exit 3) where it cannot be built."""
     os.environ.update(IN_PROCESS_ENV)
+    ranks.default_cpu_thread_binding(
+        int(engine_args.get("tensor_parallel_size") or 1) * int(engine_args.get("pipeline_parallel_size") or 1)
+    )
     if runner_kind is not None:
         from tracekit.integrations.vllm.runner_adapter import require_buildable, runner_env
 

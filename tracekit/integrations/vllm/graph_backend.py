@@ -56,7 +56,22 @@ def compilation_config_for(
     os.environ[SETTINGS_ENV] = json.dumps(
         {"table": table.to_plain(), "device": device, "compiler": compiler}
     )
+    # vLLM's AOT compile (its default with torch >= 2.10) stores the compiled forward, which must
+    # then be serialisable; the piecewise backend's is not ("does not implement
+    # SerializableCallable"), so the engine compiles it the plain way.
+    os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+    _forget_cached_vllm_envs()
     return {"mode": DYNAMO_TRACE_ONCE, "backend": BACKEND_QUALNAME, "cudagraph_mode": "NONE"}
+
+
+def _forget_cached_vllm_envs() -> None:
+    """vLLM caches its environment variables once an engine has started; the next engine built
+    in this process must see the ones set since."""
+    import vllm.envs as envs
+
+    cache_clear = getattr(envs.__getattr__, "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
 
 
 def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

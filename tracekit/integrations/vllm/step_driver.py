@@ -154,13 +154,18 @@ class StepDriver:
             from vllm.forward_context import get_forward_context, is_forward_context_available
 
             context = get_forward_context() if is_forward_context_available() else None
-            saved_context = dict(vars(context)) if context is not None else {}
+            # All but skip_compiled, which `ForwardHandle.forward(eager=)` sets for the call.
+            saved_context = (
+                {name: value for name, value in vars(context).items() if name != "skip_compiled"}
+                if context is not None else {}
+            )
 
             def call() -> Any:
                 # Models may update the forward context in place; every call starts from the
                 # context the runner built.
                 for name, value in saved_context.items():
-                    setattr(context, name, value)
+                    if name != "skip_compiled":  # set by ForwardHandle.forward(eager=) for this call
+                        setattr(context, name, value)
                 return original(*args, **kwargs)
 
             handle = ForwardHandle(self._restore_state, call, self._written_views, self.runner.device)

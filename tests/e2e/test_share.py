@@ -1,0 +1,237 @@
+"""Issue 12 on real engines: `shrink` finds a built-in bug's request and chunk (a fault injected
+into the forward only when one request's poison token is in the batch: it raises, or writes a
+NaN, or skews the eager forward only), twice the same; refuses a property that does not hold;
+and both `shrink` and `redact` work on steps of every kind the replay supports — the redacted
+ones replay bit-exact, the shrunk ones with exactly the inputs the runner builds for them (on
+Model Runner V2 too)."""
+
+import hashlib
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+
+from e2e_support import (
+    STEP_KINDS,
+    assert_replayed_bit_exact,
+    bundles_by_step,
+    engine_script,
+    has_penalties,
+    of_kind,
+    read_content,
+    read_step,
+    tracekit,
+)
+from tracekit.format import open_bundle
+from tracekit.format.rewrite import rewrite_bundle
+from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact
+from tracekit.share.shrink import shrink
+
+pytestmark = pytest.mark.slow
+
+KIND_HOLDS = Path(__file__).parent / "step_kind_holds.py"
+# Kinds a default-engine workload produces (the resumed step needs the small-cache engine).
+DEFAULT_ENGINE_KINDS = [kind for kind in STEP_KINDS if kind != "resumed_after_preemption"]
+
+
+@pytest.fixture(scope="module")
+def faults(e2e_dir):
+    work = e2e_dir / "share"
+    work.mkdir()
+    return {**engine_script("share_faults", e2e_dir / "share_faults.json", work), "work": work}
+
+
+def sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def poisoned_request(step, faults):
+    (request,) = [
+        r for r in step.requests
+        if len(r.prompt_token_ids) > faults["poison_position"]
+        and r.prompt_token_ids[faults["poison_position"]] == faults["poison_token"]
+    ]
+    return request
+
+
+def assert_shrunk_to_the_poisoned_chunk(faults, source, name, until):
+    report = faults[name]
+    recorded = read_step(source)
+    poisoned = poisoned_request(recorded, faults)
+    assert poisoned.num_computed_tokens <= faults["poison_position"] < poisoned.num_computed_tokens + poisoned.num_scheduled_tokens
+    shrunk = read_content(faults["work"] / name)
+    (request,) = shrunk.steps[0].requests
+    assert request.req_id == poisoned.req_id
+    # the chunk still starts where the KV cache ends and now stops right after the poison
+    assert request.num_scheduled_tokens == faults["poison_position"] - poisoned.num_computed_tokens + 1
+    assert (report["requests_before"], report["requests_after"]) == (len(recorded.requests), 1)
+    assert (report["tokens_before"], report["tokens_after"]) == (
+        sum(r.num_scheduled_tokens for r in recorded.requests), request.num_scheduled_tokens)
+    (derivation,) = shrunk.derivations
+    assert derivation["kind"] == "shrink" and derivation["property"] == until
+    assert derivation["from"] == {"file": source.name, "sha256": sha256(source), "step": recorded.index}
+    assert derivation["replays"] == report["replays"] > 1
+    assert shrunk.steps[0].outputs is None
+    return shrunk.steps[0]
+
+
+def test_raises_shrinks_to_the_poisoned_request_and_chunk(faults):
+    assert faults["recording_raised"] == faults["injected_error"]
+    step = assert_shrunk_to_the_poisoned_chunk(faults, faults["work"] / "raises.zst", "raises-small1.zst", "raises")
+    assert step.error["message"] == faults["injected_error"]
+
+
+def test_a_second_shrink_gives_the_same_bundle_byte_for_byte(faults):
+    first, second = faults["raises-small1.zst"], faults["raises-small2.zst"]
+    assert {**first, "seconds": 0, "output": ""} == {**second, "seconds": 0, "output": ""}
+    assert sha256(faults["work"] / "raises-small1.zst") == sha256(faults["work"] / "raises-small2.zst")
+
+
+def test_nonfinite_shrinks_to_the_poisoned_request_and_chunk(faults):
+    assert_shrunk_to_the_poisoned_chunk(faults, faults["work"] / "mixed.zst", "nan-small.zst", "nonfinite")
+
+
+def test_modes_differ_shrinks_to_the_request_whose_eager_forward_is_skewed(faults):
+    assert_shrunk_to_the_poisoned_chunk(faults, faults["work"] / "mixed.zst", "modes-small.zst", "modes-differ")
+
+
+def test_a_property_that_does_not_hold_on_the_replayed_bundle_is_refused(faults):
+    refusal = faults["refusal"]
+    assert refusal is not None and refusal["exit_code"] == 2
+    assert "does not hold" in refusal["message"] and "nothing written" in refusal["message"]
+    assert not faults["refused_written"]
+
+
+def first_of_each_kind(bundles: dict[int, Path], kinds) -> dict[str, Path]:
+    chosen = {}
+    for kind in kinds:
+        found = of_kind(bundles, kind)
+        if found:
+            chosen[kind] = next(iter(found.values()))
+    return chosen
+
+
+def fill_history(metadata, tensors):
+    """Every token id a penalised request computed in earlier steps replaced by the token it
+    samples in this one: its penalties now push that very token down."""
+    step = metadata["steps"][0]
+    for row, request in enumerate(step["requests"]):
+        sampled = step["outputs"]["sampled_token_ids"][row]
+        if has_penalties(SimpleNamespace(sampling_params=request["sampling_params"])) and sampled:
+            tokens = request["prompt_token_ids"] + request["output_token_ids"]
+            computed = request["num_computed_tokens"]
+            tokens[:computed] = [sampled[0]] * computed
+            prompt_length = len(request["prompt_token_ids"])
+            request["prompt_token_ids"], request["output_token_ids"] = tokens[:prompt_length], tokens[prompt_length:]
+
+
+def shrink_keeping_kind(kind, source, out):
+    until = f"command:{sys.executable} {KIND_HOLDS} {kind} {{bundle}}"
+    shrink(source, out, until)
+    return out
+
+
+@pytest.fixture(scope="module")
+def shared(e2e_dir, builtin_bundles, prefix_cache_bundles, preemption_bundles):
+    """Of every kind of step: the first bundle, redacted and shrunk (keeping its kind); replayed
+    on one engine per engine configuration, beside negative controls (penalised histories changed)."""
+    work = e2e_dir / "shared"
+    work.mkdir()
+    default = {**builtin_bundles, **{1000 + i: p for i, p in prefix_cache_bundles.items()}}
+    sources = first_of_each_kind(default, DEFAULT_ENGINE_KINDS)
+    resumed = first_of_each_kind(preemption_bundles, ["resumed_after_preemption"])
+    assert set(sources) == set(DEFAULT_ENGINE_KINDS) and resumed, "a kind of step is missing"
+    made = {"redacted": {}, "shrunk": {}}
+    for kind, path in {**sources, **resumed}.items():
+        made["redacted"][kind] = work / f"redacted-{kind}.zst"
+        redact(path, made["redacted"][kind])
+        made["shrunk"][kind] = shrink_keeping_kind(kind, path, work / f"shrunk-{kind}.zst")
+    # Negative controls: the steps with penalties, the history of penalised requests changed.
+    made["history_changed"] = [
+        rewrite_bundle(path, work / f"history-changed-{index}.zst", fill_history)
+        for index, path in of_kind(builtin_bundles, "penalties").items()
+    ]
+    default_bundles = [*(made["redacted"][k] for k in sources), *(made["shrunk"][k] for k in sources),
+                       *made["history_changed"]]
+    resumed_bundles = [made["redacted"]["resumed_after_preemption"], made["shrunk"]["resumed_after_preemption"]]
+    made["replays"] = {
+        **engine_script("replay_many", e2e_dir / "shared_default.json", *default_bundles)["replays"],
+        **engine_script("replay_many", e2e_dir / "shared_resumed.json", *resumed_bundles)["replays"],
+    }
+    made["sources"] = {**sources, **resumed}
+    return made
+
+
+@pytest.mark.parametrize("kind", list(STEP_KINDS))
+def test_redacted_step_of_every_kind_replays_bit_exact(kind, shared):
+    path = shared["redacted"][kind]
+    assert_replayed_bit_exact({"replays": shared["replays"]}, {0: path})
+
+
+@pytest.mark.parametrize("kind", list(STEP_KINDS))
+def test_redacted_step_holds_no_request_id_and_no_token_it_does_not_read(kind, shared):
+    source, redacted = read_step(shared["sources"][kind]), read_content(shared["redacted"][kind])
+    with open_bundle(shared["redacted"][kind]) as reader:
+        stored = msgpack.packb(reader.metadata)
+    assert not [req_id for req_id in source.batch_order if req_id.encode() in stored]
+    (derivation,) = redacted.derivations
+    kept = {req_id for entry in derivation["steps"] for req_id in entry["history_kept"]}
+    for old, new in zip(source.requests, redacted.steps[0].requests):
+        tokens = new.prompt_token_ids + new.output_token_ids
+        start, end = old.num_computed_tokens, old.num_computed_tokens + old.num_scheduled_tokens
+        assert tokens[start:end] == (old.prompt_token_ids + old.output_token_ids)[start:end]
+        if new.req_id not in kept:
+            assert set(tokens[:start] + tokens[end:]) <= {NEUTRAL_TOKEN_ID}
+
+
+def test_changing_the_history_penalties_read_changes_what_is_sampled(shared):
+    """Why penalised requests keep their earlier token ids: the forward does not read them (its
+    outputs stay bit-exact), sampling does (the sampled ids change)."""
+    assert shared["history_changed"], "the workload has no step with penalties"
+    for path in shared["history_changed"]:
+        result = shared["replays"][str(path)]
+        checks = {check["item"]: check for check in result["checks"]}
+        assert checks["hidden_states"]["bit_exact"] and checks["logits"]["bit_exact"]
+        assert result["first_divergence"] == "sampled_token_ids", path.name
+
+
+@pytest.mark.parametrize("kind", list(STEP_KINDS))
+def test_shrunk_step_of_every_kind_replays_with_the_inputs_the_runner_builds(kind, shared):
+    shrunk = read_content(shared["shrunk"][kind])
+    assert STEP_KINDS[kind](shrunk.steps[0])
+    assert len(shrunk.steps[0].requests) <= len(read_step(shared["sources"][kind]).requests)
+    result = shared["replays"][str(shared["shrunk"][kind])]
+    assert "error" not in result, result
+    checks = {check["item"]: check for check in result["checks"]}
+    assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions"))
+    assert result["reproduced"]
+
+
+@pytest.fixture(scope="module")
+def v2_shared(e2e_dir):
+    """Model Runner V2: steps 1 and 3 of the built-in workload (mixed: decodes, penalties, seeded
+    and unseeded sampling beside a prefill chunk) redacted, step 1 also shrunk keeping it mixed;
+    all replayed on one V2 engine."""
+    work = e2e_dir / "shared-v2"
+    work.mkdir()
+    finished = tracekit("record", "--enforce-eager", "-o", work / "step{step}.zst", "--steps", "1,3", runner="v2")
+    assert finished.returncode == 0, finished.explain()
+    sources = bundles_by_step(work)
+    redacted = {index: work / f"redacted-{index}.zst" for index in sources}
+    for index, path in sources.items():
+        redact(path, redacted[index])
+    shrunk = shrink_keeping_kind("mixed", sources[1], work / "shrunk-1.zst")
+    replays = engine_script("replay_many", e2e_dir / "shared_v2.json", *redacted.values(), shrunk, runner="v2")
+    return {"sources": sources, "redacted": redacted, "shrunk": shrunk, "replays": replays}
+
+
+def test_redacted_and_shrunk_model_runner_v2_steps_replay(v2_shared):
+    assert sorted(v2_shared["sources"]) == [1, 3]
+    assert {read_content(path).engine.runner for path in v2_shared["sources"].values()} == {"v2"}
+    assert_replayed_bit_exact(v2_shared["replays"], v2_shared["redacted"])
+    result = v2_shared["replays"]["replays"][str(v2_shared["shrunk"])]
+    checks = {check["item"]: check for check in result["checks"]}
+    assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions")), result
+    assert len(read_step(v2_shared["shrunk"]).requests) < len(read_step(v2_shared["sources"][1]).requests)

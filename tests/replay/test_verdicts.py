@@ -1,0 +1,157 @@
+"""Verdicts on real numbers from two machines: `traces/tiny-llama-mixed-step.zst` (AVX512) and
+`traces/avx2-mixed-step-eager.zst` (AVX2) hold the same step of the same workload with the same
+settings, so the AVX2 recording's outputs are exactly what a replay of the AVX512 bundle
+produces on an AVX2 machine. No engine runs here: the checks compare recorded tensors."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tracekit.environment import environment_differences
+from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
+from tracekit.integrations.vllm.step_driver import ObservedStep
+from tracekit.numerics import PLATFORM_BOUNDS
+from tracekit.replay import verdict as verdicts
+from tracekit.replay.checks import CheckedItem, check_step
+from tracekit.replay.replayer import load_step
+
+from pathlib import Path
+
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+
+@pytest.fixture(scope="module")
+def avx512():
+    return load_step(TRACES / "tiny-llama-mixed-step.zst", None)
+
+
+@pytest.fixture(scope="module")
+def avx2():
+    return load_step(TRACES / "avx2-mixed-step-eager.zst", None)
+
+
+def observed_like(step, batch_order, **changes) -> ObservedStep:
+    """What a replay observes when it produces `step`'s recorded numbers. Request ids are random
+    per engine, so the batch order is given in the reference's ids."""
+    observed = ObservedStep(
+        batch_order=list(batch_order),
+        input_ids=step.input_ids,
+        positions=step.positions,
+        hidden_states=step.outputs.hidden_states,
+        logits=step.outputs.logits,
+        sampled_token_ids=[list(ids) for ids in step.outputs.sampled_token_ids],
+        kv_after=[dict(group.after) for group in step.kv.groups],
+    )
+    return dataclasses.replace(observed, **changes)
+
+
+def numeric_fields(recorded, here) -> list[str]:
+    return [name for name, _, _, numeric in environment_differences(recorded, here) if numeric]
+
+
+def test_the_two_machines_recorded_the_same_step_with_other_rounding(avx512, avx2):
+    (_, reference), (_, other) = avx512, avx2
+    assert [r.prompt_token_ids for r in reference.requests] == [r.prompt_token_ids for r in other.requests]
+    assert torch.equal(reference.input_ids, other.input_ids)
+    assert reference.outputs.sampled_token_ids == other.outputs.sampled_token_ids
+    assert not torch.equal(reference.outputs.hidden_states, other.outputs.hidden_states)
+
+
+def test_the_isa_is_the_numerics_relevant_field_the_two_recordings_differ_in(avx512, avx2):
+    """Their env vars differ too: VLLM_LOGGING_LEVEL changes no number; fields the bundles predate
+    (attention backend, thread count) are unknown, not different."""
+    (content, _), (other, _) = avx512, avx2
+    differences = {name: numeric for name, _, _, numeric in environment_differences(content.environment, other.environment)}
+    assert [name for name, numeric in differences.items() if numeric and not name.startswith("env ")] == ["cpu_isa"]
+    assert differences["env VLLM_LOGGING_LEVEL"] is False
+    assert "attention_backend" not in differences and "num_threads" not in differences
+
+
+def test_avx2_numbers_against_the_avx512_recording_are_a_platform_difference(avx512, avx2):
+    (content, reference), (other_content, other) = avx512, avx2
+    items = check_step(observed_like(other, reference.batch_order), reference)
+    assert not any(item.bit_exact for item in items if item.float_dtype)  # every float item differs
+    verdict = verdicts.decide(items, numeric_fields(content.environment, other_content.environment))
+    assert verdict.name == verdicts.PLATFORM_DIFFERENCE, verdict
+    assert verdict.exit_code() == EXIT_OK and verdict.exit_code(strict=True) == EXIT_NOT_REPRODUCED
+
+
+def test_the_same_numbers_on_the_recording_platform_are_a_divergence(avx512, avx2):
+    (_, reference), (_, other) = avx512, avx2
+    verdict = verdicts.decide(check_step(observed_like(other, reference.batch_order), reference), [])
+    assert verdict.name == verdicts.DIVERGED and verdict.exit_code() == EXIT_NOT_REPRODUCED
+
+
+def test_identical_numbers_are_bit_exact_and_a_tolerance_admits_the_isa_drift(avx512, avx2):
+    (_, reference), (_, other) = avx512, avx2
+    same = verdicts.decide(check_step(observed_like(reference, reference.batch_order), reference), ["cpu_isa"])
+    assert same.name == verdicts.BIT_EXACT and same.exit_code(strict=True) == EXIT_OK
+    # The AVX2 drift is ~4e-7 relative RMS (docs/VERDICTS.md): 1e-6 admits it, 1e-8 does not.
+    loose = check_step(observed_like(other, reference.batch_order), reference, tolerance=1e-6)
+    assert verdicts.decide(loose, [], tolerance=1e-6).name == verdicts.WITHIN_TOLERANCE
+    tight = check_step(observed_like(other, reference.batch_order), reference, tolerance=1e-8)
+    assert verdicts.decide(tight, [], tolerance=1e-8).name == verdicts.DIVERGED
+
+
+def test_a_real_bug_on_another_platform_is_still_a_divergence(avx512, avx2):
+    """One token's hidden state lost (a masking bug): far beyond what the ISA explains."""
+    (_, reference), (_, other) = avx512, avx2
+    broken = other.outputs.hidden_states.clone()
+    broken[3] = 0
+    items = check_step(observed_like(other, reference.batch_order, hidden_states=broken), reference)
+    verdict = verdicts.decide(items, ["cpu_isa"])
+    assert verdict.name == verdicts.DIVERGED and verdict.beyond_bound == ["hidden_states"], verdict
+
+
+def test_a_discrete_difference_is_a_divergence_whatever_the_platform(avx512, avx2):
+    (_, reference), (_, other) = avx512, avx2
+    swapped = list(reversed(reference.batch_order))
+    verdict = verdicts.decide(check_step(observed_like(other, swapped), reference), ["cpu_isa"])
+    assert verdict.name == verdicts.DIVERGED and verdict.beyond_bound[0] == "batch_order"
+
+
+def test_differing_sampled_ids_say_whether_the_recorded_logits_were_a_near_tie(avx512, avx2):
+    """Greedy row 0's replayed logits swap its top two: a margin the logits moved by (a near tie).
+    Greedy row 3 samples another token with logits as recorded on AVX2: its margin dwarfs ~1e-5
+    moves. Row 1 samples at temperature 0.8: no margin decides a random draw."""
+    (_, reference), (_, other) = avx512, avx2
+    temperatures = [request.sampling_params["temperature"] for request in reference.requests]
+    assert temperatures[0] == temperatures[3] == 0.0 and temperatures[1] > 0
+    logits = other.outputs.logits.clone()
+    top2 = torch.topk(reference.outputs.logits[0], 2).indices
+    logits[0, top2[0]], logits[0, top2[1]] = reference.outputs.logits[0, top2[1]], reference.outputs.logits[0, top2[0]]
+    sampled = [list(ids) for ids in other.outputs.sampled_token_ids]
+    sampled[0] = [int(top2[1])]
+    sampled[1] = [sampled[1][0] + 1]
+    sampled[3] = [sampled[3][0] + 1]
+    items = check_step(observed_like(other, reference.batch_order, logits=logits, sampled_token_ids=sampled), reference)
+    rows = {row["row"]: row for row in next(i for i in items if i.name == "sampled_token_ids").details["differing_rows"]}
+    assert set(rows) == {0, 1, 3}
+    margin = float(torch.topk(reference.outputs.logits[0].double(), 2).values.diff().abs())
+    assert rows[0]["top2_margin"] == pytest.approx(margin) and rows[0]["near_tie"] is True
+    assert rows[3]["near_tie"] is False and rows[3]["top2_margin"] > 100 * rows[3]["logits_max_abs_here"]
+    assert rows[1]["sampling"] == "random (temperature 0.8)" and "near_tie" not in rows[1]
+    verdict = verdicts.decide(items, ["cpu_isa"])
+    assert verdict.name == verdicts.DIVERGED
+    assert ": a near tie" in verdict.reason and ": not a near tie" in verdict.reason
+    assert "random (temperature 0.8) sampling" in verdict.reason
+
+
+def test_recorded_failures_are_reproduced_or_not():
+    raised = CheckedItem("error", True, True, {"raised": "RuntimeError: boom"})
+    silent = CheckedItem("error", False, False, {"raised": None})
+    assert verdicts.decide([raised], ["cpu_isa"], error_step=True).name == verdicts.ERROR_REPRODUCED
+    not_reproduced = verdicts.decide([silent], [], error_step=True)
+    assert not_reproduced.name == verdicts.ERROR_NOT_REPRODUCED and not_reproduced.exit_code() == EXIT_NOT_REPRODUCED
+
+
+def test_the_fp32_bound_leaves_a_wide_margin_over_the_measured_isa_drift(avx512, avx2):
+    """The bound is calibrated with margin (docs/VERDICTS.md): the drift measured between the two
+    machines must sit at least 10x inside it, or the bound is too tight to be useful."""
+    (_, reference), (_, other) = avx512, avx2
+    bound = PLATFORM_BOUNDS["float32"]
+    for item in check_step(observed_like(other, reference.batch_order), reference):
+        if item.float_dtype == "float32":
+            assert 10 * item.details["relative_rms"] <= bound.relative_rms, item
+            assert 10 * item.details["max_abs_vs_rms"] <= bound.max_abs_vs_rms, item

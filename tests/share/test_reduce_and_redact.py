@@ -1,0 +1,213 @@
+"""Issue 12, without an engine: cutting a recorded step down (`reduce_step`, the ddmin and
+bisection searches) and redacting it keep every record of the step consistent; `tracekit shrink`
+with a `command:` property (which needs no engine) finds the smallest batch, deterministically,
+and refuses a property that does not hold. The sample bundle is a real mixed step: four decodes
+(one with penalties) beside a 60-token prefill chunk."""
+
+import dataclasses
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+
+from tracekit.format import open_bundle
+from tracekit.format.schema import BundleContent
+from tracekit.integrations.vllm.runner_state import blocks_read_and_written
+from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact, redact_step
+from tracekit.share.reduce_step import reduce_step, scheduled_tokens
+from tracekit.share.shrink import ddmin, shortest_length
+
+SAMPLE = Path(__file__).parents[2] / "traces" / "tiny-llama-mixed-step.zst"
+TRACEKIT = Path(sys.executable).parent / "tracekit"
+
+
+@pytest.fixture(scope="module")
+def sample():
+    with open_bundle(SAMPLE) as reader:
+        return BundleContent.from_plain(reader.resolve(reader.metadata, to="torch"))
+
+
+def tokens_of(request):
+    return request.prompt_token_ids + request.output_token_ids
+
+
+def test_reduced_step_keeps_each_requests_inputs_and_only_the_kv_blocks_it_reads(sample):
+    step = sample.steps[0]
+    prefill = next(r for r in step.requests if r.is_prefill)
+    decode = step.requests[-1] if not step.requests[-1].is_prefill else step.requests[0]
+    keep = {decode.req_id: 1, prefill.req_id: 7}
+    reduced = reduce_step(step, keep)
+
+    assert reduced.batch_order == [req_id for req_id in step.batch_order if req_id in keep]
+    expected_ids, expected_positions = [], []
+    for req_id in reduced.batch_order:
+        request = next(r for r in step.requests if r.req_id == req_id)
+        start = request.num_computed_tokens
+        expected_ids += tokens_of(request)[start : start + keep[req_id]]
+        expected_positions += list(range(start, start + keep[req_id]))
+    assert reduced.input_ids.tolist() == expected_ids
+    assert reduced.positions.tolist() == expected_positions
+    assert reduced.graph.num_tokens == reduced.graph.num_tokens_padded == sum(keep.values())
+    assert reduced.outputs is None and reduced.error is None
+
+    (group,), (original,) = reduced.kv.groups, step.kv.groups
+    read, written = blocks_read_and_written(reduced.requests, 0, group.layout.block_size)
+    assert group.read_block_ids == group.saved_block_ids == read and group.written_block_ids == written
+    assert set(read) < set(original.saved_block_ids)
+    for layer, tensor in group.before.items():
+        for row, block in enumerate(group.saved_block_ids):
+            assert torch.equal(tensor[row], original.before[layer][original.saved_block_ids.index(block)])
+    assert group.after == {}
+
+    record = reduced.scheduler_output
+    assert record["num_scheduled_tokens"] == keep and record["total_num_scheduled_tokens"] == sum(keep.values())
+    cached = record["scheduled_cached_reqs"]
+    assert cached["req_ids"] == reduced.batch_order
+    assert all(len(cached[name]) == len(keep) for name in ("new_block_ids", "num_computed_tokens", "num_output_tokens"))
+
+
+def test_reducing_to_the_whole_batch_changes_no_input(sample):
+    step = sample.steps[0]
+    reduced = reduce_step(step, scheduled_tokens(step))
+    assert torch.equal(reduced.input_ids, step.input_ids) and torch.equal(reduced.positions, step.positions)
+    assert reduced.requests == step.requests
+
+
+def test_ddmin_finds_a_one_minimal_subset_and_remembers_nothing_it_need_not():
+    needed = {"c", "f"}
+    tried = []
+
+    def holds(items):
+        tried.append(tuple(items))
+        return needed <= set(items)
+
+    assert ddmin(list("abcdefgh"), holds) == ["c", "f"]
+    assert ddmin(list("abcdefgh"), lambda items: needed <= set(items)) == ["c", "f"]  # same again
+    # 1-minimal: removing either one breaks it
+    assert not holds(["c"]) and not holds(["f"])
+
+
+def test_shortest_length_bisects_to_the_first_length_that_holds():
+    calls = []
+    assert shortest_length(60, lambda n: calls.append(n) or n >= 23) == 23
+    assert len(calls) <= 6  # ceil(log2(60))
+
+
+def test_redacted_step_keeps_what_the_forward_and_sampling_read_and_nothing_else(sample):
+    step = sample.steps[0]
+    redacted, record = redact_step(step)
+    assert redacted.batch_order == [f"req-{i}" for i in range(len(step.batch_order))]
+    for old, new in zip(step.requests, redacted.requests):
+        assert len(new.prompt_token_ids) == len(old.prompt_token_ids)
+        assert len(new.output_token_ids) == len(old.output_token_ids)
+        before, after = tokens_of(old), tokens_of(new)
+        start, end = old.num_computed_tokens, old.num_computed_tokens + old.num_scheduled_tokens
+        assert after[start:end] == before[start:end]  # the scheduled tokens: the forward's input ids
+        params = old.sampling_params
+        if params["repetition_penalty"] != 1.0 or params["presence_penalty"] or params["frequency_penalty"]:
+            assert after == before and record.history_kept[new.req_id]
+        else:
+            assert set(after[:start] + after[end:]) <= {NEUTRAL_TOKEN_ID}
+            assert record.token_ids_blanked[new.req_id] == len(before) - (end - start)
+    assert any(record.history_kept.values()), "the sample has a request with penalties"
+    plain = msgpack.packb(redacted.scheduler_output | {"trigger": redacted.trigger}, default=str)
+    assert not any(old.encode() in plain for old in step.batch_order)
+    assert redacted.scheduler_output["num_scheduled_tokens"] == {
+        new.req_id: new.num_scheduled_tokens for new in redacted.requests
+    }
+
+
+def with_sampling(step, index, **changes):
+    requests = list(step.requests)
+    requests[index] = dataclasses.replace(requests[index], sampling_params={**requests[index].sampling_params, **changes})
+    return dataclasses.replace(step, requests=requests)
+
+
+def test_redaction_blanks_unread_sampling_fields_and_keeps_the_token_prompt_logprobs_score(sample):
+    step = sample.steps[0]
+    index = next(i for i, r in enumerate(step.requests) if r.is_prefill)
+    prefill = step.requests[index]
+    changed = with_sampling(step, index, stop=["secret stop"], extra_args={"user": "alice"}, prompt_logprobs=2)
+    redacted, record = redact_step(changed)
+    new = redacted.requests[index]
+    assert new.sampling_params["stop"] == [] and new.sampling_params["extra_args"] is None
+    assert sorted(record.sampling_fields_removed[new.req_id]) == ["extra_args", "stop"]
+    end = prefill.num_computed_tokens + prefill.num_scheduled_tokens
+    assert new.prompt_token_ids[end] == prefill.prompt_token_ids[end] != NEUTRAL_TOKEN_ID
+    assert set(new.prompt_token_ids[end + 1 :]) == {NEUTRAL_TOKEN_ID}
+
+
+def test_bad_words_keep_a_requests_history_but_not_their_text(sample):
+    step = sample.steps[0]
+    changed = with_sampling(step, 0, bad_words=["secret"], _bad_words_token_ids=[[77]])
+    redacted, record = redact_step(changed)
+    new = redacted.requests[0]
+    assert tokens_of(new) == tokens_of(step.requests[0]) and "bad_words" in record.history_kept[new.req_id]
+    assert new.sampling_params["bad_words"] == [] and new.sampling_params["_bad_words_token_ids"] == [[77]]
+
+
+def test_redact_command_writes_a_bundle_inspect_marks_redacted(tmp_path):
+    out = tmp_path / "shareable.zst"
+    finished = subprocess.run([TRACEKIT, "redact", SAMPLE, "-o", out], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    shown = subprocess.run([TRACEKIT, "inspect", out], capture_output=True, text=True)
+    assert "REDACTED" in shown.stdout and "kept every token id of req-3" in shown.stdout
+    with open_bundle(out) as reader:
+        env = reader.metadata["environment"]["env_vars"]
+    assert "VLLM_LOGGING_LEVEL" not in env and "VLLM_SSM_CONV_STATE_LAYOUT" in env
+
+
+def sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def long_chunk_reaches(position, folder):
+    """A command property: the bundle still holds the long prompt's chunk up to `position`."""
+    script = folder / "reaches.py"
+    script.write_text(
+        "import sys\nfrom tracekit.format import open_bundle\n"
+        "step = open_bundle(sys.argv[1]).metadata['steps'][0]\n"
+        f"sys.exit(0 if any(len(r['prompt_token_ids']) > 100 and r['num_computed_tokens'] + "
+        f"r['num_scheduled_tokens'] > {position} for r in step['requests']) else 1)\n"
+    )
+    return f"command:{sys.executable} {script}"
+
+
+def test_shrink_with_a_command_property_finds_the_smallest_batch_twice_the_same(sample, tmp_path):
+    position = 30
+    outputs = [tmp_path / "small1.zst", tmp_path / "small2.zst"]
+    for out in outputs:
+        finished = subprocess.run(
+            [TRACEKIT, "shrink", SAMPLE, "-o", out, "--until", long_chunk_reaches(position, tmp_path)],
+            capture_output=True, text=True,
+        )
+        assert finished.returncode == 0, finished.stderr
+    assert sha256(outputs[0]) == sha256(outputs[1])
+    with open_bundle(outputs[0]) as reader:
+        content = BundleContent.from_plain(reader.metadata)
+    (request,) = content.steps[0].requests
+    # the chunk must reach position `position`: it ends just after it
+    assert request.num_computed_tokens + request.num_scheduled_tokens == position + 1
+    (derivation,) = content.derivations
+    assert derivation["kind"] == "shrink" and derivation["from"]["sha256"] == sha256(SAMPLE)
+    # every request of the sample but the long one drops out
+    assert (derivation["requests_before"], derivation["requests_after"]) == (len(sample.steps[0].requests), 1)
+    assert "shrunk to" in finished.stdout and "replay" in finished.stderr
+
+
+@pytest.mark.parametrize("until, complaint", [
+    ("raises", "needs a bundle whose recorded forward raised"),
+    ("command:false", "does not hold"),
+    ("sometimes", "unknown --until"),
+])
+def test_shrink_refuses_a_property_that_does_not_hold_and_writes_nothing(until, complaint, tmp_path):
+    out = tmp_path / "small.zst"
+    finished = subprocess.run([TRACEKIT, "shrink", SAMPLE, "-o", out, "--until", until], capture_output=True, text=True)
+    assert finished.returncode == 2, finished.stderr
+    (line,) = [line for line in finished.stderr.splitlines() if line.startswith("tracekit: error:")]
+    assert complaint in line
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,568 @@
+"""Fuzz the bundle reader: mutated bundles through the public API and `tracekit inspect --verify`.
+
+    python tools/fuzz_bundle.py --seconds 60 [--jobs 2] [--cases N] [--seed S] [--save DIR]
+    python tools/fuzz_bundle.py --case 1234 [--seed S]      # re-run one case here, with its traceback
+
+Every case is one seed bundle (a few small ones written here, plus the v1 golden file) with
+1-3 mutations, chosen and parameterized by a random generator seeded with the case number:
+
+* damage, not re-signed: bit flips, overwritten runs, truncation, junk inserted or appended,
+  equal-size frames swapped or copied over each other;
+* forgeries, re-signed so that only the edit is wrong: header fields, any node of the index
+  replaced by a hostile value (huge, negative, wrong type, other names, traversal-like dtypes)
+  or deleted, frame entries reordered, tensors duplicated, valid extra frames hidden between
+  data frames, and crafted metadata (nesting thousands deep, 10^4-10^6 `$tensor`
+  references, megabytes of empty maps, extension types, markup and ANSI escapes in strings).
+
+Why a custom structural mutator, not Hypothesis or atheris: the reader's interesting failures
+sit behind hashes (sha256 of the index, CRC-32 and checksums of frames), so blind byte
+mutation (atheris, libFuzzer) almost never gets past the trailer; mutations must understand the
+layout and re-sign. Hypothesis could drive such mutations, but its engine runs examples in the
+test process, where a hang or an out-of-memory kill takes the whole run down, and its shrinking
+is of little use when a case is already one seed and a few named edits. Here each case runs in
+a worker process under an RLIMIT_AS cap and a per-case timeout, and any case is reproduced from
+its number alone (`--case N`).
+
+Each case is classified (a case lands in the first class that applies):
+
+  refused            a BundleError on open (fine)
+  read               opened; every read agreed with verify (fine)
+  foreign            an exception other than BundleError escaped the API
+  different-data     a read returned bytes other than those written (damage only, not forgeries)
+  inconsistent       verify() and the reads disagree (verify ok but a read fails, or verify
+                     names a part damaged whose verified read succeeds)
+  hidden-bytes       opened although bytes outside header, frames, index and trailer exist
+  cli-crash          `tracekit inspect --verify` (run on every other case; as a table on every
+                     fourth of those, else --json) exited other than 0/2, printed a traceback,
+                     more than one error line, or an unescaped control character from the bundle
+  memory             MemoryError escaped, or the worker died (the RLIMIT_AS cap or a signal)
+  timeout            the case used more than --timeout CPU seconds, or ran 6x that long on the
+                     clock (the worker is then killed)
+  slow               the case used more than --slow CPU seconds
+
+Times are the worker's CPU time (user + system, all its threads), not the clock's: on a shared
+machine the clock says more about the neighbours than about the reader.
+
+Exit status 1 when any class other than refused/read/slow has a case.
+"""
+
+import argparse
+import hashlib
+import os
+import random
+import resource
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zlib
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import zstandard
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "traces" / "golden-v1.zst"
+FINE = ("refused", "read", "slow")
+CLASSES = ("refused", "read", "foreign", "different-data", "inconsistent", "hidden-bytes", "cli-crash", "memory",
+           "timeout", "slow")
+HEADER, INDEX, TRAILER = 0x184D2A50, 0x184D2A5E, 0x184D2A5F
+TRAILER_LAYOUT = struct.Struct("<8sQQ32s")
+HOSTILE_TEXT = ["[/]", "[bold red]x[/]", "\x1b[2J\x1b[31mred", "\u202eevil", "a\nb", "\x00", "../../etc/passwd", "é" * 300]
+
+
+# ---------------------------------------------------------------------------- seed bundles
+
+def write_seeds(directory: Path) -> list[Path]:
+    """Small bundles covering the reader's paths: shuffled multi-chunk tensors, plain ones,
+    numpy-less dtypes, a step-schema bundle for inspect's tables, hostile names; and golden v1."""
+    from tracekit.format import BundleWriter
+
+    rng = np.random.default_rng(0)
+    seeds = []
+    path = directory / "mixed.zst"
+    with BundleWriter(path, chunk_bytes=8192) as writer:
+        bf16 = (rng.standard_normal(12288).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        kv = writer.add_tensor("kv/layer.0", bf16.reshape(2, 64, 96))  # uint16 stands in for bf16 bytes
+        writer.add_tensor("f32", rng.standard_normal(20000).astype(np.float32))
+        ids = writer.add_tensor("ids", np.arange(40, dtype=np.int64))
+        writer.add_tensor("mask", np.array([True, False, True]))
+        writer.add_tensor("empty", np.zeros((0, 3), dtype=np.float16))
+        writer.set_metadata({"name": "mixed", "kv": kv, "again": [kv, ids, {"deep": ids}], "n": [1, 2.5, None, b"x"]})
+    seeds.append(path)
+    path = directory / "step.zst"
+    with BundleWriter(path) as writer:
+        ids = writer.add_tensor("steps/0/input_ids", np.arange(9, dtype=np.int64))
+        request = {"prompt_token_ids": [1, 2, 3], "output_token_ids": [], "block_ids": [[0]], "num_computed_tokens": 0,
+                   "num_scheduled_tokens": 3}
+        writer.set_metadata({
+            "environment": {"tracekit_version": "0.1.0", "vllm_version": "0.32.0", "device_name": HOSTILE_TEXT[2]},
+            "engine": {"vllm_version": "0.32.0", "engine_args": {}, "model": {"path": HOSTILE_TEXT[1]},
+                       "num_kv_blocks": 8, "block_size": 16},
+            "steps": [{"index": 0, "trigger": HOSTILE_TEXT[0], "scheduler_output": {}, "batch_order": ["a"],
+                       "requests": [dict(request, req_id=HOSTILE_TEXT[2]), dict(request, req_id="[/]")],
+                       "input_ids": ids, "positions": ids, "kv": {"mode": "read", "groups": []},
+                       "graph": {"compilation_mode": "NONE", "cudagraph_mode": "NONE"},
+                       "error": {"type": "[/]", "message": HOSTILE_TEXT[3]}}],
+        })
+    seeds.append(path)
+    path = directory / "names.zst"
+    with BundleWriter(path) as writer:
+        for number, name in enumerate(HOSTILE_TEXT):
+            writer.add_tensor(name, np.full(number + 1, number, dtype=np.int32))
+        writer.set_metadata({text: text for text in HOSTILE_TEXT})
+    seeds.append(path)
+    seeds.append(GOLDEN)
+    return seeds
+
+
+def seed_paths(directory: Path) -> list[Path]:
+    """The seeds write_seeds() wrote, in its order (a case number picks among them)."""
+    return [directory / "mixed.zst", directory / "step.zst", directory / "names.zst", GOLDEN]
+
+
+# ---------------------------------------------------------------------------- mutations
+
+def parse(data: bytes):
+    """(header map, index map, index offset) parsed the way docs/FORMAT.md says; None if the
+    file does not parse that far (the mutator then falls back to byte damage)."""
+    try:
+        header_length = struct.unpack_from("<I", data, 4)[0]
+        header = msgpack.unpackb(data[8:8 + header_length])
+        _, index_offset, index_length, _ = TRAILER_LAYOUT.unpack_from(data, len(data) - TRAILER_LAYOUT.size)
+        index = msgpack.unpackb(data[index_offset + 8:index_offset + 8 + index_length], strict_map_key=False)
+        return header, index, index_offset
+    except Exception:
+        return None
+
+
+def frame_entries(index) -> list[list]:
+    entries = [frame for tensor in index["tensors"] for chunk in tensor["chunks"] for frame in chunk["frames"]]
+    return entries + [index["metadata"]["frame"]]
+
+
+def assemble(header, frames: list[bytes], index, entries: list[list], hidden: dict | None = None) -> bytes:
+    """A re-signed bundle: header, `frames` in order (entries[i] describes frames[i]; offsets
+    are redone), the index and trailer. `hidden` inserts {position: bytes} not in the index."""
+    header_payload = msgpack.packb(header)
+    out = bytearray(struct.pack("<II", HEADER, len(header_payload)) + header_payload)
+    for number, (frame, entry) in enumerate(zip(frames, entries)):
+        out += (hidden or {}).get(number, b"")
+        entry[0], entry[1] = len(out), len(frame)
+        out += frame
+    if isinstance(index, dict):
+        index["header_sha256"] = hashlib.sha256(header_payload).digest()
+    index_payload = msgpack.packb(index)
+    index_offset = len(out)
+    out += struct.pack("<II", INDEX, len(index_payload)) + index_payload
+    out += struct.pack("<II", TRAILER, TRAILER_LAYOUT.size)
+    out += TRAILER_LAYOUT.pack(b"TRACEKIT", index_offset, len(index_payload), hashlib.sha256(index_payload).digest())
+    return bytes(out)
+
+
+def hostile_value(rng: random.Random, names: list[str]):
+    return rng.choice([
+        -1, 0, 1, 2**31, 2**32 + 1, 2**63 - 1, 2**64 - 1, -2**63, 1.5, float("nan"), True, None, "", "x" * 2000,
+        "uint8../../etc/passwd", "bfloat16", "shuffle", [], {}, [0, 0, 0, 0], [0] * 5, b"\0" * 32,
+        rng.choice(names) if names else "t", rng.choice(HOSTILE_TEXT), list(range(rng.randrange(1, 200))),
+    ])
+
+
+def nodes(value, path=()):
+    """Every (container, key) in the index tree, to pick one to edit."""
+    found = []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        found.append((value, key))
+        found.extend(nodes(child))
+    return found
+
+
+def crafted_metadata(rng: random.Random, names: list[str]) -> bytes:
+    kind = rng.randrange(8)
+    if kind == 0:
+        depth = rng.choice([65, 100, 1000, 1023, 1025, 5000])
+        return b"\x81\xa8metadata" + b"\x91" * depth + b"\xc0"
+    if kind == 1:
+        count = rng.choice([1000, 20000] * 4 + [100_001, 1_000_000])  # the big ones cost the fuzzer seconds
+        ref = msgpack.packb({"$tensor": rng.choice([name for name in names if len(name) < 64] or ["x"])})
+        return b"\x81\xa8metadata" + b"\xdd" + struct.pack(">I", count) + ref * count
+    if kind == 2:  # megabytes of empty maps: 1 byte packed, ~64 in Python
+        count = rng.choice([1 << 16, 1 << 20] * 4 + [8 << 20, 60 << 20])
+        return b"\x81\xa8metadata" + b"\xdd" + struct.pack(">I", count) + b"\x80" * count
+    if kind == 3:  # an extension type, a timestamp, non-string keys
+        return msgpack.packb({"metadata": {1: rng.choice([msgpack.ExtType(5, b"\0" * 4), msgpack.Timestamp(0, 0)])}})
+    if kind == 4:  # markup and escapes where inspect prints them
+        text = rng.choice(HOSTILE_TEXT)
+        return msgpack.packb({"metadata": {"environment": {"tracekit_version": text}, "engine": {
+            "vllm_version": text, "engine_args": {}, "model": {"path": text}, "num_kv_blocks": text, "block_size": 1},
+            "steps": [{"index": text, "trigger": text, "scheduler_output": {}, "batch_order": text, "requests": [
+                {"req_id": text, "prompt_token_ids": text, "output_token_ids": 5, "block_ids": text,
+                 "num_computed_tokens": text, "num_scheduled_tokens": text}] * rng.choice([1, 300]),
+                "input_ids": None, "positions": None, "kv": {"mode": text, "groups": [{"layer_names": text, "layout": {
+                    "shape": text, "dtype": text, "block_dim": text, "num_blocks": 1, "block_size": 1},
+                    "read_block_ids": 7, "written_block_ids": text, "saved_block_ids": None}]},
+                "graph": {"compilation_mode": text, "cudagraph_mode": text, "capture_sizes": text, "num_tokens": text},
+                "timing": {"forward_us": text, "step_us": 1.0}, "error": rng.choice([text, [text], {"type": text}])}]}},
+            use_bin_type=True)
+    if kind == 5:
+        return msgpack.packb({"metadata": {"$tensor": rng.choice(["absent", *names])}})
+    if kind == 6:
+        return msgpack.packb(rng.choice([{"nometadata": 1}, [1, 2], "metadata", {"metadata": None}]))
+    return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+
+
+def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, bool]:
+    """(mutated bytes, whether the mutations were only damage, so any accepted read must give
+    the intact bytes)."""
+    data = seed
+    damage_only = True
+    for _ in range(rng.choice([1, 1, 1, 2, 3])):
+        try:
+            data, damage_only = mutate_once(data, damage_only, rng)
+        except Exception:  # the mutator tripped over an earlier edit: skip this one
+            continue
+    return data, damage_only
+
+
+def mutate_once(data: bytes, damage_only: bool, rng: random.Random) -> tuple[bytes, bool]:
+    """One mutation, chosen and parameterized by `rng` (see the module docstring)."""
+    parsed = parse(data)
+    kind = rng.randrange(14 if parsed else 6)
+    if kind == 0:
+        flipped = bytearray(data)
+        for _ in range(rng.choice([1, 1, 2, 8])):
+            position = rng.randrange(len(flipped))
+            flipped[position] ^= 1 << rng.randrange(8)
+        data = bytes(flipped)
+    elif kind == 1:
+        start = rng.randrange(len(data))
+        length = rng.choice([1, 4, 8, 64, 1000])
+        data = data[:start] + bytes(rng.randrange(256) for _ in range(min(length, len(data) - start))) + data[start + length:]
+    elif kind == 2:
+        data = data[: rng.randrange(len(data))]
+    elif kind == 3:
+        position = rng.randrange(len(data) + 1)
+        data = data[:position] + bytes(rng.randrange(256) for _ in range(rng.choice([1, 8, 100]))) + data[position:]
+    elif kind == 4:
+        data = data + rng.choice([b"\0", b"junk" * 10, data[-64:]])
+    elif kind == 5 and parsed:
+        entries = frame_entries(parsed[1])
+        by_size = {}
+        for entry in entries:
+            by_size.setdefault(entry[1], []).append(entry)
+        pairs = [group for group in by_size.values() if len(group) > 1]
+        if pairs:
+            first, second = rng.sample(rng.choice(pairs), 2)
+            out = bytearray(data)
+            a, b = data[first[0]:first[0] + first[1]], data[second[0]:second[0] + second[1]]
+            out[second[0]:second[0] + second[1]] = a
+            if rng.random() < 0.5:  # swap rather than copy
+                out[first[0]:first[0] + first[1]] = b
+            data = bytes(out)
+    elif kind >= 6 and parsed:
+        header, index, _ = parsed
+        entries = frame_entries(index)
+        frames = [data[entry[0]:entry[0] + entry[1]] for entry in entries]
+        names = [tensor.get("name") for tensor in index.get("tensors", []) if isinstance(tensor, dict)]
+        names = [name for name in names if isinstance(name, str)]
+        damage_only = False
+        hidden = None
+        if kind == 6:
+            header[rng.choice(["format_version", "min_reader_version", "magic", "writer", "new"])] = hostile_value(rng, names)
+        elif kind in (7, 8, 9):
+            targets = nodes(index)
+            for _ in range(rng.choice([1, 1, 2, 4])):
+                container, key = rng.choice(targets)
+                if isinstance(container, dict) and rng.random() < 0.2:
+                    container.pop(key, None)
+                else:
+                    container[key] = hostile_value(rng, names)
+        elif kind == 10:  # reorder, duplicate or drop structure, keeping frames in place
+            tensors = index["tensors"]
+            choice = rng.randrange(4)
+            if choice == 0 and len(tensors) > 1:
+                rng.shuffle(tensors)
+            elif choice == 1 and tensors:
+                tensors.append(dict(rng.choice(tensors)))
+            elif choice == 2:
+                chunk = rng.choice([chunk for tensor in tensors for chunk in tensor["chunks"]] or [{"frames": []}])
+                chunk["frames"].reverse()
+            else:
+                index["tensors"] = tensors * rng.choice([2, 50])
+        elif kind == 11:  # valid zstd frames or junk hidden between data frames
+            junk = zstandard.ZstdCompressor(write_checksum=True).compress(b"hidden" * rng.randrange(1, 100))
+            hidden = {rng.randrange(len(frames) + 1): rng.choice([junk, b"\0" * 13, frames[0]])}
+        elif kind in (12, 13):  # crafted metadata, re-signed
+            content = crafted_metadata(rng, names)
+            frame = zstandard.ZstdCompressor(write_checksum=True).compress(content)
+            frames[-1] = frame
+            entry = entries[-1]
+            entry[2], entry[3] = len(content), zlib.crc32(frame)
+            if len(entry) > 4:
+                entry[4] = int.from_bytes(frame[-4:], "little")
+            index["metadata"]["sha256"] = hashlib.sha256(content).digest()
+        try:
+            data = assemble(header, frames, index, entries, hidden)
+        except Exception:  # an edit msgpack cannot pack (a float NaN key, ...): keep the old bytes
+            pass
+    return data, damage_only
+
+
+# ---------------------------------------------------------------------------- one case
+
+def intact_tensors(path: Path) -> dict[str, bytes]:
+    from tracekit.format import open_bundle
+
+    with open_bundle(path) as reader:
+        return {info.name: reader.read_tensor(info.name, to="bytes") for info in reader.tensor_infos()}
+
+
+def covered_bytes(reader) -> int:
+    """Bytes the reader accounts for: header frame, data frames, index frame, trailer."""
+    frames = [frame for info in reader.tensor_infos() for chunk in info.chunks for frame in chunk.frames]
+    frames.append(reader._index.metadata.frame)
+    index_and_trailer = reader._size - (max(frame.offset + frame.stored_nbytes for frame in frames))
+    return reader._data_start + sum(frame.stored_nbytes for frame in frames) + index_and_trailer
+
+
+def check_api(path: Path, intact: dict[str, bytes], damage_only: bool) -> str:
+    from tracekit.errors import BundleError
+    from tracekit.format import open_bundle
+
+    try:
+        reader = open_bundle(path)
+    except BundleError:
+        return "refused"
+    with reader:
+        if covered_bytes(reader) != os.path.getsize(path) or reader._data_start > min(
+                [frame.offset for info in reader.tensor_infos() for chunk in info.chunks for frame in chunk.frames]
+                + [reader._index.metadata.frame.offset]):
+            return "hidden-bytes"
+        report = reader.verify()
+        outcomes = {}
+        try:
+            metadata = reader.metadata
+            outcomes["metadata"] = True
+        except BundleError:
+            metadata, outcomes["metadata"] = None, False
+        for info in reader.tensor_infos():
+            part = f"tensor {info.name!r}"
+            for verify_hash in (False, True):
+                try:
+                    data = reader.read_tensor(info.name, to="bytes", verify_hash=verify_hash)
+                except BundleError:
+                    if report.ok or (verify_hash and part not in report.damaged):
+                        return "inconsistent"
+                    continue
+                if verify_hash and part in report.damaged:
+                    return "inconsistent"
+                if damage_only and info.name in intact and data != intact[info.name]:
+                    return "different-data"
+        if report.ok and not outcomes["metadata"] or "metadata" in report.damaged and outcomes["metadata"]:
+            return "inconsistent"
+        if metadata is not None:
+            try:
+                reader.resolve(metadata, to="bytes")
+            except BundleError as error:
+                if report.ok and "memory" not in str(error):
+                    return "inconsistent"
+    return "read"
+
+
+def check_cli(path: Path, table: bool) -> str | None:
+    """None if `tracekit inspect --verify` behaved; else what went wrong."""
+    from click.testing import CliRunner
+
+    from tracekit.cli import main
+
+    args = ["inspect", "--verify", str(path)] + ([] if table else ["--json"])
+    result = CliRunner().invoke(main, args, terminal_width=100)
+    if result.exit_code not in (0, 2):
+        return f"exit {result.exit_code}: {result.exception!r}"
+    if result.exit_code == 2:
+        lines = result.stderr.splitlines()
+        if len(lines) != 1 or not lines[0].startswith("tracekit: error: ") or "Traceback" in result.stderr:
+            return f"error output {result.stderr[:200]!r}"
+    if any(char in result.output for char in "\x1b\u202e\x00"):
+        return "unescaped control character in the output"
+    return None
+
+
+def run_case(case: int, base_seed: int, seeds: list[Path], intact: dict, workdir: Path) -> str:
+    rng = random.Random(base_seed * 1_000_003 + case)
+    seed = rng.choice(seeds)
+    data, damage_only = mutate(seed.read_bytes(), rng)
+    path = workdir / f"case-{case % 64}.zst"
+    path.write_bytes(data)
+    outcome = check_api(path, intact[seed], damage_only)
+    if outcome in ("refused", "read") and case % 2 == 0:  # the CLI repeats the API's work: every other case
+        problem = check_cli(path, table=case % 8 == 0)
+        if problem:
+            return "cli-crash"
+    return outcome
+
+
+# ---------------------------------------------------------------------------- processes
+
+def worker(base_seed: int, seed_dir: str, memory_cap: int) -> None:
+    """Reads case numbers on stdin, writes '<case> <class> <seconds>' lines on stdout."""
+    resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+    seeds = seed_paths(Path(seed_dir))
+    intact = {seed: intact_tensors(seed) for seed in seeds}
+    workdir = Path(seed_dir) / f"work-{os.getpid()}"
+    workdir.mkdir(exist_ok=True)
+    for line in sys.stdin:
+        case = int(line)
+        start = cpu_seconds()
+        try:
+            outcome = run_case(case, base_seed, seeds, intact, workdir)
+        except MemoryError:
+            outcome = "memory"
+        except Exception:
+            outcome = "foreign"
+        sys.stdout.write(f"{case} {outcome} {cpu_seconds() - start:.3f}\n")
+        sys.stdout.flush()
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Worker:
+    def __init__(self, args, seed_dir: str):
+        env = dict(os.environ, MALLOC_ARENA_MAX="2", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", seed_dir, "--seed", str(args.seed), "--memory-gib", str(args.memory_gib)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+            preexec_fn=lambda: os.nice(args.nice) if args.nice else None,
+        )
+        self.case = None
+        self.started = 0.0
+
+    def give(self, case: int) -> None:
+        self.case, self.started = case, time.monotonic()
+        self.process.stdin.write(f"{case}\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def fuzz(args) -> dict[str, int]:
+    counts = dict.fromkeys(CLASSES, 0)
+    if args.save:
+        Path(args.save).mkdir(parents=True, exist_ok=True)
+    bad_cases: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory(prefix="tracekit-fuzz-") as seed_dir:
+        write_seeds(Path(seed_dir))
+        workers = [Worker(args, seed_dir) for _ in range(args.jobs)]
+        next_case, done, deadline = args.first_case, 0, time.monotonic() + args.seconds
+        idle = list(workers)
+
+        def record(case: int, outcome: str) -> None:
+            nonlocal done
+            counts[outcome] += 1
+            done += 1
+            if args.progress and done % args.progress == 0:
+                print(f"{done} cases: " + ", ".join(f"{name} {count}" for name, count in counts.items() if count), flush=True)
+            if outcome not in FINE or outcome == "slow":
+                bad_cases.setdefault(outcome, []).append(case)
+                if args.save:  # as they come, so that a long run can be looked into while it runs
+                    with open(Path(args.save) / "bad_cases.txt", "a") as listing:
+                        listing.write(f"{case} {outcome}\n")
+
+        try:
+            while True:
+                while idle and time.monotonic() < deadline and (args.cases is None or next_case < args.first_case + args.cases):
+                    idle.pop().give(next_case)
+                    next_case += 1
+                busy = [w for w in workers if w.case is not None]
+                if not busy:
+                    break
+                ready, _, _ = select.select([w.process.stdout for w in busy], [], [], 0.5)
+                for w in busy:
+                    if w.process.stdout in ready:
+                        line = w.process.stdout.readline()
+                        if line:
+                            case, outcome, seconds = line.split()
+                            if outcome in ("refused", "read") and float(seconds) > args.timeout:
+                                outcome = "timeout"
+                            elif outcome in ("refused", "read") and float(seconds) > args.slow:
+                                outcome = "slow"
+                            record(int(case), outcome)
+                            w.case = None
+                            idle.append(w)
+                            continue
+                        record(w.case, "memory")  # the worker died: the cap or a signal
+                    elif time.monotonic() - w.started < 6 * args.timeout:
+                        continue
+                    else:
+                        record(w.case, "timeout")
+                    w.stop()
+                    replacement = Worker(args, seed_dir)
+                    workers[workers.index(w)] = replacement
+                    idle.append(replacement)
+        finally:
+            for w in workers:
+                w.stop()
+    print(f"{done} cases (numbers {args.first_case}..{next_case - 1}, seed {args.seed})")
+    for name in CLASSES:
+        print(f"  {name:<16}{counts[name]:>9}" + (f"   e.g. --case {bad_cases[name][0]}" if name in bad_cases else ""))
+    return counts
+
+
+def replay_case(args) -> None:
+    """Run one case in this process and show what happened, with any traceback."""
+    with tempfile.TemporaryDirectory(prefix="tracekit-fuzz-") as seed_dir:
+        seeds = write_seeds(Path(seed_dir))
+        intact = {seed: intact_tensors(seed) for seed in seeds}
+        rng = random.Random(args.seed * 1_000_003 + args.case)
+        seed = rng.choice(seeds)
+        data, damage_only = mutate(seed.read_bytes(), rng)
+        path = Path(seed_dir) / "case.zst"
+        path.write_bytes(data)
+        if args.save:
+            Path(args.save).mkdir(parents=True, exist_ok=True)
+            (Path(args.save) / f"case-{args.case}.zst").write_bytes(data)
+        print(f"case {args.case}: seed {seed.name}, {len(data)} bytes, damage only: {damage_only}")
+        try:
+            print("api:", check_api(path, intact[seed], damage_only))
+        except BaseException:
+            traceback.print_exc()
+        print("cli:", check_cli(path, table=True) or "ok", "/", check_cli(path, table=False) or "ok")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60, help="time budget (default 60)")
+    parser.add_argument("--cases", type=int, help="stop after this many cases")
+    parser.add_argument("--first-case", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed; a case is (seed, case number)")
+    parser.add_argument("--timeout", type=float, default=10, help="CPU seconds after which a case counts as a hang")
+    parser.add_argument("--slow", type=float, default=5, help="CPU seconds above which a case counts as slow")
+    parser.add_argument("--memory-gib", type=float, default=4, help="RLIMIT_AS of each worker (default 4 GiB)")
+    parser.add_argument("--nice", type=int, default=0, help="niceness of the workers")
+    parser.add_argument("--progress", type=int, default=0, help="print the counts every N cases")
+    parser.add_argument("--save", help="folder for bad_cases.txt (cases other than refused/read) and --case's file")
+    parser.add_argument("--case", type=int, help="re-run this one case here and show its traceback")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.seed, args.worker, int(args.memory_gib * (1 << 30)))
+    elif args.case is not None:
+        replay_case(args)
+    else:
+        counts = fuzz(args)
+        sys.exit(1 if any(counts[name] for name in CLASSES if name not in FINE) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Editing the vLLM records of a recorded step for `tracekit shrink` and `tracekit redact`.
+
+A step holds vLLM objects as plain maps (`serialize.py`): each request's `SamplingParams` and
+the `SchedulerOutput` the runner received. Shrinking drops requests and shortens prefill chunks;
+redacting renames requests and blanks token ids. Both must leave these records consistent with
+the step's request states, and both must know what vLLM's sampling reads — which is what this
+module knows, for the vLLM 0.32 series:
+
+* The runner reads a request's token ids only at the positions it computes this step, except
+  where sampling looks further: penalties (repetition: the prompt; presence/frequency: the
+  outputs), bad words (the last tokens before the sampled one), the thinking-token budget (the
+  outputs), and prompt logprobs (the prompt token after each computed one).
+* `min_tokens`, `stop_token_ids`, `logit_bias`, `allowed_token_ids`, logprob counts and seeds
+  are read as values, never through earlier tokens.
+* `stop` strings and `bad_words` text are matched by the detokenizer and the frontend (the runner
+  reads `_bad_words_token_ids`), `extra_args` by the scheduler and the API layer: none reach the
+  forward or sampling.
+"""
+
+from typing import Any
+
+from tracekit.format.schema import RequestState
+
+# SamplingParams fields (and their neutral values) that make sampling read earlier token ids.
+HISTORY_READERS = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "bad_words": [],
+    "_bad_words_token_ids": None,
+    "thinking_token_budget": None,
+}
+# SamplingParams fields that hold user data nothing in the forward or sampling reads, and the
+# value each is set to when redacted.
+UNREAD_USER_FIELDS = {"stop": [], "bad_words": [], "extra_args": None}
+
+
+def history_readers(sampling_params: dict[str, Any] | None) -> list[str]:
+    """The sampling settings of a request that read token ids before the ones it computes."""
+    params = sampling_params or {}
+    return [
+        name for name, neutral in HISTORY_READERS.items()
+        if name in params and params[name] not in (neutral, None, [])
+    ]
+
+
+def reads_next_prompt_token(sampling_params: dict[str, Any] | None) -> bool:
+    """Prompt logprobs score each computed prompt position against the token after it."""
+    return (sampling_params or {}).get("prompt_logprobs") is not None
+
+
+def redact_sampling_params(sampling_params: dict[str, Any] | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """A copy without the user data sampling never reads, and the names of the fields blanked."""
+    if sampling_params is None:
+        return None, []
+    redacted = dict(sampling_params)
+    removed = []
+    for name, blank in UNREAD_USER_FIELDS.items():
+        if redacted.get(name) not in (None, [], {}):
+            redacted[name] = blank
+            removed.append(name)
+    return redacted, removed
+
+
+def _same_slice(values: list[int], before: list[int], after: list[int]) -> list[int]:
+    """`values` is a run of `before` (a request's token ids); the same run of `after`."""
+    width = len(values)
+    for start in range(len(before) - width, -1, -1):
+        if before[start : start + width] == values:
+            return after[start : start + width]
+    return [0] * width
+
+
+def rebuild_scheduler_output(
+    record: dict[str, Any],
+    requests: list[tuple[RequestState, RequestState]],
+    other_ids: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The recorded `SchedulerOutput` for a changed batch.
+
+    `requests` pairs each recorded request state kept in the batch with its new state (renamed,
+    fewer tokens scheduled, token ids blanked); requests not listed are dropped. `other_ids`
+    renames requests outside the batch (finished or preempted ones the record names).
+    """
+    other_ids = other_ids or {}
+    by_old = {old.req_id: (old, new) for old, new in requests}
+
+    def rename(req_id: str) -> str:
+        return by_old[req_id][1].req_id if req_id in by_old else other_ids.get(req_id, req_id)
+
+    def tokens(old: RequestState, new: RequestState, values: list[int] | None) -> list[int] | None:
+        if values is None:
+            return None
+        return _same_slice(
+            list(values),
+            old.prompt_token_ids + old.output_token_ids,
+            new.prompt_token_ids + new.output_token_ids,
+        )
+
+    result = dict(record)
+    new_reqs = []
+    for entry in record.get("scheduled_new_reqs") or []:
+        if entry.get("req_id") not in by_old:
+            continue
+        old, new = by_old[entry["req_id"]]
+        entry = dict(entry)
+        entry["req_id"] = new.req_id
+        entry["prompt_token_ids"] = tokens(old, new, entry.get("prompt_token_ids"))
+        if entry.get("prefill_token_ids") is not None:
+            entry["prefill_token_ids"] = tokens(old, new, entry["prefill_token_ids"])
+        entry["sampling_params"] = new.sampling_params
+        new_reqs.append(entry)
+    result["scheduled_new_reqs"] = new_reqs
+
+    cached = record.get("scheduled_cached_reqs")
+    if isinstance(cached, dict):
+        cached = dict(cached)
+        old_ids = list(cached.get("req_ids") or [])
+        kept = [i for i, req_id in enumerate(old_ids) if req_id in by_old]
+        for name in ("new_block_ids", "num_computed_tokens", "num_output_tokens"):
+            values = cached.get(name)
+            if isinstance(values, list) and len(values) == len(old_ids):
+                cached[name] = [values[i] for i in kept]
+        new_token_ids = cached.get("new_token_ids")
+        if isinstance(new_token_ids, list) and len(new_token_ids) == len(old_ids):
+            cached["new_token_ids"] = [tokens(*by_old[old_ids[i]], new_token_ids[i]) for i in kept]
+        cached["req_ids"] = [rename(old_ids[i]) for i in kept]
+        resumed = cached.get("resumed_req_ids")
+        if isinstance(resumed, dict) and "$set" in resumed:
+            cached["resumed_req_ids"] = {"$set": sorted(rename(r) for r in resumed["$set"] if r in by_old)}
+        all_token_ids = cached.get("all_token_ids")
+        if isinstance(all_token_ids, dict):
+            cached["all_token_ids"] = {
+                rename(req_id): tokens(*by_old[req_id], values)
+                for req_id, values in all_token_ids.items() if req_id in by_old
+            }
+        result["scheduled_cached_reqs"] = cached
+
+    scheduled = {new.req_id: new.num_scheduled_tokens for _, new in requests}
+    result["num_scheduled_tokens"] = scheduled
+    result["total_num_scheduled_tokens"] = sum(scheduled.values())
+    for name in ("scheduled_spec_decode_tokens", "scheduled_encoder_inputs", "num_invalid_spec_tokens"):
+        if isinstance(record.get(name), dict):
+            result[name] = {rename(key): value for key, value in record[name].items() if key in by_old}
+    for name in ("finished_req_ids", "preempted_req_ids"):
+        value = record.get(name)
+        if isinstance(value, dict) and "$set" in value:
+            result[name] = {"$set": sorted(rename(req_id) for req_id in value["$set"])}
+    blocks = {block for _, new in requests for group in new.block_ids for block in group}
+    zeroed = record.get("new_block_ids_to_zero")
+    if isinstance(zeroed, list):
+        result["new_block_ids_to_zero"] = [block for block in zeroed if block in blocks]
+    common = record.get("num_common_prefix_blocks")
+    if isinstance(common, list) and common and len(requests) != len(record.get("num_scheduled_tokens") or {}):
+        # cascade attention's shared prefix: the blocks every request of the (smaller) batch shares
+        result["num_common_prefix_blocks"] = [
+            _common_prefix([new.block_ids[g] for _, new in requests]) for g in range(len(common))
+        ]
+    return result
+
+
+def _common_prefix(block_lists: list[list[int]]) -> int:
+    length = 0
+    for column in zip(*block_lists):
+        if len(set(column)) != 1:
+            break
+        length += 1
+    return length

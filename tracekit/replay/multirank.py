@@ -1,0 +1,176 @@
+"""Replaying one step of a multi-rank (tensor-parallel) engine: every rank, together.
+
+Given any rank's bundle, the set is found and checked whole (a missing rank or a part of another
+step: exit 2), the machine is checked (vLLM series, weights, enough cores or devices for the
+recorded layout; pipeline parallel, not supported yet: exit 3), and an engine with the
+recorded parallel layout is built. Inside each worker its own rank's bundle is restored — KV
+blocks, RNG, request state — by the same `StepDriver` a single-rank replay uses, and the step runs
+on all ranks at once, so its collectives run as they did. Each rank is checked against its own
+recording; the first divergence is named with its rank.
+"""
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracekit.errors import EXIT_OK, BundleError, CannotRunHere
+from tracekit.format.rankset import find_rank_set, read_part
+from tracekit.graphs.device import default_device
+from tracekit.graphs.timing import latency_summary
+from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm import ranks, workers
+from tracekit.integrations.vllm.version import require_same_series
+from tracekit.replay.checks import first_divergence
+from tracekit.replay.replayer import ReplayResult, resolve_model
+
+
+@dataclass
+class RankSetReplayResult:
+    bundle: str
+    step_index: int
+    trigger: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    ranks: list[ReplayResult]  # by rank, each checked against its own recording
+    # Per timed run, the slowest rank's forward: the step takes as long as its slowest rank.
+    step_latency_us: dict[str, Any] | None = None
+    environment_differences: list[dict[str, Any]] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    tolerance: float = 0.0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def bit_exact(self) -> bool:
+        return all(rank.bit_exact for rank in self.ranks)
+
+    @property
+    def reproduced(self) -> bool:
+        return all(rank.reproduced for rank in self.ranks)
+
+    @property
+    def first_divergence(self) -> str | None:
+        """`rank R: ITEM` — the earliest item in forward order that diverged on any rank (the
+        lowest such rank on a tie)."""
+        diverged = []
+        for rank, result in enumerate(self.ranks):
+            item = first_divergence(result.checks)
+            if item is not None:
+                diverged.append((result.checks.index(item), rank, item.name))
+        if not diverged:
+            return None
+        _, rank, name = min(diverged)
+        return f"rank {rank}: {name}"
+
+    @property
+    def exit_code(self) -> int:
+        """The worst rank's: each rank's verdict decides as a single-rank replay's does."""
+        return max((rank.exit_code for rank in self.ranks), default=EXIT_OK)
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "bundle": self.bundle,
+            "step": self.step_index,
+            "trigger": self.trigger,
+            "world_size": self.world_size,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "reproduced": self.reproduced,
+            "bit_exact": self.bit_exact,
+            "first_divergence": self.first_divergence,
+            "tolerance_relative_rms": self.tolerance,
+            "ranks": [{"rank": rank, **result.to_plain()} for rank, result in enumerate(self.ranks)],
+            "step_latency_us": self.step_latency_us,
+            "environment_differences": self.environment_differences,
+            "overrides": self.overrides,
+        }
+
+
+def is_multi_rank(bundle: str | Path) -> bool:
+    """Whether `bundle` is one rank's part of a multi-rank step (a bundle that cannot be read is
+    not: its own replay says what is wrong with it)."""
+    try:
+        return read_part(bundle).parallel.multi_rank
+    except (BundleError, OSError):
+        return False
+
+
+def replay_rank_set(
+    bundle: str | Path,
+    *,
+    model: str | None = None,
+    allow_weights_mismatch: bool = False,
+    engine_overrides: dict[str, Any] | None = None,
+    timing: bool = True,
+    iters: int = 10,
+    samples: int = 3,
+    tolerance: float = 0.0,
+    strict: bool = False,
+) -> RankSetReplayResult:
+    """Replay the step `bundle` (any rank's part) belongs to, on every rank."""
+    rank_set = find_rank_set(bundle)
+    rank_set.require_complete()
+    content = read_part(bundle)
+    require_same_series(content.engine.vllm_version)
+    device_kind = default_device()
+    ranks.require_buildable(content.parallel, device_kind)
+    overrides = dict(engine_overrides or {})
+    if "tensor_parallel_size" in overrides or "pipeline_parallel_size" in overrides:
+        raise CannotRunHere("a multi-rank step replays with its recorded parallel layout only")
+    args = dict(content.engine.engine_args)
+    args["model"] = resolve_model(content.engine, model, allow_weights_mismatch)
+    if args.get("tokenizer") == content.engine.model.path:
+        args["tokenizer"] = args["model"]
+    if overrides.get("enforce_eager"):
+        args["compilation_config"] = {**args.get("compilation_config", {}), "mode": 0}
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
+    runs = iters * samples if timing else 0
+    llm = vllm_engine.build_llm({**args, **overrides}, content.engine.runner)
+    session = uuid.uuid4().hex
+    try:
+        prepared = workers.on_every_worker(llm, workers.prepare_replay, session, bundles)
+        outcomes = workers.on_every_worker(llm, workers.run_replay, session, tolerance, runs)
+        llm.reset_prefix_cache()
+    finally:
+        vllm_engine.release_llm(llm)
+    step = content.steps[0]
+    per_rank = [
+        ReplayResult(
+            bundle=bundles[rank],
+            step_index=step.index,
+            trigger=step.trigger,
+            reference_mode=outcome["reference_mode"],
+            checks=outcome["checks"],
+            modes={outcome["reference_mode"]: {
+                "mode": outcome["reference_mode"],
+                "available": True,
+                "latency_us": latency_summary(outcome["times_us"], samples, "perf_counter"),
+            }} if runs else {},
+            recorded_timing=outcome["recorded_timing"],
+            replay_forward_us=outcome["forward_us"],
+            environment_differences=prepared[rank]["environment_differences"],
+            tolerance=tolerance,
+            strict=strict,
+        )
+        for rank, outcome in enumerate(outcomes)
+    ]
+    slowest = np.max([outcome["times_us"] for outcome in outcomes], axis=0) if runs else None
+    return RankSetReplayResult(
+        bundle=str(bundle),
+        step_index=step.index,
+        trigger=step.trigger,
+        tensor_parallel_size=rank_set.tensor_parallel_size,
+        pipeline_parallel_size=rank_set.pipeline_parallel_size,
+        ranks=per_rank,
+        step_latency_us=latency_summary(slowest, samples, "perf_counter, slowest rank") if runs else None,
+        environment_differences=prepared[0]["environment_differences"],
+        overrides=overrides,
+        tolerance=tolerance,
+    )

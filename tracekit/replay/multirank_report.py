@@ -1,0 +1,78 @@
+"""The human-readable report of a multi-rank replay: one row per rank, then what diverged where."""
+
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from tracekit.cli.terminal import inert
+from tracekit.replay.multirank import RankSetReplayResult
+from tracekit.replay.report import print_differences
+
+
+def _ms(value: Any) -> str:
+    return f"{value / 1000:.2f}" if isinstance(value, (int, float)) else "-"
+
+
+def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = None) -> None:
+    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    layout = f"TP={result.tensor_parallel_size}" + (
+        f" PP={result.pipeline_parallel_size}" if result.pipeline_parallel_size > 1 else ""
+    )
+    console.print(
+        f"[bold]replay[/bold] {inert(result.bundle)}  step {inert(result.step_index)} ({inert(result.trigger)}), "
+        f"{result.world_size} ranks ({layout})"
+    )
+    print_differences(console, result.environment_differences, result.overrides)
+
+    table = Table(title="per rank (forward times in ms: recorded, replayed cold, then timed runs)", title_justify="left")
+    for column in ("rank", "verdict", "first divergence", "recorded", "replay", "median", "min"):
+        table.add_column(column, justify="right" if column in ("recorded", "replay", "median", "min") else "left")
+    for rank, replayed in enumerate(result.ranks):
+        latency = next(iter(replayed.modes.values()), {}).get("latency_us", {})
+        verdict = (
+            "[green]bit-exact[/green]" if replayed.bit_exact
+            else "[yellow]within tol[/yellow]" if replayed.reproduced else "[red]DIVERGED[/red]"
+        )
+        table.add_row(
+            str(rank),
+            verdict,
+            inert(replayed.first_divergence or "-"),
+            _ms(replayed.recorded_timing.get("forward_us")),
+            _ms(replayed.replay_forward_us),
+            _ms(latency.get("median")),
+            _ms(latency.get("min")),
+        )
+    if result.step_latency_us:
+        step = result.step_latency_us
+        table.add_row(
+            "step", "", "slowest rank per run",
+            _ms(max((r.recorded_timing.get("forward_us") or 0 for r in result.ranks), default=None)),
+            _ms(max((r.replay_forward_us or 0 for r in result.ranks), default=None)),
+            _ms(step["median"]),
+            _ms(step["min"]),
+        )
+    console.print(table)
+
+    for rank, replayed in enumerate(result.ranks):
+        diverged = [item for item in replayed.checks if not item.bit_exact]
+        if not diverged:
+            continue
+        detail = Table(title=f"rank {rank}: items not bit-exact", title_justify="left")
+        for column in ("item", "within tol", "max_abs", "relative_rms"):
+            detail.add_column(column)
+        for item in diverged:
+            detail.add_row(
+                inert(item.name),
+                "yes" if item.within_tolerance else "[red]no[/red]",
+                str(item.details.get("max_abs", "-")),
+                str(item.details.get("relative_rms", "-")),
+            )
+        console.print(detail)
+
+    if result.reproduced:
+        verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
+        console.print(f"[bold green]REPRODUCED[/bold green] on all {result.world_size} ranks ({verdict})")
+    else:
+        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{inert(result.first_divergence)}[/bold]")

@@ -1,0 +1,94 @@
+"""A recorded step cut down to fewer requests and shorter prefill chunks, still consistent.
+
+`tracekit shrink` tries many such cuts. A cut keeps, for each request it keeps, the first
+`n` of its scheduled tokens (a chunk can only end earlier: its start is fixed by the KV cache
+already computed). Everything else follows from that choice: the batch order (the recorded one,
+filtered), the input ids and positions (each kept request's slice of the recorded ones), the KV
+blocks (only those the cut batch reads, from the recorded snapshot), and the scheduler output
+record. What the forward produced for the whole batch (outputs, KV written, timing, graph
+padding) is not known for the cut one and is dropped.
+"""
+
+import dataclasses
+
+import torch
+
+from tracekit.errors import UsageError
+from tracekit.format.schema import KVGroupSnapshot, KVSnapshot, RequestState, Step, StepTiming
+from tracekit.integrations.vllm.runner_state import blocks_read_and_written
+from tracekit.integrations.vllm.step_records import rebuild_scheduler_output
+
+
+def scheduled_tokens(step: Step) -> dict[str, int]:
+    """Each request's scheduled token count, in batch order."""
+    by_id = {request.req_id: request for request in step.requests}
+    return {req_id: by_id[req_id].num_scheduled_tokens for req_id in step.batch_order}
+
+
+def reduce_step(step: Step, keep: dict[str, int]) -> Step:
+    """`step` with only the requests in `keep`, each scheduling its first `keep[id]` tokens."""
+    by_id = {request.req_id: request for request in step.requests}
+    unknown = set(keep) - set(by_id)
+    if unknown or not keep:
+        raise UsageError(f"cannot reduce the step to {sorted(keep)}: not a non-empty subset of its batch")
+    offsets, offset = {}, 0
+    for req_id in step.batch_order:
+        offsets[req_id] = offset
+        offset += by_id[req_id].num_scheduled_tokens
+    order = [req_id for req_id in step.batch_order if req_id in keep]
+    pairs = []
+    for req_id in order:
+        old, count = by_id[req_id], keep[req_id]
+        if not 1 <= count <= old.num_scheduled_tokens:
+            raise UsageError(f"request {req_id} schedules {old.num_scheduled_tokens} tokens, not {count}")
+        pairs.append((old, dataclasses.replace(old, num_scheduled_tokens=count, extras=dict(old.extras))))
+    requests = [new for _, new in pairs]
+    token_slices = [
+        torch.arange(offsets[req_id], offsets[req_id] + keep[req_id], dtype=torch.long) for req_id in order
+    ]
+    rows = torch.cat(token_slices)
+    num_tokens = len(rows)
+    return dataclasses.replace(
+        step,
+        scheduler_output=rebuild_scheduler_output(step.scheduler_output, pairs),
+        batch_order=order,
+        requests=requests,
+        input_ids=step.input_ids.index_select(-1, rows) if step.input_ids is not None else None,
+        positions=step.positions.index_select(-1, rows) if step.positions is not None else None,
+        kv=_reduced_kv(step.kv, requests),
+        graph=dataclasses.replace(
+            step.graph, num_tokens=num_tokens, num_tokens_padded=num_tokens, batch_descriptor=None,
+            extras=dict(step.graph.extras),
+        ),
+        outputs=None,
+        timing=StepTiming(),
+        extras=dict(step.extras),
+    )
+
+
+def _reduced_kv(kv: KVSnapshot, requests: list[RequestState]) -> KVSnapshot:
+    groups = []
+    for index, group in enumerate(kv.groups):
+        read, written = blocks_read_and_written(requests, index, group.layout.block_size)
+        wanted = {"read": set(read), "written": set(written), "none": set()}.get(kv.mode, set(read))
+        saved = [block for block in group.saved_block_ids if block in wanted]
+        rows = torch.tensor([group.saved_block_ids.index(block) for block in saved], dtype=torch.long)
+        before = {
+            layer: tensor.index_select(group.layout.block_dim, rows) for layer, tensor in group.before.items()
+        } if saved else {}
+        groups.append(KVGroupSnapshot(
+            layer_names=group.layer_names,
+            layout=group.layout,
+            read_block_ids=read,
+            written_block_ids=written,
+            saved_block_ids=saved,
+            before=before,
+            after={},
+            extras=dict(group.extras),
+        ))
+    return dataclasses.replace(kv, groups=groups, extras=dict(kv.extras))
+
+
+def total_tokens(step: Step) -> int:
+    return sum(request.num_scheduled_tokens for request in step.requests)
+
