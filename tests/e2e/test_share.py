@@ -16,13 +16,11 @@ import pytest
 from e2e_support import (
     STEP_KINDS,
     assert_replayed_bit_exact,
-    bundles_by_step,
     engine_script,
     has_penalties,
     of_kind,
     read_content,
     read_step,
-    tracekit,
 )
 from tracekit.format import open_bundle
 from tracekit.format.rewrite import rewrite_bundle
@@ -37,10 +35,11 @@ DEFAULT_ENGINE_KINDS = [kind for kind in STEP_KINDS if kind != "resumed_after_pr
 
 
 @pytest.fixture(scope="module")
-def faults(e2e_dir):
-    work = e2e_dir / "share"
-    work.mkdir()
-    return {**engine_script("share_faults", e2e_dir / "share_faults.json", work), "work": work}
+def faults(tmp_path_factory):
+    """The built-in bugs, shrunk on V1 (what `shrink` does does not depend on the runner kind;
+    the runner-kind parametrized tests below cover V2's steps)."""
+    work = tmp_path_factory.mktemp("share")
+    return {**engine_script("share_faults", work / "share_faults.json", work), "work": work}
 
 
 def sha256(path):
@@ -134,7 +133,7 @@ def shrink_keeping_kind(kind, source, out):
 
 
 @pytest.fixture(scope="module")
-def shared(e2e_dir, builtin_bundles, prefix_cache_bundles, preemption_bundles):
+def shared(e2e_dir, runner_kind, builtin_bundles, prefix_cache_bundles, preemption_bundles):
     """Of every kind of step: the first bundle, redacted and shrunk (keeping its kind); replayed
     on one engine per engine configuration, beside negative controls (penalised histories changed)."""
     work = e2e_dir / "shared"
@@ -157,8 +156,8 @@ def shared(e2e_dir, builtin_bundles, prefix_cache_bundles, preemption_bundles):
                        *made["history_changed"]]
     resumed_bundles = [made["redacted"]["resumed_after_preemption"], made["shrunk"]["resumed_after_preemption"]]
     made["replays"] = {
-        **engine_script("replay_many", e2e_dir / "shared_default.json", *default_bundles)["replays"],
-        **engine_script("replay_many", e2e_dir / "shared_resumed.json", *resumed_bundles)["replays"],
+        **engine_script("replay_many", e2e_dir / "shared_default.json", *default_bundles, runner=runner_kind)["replays"],
+        **engine_script("replay_many", e2e_dir / "shared_resumed.json", *resumed_bundles, runner=runner_kind)["replays"],
     }
     made["sources"] = {**sources, **resumed}
     return made
@@ -207,31 +206,3 @@ def test_shrunk_step_of_every_kind_replays_with_the_inputs_the_runner_builds(kin
     checks = {check["item"]: check for check in result["checks"]}
     assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions"))
     assert result["reproduced"]
-
-
-@pytest.fixture(scope="module")
-def v2_shared(e2e_dir):
-    """Model Runner V2: steps 1 and 3 of the built-in workload (mixed: decodes, penalties, seeded
-    and unseeded sampling beside a prefill chunk) redacted, step 1 also shrunk keeping it mixed;
-    all replayed on one V2 engine."""
-    work = e2e_dir / "shared-v2"
-    work.mkdir()
-    finished = tracekit("record", "--enforce-eager", "-o", work / "step{step}.zst", "--steps", "1,3", runner="v2")
-    assert finished.returncode == 0, finished.explain()
-    sources = bundles_by_step(work)
-    redacted = {index: work / f"redacted-{index}.zst" for index in sources}
-    for index, path in sources.items():
-        redact(path, redacted[index])
-    shrunk = shrink_keeping_kind("mixed", sources[1], work / "shrunk-1.zst")
-    replays = engine_script("replay_many", e2e_dir / "shared_v2.json", *redacted.values(), shrunk, runner="v2")
-    return {"sources": sources, "redacted": redacted, "shrunk": shrunk, "replays": replays}
-
-
-def test_redacted_and_shrunk_model_runner_v2_steps_replay(v2_shared):
-    assert sorted(v2_shared["sources"]) == [1, 3]
-    assert {read_content(path).engine.runner for path in v2_shared["sources"].values()} == {"v2"}
-    assert_replayed_bit_exact(v2_shared["replays"], v2_shared["redacted"])
-    result = v2_shared["replays"]["replays"][str(v2_shared["shrunk"])]
-    checks = {check["item"]: check for check in result["checks"]}
-    assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions")), result
-    assert len(read_step(v2_shared["shrunk"]).requests) < len(read_step(v2_shared["sources"][1]).requests)
