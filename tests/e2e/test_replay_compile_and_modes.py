@@ -1,15 +1,18 @@
 """Issue 4: the compile mode is part of what a replay reproduces, and `--mode all` on CPU reports
 what can run here (eager, and compiled where the engine compiles) and why graph modes cannot;
 `--json` carries the timing statistics. Issue 9: it also reports per-piece agreement of
-Inductor-compiled pieces with eager through the piecewise backend's divergence probe."""
+Inductor-compiled pieces with eager through the piecewise backend's divergence probe.
+
+What the modes do does not depend on the model runner, so these run on V1 only; that V2's
+compiled steps replay bit-exact compiled is `test_replay_step_kinds`' (on both runners)."""
 
 import json
 
 import pytest
 
-from e2e_support import STEP_KINDS, read_content, read_step, tracekit
+from e2e_support import STEP_KINDS, only_on_runner, read_content, read_step, tracekit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, only_on_runner("v1")]
 
 LATENCY_KEYS = {"median", "mean", "min", "p90", "std", "samples_us", "sample_spread_pct"}
 GRAPH_MODES = ("graph", "piecewise")

@@ -1,0 +1,38 @@
+"""Test-suite wide: how pytest-xdist shares the suite out among its workers.
+
+CI runs the suite with `-n 2` (README). An engine on this CPU keeps about one core busy, so two
+workers nearly halve the suite's time, provided tests that share an expensive fixture stay on
+one worker: the end-to-end tests' session fixtures record and replay once per model runner kind,
+and several modules build their own engines once for all their tests. Elsewhere every test is
+its own unit.
+"""
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # without pytest-xdist (e.g. the GPU machine) the suite runs in one process
+    LoadScopeScheduling = None
+
+RUNNER_KINDS = ("v1", "v2")  # the first parameter of every runner-parametrized end-to-end test
+
+
+def worker_unit(nodeid: str) -> str:
+    """The tests that must run on one worker: every end-to-end test of one model runner kind
+    (its first parameter, `[v1-...]`), every other test of one end-to-end module, else one test."""
+    path, _, name = nodeid.partition("::")
+    if not path.startswith("tests/e2e/"):
+        return nodeid
+    first_parameter = name.partition("[")[2].rstrip("]").split("-")[0]
+    return f"runner-{first_parameter}" if first_parameter in RUNNER_KINDS else path
+
+
+if LoadScopeScheduling is not None:
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling (largest units first, so each runner kind gets a worker of
+        its own at the start) with `worker_unit` as the scope."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        return SharedFixtureScheduling(config, log)
