@@ -12,8 +12,6 @@ try:
 except ImportError:  # without pytest-xdist (e.g. the GPU machine) the suite runs in one process
     LoadScopeScheduling = None
 
-RUNNER_KINDS = ("v1", "v2")  # the first parameter of every runner-parametrized end-to-end test
-
 
 def worker_unit(nodeid: str) -> str:
     """The tests that must run on one worker: every end-to-end test of one model runner kind
@@ -21,6 +19,9 @@ def worker_unit(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
     if not path.startswith("tests/e2e/"):
         return nodeid
+    # Imported here, in xdist's controller only: it imports torch, which other runs need not wait for.
+    from tracekit.integrations.vllm.runner_adapter import RUNNER_KINDS
+
     first_parameter = name.partition("[")[2].rstrip("]").split("-")[0]
     return f"runner-{first_parameter}" if first_parameter in RUNNER_KINDS else path
 

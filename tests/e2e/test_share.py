@@ -139,8 +139,8 @@ def shrink_keeping_kind(kind, source, out):
 @pytest.fixture(scope="module")
 def shared(e2e_dir, runner_kind, builtin_bundles, prefix_cache_bundles, preemption_bundles):
     """Of every kind of step: the first bundle, redacted and shrunk (keeping its kind; on V2 the
-    kinds of `SHRUNK_ON_V2`); replayed
-    on one engine per engine configuration, beside negative controls (penalised histories changed)."""
+    kinds of `SHRUNK_ON_V2`); replayed on one engine per engine configuration, beside negative
+    controls (penalised histories changed)."""
     work = e2e_dir / "shared"
     work.mkdir()
     default = {**builtin_bundles, **{1000 + i: p for i, p in prefix_cache_bundles.items()}}
