@@ -120,3 +120,36 @@ def test_only_dead_or_old_writers_partials_are_removed(tmp_path):
     os.utime(old_other_host, (old, old))
     assert sorted(remove_stale_partials(str(tmp_path))) == sorted(map(os.path.basename, [dead, old_other_host]))
     assert sorted(os.listdir(tmp_path)) == sorted(map(os.path.basename, [mine, other_host, unrelated]))
+
+
+def test_a_failed_background_writeback_fails_the_write_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    import tracekit.format.writeback as writeback
+
+    def failing_sync(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(writeback, "DEFAULT_EVERY_BYTES", 1 << 16)  # a sync per 64 KiB written
+    monkeypatch.setattr(writeback, "_sync", failing_sync)  # a disk that fails, as no test disk does
+    writer = BundleWriter(tmp_path / "b.zst")
+    writer.add_tensor("x", torch.randn(1 << 18))  # 1 MiB
+    with pytest.raises(BundleError, match="cannot write bundle .*b.zst: Input/output error"):
+        writer.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_writeback_syncs_while_writing(tmp_path, monkeypatch):
+    import tracekit.format.writeback as writeback
+
+    synced = []
+    real_sync = writeback._sync
+    monkeypatch.setattr(writeback, "DEFAULT_EVERY_BYTES", 1 << 16)
+    monkeypatch.setattr(writeback, "_sync", lambda fd: synced.append(fd) or real_sync(fd))
+    with BundleWriter(tmp_path / "b.zst") as writer:
+        for number in range(8):
+            writer.add_tensor(f"x{number}", torch.randn(1 << 16))  # 256 KiB each, barely compressible
+            writer._writeback.finish()  # let each sync end, so the next batch of bytes starts one
+    assert len(synced) >= 4
+    with open_bundle(tmp_path / "b.zst") as reader:
+        assert reader.verify().ok

@@ -147,3 +147,20 @@ main(["inspect", {str(small_bundle)!r}], standalone_mode=False)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "kv/layer.0" in result.stdout
+
+
+
+def test_the_caller_may_overwrite_a_tensor_once_add_tensor_returns(tmp_path):
+    # chunks are copied on the writer's threads; add_tensor returns only once all are copied
+    generator = torch.Generator().manual_seed(0)
+    buffer = torch.empty(40, 1024, dtype=torch.bfloat16)  # 80 KiB: shuffled, 20 chunks of 4 KiB
+    written = {}
+    path = tmp_path / "reused.zst"
+    with BundleWriter(path, chunk_bytes=4096, threads=2) as writer:
+        for number in range(4):
+            buffer.copy_(torch.randn(buffer.shape, generator=generator))
+            written[f"t{number}"] = buffer.clone()
+            writer.add_tensor(f"t{number}", buffer)  # the next round overwrites it at once, as a recorder does
+    with open_bundle(path) as reader:
+        for name, tensor in written.items():
+            assert same_bytes(reader.read_tensor(name), tensor), name

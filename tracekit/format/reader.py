@@ -17,7 +17,7 @@ import numpy as np
 
 from tracekit.errors import BundleError
 from tracekit.format import limits
-from tracekit.format.codec import FrameDamage, check_stored, content_checksum, decode_chunk, decompress_frame
+from tracekit.format.codec import FrameDamage, Scratch, check_stored, content_checksum, decode_chunk, decompress_frame
 from tracekit.format.dtypes import decode
 from tracekit.format.index import ChunkRef, Index, TensorInfo, parse_index
 from tracekit.format.layout import (
@@ -45,6 +45,7 @@ class BundleReader:
         self.name = os.path.basename(self.path)
         self._threads = threads or min(4, os.cpu_count() or 1)
         self._pool = None
+        self._scratch = Scratch()
         self._metadata = None
         self._metadata_error = None
         self._metadata_loaded = False
@@ -82,6 +83,7 @@ class BundleReader:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        self._scratch = Scratch()  # drops this thread's buffers (the pool's went with its threads)
 
     def _damaged(self, part: str, problem: str) -> BundleError:
         return BundleError(f"bundle {self.name} is damaged: {part} {problem}")
@@ -100,6 +102,23 @@ class BundleReader:
         if len(data) != length:
             raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
         return data
+
+    def _read_into(self, scratch: Scratch, offset: int, length: int, part: str) -> memoryview:
+        """`_read` into this thread's reusable buffer (valid until its next call on this thread)."""
+        if self._fd is None:
+            raise BundleError(f"bundle {self.name} is closed")
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
+        try:
+            buffer = memoryview(scratch.buffer("stored", length))
+            count = os.preadv(self._fd, [buffer], offset) if length else 0
+        except MemoryError:
+            raise BundleError(f"bundle {self.name}: reading {part} needs {length} bytes of memory; not available") from None
+        except OSError as error:
+            raise BundleError(f"cannot read bundle {self.path}: {error.strerror}") from None
+        if count != length:
+            raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
+        return buffer
 
     def _read_skippable(self, offset: int, magic: int, cap: int, part: str) -> bytes:
         frame_magic, length = SKIPPABLE_HEADER.unpack(self._read(offset, SKIPPABLE_HEADER.size, part))
@@ -227,7 +246,7 @@ class BundleReader:
             raise BundleError(f"bundle {self.name} has no tensor {name!r}") from None
 
     def _decode_chunks(self, info: TensorInfo, out_for_chunk, verify: bool) -> dict[int, str]:
-        """Decode every chunk of `info` into `out_for_chunk(number, chunk)`, in parallel;
+        """Decode every chunk of `info` into `out_for_chunk(number, chunk, scratch)`, in parallel;
         {chunk number: problem} for the chunks that failed.
 
         Each frame is bound to its index entry before it is decoded: in v2 by the zstd content
@@ -237,16 +256,17 @@ class BundleReader:
 
         def decode_one(number: int, chunk: ChunkRef):
             first, last = chunk.frames[0], chunk.frames[-1]
+            scratch = self._scratch
             try:
-                stored = memoryview(self._read(first.offset, last.offset + last.stored_nbytes - first.offset, f"tensor {info.name!r}"))
+                stored = self._read_into(scratch, first.offset, last.offset + last.stored_nbytes - first.offset, f"tensor {info.name!r}")
                 frames = [stored[frame.offset - first.offset:][: frame.stored_nbytes] for frame in chunk.frames]
                 for frame, ref in zip(frames, chunk.frames):
                     if check_crc:
                         check_stored(frame, ref.crc32)
                     if ref.checksum is not None and content_checksum(frame) != ref.checksum:
                         raise FrameDamage("is not the frame the index put there (its content checksum differs)")
-                out = out_for_chunk(number, chunk)
-                decode_chunk(frames, info.name, number, info.filter, info.itemsize, out)
+                out = out_for_chunk(number, chunk, scratch)
+                decode_chunk(frames, info.name, number, info.filter, info.itemsize, out, scratch)
                 if verify and chunk.sha256 is not None and hashlib.sha256(out).digest() != chunk.sha256:
                     raise FrameDamage("fails its hash")
             except FrameDamage as damage:
@@ -255,6 +275,7 @@ class BundleReader:
                 raise BundleError(f"bundle {self.name}: tensor {info.name!r} does not fit in memory") from None
             return None
 
+        _prefetch(self._fd, info)
         if len(info.chunks) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-reader")
@@ -278,7 +299,7 @@ class BundleReader:
         except MemoryError:
             raise BundleError(f"bundle {self.name}: tensor {name!r} needs {info.nbytes} bytes of memory; not available") from None
         starts = np.cumsum([0] + [chunk.nbytes for chunk in info.chunks])
-        failures = self._decode_chunks(info, lambda number, chunk: out[starts[number]:starts[number] + chunk.nbytes], verify_hash)
+        failures = self._decode_chunks(info, lambda number, chunk, scratch: out[starts[number]:starts[number] + chunk.nbytes], verify_hash)
         if failures:
             number, problem = min(failures.items())
             raise self._damaged(f"tensor {name!r}", problem if len(info.chunks) == 1 else f"(chunk {number}) {problem}")
@@ -286,7 +307,7 @@ class BundleReader:
 
     def verify(self) -> VerifyReport:
         """Check every part; damaged parts are listed, never raised. Memory stays at a few
-        chunks: chunks are decoded into scratch buffers and dropped."""
+        chunks: each thread decodes into one reused scratch buffer."""
         report = VerifyReport(parts_checked=["header", "index", "trailer", "metadata"])
         try:
             self.metadata
@@ -295,7 +316,7 @@ class BundleReader:
         for info in self.tensor_infos():
             part = f"tensor {info.name!r}"
             report.parts_checked.append(part)
-            failures = self._decode_chunks(info, lambda number, chunk: np.empty(chunk.nbytes, dtype=np.uint8), True)
+            failures = self._decode_chunks(info, lambda number, chunk, scratch: scratch.buffer("verify", chunk.nbytes), True)
             if failures:
                 number, problem = min(failures.items())
                 report.damaged[part] = f"chunk {number} {problem}"
@@ -326,6 +347,18 @@ class BundleReader:
             return value
 
         return load(obj)
+
+
+def _prefetch(fd: int, info: TensorInfo) -> None:
+    """Ask the kernel to start reading the tensor's stored bytes (they are contiguous) now, so
+    that a file not in the page cache streams from disk while the first chunks decode."""
+    if not info.chunks or not hasattr(os, "posix_fadvise"):
+        return
+    start, last = info.chunks[0].frames[0], info.chunks[-1].frames[-1]
+    try:
+        os.posix_fadvise(fd, start.offset, last.offset + last.stored_nbytes - start.offset, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # only a hint
 
 
 def _available_memory() -> int | None:

@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import hashlib
 import os
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +24,7 @@ from tracekit import __version__
 from tracekit.errors import BundleError
 from tracekit.format import limits
 from tracekit.format.codec import (
-    DEFAULT_CHUNK_BYTES, ChunkEncoder, choose_filter, content_checksum, frame_spans, shuffled_content,
+    DEFAULT_CHUNK_BYTES, ChunkEncoder, EncodedChunk, choose_filter, content_checksum, frame_spans, shuffled_content,
 )
 from tracekit.format.dtypes import DTYPES, as_flat_bytes
 from tracekit.format.index import ChunkRef, FrameRef, Index, MetadataRef, TensorInfo
@@ -33,6 +34,7 @@ from tracekit.format.layout import (
 )
 from tracekit.format.leftovers import remove_stale_partials, temporary_path
 from tracekit.format.untrusted import Refused, check_plain
+from tracekit.format.writeback import Writeback
 
 
 @dataclasses.dataclass
@@ -82,6 +84,7 @@ class BundleWriter:
         except OSError as error:
             self._pool.shutdown()
             raise BundleError(f"cannot write bundle {self.path}: {error.strerror}") from None
+        self._writeback = Writeback(self._file.fileno())
         self._open = True
         header = pack_plain({
             "magic": BUNDLE_MAGIC, "format_version": FORMAT_VERSION,
@@ -104,6 +107,7 @@ class BundleWriter:
         offset = self._offset
         self._file.write(data)
         self._offset += len(data)
+        self._writeback.wrote(len(data))
         return offset
 
     def _check_open(self):
@@ -132,20 +136,34 @@ class BundleWriter:
             TensorInfo(name, dtype, shape, flat.nbytes, 0, filter_name, CODEC, itemsize, ()), len(starts), []
         )
         self._total_nbytes += flat.nbytes
+        copies = []
         try:
             for number, start in enumerate(starts):
                 raw = flat[start:start + step]
-                content = shuffled_content(name, number, raw, filter_name, itemsize)  # the caller may reuse `tensor` now
-                spans = frame_spans(len(chunk_prefix(name, number, raw.nbytes)), raw.nbytes, filter_name, itemsize)
-                future = self._pool.submit(self._encoder.encode, content, spans)
+                copied = threading.Event()
+                future = self._pool.submit(self._encode_chunk, name, number, raw, filter_name, itemsize, copied)
+                copies.append(copied)
                 self._in_flight.append((name, raw.nbytes, future))
                 while len(self._in_flight) > 2 * self._threads:
                     self._write_oldest()
+            for copied in copies:  # the caller may reuse `tensor` once this returns
+                copied.wait()
             self._finish_if_complete(name)
         except BaseException:
             self.abort()
             raise
         return tensor_ref(name)
+
+    def _encode_chunk(self, name: str, number: int, raw, filter_name: str, itemsize: int,
+                      copied: threading.Event) -> EncodedChunk:
+        """On a pool thread: copy the chunk out of the caller's tensor (split into byte planes
+        when shuffled), say so, then compress it. Both cores copy, not only the caller's."""
+        try:
+            content = shuffled_content(name, number, raw, filter_name, itemsize)
+        finally:
+            copied.set()
+        spans = frame_spans(len(chunk_prefix(name, number, raw.nbytes)), raw.nbytes, filter_name, itemsize)
+        return self._encoder.encode(content, spans)
 
     def _write_oldest(self) -> None:
         name, nbytes, future = self._in_flight.popleft()
@@ -196,6 +214,9 @@ class BundleWriter:
             index_sha256 = hashlib.sha256(index).digest()
             self._write(trailer(index_offset, len(index), index_sha256, magic=UNCOMMITTED_TRAILER_MAGIC))
             self._file.flush()
+            writeback_error = self._writeback.finish()
+            if writeback_error is not None:
+                raise BundleError(f"cannot write bundle {self.path}: {writeback_error.strerror}")
             # The commit: only now does the file end in a trailer a reader accepts.
             os.pwrite(self._file.fileno(), trailer(index_offset, len(index), index_sha256, magic=TRAILER_MAGIC), self._offset - TRAILER_BYTES)
             os.fsync(self._file.fileno())
@@ -212,6 +233,7 @@ class BundleWriter:
         """Drop everything written so far; nothing is left at the path or beside it."""
         self._open = False
         self._pool.shutdown(cancel_futures=True)
+        self._writeback.finish()
         self._file.close()
         try:
             os.unlink(self._temp_path)
