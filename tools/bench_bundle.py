@@ -10,7 +10,8 @@ in bfloat16 and float32. Every writer fsyncs its file so that all pay for durabi
 Reads are timed twice: from the page cache ("warm") and with the file dropped from the page
 cache first ("cold", posix_fadvise DONTNEED after an fsync: the bytes come from the disk).
 Prints throughput (MiB/s of tensor bytes), file size, and tracekit's ratios to
-torch.save/torch.load; each timing is the best of --repeats. Then it writes a --inspect-gib
+torch.save/torch.load, and how fast the disk itself reads a cold file (where it reads as fast
+as the formats decode, fewer bytes on disk cannot make a cold read faster); each timing is the best of --repeats. Then it writes a --inspect-gib
 bundle and times what `tracekit inspect` does with it (open, index, metadata; best of 5).
 Keep it to one run on a shared machine.
 
@@ -65,7 +66,7 @@ def tracekit_write(tensors, path):
 
 def tracekit_read(path):
     with open_bundle(path) as reader:
-        return {info.name: reader.read_tensor(info.name, to="torch") for info in reader.tensor_infos()}
+        return reader.read_tensors([info.name for info in reader.tensor_infos()], to="torch")
 
 
 def torch_write(tensors, path):
@@ -147,6 +148,13 @@ def drop_from_page_cache(path: str) -> None:
         os.close(descriptor)
 
 
+def raw_read(path: str) -> None:
+    with open(path, "rb", buffering=0) as file:
+        buffer = bytearray(8 << 20)
+        while file.readinto(buffer):
+            pass
+
+
 def bench_case(tensors, directory: str, repeats: int) -> dict[str, tuple]:
     """The formats take turns within each repetition so that a noisy neighbour hits all of them
     alike; CPU time (all threads) is reported too, as MiB per CPU-second."""
@@ -165,6 +173,9 @@ def bench_case(tensors, directory: str, repeats: int) -> dict[str, tuple]:
             cold_seconds = best_time(lambda: read(path), 1, before=lambda: drop_from_page_cache(path))
             timings = (write_seconds, warm_seconds, cold_seconds, write_cpu, read_cpu)
             best[label] = [min(old, new) for old, new in zip(best[label], timings)]
+    disk = best_time(lambda: raw_read(paths["torch.save"]), repeats, before=lambda: drop_from_page_cache(paths["torch.save"]))
+    print(f"(this disk: a cold file reads at {os.path.getsize(paths['torch.save']) / disk / (1 << 20):.0f} MiB/s, "
+          "read(2) in 8 MiB blocks, nothing decoded)")
     loaded = tracekit_read(paths["tracekit"])
     assert all(torch.equal(loaded[name].view(torch.uint8), t.view(torch.uint8)) for name, t in tensors.items())
     results = {}

@@ -30,6 +30,11 @@ def read_everything(path, intact: dict) -> dict:
         if "metadata" in report.damaged:
             with pytest.raises(BundleError, match="is damaged: metadata"):
                 reader.metadata
+        try:  # all at once, as resolve reads: every tensor intact, or a damaged one named
+            together = reader.read_tensors(list(intact), to="bytes")
+            assert together == intact
+        except BundleError as error:
+            assert any(f"is damaged: {part}" in str(error) for part in report.damaged), error
         return report.damaged
 
 

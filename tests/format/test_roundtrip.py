@@ -164,3 +164,18 @@ def test_the_caller_may_overwrite_a_tensor_once_add_tensor_returns(tmp_path):
     with open_bundle(path) as reader:
         for name, tensor in written.items():
             assert same_bytes(reader.read_tensor(name), tensor), name
+
+
+def test_read_tensors_reads_several_at_once(tmp_path):
+    tensors = {f"layer.{n}": torch.randn(3, 50_000, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16) for n in range(3)}
+    path = tmp_path / "several.zst"
+    with BundleWriter(path, chunk_bytes=65536) as writer:
+        for name, tensor in tensors.items():
+            writer.add_tensor(name, tensor)
+    with open_bundle(path) as reader:
+        loaded = reader.read_tensors(["layer.2", "layer.0", "layer.2"])  # order and repeats do not matter
+        assert sorted(loaded) == ["layer.0", "layer.2"]
+        assert all(same_bytes(loaded[name], tensors[name]) for name in loaded)
+        assert reader.read_tensors([]) == {}
+        with pytest.raises(BundleError, match="has no tensor 'nope'"):
+            reader.read_tensors(["layer.1", "nope"])

@@ -238,8 +238,8 @@ def decode_chunk(frames: list[memoryview], tensor_name: str, chunk_number: int, 
     way of `scratch`. zstd checks each frame's content checksum on the way; the caller has bound
     each frame to its index entry."""
     prefix = chunk_prefix(tensor_name, chunk_number, out.nbytes)
-    head = bytearray(len(prefix))
     if filter_name == FILTER_NONE:
+        head = bytearray(len(prefix))
         decompress_into(frames[0], head, out)
         if head != prefix:
             raise FrameDamage("does not start with its chunk header")
@@ -247,9 +247,12 @@ def decode_chunk(frames: list[memoryview], tensor_name: str, chunk_number: int, 
     spans = frame_spans(len(prefix), out.nbytes, filter_name, itemsize)
     planes = []
     for plane_number, (frame, (start, end)) in enumerate(zip(frames, spans)):
-        plane = scratch.buffer(("plane", plane_number), end - start - (len(prefix) if plane_number == 0 else 0))
-        decompress_into(frame, head if plane_number == 0 else bytearray(), plane)
-        if plane_number == 0 and head != prefix:
-            raise FrameDamage("does not start with its chunk header")
-        planes.append(plane)
+        # a whole frame into one buffer: zstd then decodes in one pass, without its own window copy
+        content = scratch.buffer(("plane", plane_number), end - start)
+        decompress_into(frame, bytearray(), content)
+        if plane_number == 0:
+            if content[: len(prefix)].tobytes() != prefix:
+                raise FrameDamage("does not start with its chunk header")
+            content = content[len(prefix):]
+        planes.append(content)
     unshuffle_into(out, planes, itemsize)

@@ -245,16 +245,18 @@ class BundleReader:
         except KeyError:
             raise BundleError(f"bundle {self.name} has no tensor {name!r}") from None
 
-    def _decode_chunks(self, info: TensorInfo, out_for_chunk, verify: bool) -> dict[int, str]:
-        """Decode every chunk of `info` into `out_for_chunk(number, chunk, scratch)`, in parallel;
-        {chunk number: problem} for the chunks that failed.
+    def _decode_chunks(self, infos: list[TensorInfo], out_for_chunk, verify: bool) -> dict[tuple[str, int], str]:
+        """Decode every chunk of `infos` into `out_for_chunk(info, number, chunk, scratch)`, all
+        in parallel (no thread waits between one tensor and the next); {(tensor name, chunk
+        number): problem} for the chunks that failed.
 
         Each frame is bound to its index entry before it is decoded: in v2 by the zstd content
         checksum it ends with (which zstd then checks against the content), in v1 by the CRC-32
         of its stored bytes. `verify` adds the CRC-32 in v2 and the chunk sha256 in v1."""
         check_crc = verify or self.format_version == 1
 
-        def decode_one(number: int, chunk: ChunkRef):
+        def decode_one(job: tuple[TensorInfo, int, ChunkRef]):
+            info, number, chunk = job
             first, last = chunk.frames[0], chunk.frames[-1]
             scratch = self._scratch
             try:
@@ -265,7 +267,7 @@ class BundleReader:
                         check_stored(frame, ref.crc32)
                     if ref.checksum is not None and content_checksum(frame) != ref.checksum:
                         raise FrameDamage("is not the frame the index put there (its content checksum differs)")
-                out = out_for_chunk(number, chunk, scratch)
+                out = out_for_chunk(info, number, chunk, scratch)
                 decode_chunk(frames, info.name, number, info.filter, info.itemsize, out, scratch)
                 if verify and chunk.sha256 is not None and hashlib.sha256(out).digest() != chunk.sha256:
                     raise FrameDamage("fails its hash")
@@ -275,14 +277,24 @@ class BundleReader:
                 raise BundleError(f"bundle {self.name}: tensor {info.name!r} does not fit in memory") from None
             return None
 
-        _prefetch(self._fd, info)
-        if len(info.chunks) > 1:
+        jobs = [(info, number, chunk) for info in infos for number, chunk in enumerate(info.chunks)]
+        for info in infos:
+            _prefetch(self._fd, info)
+        if len(jobs) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-reader")
-            results = list(self._pool.map(decode_one, range(len(info.chunks)), info.chunks))
+            results = list(self._pool.map(decode_one, jobs))
         else:
-            results = [decode_one(number, chunk) for number, chunk in enumerate(info.chunks)]
-        return {number: problem for number, problem in enumerate(results) if problem}
+            results = [decode_one(job) for job in jobs]
+        return {(info.name, number): problem for (info, number, _), problem in zip(jobs, results) if problem}
+
+    def _chunk_failure(self, info: TensorInfo, failures: dict[tuple[str, int], str]) -> str | None:
+        """The first failure among `info`'s chunks, worded for one line; None if none failed."""
+        numbers = sorted(number for name, number in failures if name == info.name)
+        if not numbers:
+            return None
+        problem = failures[info.name, numbers[0]]
+        return problem if len(info.chunks) == 1 else f"(chunk {numbers[0]}) {problem}"
 
     def read_tensor(self, name: str, to: str = "auto", *, verify_hash: bool = False):
         """The tensor as torch (to="torch"), numpy (to="numpy"), or raw little-endian bytes;
@@ -292,18 +304,34 @@ class BundleReader:
         content checksum holds, so the bytes returned are the bytes written; `verify_hash` also
         checks every stored byte's CRC-32 (and, in v1 bundles, the chunks' sha256), as
         `verify()` does."""
-        info = self.tensor_info(name)
-        _check_memory_for(info.nbytes, f"bundle {self.name}: tensor {name!r}")
-        try:
-            out = np.empty(info.nbytes, dtype=np.uint8)
-        except MemoryError:
-            raise BundleError(f"bundle {self.name}: tensor {name!r} needs {info.nbytes} bytes of memory; not available") from None
-        starts = np.cumsum([0] + [chunk.nbytes for chunk in info.chunks])
-        failures = self._decode_chunks(info, lambda number, chunk, scratch: out[starts[number]:starts[number] + chunk.nbytes], verify_hash)
-        if failures:
-            number, problem = min(failures.items())
-            raise self._damaged(f"tensor {name!r}", problem if len(info.chunks) == 1 else f"(chunk {number}) {problem}")
-        return decode(out, info.dtype, info.shape, to)
+        return self.read_tensors([name], to, verify_hash=verify_hash)[name]
+
+    def read_tensors(self, names, to: str = "auto", *, verify_hash: bool = False) -> dict:
+        """{name: tensor} for several tensors, as `read_tensor` reads each, their chunks decoded
+        together (what `resolve` uses: with many tensors it keeps every thread busy)."""
+        infos = list({name: self.tensor_info(name) for name in names}.values())
+        if not infos:
+            return {}
+        what = f"tensor {infos[0].name!r}" if len(infos) == 1 else f"the {len(infos)} tensors asked for"
+        _check_memory_for(sum(info.nbytes for info in infos), f"bundle {self.name}: {what}")
+        outs, starts = {}, {}
+        for info in infos:
+            try:
+                outs[info.name] = np.empty(info.nbytes, dtype=np.uint8)
+            except MemoryError:
+                raise BundleError(f"bundle {self.name}: tensor {info.name!r} needs {info.nbytes} bytes of memory; not available") from None
+            starts[info.name] = np.cumsum([0] + [chunk.nbytes for chunk in info.chunks])
+
+        def out_for_chunk(info, number, chunk, scratch):
+            start = starts[info.name][number]
+            return outs[info.name][start:start + chunk.nbytes]
+
+        failures = self._decode_chunks(infos, out_for_chunk, verify_hash)
+        for info in infos:
+            problem = self._chunk_failure(info, failures)
+            if problem:
+                raise self._damaged(f"tensor {info.name!r}", problem)
+        return {info.name: decode(outs[info.name], info.dtype, info.shape, to) for info in infos}
 
     def verify(self) -> VerifyReport:
         """Check every part; damaged parts are listed, never raised. Memory stays at a few
@@ -316,9 +344,9 @@ class BundleReader:
         for info in self.tensor_infos():
             part = f"tensor {info.name!r}"
             report.parts_checked.append(part)
-            failures = self._decode_chunks(info, lambda number, chunk, scratch: scratch.buffer("verify", chunk.nbytes), True)
+            failures = self._decode_chunks([info], lambda info, number, chunk, scratch: scratch.buffer("verify", chunk.nbytes), True)
             if failures:
-                number, problem = min(failures.items())
+                (_, number), problem = min(failures.items())
                 report.damaged[part] = f"chunk {number} {problem}"
         return report
 
@@ -330,16 +358,13 @@ class BundleReader:
             referenced = self._metadata_references if obj is self._metadata else check_plain(obj)
         except Refused as problem:
             raise BundleError(f"cannot resolve an object that {problem}") from None
-        total = sum(self.tensor_info(name).nbytes for name in referenced)
-        _check_memory_for(total, f"bundle {self.name}: the {len(referenced)} tensors referenced")
-        loaded: dict[str, object] = {}
+        for name in referenced:
+            self.tensor_info(name)  # an unknown name is refused before anything is read
+        loaded = self.read_tensors([name for name in self._index.tensors if name in referenced], to)  # in file order
 
         def load(value):
             if is_tensor_ref(value):
-                name = value["$tensor"]
-                if name not in loaded:
-                    loaded[name] = self.read_tensor(name, to=to)
-                return loaded[name]
+                return loaded[value["$tensor"]]
             if isinstance(value, dict):
                 return {key: load(item) for key, item in value.items()}
             if isinstance(value, list):
