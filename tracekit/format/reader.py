@@ -88,37 +88,27 @@ class BundleReader:
     def _damaged(self, part: str, problem: str) -> BundleError:
         return BundleError(f"bundle {self.name} is damaged: {part} {problem}")
 
-    def _read(self, offset: int, length: int, part: str) -> bytes:
+    def _read(self, offset: int, length: int, part: str, scratch: Scratch | None = None) -> bytes | memoryview:
+        """`length` bytes at `offset`: a new bytes object, or with `scratch` a view of that
+        thread's reusable buffer (valid until the thread's next read into it)."""
         if self._fd is None:
             raise BundleError(f"bundle {self.name} is closed")
         if offset < 0 or length < 0 or offset + length > self._size:
             raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
         try:
-            data = os.pread(self._fd, length, offset) if length else b""
-        except MemoryError:
-            raise BundleError(f"bundle {self.name}: reading {part} needs {length} bytes of memory; not available") from None
-        except OSError as error:
-            raise BundleError(f"cannot read bundle {self.path}: {error.strerror}") from None
-        if len(data) != length:
-            raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
-        return data
-
-    def _read_into(self, scratch: Scratch, offset: int, length: int, part: str) -> memoryview:
-        """`_read` into this thread's reusable buffer (valid until its next call on this thread)."""
-        if self._fd is None:
-            raise BundleError(f"bundle {self.name} is closed")
-        if offset < 0 or length < 0 or offset + length > self._size:
-            raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
-        try:
-            buffer = memoryview(scratch.buffer("stored", length))
-            count = os.preadv(self._fd, [buffer], offset) if length else 0
+            if scratch is None:
+                data = os.pread(self._fd, length, offset) if length else b""
+                count = len(data)
+            else:
+                data = memoryview(scratch.buffer("stored", length))
+                count = os.preadv(self._fd, [data], offset) if length else 0
         except MemoryError:
             raise BundleError(f"bundle {self.name}: reading {part} needs {length} bytes of memory; not available") from None
         except OSError as error:
             raise BundleError(f"cannot read bundle {self.path}: {error.strerror}") from None
         if count != length:
             raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
-        return buffer
+        return data
 
     def _read_skippable(self, offset: int, magic: int, cap: int, part: str) -> bytes:
         frame_magic, length = SKIPPABLE_HEADER.unpack(self._read(offset, SKIPPABLE_HEADER.size, part))
@@ -260,7 +250,7 @@ class BundleReader:
             first, last = chunk.frames[0], chunk.frames[-1]
             scratch = self._scratch
             try:
-                stored = self._read_into(scratch, first.offset, last.offset + last.stored_nbytes - first.offset, f"tensor {info.name!r}")
+                stored = self._read(first.offset, last.offset + last.stored_nbytes - first.offset, f"tensor {info.name!r}", scratch)
                 frames = [stored[frame.offset - first.offset:][: frame.stored_nbytes] for frame in chunk.frames]
                 for frame, ref in zip(frames, chunk.frames):
                     if check_crc:
