@@ -11,8 +11,9 @@ Reads are timed twice: from the page cache ("warm") and with the file dropped fr
 cache first ("cold", posix_fadvise DONTNEED after an fsync: the bytes come from the disk).
 Prints throughput (MiB/s of tensor bytes), file size, and tracekit's ratios to
 torch.save/torch.load, and how fast the disk itself reads a cold file (where it reads as fast
-as the formats decode, fewer bytes on disk cannot make a cold read faster); each timing is the best of --repeats. Then it writes a --inspect-gib
-bundle and times what `tracekit inspect` does with it (open, index, metadata; best of 5).
+as the formats decode, fewer bytes on disk cannot make a cold read faster); each timing is the
+best of --repeats. Then it writes a --inspect-gib bundle and times what `tracekit inspect`
+does with it (open, index, metadata; best of 5).
 Keep it to one run on a shared machine.
 
     python tools/bench_bundle.py [--mib 256] [--repeats 3] [--dir /tmp] [--cases "bfloat16 kv-mix"] [--inspect-gib 1]

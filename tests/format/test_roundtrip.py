@@ -149,7 +149,6 @@ main(["inspect", {str(small_bundle)!r}], standalone_mode=False)
     assert "kv/layer.0" in result.stdout
 
 
-
 def test_the_caller_may_overwrite_a_tensor_once_add_tensor_returns(tmp_path):
     # chunks are copied on the writer's threads; add_tensor returns only once all are copied
     generator = torch.Generator().manual_seed(0)

@@ -57,10 +57,9 @@ def frame_spans(prefix_nbytes: int, nbytes: int, filter_name: str, itemsize: int
     return list(zip(starts, starts[1:] + [prefix_nbytes + nbytes]))
 
 
-def shuffled_content(tensor_name: str, chunk_number: int, raw: np.ndarray, filter_name: str, itemsize: int) -> np.ndarray:
+def shuffled_content(prefix: bytes, raw: np.ndarray, filter_name: str, itemsize: int) -> np.ndarray:
     """A new array holding a chunk's whole decompressed content: its prefix, then its bytes
     (split into byte planes when shuffled). This is the one copy the writer makes of a chunk."""
-    prefix = chunk_prefix(tensor_name, chunk_number, raw.nbytes)
     content = np.empty(len(prefix) + raw.nbytes, dtype=np.uint8)
     content[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
     body = content[len(prefix):]

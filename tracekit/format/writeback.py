@@ -15,9 +15,9 @@ _sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class Writeback:
-    def __init__(self, fd: int, every_bytes: int | None = None):
+    def __init__(self, fd: int):
         self._fd = fd
-        self._every_bytes = every_bytes or DEFAULT_EVERY_BYTES
+        self._every_bytes = DEFAULT_EVERY_BYTES
         self._unsynced = 0
         self._thread: threading.Thread | None = None
         self._error: OSError | None = None

@@ -158,12 +158,12 @@ class BundleWriter:
                       copied: threading.Event) -> EncodedChunk:
         """On a pool thread: copy the chunk out of the caller's tensor (split into byte planes
         when shuffled), say so, then compress it. Both cores copy, not only the caller's."""
+        prefix = chunk_prefix(name, number, raw.nbytes)
         try:
-            content = shuffled_content(name, number, raw, filter_name, itemsize)
+            content = shuffled_content(prefix, raw, filter_name, itemsize)
         finally:
             copied.set()
-        spans = frame_spans(len(chunk_prefix(name, number, raw.nbytes)), raw.nbytes, filter_name, itemsize)
-        return self._encoder.encode(content, spans)
+        return self._encoder.encode(content, frame_spans(len(prefix), raw.nbytes, filter_name, itemsize))
 
     def _write_oldest(self) -> None:
         name, nbytes, future = self._in_flight.popleft()
