@@ -19,8 +19,7 @@ def worker_unit(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
     if not path.startswith("tests/e2e/"):
         return nodeid
-    # Imported here, in xdist's controller only: it imports torch, which other runs need not wait for.
-    from tracekit.integrations.vllm.runner_adapter import RUNNER_KINDS
+    from tracekit.integrations.seam import RUNNER_KINDS
 
     first_parameter = name.partition("[")[2].rstrip("]").split("-")[0]
     return f"runner-{first_parameter}" if first_parameter in RUNNER_KINDS else path

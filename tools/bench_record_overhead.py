@@ -44,8 +44,7 @@ def main() -> None:
 
     from vllm import SamplingParams
 
-    from tracekit.integrations.vllm.engine import build_llm, find_runner
-    from tracekit.integrations.vllm.runner_adapter import adapter_for
+    from tracekit.integrations.vllm.engine import adapter_of, build_llm
     from tracekit.models import tiny_model_path
     from tracekit.record.api import recording
     from tracekit.record.workload import DEFAULT_ENGINE_ARGS
@@ -88,7 +87,7 @@ def main() -> None:
     def median(name: str, column: int) -> float:
         return statistics.median(values[column] for values in throughput[name])
 
-    print(f"model runner {adapter_for(find_runner(llm)).kind}; median of {options.rounds} rounds (order rotated), "
+    print(f"model runner {adapter_of(llm).kind.value}; median of {options.rounds} rounds (order rotated), "
           f"{options.requests} requests x {options.max_tokens} tokens")
     print(f"{'variant':24} {'tok/s wall':>11} {'vs unarmed':>11} {'tok/s CPU':>10} {'vs unarmed':>11}")
     for name in variants:

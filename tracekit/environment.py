@@ -2,7 +2,8 @@
 
 Bit-exact replay is only promised on the same platform, so the recorder stores the versions,
 device and CPU instruction set that shape the numbers, and the replayer prints every difference
-before it runs. Nothing here imports vLLM (its version is read from package metadata).
+before it runs. Nothing here imports vLLM: what only the engine knows (its version, its attention
+backend) is handed in by the engine integration.
 """
 
 import os
@@ -12,7 +13,6 @@ from typing import Any
 
 from tracekit import __version__
 from tracekit.format.schema import Environment
-from tracekit.integrations.vllm.version import installed_vllm_version
 
 # Environment variables worth recording: they may change what a forward computes or how it runs.
 RELEVANT_ENV_PREFIXES = (
@@ -46,15 +46,16 @@ def numerics_relevant_env(name: str) -> bool:
     return any(marker in name for marker in NUMERICS_ENV_MARKERS) and not name.endswith(LOCATION_SUFFIXES)
 
 
-def current_environment(device: Any = None, attention_backend: str | None = None) -> Environment:
-    """This process's fingerprint; `attention_backend` comes from the engine (see
-    `tracekit.integrations.vllm.platform_facts`)."""
+def current_environment(device: Any = None, attention_backend: str | None = None,
+                        vllm_version: str | None = None) -> Environment:
+    """This process's fingerprint; `attention_backend` and `vllm_version` come from the engine
+    (see `tracekit.integrations.vllm.platform_facts`)."""
     import torch
 
     device = torch.device(device or "cpu")
     environment = Environment(
         tracekit_version=__version__,
-        vllm_version=installed_vllm_version(),
+        vllm_version=vllm_version,
         torch_version=torch.__version__,
         python_version=sys.version.split()[0],
         platform=platform.platform(),

@@ -2,13 +2,16 @@
 
 The exit codes are a contract (`git bisect run`, CI): 0 reproduced/ok, 1 ran but did not
 reproduce, 2 bad input or usage, 3 this machine cannot do it (missing weights, vLLM absent or
-incompatible, no graph-capable device).
+incompatible, no graph-capable device), 4 the replay itself failed inside vLLM, CUDA or tracekit
+(a device-side assert, an illegal address, an unexpected exception): it says nothing yet about
+whether the step reproduces.
 """
 
 EXIT_OK = 0
 EXIT_NOT_REPRODUCED = 1
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_RUN_HERE = 3
+EXIT_REPLAY_FAILED = 4
 
 
 class TracekitError(Exception):
@@ -29,3 +32,9 @@ class CannotRunHere(TracekitError):
     """The request is valid but this machine cannot carry it out."""
 
     exit_code = EXIT_CANNOT_RUN_HERE
+
+
+class ReplayFailed(TracekitError):
+    """The replay broke off inside vLLM, the device or tracekit, before it could judge the step."""
+
+    exit_code = EXIT_REPLAY_FAILED

@@ -17,15 +17,13 @@ import pytest
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, Step
+from tracekit.integrations.seam import RUNNER_KINDS
 
 SCRIPTS = Path(__file__).parent / "engine_scripts"
 TRACEKIT = Path(sys.executable).parent / "tracekit"
 ENGINE_TIMEOUT_S = 300
 # The test harness that lets Model Runner V2 run on this CPU build (see its docstring).
 V2_HARNESS = Path(__file__).parents[1] / "harness" / "v2_on_cpu"
-# tracekit.integrations.vllm.runner_adapter.RUNNER_KINDS, not imported: it imports torch, and
-# step_kind_holds.py (a shrink property run once per trial) must start fast.
-RUNNER_KINDS = ("v1", "v2")
 
 
 def engine_env(runner: str = "v1") -> dict[str, str]:

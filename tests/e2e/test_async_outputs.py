@@ -6,7 +6,7 @@ returns its async output type on every platform."""
 import pytest
 
 from e2e_support import engine_script
-from tracekit.replay.replayer import load_step
+from tracekit.format.content import load_step
 
 pytestmark = pytest.mark.slow
 

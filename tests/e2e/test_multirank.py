@@ -12,7 +12,7 @@ import torch
 
 from e2e_support import engine_script, read_content, tracekit
 from tracekit.format.rewrite import rewrite_bundle
-from tracekit.replay.replayer import load_step
+from tracekit.format.content import load_step
 
 pytestmark = pytest.mark.slow
 

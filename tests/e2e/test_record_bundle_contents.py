@@ -16,7 +16,7 @@ from e2e_support import STEP_KINDS, has_penalties, is_greedy, only_on_runner, sa
 from tracekit.integrations.vllm.engine import weights_fingerprint
 from tracekit.models import tiny_model_path
 from tracekit.record.workload import BUILTIN_WORKLOAD
-from tracekit.replay.replayer import load_step
+from tracekit.format.content import load_step
 
 pytestmark = pytest.mark.slow
 
@@ -92,13 +92,14 @@ def test_v1_keeps_a_generator_state_for_each_seeded_request(rich_step):
     """V1 samples a seeded request from its own `torch.Generator`, the others from the global RNG."""
     _, _, step, _ = rich_step
     for request in step.requests:
-        assert request.seed is None and request.prefill_len is None
+        assert set(request.runner_state) <= {"generator_state"}
         if workload_entry(request.req_id).sampling.get("seed") is not None:
-            assert isinstance(request.generator_state, torch.Tensor)
-            assert request.generator_state.dtype == torch.uint8
-            assert request.generator_state.numel() == torch.Generator().get_state().numel()
+            generator_state = request.runner_state["generator_state"]
+            assert isinstance(generator_state, torch.Tensor)
+            assert generator_state.dtype == torch.uint8
+            assert generator_state.numel() == torch.Generator().get_state().numel()
         else:
-            assert request.generator_state is None
+            assert "generator_state" not in request.runner_state
 
 
 @only_on_runner("v2")
@@ -107,12 +108,14 @@ def test_v2_keeps_a_seed_and_prefill_length_for_every_request(rich_step):
     when the request arrived (so unseeded requests replay bit-exact too)."""
     _, _, step, _ = rich_step
     for request in step.requests:
-        assert request.generator_state is None
+        assert set(request.runner_state) == {"seed", "prefill_len"}
         wanted = workload_entry(request.req_id).sampling.get("seed")
-        assert isinstance(request.seed, int) and (wanted is None or request.seed == wanted)
+        seed = request.runner_state["seed"]
+        assert isinstance(seed, int) and (wanted is None or seed == wanted)
         # added once with its prompt, never preempted in this workload
-        assert request.prefill_len == len(request.prompt_token_ids)
-    drawn = [request.seed for request in step.requests if workload_entry(request.req_id).sampling.get("seed") is None]
+        assert request.runner_state["prefill_len"] == len(request.prompt_token_ids)
+    drawn = [request.runner_state["seed"] for request in step.requests
+             if workload_entry(request.req_id).sampling.get("seed") is None]
     assert len(set(drawn)) == len(drawn), "unseeded requests share a drawn seed"
 
 

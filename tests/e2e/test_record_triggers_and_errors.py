@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from e2e_support import error_lines, tracekit
-from tracekit.replay.replayer import load_step
+from tracekit.format.content import load_step
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 
 from e2e_support import error_lines, only_on_runner, read_step, tracekit
 from tracekit.format.rewrite import rewrite_bundle
-from tracekit.replay.replayer import load_step
+from tracekit.format.content import load_step
 
 pytestmark = pytest.mark.slow
 
@@ -81,9 +81,9 @@ def test_dropped_generator_state_changes_only_the_sampled_ids(builtin_bundles, t
 
     def drop_generator(metadata, tensors):
         for position, request in enumerate(metadata["steps"][0]["requests"]):
-            if request.get("generator_state") is not None:
-                request["generator_state"] = None
-                del tensors[f"steps/0/requests/{position}/generator_state"]
+            if request["runner_state"].get("generator_state") is not None:
+                del request["runner_state"]["generator_state"]
+                del tensors[f"steps/0/requests/{position}/runner_state/generator_state"]
 
     assert_only_the_sampled_ids_diverge(rewrite_bundle(path, tmp_path / "no_generator.zst", drop_generator), tmp_path, runner_kind)
 
@@ -104,7 +104,7 @@ def test_changed_seeds_change_only_the_sampled_ids(builtin_bundles, tmp_path, ru
 
     def change_seeds(metadata, tensors):
         for request in metadata["steps"][0]["requests"]:
-            request["seed"] ^= 1
+            request["runner_state"]["seed"] ^= 1
 
     assert_only_the_sampled_ids_diverge(rewrite_bundle(path, tmp_path / "other_seeds.zst", change_seeds), tmp_path, runner_kind)
 

@@ -12,9 +12,9 @@ from vllm.sampling_params import RequestOutputKind  # noqa: E402
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 
 from tracekit.errors import BundleError  # noqa: E402
+from tracekit.integrations.vllm.version import installed_release  # noqa: E402
 from tracekit.integrations.vllm.serialize import (  # noqa: E402
     SerializationError,
-    from_plain,
     to_plain,
     to_versioned_plain,
 )
@@ -46,7 +46,7 @@ def _scheduler_output() -> SchedulerOutput:
 def test_scheduler_output_round_trips_through_msgpack():
     original = _scheduler_output()
     plain = msgpack.unpackb(msgpack.packb(to_plain(original)), strict_map_key=False)
-    rebuilt = from_plain(plain)
+    rebuilt = installed_release().from_plain(plain)
 
     assert isinstance(rebuilt, SchedulerOutput)
     assert rebuilt.finished_req_ids == {"old-a", "old-b"}
@@ -67,7 +67,7 @@ def test_scheduler_output_round_trips_through_msgpack():
 def test_the_vllm_version_tag_rides_along_and_is_ignored_on_rebuild():
     plain = to_versioned_plain(_scheduler_output(), "0.32.0")
     assert plain["$vllm_version"] == "0.32.0" and plain["$type"] == "SchedulerOutput"
-    assert from_plain(plain).total_num_scheduled_tokens == 4
+    assert installed_release().from_plain(plain).total_num_scheduled_tokens == 4
 
 
 def test_private_and_default_sampling_fields_are_kept():
@@ -93,4 +93,4 @@ def test_an_unknown_object_is_refused_with_its_path():
 )
 def test_only_allow_listed_vllm_types_are_rebuilt(plain):
     with pytest.raises(BundleError, match="does not rebuild"):
-        from_plain(plain)
+        installed_release().from_plain(plain)

@@ -3,7 +3,8 @@
 import pytest
 
 from tracekit.errors import UsageError
-from tracekit.record.triggers import BatchFacts, TriggerSet, parse_predicate, parse_steps
+from tracekit.integrations.seam import BatchFacts
+from tracekit.record.triggers import TriggerSet, parse_predicate, parse_steps
 
 DECODES = BatchFacts(num_reqs=3, num_tokens=3, num_prefills=0, req_ids=frozenset({"a", "b", "c"}))
 MIXED = BatchFacts(num_reqs=4, num_tokens=67, num_prefills=1, req_ids=frozenset({"a", "b", "c", "long"}))

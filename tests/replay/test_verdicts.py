@@ -10,11 +10,11 @@ import torch
 
 from tracekit.environment import environment_differences
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
-from tracekit.integrations.vllm.step_driver import ObservedStep
+from tracekit.integrations.seam import ObservedStep
 from tracekit.numerics import PLATFORM_BOUNDS
 from tracekit.replay import verdict as verdicts
 from tracekit.replay.checks import CheckedItem, check_step
-from tracekit.replay.replayer import load_step
+from tracekit.format.content import load_step
 
 from pathlib import Path
 
@@ -73,25 +73,25 @@ def test_avx2_numbers_against_the_avx512_recording_are_a_platform_difference(avx
     items = check_step(observed_like(other, reference.batch_order), reference)
     assert not any(item.bit_exact for item in items if item.float_dtype)  # every float item differs
     verdict = verdicts.decide(items, numeric_fields(content.environment, other_content.environment))
-    assert verdict.name == verdicts.PLATFORM_DIFFERENCE, verdict
+    assert verdict.name == verdicts.VerdictName.PLATFORM_DIFFERENCE, verdict
     assert verdict.exit_code() == EXIT_OK and verdict.exit_code(strict=True) == EXIT_NOT_REPRODUCED
 
 
 def test_the_same_numbers_on_the_recording_platform_are_a_divergence(avx512, avx2):
     (_, reference), (_, other) = avx512, avx2
     verdict = verdicts.decide(check_step(observed_like(other, reference.batch_order), reference), [])
-    assert verdict.name == verdicts.DIVERGED and verdict.exit_code() == EXIT_NOT_REPRODUCED
+    assert verdict.name == verdicts.VerdictName.DIVERGED and verdict.exit_code() == EXIT_NOT_REPRODUCED
 
 
 def test_identical_numbers_are_bit_exact_and_a_tolerance_admits_the_isa_drift(avx512, avx2):
     (_, reference), (_, other) = avx512, avx2
     same = verdicts.decide(check_step(observed_like(reference, reference.batch_order), reference), ["cpu_isa"])
-    assert same.name == verdicts.BIT_EXACT and same.exit_code(strict=True) == EXIT_OK
+    assert same.name == verdicts.VerdictName.BIT_EXACT and same.exit_code(strict=True) == EXIT_OK
     # The AVX2 drift is ~4e-7 relative RMS (docs/VERDICTS.md): 1e-6 admits it, 1e-8 does not.
     loose = check_step(observed_like(other, reference.batch_order), reference, tolerance=1e-6)
-    assert verdicts.decide(loose, [], tolerance=1e-6).name == verdicts.WITHIN_TOLERANCE
+    assert verdicts.decide(loose, [], tolerance=1e-6).name == verdicts.VerdictName.WITHIN_TOLERANCE
     tight = check_step(observed_like(other, reference.batch_order), reference, tolerance=1e-8)
-    assert verdicts.decide(tight, [], tolerance=1e-8).name == verdicts.DIVERGED
+    assert verdicts.decide(tight, [], tolerance=1e-8).name == verdicts.VerdictName.DIVERGED
 
 
 def test_a_real_bug_on_another_platform_is_still_a_divergence(avx512, avx2):
@@ -101,14 +101,14 @@ def test_a_real_bug_on_another_platform_is_still_a_divergence(avx512, avx2):
     broken[3] = 0
     items = check_step(observed_like(other, reference.batch_order, hidden_states=broken), reference)
     verdict = verdicts.decide(items, ["cpu_isa"])
-    assert verdict.name == verdicts.DIVERGED and verdict.beyond_bound == ["hidden_states"], verdict
+    assert verdict.name == verdicts.VerdictName.DIVERGED and verdict.beyond_bound == ["hidden_states"], verdict
 
 
 def test_a_discrete_difference_is_a_divergence_whatever_the_platform(avx512, avx2):
     (_, reference), (_, other) = avx512, avx2
     swapped = list(reversed(reference.batch_order))
     verdict = verdicts.decide(check_step(observed_like(other, swapped), reference), ["cpu_isa"])
-    assert verdict.name == verdicts.DIVERGED and verdict.beyond_bound[0] == "batch_order"
+    assert verdict.name == verdicts.VerdictName.DIVERGED and verdict.beyond_bound[0] == "batch_order"
 
 
 def test_differing_sampled_ids_say_whether_the_recorded_logits_were_a_near_tie(avx512, avx2):
@@ -133,7 +133,7 @@ def test_differing_sampled_ids_say_whether_the_recorded_logits_were_a_near_tie(a
     assert rows[3]["near_tie"] is False and rows[3]["top2_margin"] > 100 * rows[3]["logits_max_abs_here"]
     assert rows[1]["sampling"] == "random (temperature 0.8)" and "near_tie" not in rows[1]
     verdict = verdicts.decide(items, ["cpu_isa"])
-    assert verdict.name == verdicts.DIVERGED
+    assert verdict.name == verdicts.VerdictName.DIVERGED
     assert ": a near tie" in verdict.reason and ": not a near tie" in verdict.reason
     assert "random (temperature 0.8) sampling" in verdict.reason
 
@@ -141,9 +141,9 @@ def test_differing_sampled_ids_say_whether_the_recorded_logits_were_a_near_tie(a
 def test_recorded_failures_are_reproduced_or_not():
     raised = CheckedItem("error", True, True, {"raised": "RuntimeError: boom"})
     silent = CheckedItem("error", False, False, {"raised": None})
-    assert verdicts.decide([raised], ["cpu_isa"], error_step=True).name == verdicts.ERROR_REPRODUCED
+    assert verdicts.decide([raised], ["cpu_isa"], error_step=True).name == verdicts.VerdictName.ERROR_REPRODUCED
     not_reproduced = verdicts.decide([silent], [], error_step=True)
-    assert not_reproduced.name == verdicts.ERROR_NOT_REPRODUCED and not_reproduced.exit_code() == EXIT_NOT_REPRODUCED
+    assert not_reproduced.name == verdicts.VerdictName.ERROR_NOT_REPRODUCED and not_reproduced.exit_code() == EXIT_NOT_REPRODUCED
 
 
 def test_the_fp32_bound_leaves_a_wide_margin_over_the_measured_isa_drift(avx512, avx2):

@@ -103,7 +103,7 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         records = [_replay_single(bundles[0], unique_names(bundles)[0], profile, options, report_stream)]
         exit_code = records[0].exit_code
     else:
-        from tracekit.replay.report import print_suite_summary, suite_progress
+        from tracekit.cli.replay_report import print_suite_summary, suite_progress
         from tracekit.replay.suite import run_suite
 
         with suite_progress(len(bundles)) as progress:
@@ -132,7 +132,7 @@ def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
 def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, stream):
     """One bundle: the detailed report; its errors stay one line with their own exit code."""
     from tracekit.replay.replayer import replay
-    from tracekit.replay.report import print_report
+    from tracekit.cli.replay_report import print_report
     from tracekit.replay.suite import record_of
 
     started = time.perf_counter()
@@ -146,7 +146,7 @@ def _replay_rank_set(bundle: Path, engine_overrides: dict, json_out: str | None,
     import json
 
     from tracekit.replay.multirank import replay_rank_set
-    from tracekit.replay.multirank_report import print_rank_set_report
+    from tracekit.cli.rank_set_report import print_rank_set_report
 
     result = replay_rank_set(bundle, engine_overrides=engine_overrides, **options)
     print_rank_set_report(result, sys.stderr if json_out == "-" else sys.stdout)

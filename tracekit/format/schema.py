@@ -18,7 +18,10 @@ from typing import Any, ClassVar
 
 from tracekit.errors import BundleError
 
-SCHEMA_VERSION = 1
+# 2: each request's runner-specific state in one map, `RequestState.runner_state` (version 1 kept
+# V1's `generator_state` and V2's `seed` and `prefill_len` beside the common fields; readers move
+# them into the map).
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -121,13 +124,29 @@ class RequestState(SchemaRecord):
     num_computed_tokens: int
     num_scheduled_tokens: int
     sampling_params: dict[str, Any] | None = None
-    generator_state: Any = None  # V1: tensor, torch.Generator.get_state() of a seeded request
-    seed: int | None = None  # V2: the request's sampling seed (drawn at random when unseeded)
-    prefill_len: int | None = None  # V2: tokens the runner was given when the request was added
+    # What only the recording runner kind keeps per request, by name: V1 "generator_state" (the
+    # tensor of a seeded request's torch.Generator); V2 "seed" (drawn at random when unseeded)
+    # and "prefill_len" (tokens the runner was given when the request was added).
+    runner_state: dict[str, Any] = field(default_factory=dict)
+
+    # Schema version 1 kept these beside the common fields.
+    _VERSION_1_RUNNER_FIELDS: ClassVar[tuple[str, ...]] = ("generator_state", "seed", "prefill_len")
 
     @property
     def is_prefill(self) -> bool:
         return is_prefill(self.num_computed_tokens, len(self.prompt_token_ids), len(self.output_token_ids))
+
+    @classmethod
+    def from_plain(cls, data: Any, where: str = "") -> "RequestState":
+        if isinstance(data, dict) and any(name in data for name in cls._VERSION_1_RUNNER_FIELDS):
+            data = dict(data)
+            moved = {name: data.pop(name) for name in cls._VERSION_1_RUNNER_FIELDS if name in data}
+            kept = data.get("runner_state") if isinstance(data.get("runner_state"), dict) else {}
+            data["runner_state"] = {**{k: v for k, v in moved.items() if v is not None}, **kept}
+        state = super().from_plain(data, where or "RequestState")
+        if not isinstance(state.runner_state, dict):
+            raise BundleError(f"bundle content: {where or 'RequestState'}.runner_state should be a map")
+        return state
 
 
 def is_prefill(num_computed_tokens: int, num_prompt_tokens: int, num_output_tokens: int) -> bool:
@@ -200,10 +219,17 @@ class StepOutputs(SchemaRecord):
 
 @dataclass
 class StepTiming(SchemaRecord):
-    forward_us: float | None = None  # wall time of the model forward in the engine
+    forward_us: float | None = None  # the model call in the engine, timed as `forward_timer` says
+    # "device_events" (events on the device's stream around the model call, as a replay times
+    # it) or "perf_counter" (host wall clock, on CPU; older bundles: around the forward plus a
+    # device sync, host launch time included)
+    forward_timer: str | None = None
     forward_cpu_us: float | None = None  # process CPU time of that forward
     step_us: float | None = None  # wall time of execute_model + sample_tokens
     host_copy_us: float | None = None  # the recorder's stall: copying the step to host
+    # Whether this was the first forward of its padded token count the recorder saw since it
+    # was armed: such a forward may hold one-time costs (compilation, autotuning, allocation).
+    first_of_its_size: bool | None = None
 
 
 @dataclass
@@ -230,6 +256,19 @@ class Step(SchemaRecord):
         "outputs": StepOutputs,
         "timing": StepTiming,
     }
+
+    def request(self, req_id: str) -> RequestState:
+        """The recorded state of request `req_id` (a `BundleError` when the step has none)."""
+        for request in self.requests:
+            if request.req_id == req_id:
+                return request
+        raise BundleError(f"bundle content: step {self.index} has no request state for {req_id!r}")
+
+    @property
+    def num_real_rows(self) -> int:
+        """The token rows the scheduler scheduled; rows past them (up to the padded size a graph
+        ran at) are padding."""
+        return self.graph.num_tokens or sum(request.num_scheduled_tokens for request in self.requests)
 
 
 @dataclass

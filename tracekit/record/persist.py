@@ -10,15 +10,11 @@ import logging
 import os
 import queue
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from tracekit.errors import UsageError
-from tracekit.format import BundleWriter
-from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
+from tracekit.format.content import write_steps
+from tracekit.format.schema import EngineConfig, Environment, ParallelRank, Step
 
 logger = logging.getLogger("tracekit.record")
 
@@ -63,37 +59,6 @@ def _with_rank(template: str) -> str:
     return os.path.join(folder, ranked)
 
 
-def write_bundle(
-    path: Path, environment: Environment, engine: EngineConfig, steps: list[Step], parallel: ParallelRank | None = None
-) -> Path:
-    content = BundleContent(
-        environment=environment,
-        engine=engine,
-        steps=steps,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        parallel=parallel or ParallelRank(),
-    )
-    return write_content(path, content)
-
-
-def write_content(path: str | Path, content: BundleContent) -> Path:
-    """A bundle holding `content`, its tensors named by their place in the content tree."""
-    with BundleWriter(path) as writer:
-        writer.set_metadata(_store_tensors(content.to_plain(), writer, ""))
-    return Path(path)
-
-
-def _store_tensors(value: Any, writer: Any, name: str) -> Any:
-    """Replace every tensor in a plain tree by a reference to a tensor frame named by its path."""
-    if isinstance(value, torch.Tensor):
-        return writer.add_tensor(name, value)
-    if isinstance(value, dict):
-        return {key: _store_tensors(item, writer, f"{name}/{key}" if name else str(key)) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_store_tensors(item, writer, f"{name}/{i}") for i, item in enumerate(value)]
-    return value
-
-
 class BackgroundPersister:
     """One writer thread with a queue; `close()` waits for every submitted bundle."""
 
@@ -129,7 +94,7 @@ class BackgroundPersister:
 
     def _write(self, path: Path, step: Step, parallel: ParallelRank | None) -> None:
         try:
-            self.written.append(write_bundle(path, self.environment, self.engine, [step], parallel))
+            self.written.append(write_steps(path, self.environment, self.engine, [step], parallel))
             logger.info("tracekit: recorded step %d (%s) to %s", step.index, step.trigger, path)
         except Exception as error:  # never let recording harm the engine
             message = f"could not write {path}: {type(error).__name__}: {error}"

@@ -31,9 +31,14 @@ _armed: list[Any] = []
 def register() -> None:
     if not os.environ.get("TRACEKIT_RECORD_OUTPUT"):
         return
-    from tracekit.integrations.vllm.worker_hook import on_each_runner_ready
+    from tracekit.integrations.vllm.version import installed_release
 
-    on_each_runner_ready(_arm_on)
+    try:
+        release = installed_release()
+    except TracekitError as error:  # a vLLM this tracekit does not know: serve unrecorded
+        logger.error("tracekit: recorder not armed: %s", error)
+        return
+    release.on_each_runner_ready(_arm_on)
 
 
 def _arm_on(runner: Any) -> None:

@@ -23,16 +23,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import EngineConfig, ModelInfo, ParallelRank, Step
-from tracekit.graphs.device import get_device_backend
-from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.format.schema import ParallelRank, Step
+from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import layer_capture, ranks
-from tracekit.integrations.vllm.platform_facts import runner_environment
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, adapter_for
-from tracekit.integrations.vllm.version import require_supported_vllm
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
+from tracekit.integrations.vllm.version import installed_release
 from tracekit.record import step_capture
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
-from tracekit.record.triggers import TriggerSet
+from tracekit.record.triggers import TriggerEvent, TriggerSet
 
 logger = logging.getLogger("tracekit.record")
 
@@ -47,8 +45,8 @@ class _PendingStep:
     reason: str | None = None
     step: Step | None = None
     forward_seen: bool = False
-    phase: str = "prepare"
-    forward_started: tuple[float, float] | None = None  # (wall, process CPU) at the forward
+    phase: Phase = Phase.PREPARE
+    forward_timer: Any = None  # the ForwardTimer started at this step's model call
     layers: Any = None  # the LayerCapture hooked for this step's forward (`layers=True`)
 
 
@@ -69,28 +67,6 @@ def _engine_boundary(method: Callable) -> Callable:
     return guarded
 
 
-def engine_config_of(adapter: RunnerAdapter) -> EngineConfig:
-    runner = adapter.runner
-    config = runner.vllm_config
-    args = vllm_engine.engine_args_from_config(config)
-    model_path = str(Path(args["model"]).resolve()) if Path(args["model"]).is_dir() else args["model"]
-    args["model"] = model_path
-    if args.get("tokenizer") and Path(args["tokenizer"]).is_dir():
-        args["tokenizer"] = str(Path(args["tokenizer"]).resolve())
-    return EngineConfig(
-        vllm_version=require_supported_vllm(),
-        engine_args=args,
-        model=ModelInfo(
-            path=model_path,
-            architecture=vllm_engine.model_architecture(config),
-            weights_fingerprint=vllm_engine.weights_fingerprint(model_path, args.get("load_format")),
-        ),
-        num_kv_blocks=int(runner.kv_cache_config.num_blocks),
-        block_size=int(config.cache_config.block_size),
-        runner=adapter.kind,
-    )
-
-
 class Recorder:
     """Records the steps its triggers pick from the runner it is armed on."""
 
@@ -107,20 +83,25 @@ class Recorder:
         if kv not in step_capture.KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(step_capture.KV_MODES)}")
         self.runner = runner
+        try:
+            self.adapter: RunnerAdapter | None = installed_release().adapter_for(runner)
+            self._adapter_error: Exception | None = None
+        except Exception as error:  # arming says why, and the engine runs on unrecorded
+            self.adapter, self._adapter_error = None, error
         self.rank = ranks.rank_of(runner, set_id)
         ranks.require_recordable(self.rank)
         self.output = OutputTemplate(output, self.rank.world_size)
         self.triggers = triggers
         self.kv = kv
-        if layers and not layer_capture.runs_eagerly(runner):
+        if layers and self.adapter is not None and self.adapter.compiled:
             raise UsageError("--layers records per-layer outputs only from an eager engine: add --enforce-eager")
         self.layers = layers  # also store every layer's output of a recorded step (eager engines)
         if max_bundles < 1:
             raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
         self.steps_seen = 0
+        self.sizes_seen: set[int] = set()  # padded token counts of the forwards seen since arming
         self.bundles_fired = 0
-        self.adapter: RunnerAdapter | None = None
         self._pending: _PendingStep | None = None
         self._persister: BackgroundPersister | None = None
         self._shadows: Any = None
@@ -151,10 +132,9 @@ class Recorder:
         """Shadow the runner's methods. A runner the recorder cannot arm on is logged and left
         alone (see `failures`); the engine runs on unrecorded."""
         try:
-            self.adapter = adapter_for(self.runner)
-            self._persister = BackgroundPersister(
-                runner_environment(self.runner), engine_config_of(self.adapter)
-            )
+            if self.adapter is None:
+                raise self._adapter_error
+            self._persister = BackgroundPersister(self.adapter.environment(), self.adapter.engine_config())
             shadows = self.adapter.observe(self)
             shadows.__enter__()
             self._shadows = shadows
@@ -210,7 +190,10 @@ class Recorder:
         if pending is None or pending.forward_seen:
             return
         pending.forward_seen = True
-        pending.phase = "forward"
+        pending.phase = Phase.FORWARD
+        size = int(input_ids.shape[0]) if input_ids is not None else None
+        first_of_its_size = size not in self.sizes_seen
+        self.sizes_seen.add(size)
         pending.reason = self.triggers.fires_before_forward(
             pending.index, lambda: self.adapter.batch_facts(pending.scheduler_output)
         )
@@ -219,33 +202,33 @@ class Recorder:
                 self.adapter, pending.scheduler_output, pending.index, pending.reason or "", self.kv,
                 input_ids, positions,
             )
+            pending.step.timing.first_of_its_size = first_of_its_size
             if self.layers and pending.reason is not None:
-                pending.layers = layer_capture.LayerCapture(layer_capture.model_of(self.runner)).__enter__()
-            pending.forward_started = (time.perf_counter(), time.process_time())
+                pending.layers = layer_capture.LayerCapture(self.adapter.model).__enter__()
+            pending.forward_timer = ForwardTimer(self.adapter.device_backend)
 
     @_engine_boundary
     def after_forward(self, hidden_states: Any) -> None:
         pending = self._pending
-        if pending is None or pending.step is None or pending.forward_started is None:
+        if pending is None or pending.step is None or pending.forward_timer is None:
             return
-        get_device_backend(self.runner.device).synchronize()
-        started_wall, started_cpu = pending.forward_started
-        pending.forward_started = None
-        pending.step.timing.forward_us = (time.perf_counter() - started_wall) * 1e6
-        pending.step.timing.forward_cpu_us = (time.process_time() - started_cpu) * 1e6
+        timer, pending.forward_timer = pending.forward_timer, None
+        timer.stop(pending.step.timing)
         layers = _stop_layers(pending)
-        step_capture.capture_after_forward(self.runner, pending.step, hidden_states)
+        step_capture.capture_after_forward(self.adapter, pending.step, hidden_states)
         if layers is not None and layers.failure is None:
             pending.step.outputs.layers = layers.outputs
-        pending.phase = "logits"
+        pending.phase = Phase.LOGITS
 
     @_engine_boundary
     def logits_computed(self, logits: Any) -> None:
+        if self._pending is not None:
+            self._pending.phase = Phase.SAMPLING
         if self.tracking:
             step_capture.capture_logits(self._pending.step, logits)
 
     @_engine_boundary
-    def phase_entered(self, phase: str) -> None:
+    def phase_entered(self, phase: Phase) -> None:
         if self._pending is not None:
             self._pending.phase = phase
 
@@ -261,16 +244,16 @@ class Recorder:
         _stop_layers(pending)
         if pending is None or pending.step is None:
             return
-        if pending.reason is None and "exception" not in self.triggers.events:
+        if pending.reason is None and TriggerEvent.EXCEPTION not in self.triggers.events:
             return
         step = pending.step
-        step.trigger = pending.reason or "exception"
+        step.trigger = pending.reason or TriggerEvent.EXCEPTION.value
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
         step.error = {
             "type": type(error).__name__,
             "message": str(error),
             "traceback": "".join(traceback.format_exception(error)),
-            "phase": pending.phase,
+            "phase": Phase(pending.phase).value,
         }
         self._count_bundle()
         self._persister.write_now(*self._destination(step))
@@ -284,8 +267,8 @@ class Recorder:
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
         finite = step_capture.outputs_finite(step)
         reason = pending.reason
-        if reason is None and not finite and "nonfinite" in self.triggers.events:
-            reason = "nonfinite"
+        if reason is None and not finite and TriggerEvent.NONFINITE in self.triggers.events:
+            reason = TriggerEvent.NONFINITE.value
         if reason is None:
             return
         step.trigger = reason
@@ -308,6 +291,32 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
+
+
+class ForwardTimer:
+    """Times the engine's model call the way a replay times its forward: by events on the
+    device's stream around the call (on CPU, by the host clock after a device sync)."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+        self._events = None
+        if backend.has_device_events:
+            self._events = (backend.timing_event(), backend.timing_event())
+            self._events[0].record()
+        self._started = (time.perf_counter(), time.process_time())
+
+    def stop(self, timing: Any) -> None:
+        if self._events is not None:
+            self._events[1].record()
+        self._backend.synchronize()
+        wall, cpu = self._started
+        timing.forward_cpu_us = (time.process_time() - cpu) * 1e6
+        if self._events is not None:
+            timing.forward_us = self._events[0].elapsed_time(self._events[1]) * 1000
+            timing.forward_timer = "device_events"
+        else:
+            timing.forward_us = (time.perf_counter() - wall) * 1e6
+            timing.forward_timer = "perf_counter"
 
 
 def _stop_layers(pending: _PendingStep | None) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from tracekit.errors import TracekitError
 from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm.version import require_supported_vllm
+from tracekit.integrations.vllm.version import installed_release
 from tracekit.models import tiny_model_path
 from tracekit.record import workload
 from tracekit.record.api import recording
@@ -37,7 +37,7 @@ def record_workload(
     layers: bool = False,
 ) -> list[Path]:
     """Record the steps the triggers pick from a workload run; returns the bundles written."""
-    require_supported_vllm()
+    installed_release()
     # Bad triggers, outputs and prompts are refused before an engine is started for nothing.
     TriggerSet(steps=steps, when=when, events=events)
     OutputTemplate(output)

@@ -16,9 +16,11 @@ Predicates are a tiny language, parsed here and never evaluated as Python:
 import operator
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 from tracekit.errors import UsageError
+from tracekit.integrations.seam import BatchFacts
 
 _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq,
@@ -31,33 +33,16 @@ _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
 _CLAUSE = re.compile(r"^\s*([a-z_]+)\s*(?:(==|!=|>=|<=|>|<)\s*([^\s<>=!]+))?\s*$")
 _INT_FACTS = ("num_reqs", "num_tokens", "num_prefills", "num_decodes")
 _BOOL_FACTS = ("has_prefill", "has_decode", "mixed")
-EVENT_TRIGGERS = ("exception", "nonfinite")
 
 
-@dataclass(frozen=True)
-class BatchFacts:
-    """What predicates can ask about a step's batch."""
+class TriggerEvent(str, Enum):
+    """Triggers decided after the forward, by what happened in the step."""
 
-    num_reqs: int
-    num_tokens: int
-    num_prefills: int
-    req_ids: frozenset[str]
+    EXCEPTION = "exception"  # the step raised (in any phase)
+    NONFINITE = "nonfinite"  # its hidden states or logits hold NaN or inf
 
-    @property
-    def num_decodes(self) -> int:
-        return self.num_reqs - self.num_prefills
 
-    @property
-    def has_prefill(self) -> bool:
-        return self.num_prefills > 0
-
-    @property
-    def has_decode(self) -> bool:
-        return self.num_decodes > 0
-
-    @property
-    def mixed(self) -> bool:
-        return self.has_prefill and self.has_decode
+EVENT_TRIGGERS = tuple(event.value for event in TriggerEvent)
 
 
 def parse_steps(text: str) -> Callable[[int], bool]:
@@ -111,7 +96,8 @@ def _parse_clause(clause: str, whole: str) -> Callable[[BatchFacts], bool]:
 
 @dataclass
 class TriggerSet:
-    """All armed triggers; `describe` names what fired for the bundle's `trigger` field."""
+    """All armed triggers; `fires_before_forward` names what fired for the bundle's `trigger`
+    field (events name themselves)."""
 
     steps: str | None = None
     when: str | None = None
@@ -123,6 +109,7 @@ class TriggerSet:
         unknown = [event for event in self.events if event not in EVENT_TRIGGERS]
         if unknown:
             raise UsageError(f"unknown trigger {unknown[0]!r} (known: {', '.join(EVENT_TRIGGERS)})")
+        self.events = tuple(TriggerEvent(event) for event in self.events)
         if self.steps is not None:
             self._step_test = parse_steps(self.steps)
         if self.when is not None:

@@ -4,6 +4,12 @@ Items come in the order the forward produces them (batch order, inputs, KV writt
 states, logits, sampled ids), so the first one that differs is where to start looking: if the
 KV written already differs, the hidden states will too. Per-layer outputs (a bundle recorded
 with `--layers`) are checked apart, in the order the forward ran them.
+
+A step that ran as a CUDA graph of a padded size has more token rows than tokens: the rows past
+the scheduled tokens are padding, computed from whatever the input buffers held. The verdict is
+decided by the real rows; the padding rows of inputs and hidden states are compared apart
+(`input_ids/padding`, ...: items that do not decide), and what a padding row may have done to
+the real outputs is named (`padding_findings`).
 """
 
 from dataclasses import dataclass
@@ -12,7 +18,7 @@ from typing import Any
 import torch
 
 from tracekit.format.schema import Step
-from tracekit.integrations.vllm.step_driver import ObservedStep
+from tracekit.integrations.seam import ObservedStep
 from tracekit.numerics import compare_tensors
 
 
@@ -25,12 +31,19 @@ class CheckedItem:
     # The recorded tensor's dtype for float items ("float32", "bfloat16", ...); None for discrete
     # items (batch order, ids, positions, sampled ids), which must be equal on any platform.
     float_dtype: str | None = None
+    # Whether the item decides the verdict (padding rows do not).
+    decides: bool = True
 
     def to_plain(self) -> dict[str, Any]:
         plain = {"item": self.name, "bit_exact": self.bit_exact, "within_tolerance": self.within_tolerance}
         if self.float_dtype is not None:
             plain["dtype"] = self.float_dtype
+        if not self.decides:
+            plain["decides"] = False
         return {**plain, **self.details}
+
+
+PADDING = "/padding"  # suffix of the items that compare padding rows
 
 
 def _tensor_item(name: str, actual: Any, expected: Any, tolerance: float) -> CheckedItem | None:
@@ -107,12 +120,26 @@ def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
     return item
 
 
+def _row_items(name: str, actual: Any, expected: Any, real: int, tolerance: float) -> list[CheckedItem | None]:
+    """The real rows of a per-token tensor as `name` (they decide); rows past `real` — padding,
+    present when the step ran at a padded size — as `name/padding` (they do not)."""
+    if expected is None or expected.dim() == 0 or expected.shape[0] <= real:
+        return [_tensor_item(name, actual, expected, tolerance)]
+    if actual is None or actual.dim() == 0 or actual.shape[0] < real:
+        return [_tensor_item(name, actual, expected, tolerance)]
+    padding = _tensor_item(name + PADDING, actual[real:], expected[real:], tolerance)
+    padding.decides = False
+    padding.details["rows"] = [real, int(expected.shape[0])]
+    return [_tensor_item(name, actual[:real], expected[:real], tolerance), padding]
+
+
 def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> list[CheckedItem]:
     """Every comparable item, in forward order; tolerance is a relative RMS for float tensors."""
+    real = step.num_real_rows
     items = [
         _exact_item("batch_order", observed.batch_order, step.batch_order),
-        _tensor_item("input_ids", observed.input_ids, step.input_ids, 0.0),
-        _tensor_item("positions", observed.positions, step.positions, 0.0),
+        *_row_items("input_ids", observed.input_ids, step.input_ids, real, 0.0),
+        *_row_items("positions", observed.positions, step.positions, real, 0.0),
     ]
     for group_index, group in enumerate(step.kv.groups):
         live = observed.kv_after[group_index] if group_index < len(observed.kv_after) else {}
@@ -120,10 +147,38 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> li
             items.append(_tensor_item(f"kv_written/{layer}", live.get(layer), expected, tolerance))
     outputs = step.outputs
     if outputs is not None:
-        items.append(_tensor_item("hidden_states", observed.hidden_states, outputs.hidden_states, tolerance))
+        items.extend(_row_items("hidden_states", observed.hidden_states, outputs.hidden_states, real, tolerance))
         items.append(_tensor_item("logits", observed.logits, outputs.logits, tolerance))
         items.append(_sampled_item(observed, step))
     return [item for item in items if item is not None]
+
+
+def padding_findings(observed: ObservedStep, step: Step) -> list[str]:
+    """What the padding rows of a graph step may have done to its real outputs, in words: a
+    non-finite value in a padding row of hidden states (a phantom row's NaN reaches real rows
+    through any cross-row op), and KV blocks the replayed forward wrote beyond the blocks its
+    tokens own (a padding slot writing a page)."""
+    findings = []
+    real = step.num_real_rows
+    for source, hidden in (("replayed", observed.hidden_states),
+                           ("recorded", step.outputs.hidden_states if step.outputs is not None else None)):
+        if hidden is None or not hidden.is_floating_point() or hidden.shape[0] <= real:
+            continue
+        bad_rows = int((~torch.isfinite(hidden[real:])).flatten(1).any(dim=1).sum())
+        if bad_rows:
+            reached = not bool(torch.isfinite(hidden[:real]).all())
+            findings.append(
+                f"{source} hidden states: {bad_rows} of {hidden.shape[0] - real} padding row(s) hold NaN/inf"
+                + ("; the real rows are not finite either: a phantom row's value may have reached them"
+                   if reached else "; the real rows are finite")
+            )
+    for group, blocks in zip(step.kv.groups, observed.kv_changed_elsewhere):
+        if blocks:
+            findings.append(
+                f"the replayed forward wrote KV block(s) {blocks[:8]}{'...' if len(blocks) > 8 else ''} of "
+                f"{group.layer_names[0]}'s group, which no token of the step owns (a padding slot's write?)"
+            )
+    return findings
 
 
 def check_layers(replayed: dict[str, Any], recorded: dict[str, Any], tolerance: float = 0.0) -> list[CheckedItem]:
@@ -132,4 +187,4 @@ def check_layers(replayed: dict[str, Any], recorded: dict[str, Any], tolerance: 
 
 
 def first_divergence(items: list[CheckedItem]) -> CheckedItem | None:
-    return next((item for item in items if not item.within_tolerance), None)
+    return next((item for item in items if item.decides and not item.within_tolerance), None)

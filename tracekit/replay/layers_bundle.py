@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.format.schema import EngineConfig, Environment, KVSnapshot, Step, StepOutputs, StepTiming
-from tracekit.record.persist import write_bundle
+from tracekit.format.content import write_steps
 
 
 def write_layers_bundle(
@@ -31,4 +31,4 @@ def write_layers_bundle(
         timing=StepTiming(),
         extras={**step.extras, "layers_from": "eager replay (tracekit replay --layers)"},
     )
-    return write_bundle(Path(path), environment, engine, [layers_step])
+    return write_steps(Path(path), environment, engine, [layers_step])

@@ -9,7 +9,6 @@ on all ranks at once, so its collectives run as they did. Each rank is checked a
 recording; the first divergence is named with its rank.
 """
 
-import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +23,11 @@ from tracekit.graphs.timing import latency_summary
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import ranks, workers
 from tracekit.integrations.vllm.version import require_same_series
+from tracekit.replay import in_workers
 from tracekit.replay.checks import first_divergence
-from tracekit.replay.replayer import ReplayResult, resolve_model
+from tracekit.replay.engine import build_replay_engine, require_device_of
+from tracekit.replay.result import ReplayResult
+from tracekit.replay.verdict import Verdict
 
 
 @dataclass
@@ -69,6 +71,15 @@ class RankSetReplayResult:
         return f"rank {rank}: {name}"
 
     @property
+    def worst_rank(self) -> ReplayResult:
+        """The rank whose verdict decides the step's (the first of those with the worst exit code)."""
+        return max(self.ranks, key=lambda rank: rank.exit_code)
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.worst_rank.verdict
+
+    @property
     def exit_code(self) -> int:
         """The worst rank's: each rank's verdict decides as a single-rank replay's does."""
         return max((rank.exit_code for rank in self.ranks), default=EXIT_OK)
@@ -81,6 +92,8 @@ class RankSetReplayResult:
             "world_size": self.world_size,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
+            **self.verdict.to_plain(),
+            "exit_code": self.exit_code,
             "reproduced": self.reproduced,
             "bit_exact": self.bit_exact,
             "first_divergence": self.first_divergence,
@@ -117,27 +130,21 @@ def replay_rank_set(
     rank_set = find_rank_set(bundle)
     rank_set.require_complete()
     content = read_part(bundle)
+    require_device_of(content.environment)
     require_same_series(content.engine.vllm_version)
     device_kind = default_device()
     ranks.require_buildable(content.parallel, device_kind)
     overrides = dict(engine_overrides or {})
     if "tensor_parallel_size" in overrides or "pipeline_parallel_size" in overrides:
         raise CannotRunHere("a multi-rank step replays with its recorded parallel layout only")
-    args = dict(content.engine.engine_args)
-    args["model"] = resolve_model(content.engine, model, allow_weights_mismatch)
-    if args.get("tokenizer") == content.engine.model.path:
-        args["tokenizer"] = args["model"]
-    if overrides.get("enforce_eager"):
-        args["compilation_config"] = {**args.get("compilation_config", {}), "mode": 0}
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
     runs = iters * samples if timing else 0
-    llm = vllm_engine.build_llm({**args, **overrides}, content.engine.runner)
+    llm = build_replay_engine(content.engine, model, allow_weights_mismatch, overrides)
     session = uuid.uuid4().hex
     try:
-        prepared = workers.on_every_worker(llm, workers.prepare_replay, session, bundles)
-        outcomes = workers.on_every_worker(llm, workers.run_replay, session, tolerance, runs)
-        llm.reset_prefix_cache()
+        prepared = workers.on_every_worker(llm, in_workers.prepare_replay, session, bundles)
+        outcomes = workers.on_every_worker(llm, in_workers.run_replay, session, tolerance, runs)
+        vllm_engine.reset_prefix_cache(llm)
     finally:
         vllm_engine.release_llm(llm)
     step = content.steps[0]

@@ -18,21 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.bundles import unique_names
-from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, TracekitError
+from tracekit.errors import (
+    EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED, TracekitError,
+)
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
 from tracekit.replay.replayer import ReplayResult, replay
+from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
 
-# Worst last. A divergence is the finding a suite exists for, so it wins over everything; a bad
-# bundle or argument (the suite itself needs fixing) over a bundle this machine cannot run.
-EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED)
-
-# Verdicts of bundles that did not replay, by the exit code of what stopped them.
-ERROR_VERDICTS = {EXIT_BAD_INPUT: "bad_input", EXIT_CANNOT_RUN_HERE: "cannot_run_here"}
-# The replay itself raised (a bug in tracekit or the engine): the step did not reproduce.
-CRASHED = "crashed"
-# A bundle holding no recorded step (e.g. traces/golden-v1.zst, a format fixture): nothing to replay.
-NO_STEP = "no_step"
+# Worst last. A divergence is the finding a suite exists for, so it wins over everything; a
+# replay that crashed (the step's fate is unknown) next; a bad bundle or argument (the suite
+# itself needs fixing) over a bundle this machine cannot run.
+EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED, EXIT_NOT_REPRODUCED)
 
 # The engine argument that names the weights' location, which may differ between machines.
 _MODEL_PATH_ARGS = ("model", "tokenizer")
@@ -41,7 +38,7 @@ _MODEL_PATH_ARGS = ("model", "tokenizer")
 def verdict_of(result: ReplayResult) -> str:
     """The replay's verdict (`tracekit.replay.verdict`): bit_exact, within_tolerance,
     platform_difference, diverged, error_reproduced, error_not_reproduced."""
-    return result.verdict.name
+    return result.verdict.name.value
 
 
 def worst_exit_code(codes: Sequence[int]) -> int:
@@ -150,7 +147,8 @@ def run_suite(
             on_done(records[-1])
             continue
         if not content.steps:
-            records.append(SuiteRecord(str(bundle), names[bundle], NO_STEP, EXIT_OK, error="holds no recorded step"))
+            records.append(SuiteRecord(str(bundle), names[bundle], VerdictName.NO_STEP.value, EXIT_OK,
+                                       error="holds no recorded step"))
             on_done(records[-1])
             continue
         groups.setdefault(engine_key(content), []).append(bundle)
@@ -172,7 +170,7 @@ def run_suite(
                         bundle, names[bundle], llm, profile_dir, replay_options
                     )
                     engines_built += built
-                    if record.verdict not in ERROR_VERDICTS.values():
+                    if record.verdict not in {name.value for name in NOT_REPLAYED.values()}:
                         record.engine = engines_built
                 records.append(record)
                 on_done(record)
@@ -207,9 +205,12 @@ def _replay_one(
         return record, llm, group_error, False
     except Exception as error:  # the engine may be left mid-step: start the group's next one afresh
         if llm is not None:
-            release_llm(llm)
-        message = f"{type(error).__name__}: {error}"
-        record = SuiteRecord(str(bundle), name, CRASHED, EXIT_NOT_REPRODUCED, error=message,
+            try:
+                release_llm(llm)
+            except Exception:  # a device the failure poisoned: the next engine says so itself
+                pass
+        message = f"{type(error).__name__}: {first_line(error)}"
+        record = SuiteRecord(str(bundle), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=message,
                              engine_built=building, seconds=time.perf_counter() - started)
         return record, None, None, building
     record = record_of(result, name, engine_built=building, seconds=time.perf_counter() - started)
@@ -217,5 +218,11 @@ def _replay_one(
 
 
 def _error_record(bundle: Path, name: str, error: TracekitError) -> SuiteRecord:
-    return SuiteRecord(str(bundle), name, ERROR_VERDICTS.get(error.exit_code, "bad_input"), error.exit_code,
-                       error=str(error))
+    verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
+    return SuiteRecord(str(bundle), name, verdict.value, error.exit_code, error=str(error))
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message, one line (CUDA errors come with paragraphs of advice)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""

@@ -10,35 +10,65 @@ is equal and every float item stays within the calibrated per-dtype bound
 """
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
+from tracekit.errors import (
+    EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED,
+)
 from tracekit.numerics import within_platform_bound
 from tracekit.replay.checks import CheckedItem
 
-BIT_EXACT = "bit_exact"
-WITHIN_TOLERANCE = "within_tolerance"
-PLATFORM_DIFFERENCE = "platform_difference"
-DIVERGED = "diverged"
-ERROR_REPRODUCED = "error_reproduced"
-ERROR_NOT_REPRODUCED = "error_not_reproduced"
-FAILING = (DIVERGED, ERROR_NOT_REPRODUCED)
+
+class VerdictName(str, Enum):
+    """Every verdict a bundle can get: the six of a replayed step, and the four of one that did
+    not replay."""
+
+    BIT_EXACT = "bit_exact"
+    WITHIN_TOLERANCE = "within_tolerance"
+    PLATFORM_DIFFERENCE = "platform_difference"
+    DIVERGED = "diverged"
+    ERROR_REPRODUCED = "error_reproduced"  # a step recorded because it raised, raised again
+    ERROR_NOT_REPRODUCED = "error_not_reproduced"
+    BAD_INPUT = "bad_input"
+    CANNOT_RUN_HERE = "cannot_run_here"
+    CRASHED = "crashed"  # the replay itself failed (exit 4)
+    NO_STEP = "no_step"  # a bundle holding no recorded step: nothing to replay
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_CODES.get(self, EXIT_OK)
+
+
+_EXIT_CODES = {
+    VerdictName.DIVERGED: EXIT_NOT_REPRODUCED,
+    VerdictName.ERROR_NOT_REPRODUCED: EXIT_NOT_REPRODUCED,
+    VerdictName.BAD_INPUT: EXIT_BAD_INPUT,
+    VerdictName.CANNOT_RUN_HERE: EXIT_CANNOT_RUN_HERE,
+    VerdictName.CRASHED: EXIT_REPLAY_FAILED,
+}
+# The verdict of a bundle that did not replay, by the exit code of what stopped it.
+NOT_REPLAYED = {
+    EXIT_BAD_INPUT: VerdictName.BAD_INPUT,
+    EXIT_CANNOT_RUN_HERE: VerdictName.CANNOT_RUN_HERE,
+    EXIT_REPLAY_FAILED: VerdictName.CRASHED,
+}
 
 
 @dataclass
 class Verdict:
-    name: str
+    name: VerdictName
     reason: str  # one line: why this verdict
     # Items beyond the platform bound (or unequal discrete items) when the platform differs.
     beyond_bound: list[str] = field(default_factory=list)
 
     def exit_code(self, strict: bool = False) -> int:
-        if strict:
-            return EXIT_OK if self.name == BIT_EXACT else EXIT_NOT_REPRODUCED
-        return EXIT_NOT_REPRODUCED if self.name in FAILING else EXIT_OK
+        if strict and self.name.exit_code == EXIT_OK and self.name != VerdictName.BIT_EXACT:
+            return EXIT_NOT_REPRODUCED
+        return self.name.exit_code
 
     def to_plain(self) -> dict[str, Any]:
-        return {"verdict": self.name, "verdict_reason": self.reason, "beyond_platform_bound": self.beyond_bound}
+        return {"verdict": self.name.value, "verdict_reason": self.reason, "beyond_platform_bound": self.beyond_bound}
 
 
 def decide(
@@ -47,23 +77,25 @@ def decide(
     tolerance: float = 0.0,
     error_step: bool = False,
 ) -> Verdict:
-    """`items`: every check (step items and per-layer items); `numeric_differences`: the
-    environment fields that differ and affect numerics; `error_step`: the recorded forward raised."""
+    """`items`: every check (step items and per-layer items; those that do not decide, the
+    padding rows, are left out); `numeric_differences`: the environment fields that differ and
+    affect numerics; `error_step`: the recorded forward raised."""
+    items = [item for item in items if item.decides]
     if error_step:
         if all(item.bit_exact for item in items):
-            return Verdict(ERROR_REPRODUCED, "the forward raised the recorded error again")
-        return Verdict(ERROR_NOT_REPRODUCED, "the forward did not raise the recorded error")
+            return Verdict(VerdictName.ERROR_REPRODUCED, "the forward raised the recorded error again")
+        return Verdict(VerdictName.ERROR_NOT_REPRODUCED, "the forward did not raise the recorded error")
     if all(item.bit_exact for item in items):
-        return Verdict(BIT_EXACT, "every item is bit-identical to the recording")
+        return Verdict(VerdictName.BIT_EXACT, "every item is bit-identical to the recording")
     if tolerance > 0 and all(item.within_tolerance for item in items):
-        return Verdict(WITHIN_TOLERANCE, f"every item within relative RMS {tolerance:g}")
+        return Verdict(VerdictName.WITHIN_TOLERANCE, f"every item within relative RMS {tolerance:g}")
     first = next(item for item in items if not item.within_tolerance)
     if not numeric_differences:
-        return Verdict(DIVERGED, f"first divergence at {first.name} on the recording's own platform")
+        return Verdict(VerdictName.DIVERGED, f"first divergence at {first.name} on the recording's own platform")
     beyond = [item.name for item in items if not _platform_explains(item)]
     if not beyond:
         return Verdict(
-            PLATFORM_DIFFERENCE,
+            VerdictName.PLATFORM_DIFFERENCE,
             f"not bit-exact, but this platform differs ({', '.join(numeric_differences)}); discrete items "
             "equal, float items within the calibrated per-dtype bounds",
         )
@@ -71,7 +103,7 @@ def decide(
     sampled = next((item for item in items if item.name == "sampled_token_ids" and not item.bit_exact), None)
     if sampled is not None:
         reason += "; " + near_tie_summary(sampled)
-    return Verdict(DIVERGED, reason, beyond)
+    return Verdict(VerdictName.DIVERGED, reason, beyond)
 
 
 def near_tie_summary(sampled: CheckedItem) -> str:

@@ -114,15 +114,15 @@ class ModesDiffer(StepProperty):
                 "--until modes-differ compares the engine's compiled (or graph) forward with the eager one, "
                 "but this engine runs eagerly: record the step with compilation on"
             )
-        rows = sum(request.num_scheduled_tokens for request in step.requests)
+        from tracekit.integrations.vllm.runner_adapter import hidden_states_of
+
+        rows = step.num_real_rows
         outputs: dict[str, Any] = {}
 
         def both_modes(handle: Any) -> None:
             for mode, eager in (("eager", True), ("engine", False)):
                 handle.restore()
-                output = handle.forward(eager=eager)
-                hidden = output[0] if isinstance(output, tuple) else output
-                outputs[mode] = hidden[:rows].detach().to("cpu", copy=True)
+                outputs[mode] = hidden_states_of(handle.forward(eager=eager))[:rows].detach().to("cpu", copy=True)
 
         try:
             replayer.run(step, both_modes)

@@ -177,7 +177,7 @@ def redact_content(content: BundleContent) -> BundleContent:
 
 def redact(bundle: str | Path, output: str | Path) -> dict[str, Any]:
     """Write the redacted bundle; returns its `redact` derivation record."""
-    from tracekit.record.persist import write_content
+    from tracekit.format.content import write_content
 
     if not Path(output).resolve().parent.is_dir():
         raise UsageError(f"cannot write {output}: {Path(output).resolve().parent} is not a directory")

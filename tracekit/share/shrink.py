@@ -122,27 +122,29 @@ class _EngineReplayer(StepReplayer):
         self.allow_weights_mismatch = allow_weights_mismatch
         self.workdir = workdir
 
-    def _runner(self) -> Any:
+    def _adapter(self) -> Any:
         from tracekit.integrations.vllm import engine as vllm_engine
         from tracekit.integrations.vllm.version import require_same_series
-        from tracekit.replay.replayer import build_replay_engine
+        from tracekit.replay.engine import build_replay_engine, require_device_of
 
         if self.llm is None:
+            require_device_of(self.content.environment)
             require_same_series(self.content.engine.vllm_version)
-            self.llm = build_replay_engine(self.content.engine, self.model, self.allow_weights_mismatch, {})
-        return vllm_engine.find_runner(self.llm)
+            self.llm = build_replay_engine(self.content.engine, self.model, self.allow_weights_mismatch)
+        return vllm_engine.adapter_of(self.llm)
 
     def run(self, step: Step, on_forward: Any) -> Any:
+        from tracekit.integrations.vllm import engine as vllm_engine
         from tracekit.integrations.vllm.step_driver import StepDriver
 
-        driver = StepDriver(self._runner(), step)
+        driver = StepDriver(self._adapter(), step)
         try:
             return driver.run(on_forward)
         finally:
-            self.llm.reset_prefix_cache()
+            vllm_engine.reset_prefix_cache(self.llm)
 
     def engine_mode(self) -> str:
-        return "eager" if int(self._runner().compilation_config.mode) == 0 else "compiled"
+        return self._adapter().reference_mode
 
     def write(self, step: Step) -> Path:
         path = self.workdir / "candidate.zst"
@@ -151,7 +153,7 @@ class _EngineReplayer(StepReplayer):
 
 
 def write_step(path: str | Path, content: BundleContent, step: Step, derivations: list[dict[str, Any]]) -> Path:
-    from tracekit.record.persist import write_content
+    from tracekit.format.content import write_content
 
     return write_content(path, BundleContent(
         environment=content.environment,
@@ -178,7 +180,7 @@ def shrink(
 ) -> ShrinkReport:
     """Cut the step down while `until` holds and write the result to `output`. Pass `llm` to
     replay on an engine you hold (it must be built for the bundle's engine arguments)."""
-    from tracekit.replay.replayer import load_step
+    from tracekit.format.content import load_step
 
     started = time.perf_counter()
     console = console or Console(stderr=True, highlight=False)

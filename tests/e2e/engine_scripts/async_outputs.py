@@ -14,27 +14,27 @@ import sys
 from pathlib import Path
 
 from engine_common import eager_llm, write_result
-from tracekit.integrations.vllm import replay_batch
-from tracekit.integrations.vllm.engine import find_runner
+from tracekit.integrations.vllm.engine import adapter_of
 from tracekit.record import workload
 from tracekit.record.api import recording
-from tracekit.replay.replayer import load_step
+from tracekit.format.content import load_step
 
 if __name__ == "__main__":
     work = Path(sys.argv[2])
     llm = eager_llm()
-    runner = find_runner(llm)
+    adapter = adapter_of(llm)
+    runner = adapter.runner
     with recording(llm, f"{work}/first{{step}}.zst", steps="0") as first:
         workload.run_workload(llm, workload.BUILTIN_WORKLOAD[:2], 2)
     _, step = load_step(first.written[0], None)
     llm.reset_prefix_cache()
 
-    schedules = [replay_batch.new_requests_output(step)]
+    schedules = [adapter.scheduler_output_for(step)]
     # The second step: its first request alone, renamed (so the two outputs differ in shape).
     step.requests = [request for request in step.requests if request.req_id == step.batch_order[0]]
     step.requests[0].req_id += "-again"
     step.batch_order = [step.requests[0].req_id]
-    schedules.append(replay_batch.new_requests_output(step))
+    schedules.append(adapter.scheduler_output_for(step))
 
     with recording(llm, f"{work}/async{{step}}.zst", steps="0:") as recorder:
         outputs = []
@@ -43,7 +43,7 @@ if __name__ == "__main__":
             outputs.append(runner.sample_tokens(None))
         kinds = [type(output).__name__ for output in outputs]
         read = {index: outputs[index].get_output().sampled_token_ids for index in (1, 0)}
-        runner.execute_model(replay_batch.finishing_output([*schedules[0].num_scheduled_tokens,
+        runner.execute_model(adapter.finishing_output([*schedules[0].num_scheduled_tokens,
                                                             *schedules[1].num_scheduled_tokens]))
     write_result({
         "output_types": kinds,

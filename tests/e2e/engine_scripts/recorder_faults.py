@@ -23,8 +23,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
-from tracekit.integrations.vllm.engine import find_runner
-from tracekit.integrations.vllm.runner_adapter import adapter_for
+from tracekit.integrations.vllm.engine import adapter_of
 from tracekit.record import persist
 from tracekit.record.api import recording
 
@@ -64,7 +63,7 @@ def file_size_limit(limit):
 
 
 def writer_dies_after_first_bundle():
-    original, calls = persist.write_bundle, [0]
+    original, calls = persist.write_steps, [0]
 
     def write_bundle(*args, **kwargs):
         calls[0] += 1
@@ -72,13 +71,13 @@ def writer_dies_after_first_bundle():
             raise SystemExit("injected: the writer thread dies")
         return original(*args, **kwargs)
 
-    return patched(persist, "write_bundle", write_bundle)
+    return patched(persist, "write_steps", write_bundle)
 
 
 if __name__ == "__main__":
     work = Path(sys.argv[2])
     llm = eager_llm()
-    adapter_class = type(adapter_for(find_runner(llm)))
+    adapter_class = type(adapter_of(llm))
     result = {"runner": adapter_class.kind, "unarmed": generate(llm)}
     unserialisable = [{**params, "extra_args": {"on_done": object()}} for params in REPEATABLE_SAMPLING]
     result["unarmed_with_extra_args"] = generate(llm, unserialisable)

@@ -11,7 +11,8 @@ import sys
 
 from engine_common import generate_token_ids, write_result
 from tracekit.integrations.vllm.engine import build_llm
-from tracekit.replay.replayer import load_step, replay
+from tracekit.format.content import load_step
+from tracekit.replay.replayer import replay
 
 SERVE_PROMPT = ["Tell me a story about a robot"]
 

@@ -1,10 +1,10 @@
-"""Engine arguments <-> a live vLLM engine, and the way from an `LLM` to its model runner.
+"""Building in-process vLLM engines, reaching their model runner, and naming their weights.
 
-A bundle must rebuild the engine that recorded it on another machine, so the recorder reads the
-settings that shape the forward back out of the live `VllmConfig` (this works for an `LLM` the
-user built, for `tracekit record` and for `vllm serve` alike) and stores them as `EngineArgs`
-keyword values. The KV cache geometry is pinned too (`num_gpu_blocks_override`), so recorded
-block ids address the same rows after the rebuild.
+A bundle must rebuild the engine that recorded it on another machine: the recorder reads the
+settings that shape the forward back out of the live `VllmConfig` (the release's
+`engine_args_from_config`: this works for an `LLM` the user built, for `tracekit record` and for
+`vllm serve` alike), and a replay builds an `LLM` from them here, with its engine core in this
+process so that its model runner can be driven.
 """
 
 import hashlib
@@ -18,54 +18,6 @@ from tracekit.integrations.vllm import ranks
 # In-process engine core: the model runner lives in this process and can be reached.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
-_COMPILATION_FIELDS = (
-    "backend",
-    "custom_ops",
-    "splitting_ops",
-    "compile_sizes",
-    "cudagraph_capture_sizes",
-    "max_cudagraph_capture_size",
-    "cudagraph_num_of_warmups",
-)
-
-
-def engine_args_from_config(vllm_config: Any) -> dict[str, Any]:
-    """The `EngineArgs` keyword values that rebuild an engine whose forward matches this one."""
-    model, cache = vllm_config.model_config, vllm_config.cache_config
-    scheduler, parallel = vllm_config.scheduler_config, vllm_config.parallel_config
-    compilation = vllm_config.compilation_config
-    args = {
-        "model": model.model,
-        "tokenizer": model.tokenizer,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "seed": model.seed,
-        "max_model_len": model.max_model_len,
-        "enforce_eager": model.enforce_eager,
-        "trust_remote_code": model.trust_remote_code,
-        "quantization": model.quantization,
-        "load_format": vllm_config.load_config.load_format,
-        "block_size": cache.block_size,
-        "enable_prefix_caching": cache.enable_prefix_caching,
-        "kv_cache_dtype": cache.cache_dtype,
-        "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
-        "num_gpu_blocks_override": cache.num_gpu_blocks,
-        "max_num_seqs": scheduler.max_num_seqs,
-        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
-        "enable_chunked_prefill": scheduler.enable_chunked_prefill,
-        "tensor_parallel_size": parallel.tensor_parallel_size,
-        "pipeline_parallel_size": parallel.pipeline_parallel_size,
-        "compilation_config": {
-            "mode": int(compilation.mode),
-            "cudagraph_mode": compilation.cudagraph_mode.name,
-            **{name: _plain(getattr(compilation, name)) for name in _COMPILATION_FIELDS},
-        },
-    }
-    return {name: value for name, value in args.items() if value is not None}
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, (list, tuple, set)) else value
-
 
 def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> Any:
     """Start an in-process engine from recorded (or user) `EngineArgs` values; `runner_kind`
@@ -75,10 +27,11 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> An
         int(engine_args.get("tensor_parallel_size") or 1) * int(engine_args.get("pipeline_parallel_size") or 1)
     )
     if runner_kind is not None:
-        from tracekit.integrations.vllm.runner_adapter import require_buildable, runner_env
+        from tracekit.integrations.vllm.version import installed_release
 
-        os.environ.update(runner_env(runner_kind))
-        require_buildable(runner_kind)
+        release = installed_release()
+        os.environ.update(release.runner_env(runner_kind))
+        release.require_buildable(runner_kind)
     from vllm import LLM
 
     try:
@@ -100,7 +53,7 @@ def find_runner(llm: Any) -> Any:
         raise UsageError(
             "cannot reach the model runner: the engine core runs in another process. "
             "Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before building the LLM, or record through "
-            "the vLLM plugin (TRACEKIT_RECORD=... vllm serve ...)"
+            "the vLLM plugin (TRACEKIT_RECORD_OUTPUT=... vllm serve ...)"
         )
     return runner
 
@@ -126,11 +79,6 @@ def weights_fingerprint(model_path: str, load_format: str | None) -> str | None:
     return "blake2b-128:" + digest.hexdigest()
 
 
-def model_architecture(vllm_config: Any) -> str | None:
-    architectures = getattr(vllm_config.model_config.hf_config, "architectures", None) or [None]
-    return architectures[0]
-
-
 def parse_engine_cli_args(argv: list[str]) -> dict[str, Any]:
     """`--max-model-len 1024 --enforce-eager ...` parsed by vLLM's own `EngineArgs` parser, as
     the keyword values that differ from vLLM's defaults."""
@@ -154,6 +102,18 @@ def parse_engine_cli_args(argv: list[str]) -> dict[str, Any]:
         for name, value in vars(namespace).items()
         if name in {item.name for item in dataclasses.fields(EngineArgs)} and value != getattr(defaults, name, None)
     }
+
+
+def adapter_of(llm: Any) -> Any:
+    """The installed release's adapter for the model runner of an in-process `LLM`."""
+    from tracekit.integrations.vllm.version import installed_release
+
+    return installed_release().adapter_for(find_runner(llm))
+
+
+def reset_prefix_cache(llm: Any) -> None:
+    """Forget cached prefixes, so that the next replayed step finds no blocks it did not restore."""
+    llm.reset_prefix_cache()
 
 
 def release_llm(llm: Any) -> None:

@@ -14,24 +14,13 @@ with `enforce_eager`). A hook never changes an output; if copying fails, capture
 forward goes on untouched.
 """
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 logger = logging.getLogger("tracekit.layers")
-
-
-def model_of(runner: Any) -> nn.Module:
-    """The runner's model, unwrapped from vLLM's graph wrappers."""
-    return runner.get_model()
-
-
-def runs_eagerly(runner: Any) -> bool:
-    return int(runner.vllm_config.compilation_config.mode) == 0
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -107,19 +96,9 @@ def _tensors(output: Any) -> list[torch.Tensor]:
     return []
 
 
-@contextlib.contextmanager
-def capturing(runner: Any, enabled: bool = True) -> Iterator[LayerCapture | None]:
-    """Capture the layers of the runner's forwards inside the block (None when not `enabled`)."""
-    if not enabled:
-        yield None
-        return
-    with LayerCapture(model_of(runner)) as capture:
-        yield capture
-
-
-def capture_eager_forward(runner: Any, handle: Any) -> LayerCapture:
+def capture_eager_forward(model: nn.Module, handle: Any) -> LayerCapture:
     """Run the step's forward once more, eagerly, from the recorded state, capturing every layer."""
     handle.restore()
-    with LayerCapture(model_of(runner)) as capture:
+    with LayerCapture(model) as capture:
         handle.forward(eager=True)
     return capture

@@ -3,6 +3,10 @@
 An instance attribute shadows the class method of the same name, for that one object only (the
 technique vLLM's own forward bench uses on its runner). Removing the attribute restores the
 original exactly; nothing about the class, or any other engine in the process, changes.
+
+Calling an object (`runner.model(**inputs)`) looks `__call__` up on its type, never on the
+instance, so `call_shadowed` gives that one object a subclass of its own type for the block
+(same name, same attributes, `isinstance` unchanged) and puts the original type back after.
 """
 
 import logging
@@ -26,6 +30,30 @@ def shadowed(obj: Any, wrappers: dict[str, Callable[[Callable], Callable]]) -> I
     finally:
         for name in installed:
             delattr(obj, name)
+
+
+@contextmanager
+def call_shadowed(obj: Any, make_wrapper: Callable[[Callable], Callable]) -> Iterator[None]:
+    """Within the block, `obj(...)` calls `make_wrapper(original)(...)`, where `original(...)`
+    is the call as it was."""
+    original_type = type(obj)
+    if getattr(original_type, "__tracekit_call_shadow__", False):
+        raise RuntimeError(f"calls of {original_type.__name__} are already shadowed (armed twice?)")
+    original_call = original_type.__call__
+    wrapped = make_wrapper(lambda *args, **kwargs: original_call(obj, *args, **kwargs))
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return wrapped(*args, **kwargs)
+
+    shadow_type = type(original_type.__name__, (original_type,), {
+        "__call__": __call__, "__tracekit_call_shadow__": True, "__module__": original_type.__module__,
+        "__qualname__": original_type.__qualname__,
+    })
+    obj.__class__ = shadow_type
+    try:
+        yield
+    finally:
+        obj.__class__ = original_type
 
 
 def call_after(cls: type, name: str, hook: Callable[[Any], None]) -> None:

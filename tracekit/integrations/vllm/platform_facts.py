@@ -52,6 +52,6 @@ def kv_layout_difference(recorded: str | None, here: str | None) -> str | None:
     return None
 
 
-def runner_environment(runner: Any) -> Environment:
+def runner_environment(runner: Any, vllm_version: str | None) -> Environment:
     """This machine's fingerprint as seen from a live runner (device and attention backend)."""
-    return current_environment(runner.device, attention_backend=attention_backend(runner))
+    return current_environment(runner.device, attention_backend=attention_backend(runner), vllm_version=vllm_version)

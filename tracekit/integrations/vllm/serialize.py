@@ -10,8 +10,8 @@ their fields, msgspec structs by `__struct_fields__` (private and default fields
     {"$enum": "RequestOutputKind", "value": 0}
 
 Tensors and numpy arrays stay tensors: the bundle writer stores them as tensor frames. Reading
-back only ever builds types from the fixed allow-list `_vllm_types()` of the installed vLLM: a
-bundle's content never decides what gets imported or called.
+back only ever builds types from a fixed allow-list, which each vLLM release module names
+(`releases/`): a bundle's content never decides what gets imported or called.
 """
 
 import dataclasses
@@ -68,28 +68,36 @@ def to_versioned_plain(value: Any, vllm_version: str, path: str = "value") -> di
     return {**to_plain(value, path), "$vllm_version": vllm_version}
 
 
-def from_plain(plain: Any) -> Any:
-    """Rebuild objects written by `to_plain` with the installed vLLM's classes."""
+@dataclasses.dataclass(frozen=True)
+class AllowList:
+    """The only classes `from_plain` may build, by the names `to_plain` tagged them with."""
+
+    types: dict[str, type]
+    enums: dict[str, type]
+
+
+def from_plain(plain: Any, allowed: AllowList) -> Any:
+    """Rebuild objects written by `to_plain` with the classes `allowed` names."""
     if isinstance(plain, list):
-        return [from_plain(v) for v in plain]
+        return [from_plain(v, allowed) for v in plain]
     if not isinstance(plain, dict):
         return plain
     if "$set" in plain:
-        return {from_plain(v) for v in plain["$set"]}
+        return {from_plain(v, allowed) for v in plain["$set"]}
     if "$tuple" in plain:
-        return tuple(from_plain(v) for v in plain["$tuple"])
+        return tuple(from_plain(v, allowed) for v in plain["$tuple"])
     if "$items" in plain:
-        return {from_plain(k): from_plain(v) for k, v in plain["$items"]}
+        return {from_plain(k, allowed): from_plain(v, allowed) for k, v in plain["$items"]}
     if "$enum" in plain:
-        return _lookup(_vllm_enums(), plain["$enum"])(plain["value"])
+        return _lookup(allowed.enums, plain["$enum"])(plain["value"])
     if "$type" in plain:
-        return _build(plain)
-    return {key: from_plain(v) for key, v in plain.items()}
+        return _build(plain, allowed)
+    return {key: from_plain(v, allowed) for key, v in plain.items()}
 
 
-def _build(plain: dict[str, Any]) -> Any:
-    cls = _lookup(_vllm_types(), plain["$type"])
-    fields = {key: from_plain(v) for key, v in plain.items() if not key.startswith("$")}
+def _build(plain: dict[str, Any], allowed: AllowList) -> Any:
+    cls = _lookup(allowed.types, plain["$type"])
+    fields = {key: from_plain(v, allowed) for key, v in plain.items() if not key.startswith("$")}
     if hasattr(cls, "__struct_fields__"):
         # msgspec structs: start from defaults, then set every recorded field as it was
         # (constructor validation would re-derive private fields differently).
@@ -106,27 +114,3 @@ def _lookup(table: dict[str, Any], name: Any) -> Any:
     if not isinstance(name, str) or name not in table:
         raise BundleError(f"bundle holds a vLLM type this tracekit does not rebuild: {name!r}")
     return table[name]
-
-
-def _vllm_types() -> dict[str, Any]:
-    from vllm.forward_context import BatchDescriptor
-    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
-    from vllm.v1.core.sched import output
-
-    classes = [
-        output.SchedulerOutput,
-        output.NewRequestData,
-        output.CachedRequestData,
-        output.ScheduledEncoderInputStats,
-        output.GrammarOutput,
-        SamplingParams,
-        StructuredOutputsParams,
-        BatchDescriptor,
-    ]
-    return {cls.__name__: cls for cls in classes}
-
-
-def _vllm_enums() -> dict[str, Any]:
-    from vllm.sampling_params import RequestOutputKind, SamplingType
-
-    return {cls.__name__: cls for cls in (RequestOutputKind, SamplingType)}

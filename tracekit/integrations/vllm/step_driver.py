@@ -4,70 +4,64 @@ The scheduler never saw the recorded requests, so the driver hands the runner a
 `SchedulerOutput` in which each of them is new, with its recorded prompt, computed tokens and
 block ids. While the runner adds them, its adapter puts back what that runner kind keeps per
 request (output tokens, generator states or seeds; so penalties, min_tokens, bad words and
-logprobs see what the engine saw); just before the model call, the recorded KV blocks are
-written at their block ids and the global RNG state is restored. Afterwards the requests are
-finished in the runner, which is left able to serve.
+logprobs see what the engine saw). The runner then prepares the step and dispatches it as it
+would any step (eager, compiled, or a CUDA graph of the padded size); just before the model
+call the recorded KV blocks are written at their block ids, the recorded padding rows of the
+inputs are put back and the global RNG state is restored. Afterwards the requests are finished
+in the runner, which is left able to serve.
 
 The model call is handed to the caller as a `ForwardHandle`: it can run the exact forward
-again (each run restores KV and RNG first), eagerly or compiled, for timing and graph capture.
+again (each run restores KV, padding rows and RNG first), for timing and graph capture.
 """
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from tracekit.errors import CannotRunHere
 from tracekit.format.schema import Step
-from tracekit.graphs.device import get_device_backend
-from tracekit.integrations.vllm import replay_batch, runner_state
-from tracekit.integrations.vllm.runner_adapter import adapter_for
+from tracekit.integrations.seam import ObservedStep, Phase
+from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm.runner_adapter import hidden_states_of
 
 
-@dataclass
-class ObservedStep:
-    """What the replayed step produced, in the same shapes the recorder stored."""
-
-    batch_order: list[str] = field(default_factory=list)
-    input_ids: torch.Tensor | None = None
-    positions: torch.Tensor | None = None
-    hidden_states: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    sampled_token_ids: list[list[int]] | None = None
-    kv_after: list[dict[str, torch.Tensor]] = field(default_factory=list)  # per KV group
-    forward_us: float | None = None  # wall time of the checked (first) forward
+def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.detach().to("cpu", copy=True) if tensor is not None else None
 
 
 class ForwardHandle:
     """The step's model call, repeatable: `run()` restores the recorded state, then forwards."""
 
-    def __init__(
-        self,
-        restore: Callable[[], None],
-        call: Callable[[], Any],
-        written_views: Callable[[], list[torch.Tensor]],
-        device: torch.device,
-    ):
+    def __init__(self, restore: Callable[[], None], call: Callable[[], Any], context: Any,
+                 written_views: Callable[[], list[torch.Tensor]], device: torch.device):
         self._restore = restore
         self._call = call
+        self._context = context  # the forward context of the call (None: a FULL graph replay)
         self._written_views = written_views
         self.device = device
+
+    @property
+    def has_eager_form(self) -> bool:
+        return self._context is not None
 
     def restore(self) -> None:
         self._restore()
 
     def forward(self, eager: bool = False) -> Any:
-        """The model call alone (no restore), compiled as the engine is, or eagerly."""
-        from vllm.forward_context import get_forward_context
-
-        context = get_forward_context()
-        saved = context.skip_compiled
-        context.skip_compiled = eager or saved
+        """The model call alone (no restore), compiled as the engine ran it, or eagerly."""
+        if self._context is None:
+            if eager:
+                raise CannotRunHere(
+                    "the step ran as a FULL CUDA graph replay, which has no eager form to run here"
+                )
+            return self._call()
+        saved = self._context.skip_compiled
+        self._context.skip_compiled = eager or saved
         try:
             return self._call()
         finally:
-            context.skip_compiled = saved
+            self._context.skip_compiled = saved
 
     def run(self, eager: bool = False) -> Any:
         self._restore()
@@ -78,25 +72,50 @@ class ForwardHandle:
         return self._written_views()
 
 
-def _unsupported(step: Step) -> str | None:
-    plain = step.scheduler_output
-    if plain.get("scheduled_spec_decode_tokens"):
-        return "speculative decoding steps"
-    for request in plain.get("scheduled_new_reqs", []):
-        if request.get("mm_features") or request.get("lora_request") or request.get("prompt_embeds") is not None:
-            return "multimodal, LoRA or prompt-embeds requests"
-    return None
+class _ReplayObserver:
+    """What the adapter's shadows report during a replayed step, kept for the checks."""
+
+    tracking = True
+
+    def __init__(self, observed: ObservedStep):
+        self.observed = observed
+
+    def step_started(self, scheduler_output: Any) -> None:
+        pass
+
+    def before_forward(self, input_ids: Any, positions: Any) -> None:
+        pass
+
+    def after_forward(self, hidden_states: Any) -> None:
+        pass
+
+    def logits_computed(self, logits: Any) -> None:
+        if self.observed.logits is None and logits is not None:
+            self.observed.logits = _to_host(logits)
+
+    def phase_entered(self, phase: Phase) -> None:
+        pass
+
+    def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
+        def receive(sampled: list[list[int]] | None) -> None:
+            if sampled is not None:
+                self.observed.sampled_token_ids = [list(map(int, ids)) for ids in sampled]
+
+        return receive
+
+    def step_failed(self, error: BaseException) -> None:
+        pass
 
 
 class StepDriver:
-    def __init__(self, runner: Any, step: Step):
-        reason = _unsupported(step)
+    def __init__(self, adapter: Any, step: Step):
+        reason = adapter.release.unsupported_in(step)
         if reason is not None:
             raise CannotRunHere(f"replaying {reason} is not supported yet")
-        self.runner = runner
-        self.adapter = adapter_for(runner)
+        self.adapter = adapter
+        self.runner = adapter.runner
         self.step = step
-        self.groups = runner_state.kv_groups(runner)
+        self.groups = adapter.kv_groups()
         if len(self.groups) != len(step.kv.groups):
             raise CannotRunHere(
                 f"the rebuilt engine has {len(self.groups)} KV cache group(s); the bundle has "
@@ -111,17 +130,18 @@ class StepDriver:
 
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
         observed = ObservedStep()
-        with torch.inference_mode(), self.adapter.replaying(self.step, self._model_call(observed, on_forward)):
+        adapter = self.adapter
+        model_call = self._model_call(observed, on_forward)
+        with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(_ReplayObserver(observed), model_call):
             try:
-                sampled = self.adapter.execute_and_sample(self.adapter.scheduler_output_for(self.step))
+                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(self.step))
             finally:
-                self.runner.execute_model(replay_batch.finishing_output(list(self.step.batch_order)))
-        observed.batch_order = sampled.batch_order
-        observed.logits = sampled.logits
-        observed.sampled_token_ids = sampled.sampled_token_ids
+                adapter.finish(list(self.step.batch_order))
         return observed
 
-    def _restore_state(self) -> None:
+    # -- the recorded state, put back ----------------------------------------------------------
+
+    def _restore_kv_and_rng(self) -> None:
         for live, recorded in zip(self.groups, self.step.kv.groups):
             if not recorded.saved_block_ids:
                 continue
@@ -129,10 +149,23 @@ class StepDriver:
             for name, cache in zip(live.layer_names, live.caches):
                 saved = recorded.before[name].to(cache.device)
                 cache.index_copy_(live.layout.block_dim, index, saved)
-        if "cpu" in self.step.rng:
-            torch.set_rng_state(self.step.rng["cpu"])
-        if "cuda" in self.step.rng and self.runner.device.type == "cuda":
-            torch.cuda.set_rng_state(self.step.rng["cuda"], self.runner.device)
+        self.adapter.restore_rng_states(self.step.rng)
+
+    def _padding_restorer(self, live_ids: torch.Tensor | None, live_positions: torch.Tensor | None) -> Callable[[], None]:
+        """Writes the recorded padding rows (past the scheduled tokens, up to the padded size)
+        into the live input buffers, where a graph of the padded size reads them."""
+        real = self.step.num_real_rows
+        pairs = [
+            (live, recorded) for live, recorded in ((live_ids, self.step.input_ids), (live_positions, self.step.positions))
+            if live is not None and isinstance(recorded, torch.Tensor) and recorded.dim() == 1 and live.dim() == 1
+            and live.shape[0] == recorded.shape[0] > real
+        ]
+
+        def restore() -> None:
+            for live, recorded in pairs:
+                live[real:].copy_(recorded[real:].to(live.device, live.dtype))
+
+        return restore
 
     def _written_views(self) -> list[torch.Tensor]:
         views = []
@@ -149,6 +182,8 @@ class StepDriver:
 
     def _model_call(self, observed: ObservedStep, on_forward: Callable | None) -> Callable:
         """What runs in place of the runner's model call: restore, forward (timed), capture."""
+        adapter = self.adapter
+        backend = adapter.device_backend
 
         def model_call(original: Callable, args: tuple, kwargs: dict) -> Any:
             from vllm.forward_context import get_forward_context, is_forward_context_available
@@ -164,21 +199,32 @@ class StepDriver:
                 # Models may update the forward context in place; every call starts from the
                 # context the runner built.
                 for name, value in saved_context.items():
-                    if name != "skip_compiled":  # set by ForwardHandle.forward(eager=) for this call
-                        setattr(context, name, value)
+                    setattr(context, name, value)
                 return original(*args, **kwargs)
 
-            handle = ForwardHandle(self._restore_state, call, self._written_views, self.runner.device)
-            input_ids, positions = kwargs.get("input_ids"), kwargs.get("positions")
-            observed.input_ids = input_ids.detach().to("cpu", copy=True) if input_ids is not None else None
-            observed.positions = positions.detach().to("cpu", copy=True) if positions is not None else None
+            live_ids, live_positions = adapter.forward_inputs(args, kwargs)
+            restore_padding = self._padding_restorer(live_ids, live_positions)
+
+            def restore() -> None:
+                self._restore_kv_and_rng()
+                restore_padding()
+
+            handle = ForwardHandle(restore, call, context, self._written_views, adapter.device)
+            padded = int(live_ids.shape[0]) if live_ids is not None else self.step.num_real_rows
+            observed.dispatch = adapter.graph_dispatch(self.step.num_real_rows, padded)
+            handle.restore()
+            observed.input_ids, observed.positions = _to_host(live_ids), _to_host(live_positions)
+            fingerprints = [runner_state.block_fingerprints(group) for group in self.groups]
             started = time.perf_counter()
-            output = handle.run()
-            get_device_backend(self.runner.device).synchronize()
+            output = handle.forward()
+            backend.synchronize()
             observed.forward_us = (time.perf_counter() - started) * 1e6
-            hidden = output[0] if isinstance(output, tuple) else output
-            observed.hidden_states = hidden.detach().to("cpu", copy=True)
+            observed.hidden_states = _to_host(hidden_states_of(output))
             observed.kv_after = self._kv_after()
+            observed.kv_changed_elsewhere = [
+                sorted(set(runner_state.changed_blocks(group, before)) - set(recorded.written_block_ids))
+                for group, before, recorded in zip(self.groups, fingerprints, self.step.kv.groups)
+            ]
             if on_forward is not None:
                 on_forward(handle)
                 output = handle.run()  # leave buffers and RNG exactly as after the checked run

@@ -1,97 +1,39 @@
-"""The adapter for vLLM's V1 model runner (`vllm/v1/worker/gpu_model_runner.py` and its CPU
-subclass), and every V1 attribute tracekit touches.
+"""Where vLLM's V1 model runner (`vllm/v1/worker/gpu_model_runner.py` and its CPU subclass)
+keeps a step, for the shared adapter base.
 
 V1 keeps each request in `runner.requests[req_id]` (a `CachedRequestState`: prompt and output
 tokens, block ids, sampling params, a `torch.Generator` for seeded requests) and the batch in the
-persistent `runner.input_batch`. The model call is `runner._model_forward(...)`; `execute_model`
-computes the logits and leaves them in `runner.execute_model_state`; `sample_tokens` samples
-(`_sample`) and then updates the request states (`_bookkeeping_sync`).
+persistent `runner.input_batch`. The model call is `runner._model_forward(input_ids=...,
+positions=...)` on every path: eager, compiled, and CUDA graphs (vLLM's graph wrapper sits inside
+`runner.model`). Under async scheduling the last sampled token of a decode is a placeholder
+(-1) in the request state until the engine reads the async output; the forward reads the real
+id from the previous step's device tensor.
 """
 
-from contextlib import AbstractContextManager, ExitStack
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Callable
+
+import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
-from tracekit.integrations.vllm import replay_batch, runner_state
-from tracekit.integrations.vllm.method_patch import shadowed
-from tracekit.integrations.vllm.runner_adapter import (
-    ModelCall,
-    SampledStep,
-    StepObserver,
-    reporting_failures,
-    sampled_token_ids,
-    when_output_ready,
-)
-from tracekit.integrations.vllm.serialize import to_plain
-from tracekit.record.triggers import BatchFacts
+from tracekit.integrations.seam import BatchFacts, RunnerKind
+from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, method_shadow
 
 
-def matches(runner: Any) -> bool:
-    return hasattr(runner, "input_batch") and hasattr(runner, "requests") and hasattr(type(runner), "_model_forward")
+class V1Adapter(RunnerAdapter):
+    kind = RunnerKind.V1
+    bookkeeping_method = "_bookkeeping_sync"
 
+    @classmethod
+    def matches(cls, runner: Any) -> bool:
+        return hasattr(runner, "input_batch") and hasattr(runner, "requests") and hasattr(type(runner), "_model_forward")
 
-class Adapter:
-    kind = "v1"
+    def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
+        return [method_shadow(self.runner, "_model_forward", model_call)]
 
-    def __init__(self, runner: Any):
-        self.runner = runner
-
-    # -- recording -------------------------------------------------------------------------
-
-    def observe(self, observer: StepObserver) -> AbstractContextManager:
-        runner = self.runner
-
-        def execute_model(original: Any) -> Any:
-            def wrapper(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-                if scheduler_output.total_num_scheduled_tokens == 0:
-                    return original(scheduler_output, *args, **kwargs)
-                observer.step_started(scheduler_output)
-                result = reporting_failures(observer, original)(scheduler_output, *args, **kwargs)
-                if observer.tracking:
-                    state = runner.execute_model_state
-                    observer.logits_computed(state.logits if state is not None else None)
-                    if result is not None:  # no sample_tokens follows this step
-                        observer.output_receiver()(None)
-                return result
-
-            return wrapper
-
-        def model_forward(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.before_forward(kwargs.get("input_ids"), kwargs.get("positions"))
-                output = original(*args, **kwargs)
-                observer.after_forward(output)
-                return output
-
-            return wrapper
-
-        def sample_tokens(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.phase_entered("sampling")
-                output = reporting_failures(observer, original)(*args, **kwargs)
-                return when_output_ready(output, observer.output_receiver()) if observer.tracking else output
-
-            return wrapper
-
-        def bookkeeping(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.phase_entered("bookkeeping")
-                return original(*args, **kwargs)
-
-            return wrapper
-
-        return shadowed(
-            runner,
-            {
-                "execute_model": execute_model,
-                "_model_forward": model_forward,
-                "sample_tokens": sample_tokens,
-                "_bookkeeping_sync": bookkeeping,
-            },
-        )
-
-    def scheduler_output_seen(self, scheduler_output: Any) -> None:
-        """V1 keeps every request's state itself: nothing to remember."""
+    def forward_inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return kwargs.get("input_ids"), kwargs.get("positions")
 
     def batch_facts(self, scheduler_output: Any) -> BatchFacts:
         batch = self.runner.input_batch
@@ -107,8 +49,11 @@ class Adapter:
     def batch_order(self) -> list[str]:
         return list(self.runner.input_batch.req_ids)
 
-    def request_states(self, scheduler_output: Any) -> list[RequestState]:
-        """Per-request state in batch order, prompt and output tokens kept apart."""
+    batch_order_after_execute = batch_order
+
+    def request_states(self, scheduler_output: Any, input_ids: torch.Tensor | None) -> list[RequestState]:
+        """Per-request state in batch order, prompt and output tokens kept apart; an output
+        still a placeholder (async scheduling) is taken from the input ids the forward reads."""
         states = []
         batch = self.runner.input_batch
         for req_id in batch.req_ids:
@@ -123,64 +68,67 @@ class Adapter:
                     block_ids=[list(ids) for ids in state.block_ids],
                     num_computed_tokens=int(batch.num_computed_tokens_cpu[index]),
                     num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
-                    sampling_params=to_plain(state.sampling_params, f"{req_id}.sampling_params"),
-                    generator_state=generator.get_state() if generator is not None else None,
+                    sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
+                    runner_state={"generator_state": generator.get_state()} if generator is not None else {},
                 )
             )
+        fill_placeholders(states, input_ids)
         return states
 
-    def graph_dispatch(self, num_tokens: int) -> GraphDispatch:
+    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int) -> GraphDispatch:
         """Read from the forward context the runner set for this model call."""
         from vllm.forward_context import get_forward_context
 
         context = get_forward_context()
-        descriptor = context.batch_descriptor
         return runner_state.graph_dispatch(
             self.runner,
             num_tokens,
             context.cudagraph_runtime_mode.name,
-            descriptor.num_tokens if descriptor is not None else num_tokens,
-            descriptor,
+            num_tokens_padded,
+            context.batch_descriptor,
         )
 
-    # -- replay ----------------------------------------------------------------------------
-
-    def scheduler_output_for(self, step: Step) -> Any:
-        return replay_batch.new_requests_output(step)
-
-    def replaying(self, step: Step, on_model_call: ModelCall) -> AbstractContextManager:
-        """While the runner adds the step's requests, put back their recorded output tokens
-        and generator states; hand every model call to `on_model_call`."""
+    def replay_shadows(self, step: Step) -> Shadows:
+        """Put back each request's recorded output tokens and generator state as the runner
+        adds it to its persistent batch."""
         recorded = {request.req_id: request for request in step.requests}
 
-        def add_request(original: Any) -> Any:
+        fill_placeholders([recorded[req_id] for req_id in step.batch_order if req_id in recorded], step.input_ids)
+
+        def add_request(original: Callable) -> Callable:
             def wrapper(state: Any) -> Any:
                 request = recorded.get(state.req_id)
                 if request is not None:
                     state.output_token_ids.extend(request.output_token_ids)
-                    if state.generator is not None and request.generator_state is not None:
-                        state.generator.set_state(request.generator_state)
+                    generator_state = request.runner_state.get("generator_state")
+                    if state.generator is not None and generator_state is not None:
+                        state.generator.set_state(generator_state)
                 return original(state)
 
             return wrapper
 
-        def model_forward(original: Any) -> Any:
-            return lambda *args, **kwargs: on_model_call(original, args, kwargs)
+        return [(self.runner.input_batch, {"add_request": add_request})]
 
-        stack = ExitStack()
-        stack.enter_context(shadowed(self.runner.input_batch, {"add_request": add_request}))
-        stack.enter_context(shadowed(self.runner, {"_model_forward": model_forward}))
-        return stack
 
-    def execute_and_sample(self, scheduler_output: Any) -> SampledStep:
-        runner = self.runner
-        try:
-            if runner.execute_model(scheduler_output) is not None:
-                raise RuntimeError("the runner produced no forward for the recorded step")
-            batch_order = list(runner.input_batch.req_ids)
-            logits = runner.execute_model_state.logits
-            logits = logits.detach().to("cpu", copy=True) if logits is not None else None
-            sampled = sampled_token_ids(runner.sample_tokens(None))
-        finally:
-            runner.execute_model_state = None
-        return SampledStep(batch_order, logits, sampled)
+# What V1 under async scheduling holds in place of a sampled token the engine has not read yet.
+PLACEHOLDER_TOKEN = -1
+
+
+def fill_placeholders(requests: list[RequestState], input_ids: torch.Tensor | None) -> None:
+    """Replace placeholder output tokens at positions the step computes by the input ids the
+    forward reads there (requests in batch order; each one's scheduled tokens are a run of the
+    flattened input ids). Under async scheduling V1 learns a decode's last sampled token only
+    when the engine reads the previous step's output, after this step was prepared; its forward
+    reads the real id from the device. Bundles recorded before tracekit filled them in hold the
+    placeholders, so a replay fills them the same way."""
+    if input_ids is None or not any(PLACEHOLDER_TOKEN in request.output_token_ids for request in requests):
+        return
+    flat = input_ids.tolist()
+    offset = 0
+    for request in requests:
+        prompt = len(request.prompt_token_ids)
+        for position in range(request.num_computed_tokens, request.num_computed_tokens + request.num_scheduled_tokens):
+            output = position - prompt
+            if 0 <= output < len(request.output_token_ids) and request.output_token_ids[output] == PLACEHOLDER_TOKEN:
+                request.output_token_ids[output] = int(flat[offset + position - request.num_computed_tokens])
+        offset += request.num_scheduled_tokens

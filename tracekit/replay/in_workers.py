@@ -1,0 +1,68 @@
+"""Replaying one rank's part of a multi-rank step inside its worker process (sent there through
+`tracekit.integrations.vllm.workers.on_every_worker`).
+
+A replay is prepared on every rank first (bundle read, runner checked) and run only when every
+rank is ready: one rank failing alone inside the forward would leave the others waiting in a
+collective.
+"""
+
+import time
+from typing import Any
+
+from tracekit.environment import environment_differences
+from tracekit.errors import CannotRunHere, TracekitError, UsageError
+from tracekit.format.content import load_step
+from tracekit.integrations.vllm.step_driver import StepDriver
+from tracekit.integrations.vllm.version import installed_release
+from tracekit.integrations.vllm.workers import reported, runner_of
+from tracekit.replay.checks import check_step
+
+# Worker-process state, keyed by the session id the driver made.
+_prepared: dict[str, StepDriver] = {}
+
+
+def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, Any]:
+    """Read this rank's bundle and check it fits this rank's runner; nothing runs yet."""
+    try:
+        adapter = installed_release().adapter_for(runner_of(worker))
+        rank = adapter.parallel_rank().rank
+        content, step = load_step(bundles[rank], None)
+        if content.parallel.rank != rank:
+            raise UsageError(f"{bundles[rank]} is rank {content.parallel.rank}'s bundle, not rank {rank}'s")
+        if step.error is not None:
+            raise CannotRunHere("replaying a multi-rank step whose forward raised is not supported yet")
+        driver = StepDriver(adapter, step)
+    except TracekitError as error:
+        return reported(error)
+    _prepared[session] = driver
+    differences = [
+        {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
+        for name, before, now, numeric in environment_differences(content.environment, adapter.environment())
+    ]
+    return {"rank": rank, "environment_differences": differences}
+
+
+def run_replay(worker: Any, session: str, tolerance: float, timed_runs: int) -> dict[str, Any]:
+    """Run the prepared step (every rank at once), check it against this rank's recording, then
+    run the forward `timed_runs` more times (the same count on every rank: each one runs the
+    collectives) timing each."""
+    driver = _prepared.pop(session)
+    backend = driver.adapter.device_backend
+    times_us: list[float] = []
+
+    def time_forwards(handle: Any) -> None:
+        for _ in range(timed_runs):
+            handle.restore()
+            started = time.perf_counter()
+            handle.forward()
+            backend.synchronize()
+            times_us.append((time.perf_counter() - started) * 1e6)
+
+    observed = driver.run(time_forwards if timed_runs else None)
+    return {
+        "reference_mode": driver.adapter.reference_mode,
+        "checks": check_step(observed, driver.step, tolerance),
+        "forward_us": observed.forward_us,
+        "times_us": times_us,
+        "recorded_timing": driver.step.timing.to_plain(),
+    }

@@ -1,0 +1,123 @@
+"""Timing a replayed step's forward in each `--mode`, and setting the times beside the recorded one.
+
+The reference mode is the forward as the engine ran it: the compiled model (or the eager one),
+or vLLM's own CUDA graph of the padded size the step was dispatched to. "eager" and "compiled"
+run the same forward with compilation skipped or not. "graph" and "piecewise" need an engine of
+their own: the recorded compilation with vLLM's graphs off and the step captured one-shot by
+tracekit, or tracekit's piecewise backend.
+
+The recorder times the engine's model call with events on the device's stream (on CPU, the host
+clock), as the timed runs here are timed, so `ratio_to_recorded` compares like with like; where
+it cannot (a bundle timed the old way, a first forward of its size holding one-time costs), a
+note says so.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from tracekit.format.schema import Step
+from tracekit.graphs.device import get_device_backend
+from tracekit.graphs.modes import measure_mode
+from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
+
+
+def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
+            piecewise: Any = None, trace_to: Path | None = None) -> dict[str, Any]:
+    """Time the step's forward in `mode` and compare its output with the recorded one."""
+    if mode == "eager" and not handle.has_eager_form:
+        return {"mode": mode, "available": False, "reason": (
+            "the step ran as a FULL CUDA graph, a replay of captured kernels with no eager call to time; "
+            "replay it on an engine without FULL graphs (--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}') "
+            "to time it eagerly")}
+    handle.restore()
+    return measure_mode(
+        mode,
+        lambda eager=(mode == "eager"): handle.forward(eager=eager),
+        handle.state_views(),
+        recorded.outputs.hidden_states[: recorded.num_real_rows] if recorded.outputs is not None and
+        recorded.outputs.hidden_states is not None else None,
+        get_device_backend(handle.device),
+        iters,
+        samples,
+        warmup_s,
+        piecewise=piecewise,
+        trace_to=trace_to,
+        rows=recorded.num_real_rows,
+    )
+
+
+def measure_in_own_engine(
+    mode: str, engine_args: dict[str, Any], runner_kind: str, recorded: Step, iters: int, samples: int,
+    warmup_s: float, trace_to: Path | None = None, has_graphs: bool = True,
+) -> dict[str, Any]:
+    """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
+    "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
+    step's token count (vLLM does not pad without its graphs), so the step itself replays a graph;
+    then one more forward under the divergence probe, every piece against its eager FX module.
+    Without graphs (CPU) the pieces are only compiled (Inductor, once for any size): the mode is
+    not timed, but the probe still says which piece the compiler changed."""
+    from tracekit.graphs import divergence
+    from tracekit.graphs.capture_table import CaptureTable
+    from tracekit.integrations.vllm import engine as vllm_engine
+    from tracekit.integrations.vllm import graph_backend
+
+    dispatch = recorded.graph
+    if has_graphs:
+        table = CaptureTable(
+            mode="piecewise",
+            capture_sizes=tuple(sorted({*dispatch.capture_sizes, dispatch.num_tokens})),
+            compile_sizes=tuple(dispatch.compile_sizes),
+            num_warmups=max(dispatch.num_warmups or 0, 1),
+        )
+    else:  # each piece compiled once, for the symbolic token count (its "general" form)
+        table = CaptureTable(mode="none", capture_sizes=(), compile_sizes=())
+    compilation = {**engine_args.get("compilation_config", {}), **graph_backend.compilation_config_for(mode, table)}
+    # An eager recording's enforce_eager would switch the piecewise backend's compilation off.
+    eager = {"enforce_eager": False} if mode == "piecewise" else {}
+    llm = vllm_engine.build_llm({**engine_args, **eager, "compilation_config": compilation}, runner_kind)
+    report: dict[str, Any] = {}
+    try:
+        def time_it(handle: ForwardHandle) -> None:
+            backend = graph_backend.built_backends[-1] if mode == "piecewise" and graph_backend.built_backends else None
+            report.update(measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend,
+                                  trace_to=trace_to))
+            if backend is not None:
+                handle.restore()
+                with divergence.probe(backend) as probed:
+                    handle.forward()
+                report["divergence"] = {
+                    "pieces_compiled_with": "inductor", "pieces_captured": has_graphs, **probed.to_plain(),
+                }
+
+        StepDriver(vllm_engine.adapter_of(llm), recorded).run(time_it)
+    finally:
+        vllm_engine.release_llm(llm)
+    return report
+
+
+def compare_with_recorded(modes: dict[str, dict[str, Any]], recorded: dict[str, Any], reference_mode: str) -> list[str]:
+    """Add `ratio_to_recorded` (replayed median / recorded forward) to every timed mode; return
+    the notes a reader needs to weigh them."""
+    notes = []
+    recorded_us = recorded.get("forward_us")
+    if not isinstance(recorded_us, (int, float)) or recorded_us <= 0:
+        return notes
+    timers = set()
+    for report in modes.values():
+        if report.get("available") and report.get("latency_us"):
+            report["ratio_to_recorded"] = report["latency_us"]["median"] / recorded_us
+            timers.add(report["latency_us"].get("timer"))
+    recorded_timer = recorded.get("forward_timer")
+    if recorded_timer is None:
+        notes.append(
+            "the recorded forward time was taken by an older recorder (host clock around the forward and a "
+            "device sync, host launch included): ratios to it overstate the recorded cost"
+        )
+    elif timers and recorded_timer not in timers:
+        notes.append(f"the recorded forward was timed by {recorded_timer}, these runs by {', '.join(sorted(timers))}")
+    if recorded.get("first_of_its_size"):
+        notes.append(
+            "the recorded forward was the engine's first of its padded size since tracekit was armed: it may hold "
+            "one-time costs (compilation or autotuning of that size, allocator growth, first-touch of buffers)"
+        )
+    return notes
