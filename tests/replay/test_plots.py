@@ -12,7 +12,7 @@ import pytest
 
 from tracekit.graphs.timing import latency_summary
 from tracekit.replay.checks import CheckedItem
-from tracekit.replay.replayer import ReplayResult
+from tracekit.replay.result import ReplayResult
 from tracekit.replay.suite import record_of
 
 SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst"
@@ -36,7 +36,7 @@ def result(bit_exact: bool) -> ReplayResult:
 def test_layer_errors_come_in_forward_order_from_the_checks():
     from tracekit.replay.plots import layer_errors
 
-    assert layer_errors(result(bit_exact=False)) == [
+    assert layer_errors(record_of(result(bit_exact=False), "step").to_plain()) == [
         (name.removeprefix("kv_written/"), error) for name, error in LAYER_ERRORS
     ] + [("hidden_states", 3e-7)]
 
@@ -46,7 +46,7 @@ def test_plot_is_a_png(tmp_path, bundles):
     pytest.importorskip("matplotlib")
     from tracekit.replay.plots import plot_records
 
-    records = [record_of(result(bit_exact=i != 0), f"step{i}") for i in range(bundles)]
+    records = [record_of(result(bit_exact=i != 0), f"step{i}").to_plain() for i in range(bundles)]
     path = plot_records(records, tmp_path / "replay.png")
     assert Path(path).read_bytes().startswith(PNG_MAGIC)
     assert [p.name for p in tmp_path.iterdir()] == ["replay.png"]  # no partial file left behind

@@ -55,7 +55,7 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     step, compare with the recording. Any vLLM engine argument after the bundles overrides the
     recorded one."""
     from tracekit.bundles import find_bundles, unique_names
-    from tracekit.integrations.vllm.engine import parse_engine_cli_args
+    from tracekit.cli.isolation import crash_record, run_isolated
     from tracekit.outputs import require_parent
     from tracekit.replay.multirank import is_multi_rank
 
@@ -74,21 +74,18 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     bundles = find_bundles(specs)
     if layers_out and len(bundles) > 1:
         raise UsageError("--layers writes one bundle's per-layer outputs: replay one bundle with it")
-    if any(is_multi_rank(bundle) for bundle in bundles):
+    multi_rank = any(is_multi_rank(bundle) for bundle in bundles)
+    if multi_rank:
         if len(bundles) > 1:
             raise UsageError("a multi-rank step replays on its own: name one rank's bundle "
                              "(tracekit replay step3.rank0.zst), the other ranks' are found from it")
         if profile_dir or plot_path or layers_out or modes not in ("reference", None) and not no_timing:
             raise CannotRunHere("a multi-rank step is checked and timed as the engine ran it only "
                                 "(no --mode other than reference, --profile, --plot or --layers yet)")
-        _replay_rank_set(bundles[0], parse_engine_cli_args(engine_argv), json_out, model=model,
-                         allow_weights_mismatch=allow_weights_mismatch, timing=not no_timing,
-                         iters=iters, samples=samples, tolerance=tolerance, strict=strict)
     options = dict(
         step=step,
         model=model,
         allow_weights_mismatch=allow_weights_mismatch,
-        engine_overrides=parse_engine_cli_args(engine_argv),
         modes=None if no_timing else modes,
         iters=iters,
         samples=samples,
@@ -99,25 +96,52 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         options["layers_out"] = layers_out
     profile = Path(profile_dir) if profile_dir else None
     report_stream = sys.stderr if json_out == "-" else sys.stdout
-    if len(bundles) == 1:
-        records = [_replay_single(bundles[0], unique_names(bundles)[0], profile, options, report_stream)]
-        exit_code = records[0].exit_code
-    else:
-        from tracekit.cli.replay_report import print_suite_summary, suite_progress
-        from tracekit.replay.suite import run_suite
+    names = dict(zip(bundles, unique_names(bundles)))
 
-        with suite_progress(len(bundles)) as progress:
-            outcome = run_suite(bundles, keep_going=keep_going, profile_dir=profile,
-                                on_start=progress.start, on_done=progress.done, **options)
-        print_suite_summary(outcome, report_stream)
-        records, exit_code = outcome.records, outcome.exit_code
+    records, exit_codes, left = [], [], list(bundles)
+    while left:
+        def work(progress, todo=tuple(left)):
+            engine_overrides = _engine_overrides(engine_argv)
+            if multi_rank:
+                return _replay_rank_set(todo[0], engine_overrides, progress, report_stream, options)
+            if len(bundles) == 1:
+                return _replay_single(todo[0], names[todo[0]], profile, {**options, "engine_overrides": engine_overrides},
+                                      progress, report_stream)
+            return _replay_suite(list(todo), keep_going, profile, {**options, "engine_overrides": engine_overrides},
+                                 progress, report_stream)
+
+        outcome = run_isolated(work)
+        records.extend(outcome.records)
+        exit_codes.append(outcome.exit_code)
+        if outcome.died_on is None:
+            break
+        from tracekit.cli.replay_report import print_crash
+
+        dead = Path(outcome.died_on["started"])
+        crashed = crash_record(outcome.died_on, outcome.death, names.get(dead))
+        records.append(crashed)
+        print_crash(str(dead), crashed["step"], crashed["trigger"], outcome.death, report_stream)
+        done = {Path(record["bundle"]) for record in records}
+        left = [bundle for bundle in bundles if bundle not in done]
+        if not keep_going or len(bundles) == 1:
+            if left:
+                click.echo(f"tracekit: {len(left)} bundle(s) not run (--keep-going runs them all)", file=report_stream)
+            break
     if json_out:
         _write_json_lines(records, json_out)
-    if plot_path:
+    if plot_path and records and not multi_rank:
         from tracekit.replay.plots import plot_records
 
         click.echo(f"plot: {plot_records(records, plot_path)}", file=report_stream)
-    sys.exit(exit_code)
+    from tracekit.replay.suite import worst_exit_code
+
+    sys.exit(worst_exit_code(exit_codes))
+
+
+def _engine_overrides(engine_argv: list[str]) -> dict:
+    from tracekit.integrations.vllm.engine import parse_engine_cli_args
+
+    return parse_engine_cli_args(engine_argv)
 
 
 def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
@@ -129,38 +153,76 @@ def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
     return specs, engine_argv
 
 
-def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, stream):
-    """One bundle: the detailed report; its errors stay one line with their own exit code."""
+def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, progress, stream) -> int:
+    """One bundle: the detailed report; its refusals stay one line with their own exit code, and a
+    failure inside vLLM or the device is reported as a crash (exit 4)."""
+    from tracekit.cli.isolation import first_line
+    from tracekit.cli.replay_report import print_crash, print_report
+    from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError
+    from tracekit.format.content import read_step_facts
     from tracekit.replay.replayer import replay
-    from tracekit.cli.replay_report import print_report
-    from tracekit.replay.suite import record_of
+    from tracekit.replay.suite import SuiteRecord, record_of
+    from tracekit.replay.verdict_names import VerdictName
 
+    facts = read_step_facts(bundle, options.get("step"))
+    progress.started(str(bundle), **facts)
     started = time.perf_counter()
-    result = replay(bundle, profile_prefix=profile / name if profile else None, **options)
+    try:
+        result = replay(bundle, profile_prefix=profile / name if profile else None, **options)
+    except TracekitError:
+        raise
+    except Exception as error:  # inside vLLM, the device or tracekit: not a verdict on the step
+        reason = f"{type(error).__name__}: {first_line(error)}"
+        print_crash(str(bundle), facts.get("step"), facts.get("trigger"), reason, stream)
+        record = SuiteRecord(str(bundle), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=reason,
+                             seconds=time.perf_counter() - started)
+        progress.finished({**record.to_plain(), **facts})
+        return record.exit_code
     print_report(result, stream)
-    return record_of(result, name, engine=1, engine_built=True, seconds=time.perf_counter() - started)
+    record = record_of(result, name, engine=1, engine_built=True, seconds=time.perf_counter() - started)
+    progress.finished(record.to_plain())
+    return record.exit_code
 
 
-def _replay_rank_set(bundle: Path, engine_overrides: dict, json_out: str | None, **options) -> None:
-    """Every rank of one multi-rank step: the per-rank report, one JSON line, its exit code."""
+def _replay_suite(bundles: list[Path], keep_going: bool, profile: Path | None, options: dict, progress, stream) -> int:
+    from tracekit.cli.replay_report import print_suite_summary, suite_progress
+    from tracekit.replay.suite import run_suite
+
+    with suite_progress(len(bundles)) as bar:
+        def on_start(position, bundle, building):
+            progress.started(str(bundle))
+            bar.start(position, bundle, building)
+
+        def on_done(record):
+            progress.finished(record.to_plain())
+            bar.done(record)
+
+        outcome = run_suite(bundles, keep_going=keep_going, profile_dir=profile, on_start=on_start, on_done=on_done,
+                            **options)
+    print_suite_summary(outcome, stream)
+    return outcome.exit_code
+
+
+def _replay_rank_set(bundle: Path, engine_overrides: dict, progress, stream, options: dict) -> int:
+    """Every rank of one multi-rank step: the per-rank report, one JSON record, its exit code."""
+    from tracekit.cli.rank_set_report import print_rank_set_report
+    from tracekit.replay.multirank import replay_rank_set
+
+    progress.started(str(bundle))
+    result = replay_rank_set(
+        bundle, engine_overrides=engine_overrides, model=options["model"],
+        allow_weights_mismatch=options["allow_weights_mismatch"], timing=options["modes"] is not None,
+        iters=options["iters"], samples=options["samples"], tolerance=options["tolerance"], strict=options["strict"],
+    )
+    print_rank_set_report(result, stream)
+    progress.finished(result.to_plain())
+    return result.exit_code
+
+
+def _write_json_lines(records: list[dict], json_out: str) -> None:
     import json
 
-    from tracekit.replay.multirank import replay_rank_set
-    from tracekit.cli.rank_set_report import print_rank_set_report
-
-    result = replay_rank_set(bundle, engine_overrides=engine_overrides, **options)
-    print_rank_set_report(result, sys.stderr if json_out == "-" else sys.stdout)
-    if json_out == "-":
-        click.echo(json.dumps(result.to_plain(), default=str))
-    elif json_out:
-        from tracekit.outputs import write_text_atomically
-
-        write_text_atomically(json_out, json.dumps(result.to_plain(), default=str) + "\n")
-    sys.exit(result.exit_code)
-
-
-def _write_json_lines(records, json_out: str) -> None:
-    text = "".join(record.json_line() + "\n" for record in records)
+    text = "".join(json.dumps(record, default=str) + "\n" for record in records)
     if json_out == "-":
         click.echo(text, nl=False)
         return

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import UsageError
+from tracekit.errors import TracekitError, UsageError
 from tracekit.format.reader import open_bundle
 from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
 from tracekit.format.writer import BundleWriter
@@ -51,6 +51,20 @@ def load_step(bundle: str | Path, step: int | None = None) -> tuple[BundleConten
             raise UsageError(f"bundle {bundle} has no step {step} (it has {', '.join(map(str, indices))})")
         loaded = Step.from_plain(reader.resolve(metadata["steps"][position], to="torch"))
     return content, loaded
+
+
+def read_step_facts(bundle: str | Path, step: int | None = None) -> dict[str, Any]:
+    """{"step", "trigger"} of the step a replay of `bundle` would run, from metadata alone
+    (empty when the bundle cannot be read: its replay says why)."""
+    try:
+        with open_bundle(bundle) as reader:
+            content = BundleContent.from_plain(reader.metadata)
+    except (TracekitError, OSError):
+        return {}
+    for recorded in content.steps:
+        if step is None or recorded.index == step:
+            return {"step": recorded.index, "trigger": recorded.trigger}
+    return {}
 
 
 def _store_tensors(value: Any, writer: BundleWriter, name: str) -> Any:

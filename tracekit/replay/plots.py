@@ -7,8 +7,9 @@ bit-exact: the relative error per layer, in forward order, drawn from a plain li
 (layer name, relative RMS) pairs — today the KV each layer wrote, then the hidden states and
 logits.
 
-matplotlib is an optional dependency (`pip install 'tracekit[plot]'`); without it `--plot` is
-refused before any engine starts.
+It draws from the records `--json` writes (`SuiteRecord.to_plain()`), so that a replay that ran
+in a child process is drawn by the command's own. matplotlib is an optional dependency
+(`pip install 'tracekit[plot]'`); without it `--plot` is refused before any engine starts.
 """
 
 from collections.abc import Sequence
@@ -17,8 +18,8 @@ from typing import Any
 
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.outputs import atomic_path
-from tracekit.replay.replayer import ReplayResult
-from tracekit.replay.suite import SuiteRecord
+
+Record = dict[str, Any]  # one bundle's JSON record
 
 FORMATS = ("png", "svg", "pdf")
 INSTALL = "pip install 'matplotlib>=3.7'  (or: pip install 'tracekit[plot]')"
@@ -36,28 +37,28 @@ def require_matplotlib(path: str | Path) -> None:
         raise CannotRunHere(f"--plot needs matplotlib, which is not installed here: {INSTALL}") from None
 
 
-def layer_errors(result: ReplayResult) -> list[tuple[str, float]]:
+def layer_errors(record: Record) -> list[tuple[str, float]]:
     """(layer name, relative RMS) in forward order from the replay's checks: the KV written per
     layer, then hidden states and logits."""
     pairs = []
-    for item in result.checks:
-        relative = item.details.get("relative_rms")
+    for item in record.get("checks", []):
+        relative, name = item.get("relative_rms"), item.get("item", "")
         if relative is None:
             continue
-        if item.name.startswith("kv_written/"):
-            pairs.append((item.name.removeprefix("kv_written/"), float(relative)))
-        elif item.name in ("hidden_states", "logits"):
-            pairs.append((item.name, float(relative)))
+        if name.startswith("kv_written/"):
+            pairs.append((name.removeprefix("kv_written/"), float(relative)))
+        elif name in ("hidden_states", "logits"):
+            pairs.append((name, float(relative)))
     return pairs
 
 
-def plot_records(records: Sequence[SuiteRecord], path: str | Path) -> str:
+def plot_records(records: Sequence[Record], path: str | Path) -> str:
     """Draw the replays of `records` into `path` (written atomically); returns the path."""
     from matplotlib.figure import Figure
 
-    replayed = [record for record in records if record.result is not None]
+    replayed = [record for record in records if "checks" in record]
     layer_series = {
-        record.name: layer_errors(record.result) for record in replayed if not record.result.bit_exact
+        _name(record): layer_errors(record) for record in replayed if not record.get("bit_exact", True)
     }
     layer_series = {name: pairs for name, pairs in layer_series.items() if pairs}
     rows = 2 if layer_series else 1
@@ -71,28 +72,32 @@ def plot_records(records: Sequence[SuiteRecord], path: str | Path) -> str:
     return str(path)
 
 
-def _timed(record: SuiteRecord) -> list[tuple[str, dict[str, Any]]]:
-    return [(mode, report) for mode, report in record.result.modes.items() if report.get("available")]
+def _name(record: Record) -> str:
+    return record.get("name") or Path(record["bundle"]).stem
 
 
-def _box_count(records: Sequence[SuiteRecord]) -> int:
+def _timed(record: Record) -> list[tuple[str, dict[str, Any]]]:
+    return [(mode, report) for mode, report in record.get("modes", {}).items() if report.get("available")]
+
+
+def _box_count(records: Sequence[Record]) -> int:
     return sum(len(_timed(record)) for record in records)
 
 
-def draw_latencies(axis: Any, records: Sequence[SuiteRecord]) -> None:
+def draw_latencies(axis: Any, records: Sequence[Record]) -> None:
     """Box plots of each timed mode's runs; a single bundle in ms against its recorded time,
     several as multiples of their own recorded times."""
     relative = len(records) > 1
     boxes, labels = [], []
     for record in records:
-        recorded = record.recorded_forward_us
+        recorded = record.get("recorded_forward_us")
         for mode, report in _timed(record):
             runs = report["latency_us"]["samples_us"]
             if relative:
                 if not recorded:
                     continue
                 boxes.append([run / recorded for run in runs])
-                labels.append(f"{record.name}\n{mode}")
+                labels.append(f"{_name(record)}\n{mode}")
             else:
                 boxes.append([run / 1000 for run in runs])
                 labels.append(mode)
@@ -111,11 +116,12 @@ def draw_latencies(axis: Any, records: Sequence[SuiteRecord]) -> None:
         axis.set_title("replayed forward time relative to the recorded one")
     else:
         record = records[0]
-        if record.recorded_forward_us:
-            axis.axhline(record.recorded_forward_us / 1000, color="tab:red", linestyle="--",
-                         label=f"recorded in the engine ({record.recorded_forward_us / 1000:.3f} ms)")
+        recorded = record.get("recorded_forward_us")
+        if recorded:
+            axis.axhline(recorded / 1000, color="tab:red", linestyle="--",
+                         label=f"recorded in the engine ({recorded / 1000:.3f} ms)")
         axis.set_ylabel("forward time (ms)")
-        axis.set_title(f"{record.name} step {record.result.step_index}: forward time per mode")
+        axis.set_title(f"{_name(record)} step {record.get('step')}: forward time per mode")
     axis.legend(loc="best", fontsize="small")
 
 

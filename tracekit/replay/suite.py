@@ -74,6 +74,7 @@ class SuiteRecord:
         """One JSON line: the suite's fields, then the full replay result (README: JSON fields)."""
         plain = {
             "bundle": self.bundle,
+            "name": self.name,
             "verdict": self.verdict,
             "exit_code": self.exit_code,
             "error": self.error,

@@ -10,49 +10,14 @@ is equal and every float item stays within the calibrated per-dtype bound
 """
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
-from tracekit.errors import (
-    EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED,
-)
+from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.numerics import within_platform_bound
 from tracekit.replay.checks import CheckedItem
+from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
-
-class VerdictName(str, Enum):
-    """Every verdict a bundle can get: the six of a replayed step, and the four of one that did
-    not replay."""
-
-    BIT_EXACT = "bit_exact"
-    WITHIN_TOLERANCE = "within_tolerance"
-    PLATFORM_DIFFERENCE = "platform_difference"
-    DIVERGED = "diverged"
-    ERROR_REPRODUCED = "error_reproduced"  # a step recorded because it raised, raised again
-    ERROR_NOT_REPRODUCED = "error_not_reproduced"
-    BAD_INPUT = "bad_input"
-    CANNOT_RUN_HERE = "cannot_run_here"
-    CRASHED = "crashed"  # the replay itself failed (exit 4)
-    NO_STEP = "no_step"  # a bundle holding no recorded step: nothing to replay
-
-    @property
-    def exit_code(self) -> int:
-        return _EXIT_CODES.get(self, EXIT_OK)
-
-
-_EXIT_CODES = {
-    VerdictName.DIVERGED: EXIT_NOT_REPRODUCED,
-    VerdictName.ERROR_NOT_REPRODUCED: EXIT_NOT_REPRODUCED,
-    VerdictName.BAD_INPUT: EXIT_BAD_INPUT,
-    VerdictName.CANNOT_RUN_HERE: EXIT_CANNOT_RUN_HERE,
-    VerdictName.CRASHED: EXIT_REPLAY_FAILED,
-}
-# The verdict of a bundle that did not replay, by the exit code of what stopped it.
-NOT_REPLAYED = {
-    EXIT_BAD_INPUT: VerdictName.BAD_INPUT,
-    EXIT_CANNOT_RUN_HERE: VerdictName.CANNOT_RUN_HERE,
-    EXIT_REPLAY_FAILED: VerdictName.CRASHED,
-}
+__all__ = ["NOT_REPLAYED", "Verdict", "VerdictName", "decide", "describe_differing_row", "near_tie_summary"]
 
 
 @dataclass

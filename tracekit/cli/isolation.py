@@ -1,0 +1,155 @@
+"""Running `tracekit replay`'s work in a child process, so that no failure ends it with a traceback.
+
+A replay drives vLLM and the device. A CUDA device-side assert or an illegal address poisons the
+process's CUDA context: the Python exception that reports it is followed, at exit, by aborts in
+destructors (exit 134, no report, nothing a `git bisect run` can read). So the command forks
+before anything imports torch or vLLM: the child does the work and reports each bundle's start
+and outcome, as JSON lines, on a pipe; the parent only waits. If the child dies — killed by a
+signal, or exiting with a code outside the contract — the parent knows which bundle it was on,
+names the failure in one line, and the bundle gets the verdict `crashed` (exit 4) in the report
+and the JSON. A suite with `--keep-going` then goes on with the bundles left, in a new child.
+
+Inside the child, a failure that is a Python exception is caught where the bundle was replayed
+(`report_crash`): its record is sent, and the child leaves with `os._exit`, skipping the
+destructors that would abort.
+
+`TRACEKIT_REPLAY_IN_PROCESS=1` runs the work in the command's own process (for debuggers).
+"""
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED
+
+IN_PROCESS_VARIABLE = "TRACEKIT_REPLAY_IN_PROCESS"
+CONTRACT = (EXIT_OK, EXIT_NOT_REPRODUCED, EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_REPLAY_FAILED)
+
+
+class Progress:
+    """The child's side: tells the parent what it starts and what each bundle came to."""
+
+    def __init__(self, stream: TextIO | None):
+        self._stream = stream
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._stream is not None:
+            self._stream.write(json.dumps(message, default=str) + "\n")
+            self._stream.flush()
+
+    def started(self, bundle: str, **facts: Any) -> None:
+        self._send({"started": bundle, **facts})
+
+    def finished(self, record: dict[str, Any]) -> None:
+        self._send({"finished": record})
+
+
+@dataclass
+class ChildOutcome:
+    exit_code: int
+    records: list[dict[str, Any]] = field(default_factory=list)  # the finished bundles', in order
+    # The bundle the child was on when it died or left ({"started": path, ...}), and how.
+    died_on: dict[str, Any] | None = None
+    death: str | None = None
+
+
+def run_isolated(work: Callable[[Progress], int]) -> ChildOutcome:
+    """Run `work(progress)` (it returns the exit code) in a child process; see the module doc."""
+    if os.environ.get(IN_PROCESS_VARIABLE) == "1":
+        records: list[dict[str, Any]] = []
+        progress = _CollectingProgress(records)
+        return ChildOutcome(work(progress), records)
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        code = EXIT_REPLAY_FAILED
+        try:
+            with os.fdopen(write_end, "w") as stream:
+                code = _exit_code_of(work, Progress(stream))
+        finally:
+            _leave(code)
+    os.close(write_end)
+    outcome = ChildOutcome(EXIT_OK)
+    with os.fdopen(read_end) as stream:
+        for line in stream:
+            message = json.loads(line)
+            if "started" in message:
+                outcome.died_on = message
+            elif "finished" in message:
+                outcome.records.append(message["finished"])
+                outcome.died_on = None
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        outcome.exit_code = EXIT_REPLAY_FAILED
+        outcome.death = f"the replay process was killed by {signal.Signals(number).name}"
+    else:
+        code = os.WEXITSTATUS(status)
+        outcome.exit_code = code if code in CONTRACT else EXIT_REPLAY_FAILED
+        if code not in CONTRACT:
+            outcome.death = f"the replay process exited with status {code}"
+    if outcome.died_on is not None and outcome.death is None:  # it left early, saying why on stderr
+        outcome.death = f"the replay ended (exit {outcome.exit_code}) before this bundle's outcome"
+        outcome.exit_code = EXIT_REPLAY_FAILED if outcome.exit_code == EXIT_OK else outcome.exit_code
+    return outcome
+
+
+def _exit_code_of(work: Callable[[Progress], int], progress: Progress) -> int:
+    from tracekit.errors import TracekitError
+
+    try:
+        return work(progress)
+    except SystemExit as leaving:
+        return leaving.code if isinstance(leaving.code, int) else EXIT_BAD_INPUT
+    except TracekitError as error:
+        print(f"tracekit: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except BaseException as error:  # noqa: BLE001 - the child reports every failure in one line
+        print(f"tracekit: error: the replay failed: {type(error).__name__}: {first_line(error)}", file=sys.stderr)
+        return EXIT_REPLAY_FAILED
+
+
+def _leave(code: int) -> None:
+    """End the child now: after a device failure, running destructors can abort the process."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message, one line (CUDA errors come with paragraphs of advice)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+class _CollectingProgress(Progress):
+    def __init__(self, records: list[dict[str, Any]]):
+        super().__init__(None)
+        self._records = records
+
+    def finished(self, record: dict[str, Any]) -> None:
+        self._records.append(record)
+
+
+def crash_record(started: dict[str, Any], reason: str, name: str | None = None) -> dict[str, Any]:
+    """The JSON record of the bundle a replay died on (README: JSON fields)."""
+    from tracekit.replay.verdict_names import VerdictName
+
+    return {
+        "bundle": started["started"],
+        "name": name,
+        "verdict": VerdictName.CRASHED.value,
+        "exit_code": EXIT_REPLAY_FAILED,
+        "error": reason,
+        "step": started.get("step"),
+        "trigger": started.get("trigger"),
+    }

@@ -1,0 +1,44 @@
+"""The verdicts a bundle can get and the exit code of each: the contract of `tracekit replay`.
+
+Kept apart from the logic that decides them (`verdict.py`, which needs torch) so the command's
+parent process, which never imports torch (`cli/isolation.py`), can name a crashed replay.
+"""
+
+from enum import Enum
+
+from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED
+
+
+class VerdictName(str, Enum):
+    """Every verdict a bundle can get: the six of a replayed step, and the four of one that did
+    not replay."""
+
+    BIT_EXACT = "bit_exact"
+    WITHIN_TOLERANCE = "within_tolerance"
+    PLATFORM_DIFFERENCE = "platform_difference"
+    DIVERGED = "diverged"
+    ERROR_REPRODUCED = "error_reproduced"  # a step recorded because it raised, raised again
+    ERROR_NOT_REPRODUCED = "error_not_reproduced"
+    BAD_INPUT = "bad_input"
+    CANNOT_RUN_HERE = "cannot_run_here"
+    CRASHED = "crashed"  # the replay itself failed (exit 4)
+    NO_STEP = "no_step"  # a bundle holding no recorded step: nothing to replay
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_CODES.get(self, EXIT_OK)
+
+
+_EXIT_CODES = {
+    VerdictName.DIVERGED: EXIT_NOT_REPRODUCED,
+    VerdictName.ERROR_NOT_REPRODUCED: EXIT_NOT_REPRODUCED,
+    VerdictName.BAD_INPUT: EXIT_BAD_INPUT,
+    VerdictName.CANNOT_RUN_HERE: EXIT_CANNOT_RUN_HERE,
+    VerdictName.CRASHED: EXIT_REPLAY_FAILED,
+}
+# The verdict of a bundle that did not replay, by the exit code of what stopped it.
+NOT_REPLAYED = {
+    EXIT_BAD_INPUT: VerdictName.BAD_INPUT,
+    EXIT_CANNOT_RUN_HERE: VerdictName.CANNOT_RUN_HERE,
+    EXIT_REPLAY_FAILED: VerdictName.CRASHED,
+}
