@@ -255,3 +255,59 @@ def test_inspect_and_diff_work_without_torch_or_vllm(small_bundle):
     blocked = subprocess.run([sys.executable, "-c", NO_TORCH.replace("from tracekit.cli import main\nmain()", "import torch")],
                              capture_output=True, text=True, timeout=60)
     assert "torch is blocked in this test" in blocked.stderr  # the blocker works
+
+
+def nested_list(depth: int) -> bytes:
+    """A msgpack list nested `depth` deep (msgpack.packb stops at 511)."""
+    return b"\x91" * (depth - 1) + b"\x90"
+
+
+def header_with(key: str, packed_value: bytes):
+    """A pack_header for forge(): the source header with `key` set to the msgpack bytes given."""
+    def pack(header):
+        others = {name: value for name, value in header.items() if name != key}
+        return (bytes([0x80 | len(others) + 1]) + b"".join(msgpack.packb(name) + msgpack.packb(value) for name, value in others.items())
+                + msgpack.packb(key) + packed_value)
+    return pack
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("writer", nested_list(1000), "header is nested more than 64 deep"),
+    ("writer", nested_list(limits.MAX_METADATA_DEPTH + 1), "header is nested more than 64 deep"),
+    ("added_later", nested_list(1000), "header is nested more than 64 deep"),
+    ("writer", msgpack.packb(["tracekit 0.1.0"]), "header field 'writer' is a list, not a str"),
+    ("writer", msgpack.packb({"name": "tracekit"}), "header field 'writer' is a map, not a str"),
+    ("writer", msgpack.packb(7), "header field 'writer' is an int, not a str"),
+    ("magic", msgpack.packb(["tracekit.bundle"]), "is not a tracekit bundle"),
+], ids=["writer-1000-deep", "writer-65-deep", "unknown-1000-deep", "writer-list", "writer-map", "writer-int", "magic-list"])
+def test_a_header_field_of_the_wrong_type_or_nested_too_deep_is_refused(small_bundle, tmp_path, key, value, message):
+    """Issue 18: a `writer` nested 1000 deep passed the reader and crashed `tracekit inspect`
+    (RecursionError, exit 1); the header now has the metadata's type and depth checks."""
+    forge(small_bundle, tmp_path / "header.zst", pack_header=header_with(key, value))
+    with pytest.raises(BundleError, match=message):
+        open_bundle(tmp_path / "header.zst")
+    for args in (["inspect", str(tmp_path / "header.zst")], ["inspect", "--json", "--full", str(tmp_path / "header.zst")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert result.stderr.count("\n") == 1 and message.split(" is ")[0] in result.stderr, result.stderr
+
+
+def test_a_future_header_is_refused_by_version_before_its_fields_are_judged(small_bundle, tmp_path):
+    def future(header):
+        header.update(format_version=3, min_reader_version=3, writer={"name": "tracekit", "version": "9"})
+
+    forge(small_bundle, tmp_path / "future.zst", edit_header=future)
+    with pytest.raises(BundleError, match="needs reader version >= 3; .*: upgrade tracekit"):
+        open_bundle(tmp_path / "future.zst")
+
+
+def test_header_fields_of_the_right_types_and_unknown_ones_are_read(small_bundle, tmp_path):
+    def newer(header):
+        header.update(added_later={"a": [[1, 2], {"b": None}]})
+
+    forge(small_bundle, tmp_path / "newer.zst", edit_header=newer)
+    forge(small_bundle, tmp_path / "no-writer.zst", edit_header=lambda header: header.pop("writer"))
+    with open_bundle(tmp_path / "newer.zst") as reader:
+        assert reader.header["writer"].startswith("tracekit ") and reader.verify().ok
+    with open_bundle(tmp_path / "no-writer.zst") as reader:  # informational: a writer may leave it out
+        assert "writer" not in reader.header and reader.verify().ok
