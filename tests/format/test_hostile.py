@@ -12,7 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 import zstandard
-from bundle_forge import forge, read_parts
+from bundle_forge import forge, frame_refs, read_parts
 from click.testing import CliRunner
 
 import tracekit.format.reader
@@ -311,3 +311,29 @@ def test_header_fields_of_the_right_types_and_unknown_ones_are_read(small_bundle
         assert reader.header["writer"].startswith("tracekit ") and reader.verify().ok
     with open_bundle(tmp_path / "no-writer.zst") as reader:  # informational: a writer may leave it out
         assert "writer" not in reader.header and reader.verify().ok
+
+
+EMPTY_ZSTD_FRAME = zstandard.ZstdCompressor(write_checksum=True).compress(b"")
+
+
+@pytest.mark.parametrize("junk", [b"\0", bytes(range(32)), b"\x28\xb5\x2f\xfd", EMPTY_ZSTD_FRAME],
+                         ids=["1-byte", "32-bytes", "zstd-magic", "empty-zstd-frame"])
+@pytest.mark.parametrize("part", ["metadata", "tensor 'ids'", "golden-v1 metadata"])
+def test_bytes_after_a_frame_inside_its_indexed_extent_are_refused(small_bundle, tmp_path, part, junk):
+    """Issue 18: junk after the metadata frame, inside the extent the index gives it (re-signed:
+    CRC-32, and in v2 the checksum, over the padded bytes), was accepted and `verify` said all
+    parts intact; a tensor frame took an empty zstd frame after it. Frames tile exactly."""
+    source = GOLDEN if part.startswith("golden") else small_bundle
+    key = ("ids", 0, 0) if part == "tensor 'ids'" else ("metadata",)
+    _, index, data = read_parts(source)
+    ref = frame_refs(index)[key]
+    forge(source, tmp_path / "padded.zst", frames={key: data[ref[0]:ref[0] + ref[1]] + junk})
+    problem = f"has {len(junk)} bytes after the end of its zstd frame"
+    name = part.removeprefix("golden-v1 ")
+    with open_bundle(tmp_path / "padded.zst") as reader:
+        damaged = reader.verify().damaged
+        assert list(damaged) == [name] and problem in damaged[name], damaged
+        with pytest.raises(BundleError, match=f"is damaged: {name} {problem}"):
+            reader.metadata if name == "metadata" else reader.read_tensor("ids")
+    result = CliRunner().invoke(main, ["inspect", "--verify", str(tmp_path / "padded.zst")])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and problem in result.stderr, result.stderr
