@@ -337,3 +337,25 @@ def test_bytes_after_a_frame_inside_its_indexed_extent_are_refused(small_bundle,
             reader.metadata if name == "metadata" else reader.read_tensor("ids")
     result = CliRunner().invoke(main, ["inspect", "--verify", str(tmp_path / "padded.zst")])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and problem in result.stderr, result.stderr
+
+
+def test_maps_that_only_look_like_references_do_not_count_against_the_reference_cap(small_bundle, tmp_path):
+    """`{"$tensor": 1}` names no tensor: it is a plain map, for the unpacker's count as for the rest."""
+    count = limits.MAX_TENSOR_REFERENCES + 1
+    forge_metadata(small_bundle, tmp_path / "lookalikes.zst", packed_array_of(msgpack.packb({"$tensor": 1}), count))
+    with open_bundle(tmp_path / "lookalikes.zst") as reader:
+        assert reader.metadata == [{"$tensor": 1}] * count
+
+
+def test_rewrite_refuses_metadata_left_referring_to_a_dropped_tensor(small_bundle, tmp_path):
+    from tracekit.format.rewrite import rewrite_bundle
+
+    def drop(metadata, tensors):
+        del tensors["kv/layer.0"]
+        metadata["odd"] = {"$tensor": ["kv/layer.0"]}  # not a reference: fine
+
+    with pytest.raises(BundleError, match=r"edited metadata refers to tensors it no longer has: \['kv/layer.0'\]"):
+        rewrite_bundle(small_bundle, tmp_path / "dropped.zst", drop)
+    rewrite_bundle(small_bundle, tmp_path / "kept.zst", lambda metadata, tensors: metadata.update(kv={"$tensor": ["x"]}))
+    with open_bundle(tmp_path / "kept.zst") as reader:
+        assert reader.metadata["kv"] == {"$tensor": ["x"]}

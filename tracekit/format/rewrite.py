@@ -11,19 +11,8 @@ from typing import Any, Callable
 
 from tracekit.errors import BundleError
 from tracekit.format.reader import open_bundle
+from tracekit.format.untrusted import Refused, check_plain
 from tracekit.format.writer import BundleWriter
-
-
-def _referenced(value: Any, found: set[str]) -> set[str]:
-    if isinstance(value, dict):
-        if len(value) == 1 and isinstance(value.get("$tensor"), str):
-            found.add(value["$tensor"])
-        for item in value.values():
-            _referenced(item, found)
-    elif isinstance(value, list):
-        for item in value:
-            _referenced(item, found)
-    return found
 
 
 def rewrite_bundle(
@@ -35,7 +24,11 @@ def rewrite_bundle(
         metadata = reader.metadata
         tensors = {info.name: reader.read_tensor(info.name) for info in reader.tensor_infos()}
     edit(metadata, tensors)
-    dangling = _referenced(metadata, set()) - tensors.keys()
+    try:
+        referenced = check_plain(metadata)
+    except Refused as problem:
+        raise BundleError(f"edited metadata cannot be stored: it {problem} (readers refuse that)") from None
+    dangling = referenced - tensors.keys()
     if dangling:
         raise BundleError(f"edited metadata refers to tensors it no longer has: {sorted(dangling)[:3]}")
     with BundleWriter(target) as writer:
