@@ -19,6 +19,7 @@ import torch
 from tracekit.errors import UsageError
 from tracekit.format import BundleWriter
 from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
+from tracekit.outputs import require_parent
 
 logger = logging.getLogger("tracekit.record")
 
@@ -38,9 +39,7 @@ class OutputTemplate:
         self.template = str(template)
         if world_size > 1 and RANK_PLACEHOLDER not in self.template:
             self.template = _with_rank(self.template)
-        parent = Path(self.path_for(0)).resolve().parent
-        if not parent.is_dir():
-            raise UsageError(f"cannot write bundles to {self.template}: {parent} is not a directory")
+        parent = require_parent(self.path_for(0), f"bundles to {self.template}")
         probe = parent / f".tracekit-write-probe-{threading.get_ident()}"
         try:
             probe.touch()

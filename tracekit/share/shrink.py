@@ -22,6 +22,7 @@ from rich.console import Console
 from tracekit import __version__
 from tracekit.errors import UsageError
 from tracekit.format.schema import BundleContent, Step
+from tracekit.outputs import require_parent
 from tracekit.share.properties import StepProperty, StepReplayer, Verdict, parse_property
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
 
@@ -184,8 +185,7 @@ def shrink(
     console = console or Console(stderr=True, highlight=False)
     prop = parse_property(until, tolerance)
     output = Path(output)
-    if not output.parent.is_dir():
-        raise UsageError(f"cannot write {output}: {output.parent} is not a directory")
+    require_parent(output)
     content, recorded = load_step(bundle, step)
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
