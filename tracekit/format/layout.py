@@ -21,7 +21,6 @@ BUNDLE_MAGIC = "tracekit.bundle"
 # The header fields this version knows, with their msgpack types (others are ignored).
 HEADER_FIELDS = {"magic": str, "format_version": int, "min_reader_version": int, "writer": str}
 
-ZSTD_FRAME_MAGIC = 0xFD2FB528
 HEADER_FRAME_MAGIC = 0x184D2A50
 INDEX_FRAME_MAGIC = 0x184D2A5E
 TRAILER_FRAME_MAGIC = 0x184D2A5F

@@ -1,5 +1,7 @@
-"""Rewriting a bundle into a new one with edits: the tool behind redaction, step extraction and
-the negative-control tests (a perturbed KV block, a dropped generator state).
+"""Rewriting a bundle into a new one with edits. Only the tests use it, to forge edited
+bundles: negative controls for replay (a perturbed KV block, a dropped generator state), rank
+sets, `tracekit diff`, refusals. (Redaction and shrinking write a new bundle from the content
+with `record.persist.write_content` instead.)
 
 The source is read in full and verified; `edit(metadata, tensors)` may change the metadata and
 replace, add or drop tensors (`tensors` maps names to loaded tensors); the result is written
