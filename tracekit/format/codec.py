@@ -5,7 +5,7 @@ Why shuffle: in a float tensor the high byte of each element (sign and exponent)
 handful of values while the low mantissa bytes are close to random. Splitting a chunk into
 byte planes (all byte 0s, then all byte 1s, ...) and giving each plane its own zstd frame lets
 zstd compress the exponent plane well and store the noise planes as raw blocks, which zstd
-detects and emits at several GB/s. Measured numbers are in docs/FORMAT.md.
+detects and emits at several GB/s. Measured numbers are in docs/PERFORMANCE.md.
 """
 
 import threading

@@ -1,6 +1,6 @@
 """BundleReader: opens a bundle by reading only its header, trailer and index, then decodes
 single tensors or the metadata on demand, checking on the way that no damaged or misplaced
-byte comes back (docs/FORMAT.md, "Integrity", says which check each read runs).
+byte comes back (docs/FORMAT-RATIONALE.md, "Integrity", says which check each read runs).
 
 Every number taken from the file is checked against `limits` before use, every failure
 becomes one BundleError line that names the bundle and the damaged part, and nothing in the
