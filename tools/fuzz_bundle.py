@@ -8,11 +8,16 @@ Every case is one seed bundle (a few small ones written here, plus the v1 golden
 
 * damage, not re-signed: bit flips, overwritten runs, truncation, junk inserted or appended,
   equal-size frames swapped or copied over each other;
-* forgeries, re-signed so that only the edit is wrong: header fields, any node of the index
-  replaced by a hostile value (huge, negative, wrong type, other names, traversal-like dtypes)
-  or deleted, frame entries reordered, tensors duplicated, valid extra frames hidden between
-  data frames, and crafted metadata (nesting thousands deep, 10^4-10^6 `$tensor`
-  references, megabytes of empty maps, extension types, markup and ANSI escapes in strings).
+* forgeries, re-signed so that only the edit is wrong: header fields replaced by hostile
+  values; the header's structure (a field given each other msgpack type, nesting from 63 to
+  5000 deep, strings up to 1 MiB or claiming more bytes than exist, fields removed, thousands
+  of extra or non-string keys, a key twice, a map count that lies, no map at all); any node
+  of the index replaced by a hostile value (huge, negative, wrong type, other names,
+  traversal-like dtypes) or deleted, frame entries reordered, tensors duplicated, valid extra
+  frames hidden between data frames, bytes appended to a frame inside its indexed extent
+  (junk, a zstd magic, an empty zstd frame), and crafted metadata (nesting thousands deep,
+  10^4-10^6 `$tensor` references, megabytes of empty maps, extension types, markup and ANSI
+  escapes in strings).
 
 Why a custom structural mutator, not Hypothesis or atheris: the reader's interesting failures
 sit behind hashes (sha256 of the index, CRC-32 and checksums of frames), so blind byte
@@ -31,9 +36,14 @@ Each case is classified (a case lands in the first class that applies):
   different-data     a read returned bytes other than those written (damage only, not forgeries)
   inconsistent       verify() and the reads disagree (verify ok but a read fails, or verify
                      names a part damaged whose verified read succeeds)
-  hidden-bytes       opened although bytes outside header, frames, index and trailer exist
+  hidden-bytes       opened although bytes outside header, frames, index and trailer exist, or
+                     a part verify() calls intact has bytes after its zstd frame's end, inside
+                     the frame's indexed extent
+  bad-header         opened although a header field docs/FORMAT.md names has another type, or
+                     the header nests deeper than the cap (64)
   cli-crash          `tracekit inspect --verify` (run on every other case; as a table on every
-                     fourth of those, else --json) exited other than 0/2, printed a traceback,
+                     fourth of those, else --json, every other one with --full) exited other
+                     than 0/2, printed a traceback,
                      more than one error line, or an unescaped control character from the bundle
   memory             MemoryError escaped, or the worker died (the RLIMIT_AS cap or a signal)
   timeout            the case used more than --timeout CPU seconds, or ran 6x that long on the
@@ -68,8 +78,8 @@ import zstandard
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "traces" / "golden-v1.zst"
 FINE = ("refused", "read", "slow")
-CLASSES = ("refused", "read", "foreign", "different-data", "inconsistent", "hidden-bytes", "cli-crash", "memory",
-           "timeout", "slow")
+CLASSES = ("refused", "read", "foreign", "different-data", "inconsistent", "hidden-bytes", "bad-header", "cli-crash",
+           "memory", "timeout", "slow")
 HEADER, INDEX, TRAILER = 0x184D2A50, 0x184D2A5E, 0x184D2A5F
 TRAILER_LAYOUT = struct.Struct("<8sQQ32s")
 HOSTILE_TEXT = ["[/]", "[bold red]x[/]", "\x1b[2J\x1b[31mred", "\u202eevil", "a\nb", "\x00", "../../etc/passwd", "é" * 300]
@@ -146,9 +156,10 @@ def frame_entries(index) -> list[list]:
 
 
 def assemble(header, frames: list[bytes], index, entries: list[list], hidden: dict | None = None) -> bytes:
-    """A re-signed bundle: header, `frames` in order (entries[i] describes frames[i]; offsets
-    are redone), the index and trailer. `hidden` inserts {position: bytes} not in the index."""
-    header_payload = msgpack.packb(header)
+    """A re-signed bundle: header (a map, or its payload as bytes), `frames` in order
+    (entries[i] describes frames[i]; offsets are redone), the index and trailer. `hidden`
+    inserts {position: bytes} not in the index."""
+    header_payload = header if isinstance(header, bytes) else msgpack.packb(header)
     out = bytearray(struct.pack("<II", HEADER, len(header_payload)) + header_payload)
     for number, (frame, entry) in enumerate(zip(frames, entries)):
         out += (hidden or {}).get(number, b"")
@@ -216,6 +227,93 @@ def crafted_metadata(rng: random.Random, names: list[str]) -> bytes:
     return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
 
 
+HEADER_FIELDS = ("magic", "format_version", "min_reader_version", "writer")  # docs/FORMAT.md, "Header"
+
+
+def packed_map(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A msgpack map from already packed (key, value) pairs (duplicates kept as given)."""
+    count = len(pairs)
+    head = bytes([0x80 | count]) if count < 16 else b"\xde" + struct.pack(">H", count) if count < 1 << 16 else \
+        b"\xdf" + struct.pack(">I", count)
+    return head + b"".join(key + value for key, value in pairs)
+
+
+def nested(rng: random.Random, depth: int) -> bytes:
+    """A list or map nested `depth` deep (msgpack.packb stops at 511)."""
+    if rng.random() < 0.5:
+        return b"\x91" * (depth - 1) + b"\x90"
+    return b"\x81\xa1k" * (depth - 1) + b"\x80"
+
+
+def other_typed_value(rng: random.Random) -> bytes:
+    """A packed value of some msgpack type, for a header field that wants another."""
+    return rng.choice([
+        msgpack.packb(rng.choice(["", "tracekit.bundle", "tracekit 0.1.0", rng.choice(HOSTILE_TEXT)])),
+        msgpack.packb(rng.choice([0, 1, 2, 3, -1, 2**31, 2**63 - 1, 2**64 - 1, -2**63])),
+        msgpack.packb(rng.choice([1.0, 2.0, float("nan"), float("inf")])),
+        msgpack.packb(rng.choice([True, False, None])),
+        msgpack.packb(rng.choice([b"", b"tracekit.bundle", b"\0" * 32]), use_bin_type=True),
+        msgpack.packb(rng.choice([[], ["tracekit 0.1.0"], [2], list(range(100))])),
+        msgpack.packb(rng.choice([{}, {"name": "tracekit"}, {"$tensor": "ids"}, {1: 2}])),
+        msgpack.packb(msgpack.ExtType(rng.randrange(128), b"\0" * rng.choice([1, 4, 16]))),
+        b"\xd6\xff\x00\x00\x00\x00",  # a timestamp (extension type -1)
+        nested(rng, rng.choice([2, 8, 63, 64, 65])),
+    ])
+
+
+def mutated_header(header, rng: random.Random) -> bytes:
+    """The header's payload with its structure edited (kept as packed bytes so that it may hold
+    what msgpack.packb refuses): a field given another type, nesting hundreds deep, huge
+    strings, fields removed or added, duplicate or non-string keys, or no map at all. The
+    caller re-signs it (the index's header_sha256)."""
+    fields = {key: msgpack.packb(value) for key, value in header.items()} if isinstance(header, dict) else {}
+    pairs = [(msgpack.packb(key), value) for key, value in fields.items()]
+    choice = rng.randrange(8)
+    key = rng.choice(list(HEADER_FIELDS) * 3 + ["added_later", rng.choice(HOSTILE_TEXT)])
+    packed_key = msgpack.packb(key)
+    pairs = [(name, value) for name, value in pairs if name != packed_key]
+    if choice == 0:  # a field of another type
+        pairs.append((packed_key, other_typed_value(rng)))
+    elif choice == 1:  # nesting around the caps: the reader's 64, msgpack's 1024, Python's recursion limit
+        pairs.append((packed_key, nested(rng, rng.choice([63, 64, 65, 100, 999, 1000, 1023, 1024, 1025, 5000]))))
+    elif choice == 2:  # huge strings, under and over the 64 KiB payload cap, or claiming more than is there
+        length = rng.choice([1000, 60_000, 65_000, 70_000, 1 << 20])
+        if rng.random() < 0.8:
+            pairs.append((packed_key, msgpack.packb(rng.choice(["x", "\x1b[2J", "é", "[/]"]) * length)))
+        else:
+            pairs.append((packed_key, b"\xdb" + struct.pack(">I", length)))  # last: the claim runs off the end
+    elif choice == 3:  # fields missing
+        for _ in range(rng.choice([1, 1, 2, 4])):
+            pairs = [pair for pair in pairs if pair[0] != msgpack.packb(rng.choice(HEADER_FIELDS))]
+        if key not in HEADER_FIELDS:
+            pairs.append((packed_key, fields.get(key, msgpack.packb(1))))
+    elif choice == 4:  # extra fields: many, non-string keys, hostile keys
+        pairs.append((packed_key, fields.get(key, msgpack.packb(None))))
+        for number in range(rng.choice([1, 10, 1000, 5000])):
+            pairs.append((rng.choice([msgpack.packb(f"extra{number}"), msgpack.packb(number), msgpack.packb(b"k" + bytes([number % 256]), use_bin_type=True),
+                                      msgpack.packb(rng.choice(HOSTILE_TEXT)), b"\xc0", b"\xc3"]), msgpack.packb(number)))
+    elif choice == 5:  # a known key twice: the second wins in msgpack, the first may be what a checker saw
+        pairs.append((packed_key, fields.get(key, msgpack.packb("tracekit 0.1.0"))))
+        pairs.append((packed_key, other_typed_value(rng)))
+    elif choice == 6:  # no map at all
+        return rng.choice([msgpack.packb(["tracekit.bundle", 2, 2]), msgpack.packb("tracekit.bundle"), b"\xc0", b"",
+                           nested(rng, rng.choice([64, 1000, 2000]))])
+    else:  # the map's count claims more entries than it holds, or fewer
+        payload = packed_map(pairs)
+        return (b"\xdf" + struct.pack(">I", rng.choice([len(pairs) + 1, 1 << 20, 2**32 - 1])) + payload[1:]
+                if rng.random() < 0.7 else payload[:-rng.randrange(1, 4)])
+    if rng.random() < 0.3:
+        rng.shuffle(pairs)
+    return packed_map(pairs)
+
+
+def padded(frame: bytes, rng: random.Random) -> bytes:
+    """A frame with bytes after its end: what zstd ignores, but an extent must not hold."""
+    empty = zstandard.ZstdCompressor(write_checksum=True).compress(b"")
+    return frame + rng.choice([b"\0", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 33))), b"\x28\xb5\x2f\xfd",
+                               empty, frame[:4], b"\x50\x2a\x4d\x18\0\0\0\0"])
+
+
 def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, bool]:
     """(mutated bytes, whether the mutations were only damage, so any accepted read must give
     the intact bytes)."""
@@ -232,7 +330,7 @@ def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, bool]:
 def mutate_once(data: bytes, damage_only: bool, rng: random.Random) -> tuple[bytes, bool]:
     """One mutation, chosen and parameterized by `rng` (see the module docstring)."""
     parsed = parse(data)
-    kind = rng.randrange(14 if parsed else 6)
+    kind = rng.randrange(17 if parsed else 6)
     if kind == 0:
         flipped = bytearray(data)
         for _ in range(rng.choice([1, 1, 2, 8])):
@@ -274,6 +372,14 @@ def mutate_once(data: bytes, damage_only: bool, rng: random.Random) -> tuple[byt
         hidden = None
         if kind == 6:
             header[rng.choice(["format_version", "min_reader_version", "magic", "writer", "new"])] = hostile_value(rng, names)
+        elif kind in (14, 15):  # the header's structure, re-signed
+            header = mutated_header(header, rng)
+        elif kind == 16:  # bytes after a frame's end inside its extent, re-signed
+            number = rng.randrange(len(frames))
+            frames[number] = padded(frames[number], rng)
+            entries[number][3] = zlib.crc32(frames[number])
+            if len(entries[number]) > 4:
+                entries[number][4] = int.from_bytes(frames[number][-4:], "little")
         elif kind in (7, 8, 9):
             targets = nodes(index)
             for _ in range(rng.choice([1, 1, 2, 4])):
@@ -330,6 +436,41 @@ def covered_bytes(reader) -> int:
     return reader._data_start + sum(frame.stored_nbytes for frame in frames) + index_and_trailer
 
 
+def padded_parts(path: Path, reader, report) -> list[str]:
+    """The parts verify() calls intact whose stored extent holds more than one zstd frame's
+    bytes (judged by zstd's own decoder, which stops at the frame's end)."""
+    data = path.read_bytes()
+    parts = {f"tensor {info.name!r}": [frame for chunk in info.chunks for frame in chunk.frames] for info in reader.tensor_infos()}
+    parts["metadata"] = [reader._index.metadata.frame]
+    found = []
+    for part, frames in parts.items():
+        if part in report.damaged:
+            continue
+        for frame in frames:
+            decompressor = zstandard.ZstdDecompressor().decompressobj()
+            try:
+                decompressor.decompress(data[frame.offset:frame.offset + frame.stored_nbytes])
+            except zstandard.ZstdError:
+                continue  # damage: verify() should have named it, which check_api's other checks judge
+            if decompressor.unused_data:
+                found.append(part)
+                break
+    return found
+
+
+def header_problem(header) -> bool:
+    """Whether a header the reader accepted breaks docs/FORMAT.md's header rules."""
+    types = {"magic": str, "format_version": int, "min_reader_version": int, "writer": str}
+    if not isinstance(header, dict) or any(key in header and type(header[key]) is not kind for key, kind in types.items()):
+        return True
+    level, depth = [header], 0
+    while level:
+        level = [child for value in level for child in (value.values() if isinstance(value, dict) else value)
+                 if isinstance(child, (dict, list))]
+        depth += bool(level)
+    return depth >= 64
+
+
 def check_api(path: Path, intact: dict[str, bytes], damage_only: bool) -> str:
     from tracekit.errors import BundleError
     from tracekit.format import open_bundle
@@ -343,7 +484,11 @@ def check_api(path: Path, intact: dict[str, bytes], damage_only: bool) -> str:
                 [frame.offset for info in reader.tensor_infos() for chunk in info.chunks for frame in chunk.frames]
                 + [reader._index.metadata.frame.offset]):
             return "hidden-bytes"
+        if header_problem(reader.header):
+            return "bad-header"
         report = reader.verify()
+        if padded_parts(path, reader, report):
+            return "hidden-bytes"
         outcomes = {}
         try:
             metadata = reader.metadata
@@ -374,13 +519,13 @@ def check_api(path: Path, intact: dict[str, bytes], damage_only: bool) -> str:
     return "read"
 
 
-def check_cli(path: Path, table: bool) -> str | None:
+def check_cli(path: Path, table: bool, full: bool = False) -> str | None:
     """None if `tracekit inspect --verify` behaved; else what went wrong."""
     from click.testing import CliRunner
 
     from tracekit.cli import main
 
-    args = ["inspect", "--verify", str(path)] + ([] if table else ["--json"])
+    args = ["inspect", "--verify", str(path)] + ([] if table else ["--json", "--full"] if full else ["--json"])
     result = CliRunner().invoke(main, args, terminal_width=100)
     if result.exit_code not in (0, 2):
         return f"exit {result.exit_code}: {result.exception!r}"
@@ -401,7 +546,7 @@ def run_case(case: int, base_seed: int, seeds: list[Path], intact: dict, workdir
     path.write_bytes(data)
     outcome = check_api(path, intact[seed], damage_only)
     if outcome in ("refused", "read") and case % 2 == 0:  # the CLI repeats the API's work: every other case
-        problem = check_cli(path, table=case % 8 == 0)
+        problem = check_cli(path, table=case % 8 == 0, full=case % 4 == 2)
         if problem:
             return "cli-crash"
     return outcome
@@ -536,7 +681,8 @@ def replay_case(args) -> None:
             print("api:", check_api(path, intact[seed], damage_only))
         except BaseException:
             traceback.print_exc()
-        print("cli:", check_cli(path, table=True) or "ok", "/", check_cli(path, table=False) or "ok")
+        print("cli:", check_cli(path, table=True) or "ok", "/", check_cli(path, table=False) or "ok", "/",
+              check_cli(path, table=False, full=True) or "ok")
 
 
 def main():

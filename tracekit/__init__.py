@@ -1,13 +1,18 @@
 """tracekit: record one exact vLLM engine step into a portable bundle, then replay, check and
 time that very forward on another machine.
 
-Layout (each package has one job):
-  format/        the bundle file: container, tensor codec, integrity, schema
+Layout: the layers, from the file up to the command line (each package has one job):
+  format/        the bundle file: container, tensor codec, integrity, content schema
+  graphs/        device seam, one-shot graph capture, piecewise graph backend
   integrations/  every vLLM-specific touch point (versions move fast; keep them in one place)
   record/        arming a recorder inside a live engine, triggers, the serve plugin
   replay/        rebuilding the runner from a bundle, running, comparing and timing the step
-  graphs/        device seam, one-shot graph capture, piecewise graph backend
+  share/         making a bundle fit to hand on: shrink (cut a step down while a property
+                 holds), redact (keep only what the step's forward and sampling read)
   cli/           the `tracekit` command
+Beside them:
+  models/        the tiny Llama checkpoint shipped for tests and demos
+and modules every layer may use: errors, outputs, numerics, environment, bundles.
 """
 
 __version__ = "0.1.0"

@@ -32,8 +32,13 @@ def write_text_atomically(target: str | Path, text: str) -> None:
         partial.write_text(text)
 
 
-def require_parent(target: str | Path) -> None:
-    """Refuse an output whose folder does not exist before any work is done, not after."""
+def require_parent(target: str | Path, what: str | None = None) -> Path:
+    """Refuse an output whose folder does not exist (or is not a folder) before any work is
+    done, not after; returns the folder. The one such check: every command that writes a file
+    the user named calls it. `what` names the output in the message (default: `target`). The
+    folder is judged as the system will open the path (`absent/../x` is refused)."""
     parent = Path(target).parent
     if not parent.is_dir():
-        raise UsageError(f"cannot write {target}: folder {parent} does not exist")
+        problem = "is not a folder" if parent.exists() else "does not exist"
+        raise UsageError(f"cannot write {what or target}: folder {parent} {problem}")
+    return parent

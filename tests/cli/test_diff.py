@@ -44,3 +44,15 @@ def test_a_tensor_in_one_bundle_only(tmp_path):
     dropped = rewrite_bundle(SAMPLE, tmp_path / "dropped.zst", drop_rng)
     code, report = _diff(SAMPLE, dropped)
     assert code == 1 and report["only_in_first"] == ["steps/0/rng/cpu"]
+
+
+def test_a_map_that_only_looks_like_a_tensor_reference_is_compared_field_by_field(tmp_path):
+    """`{"$tensor": <not a name>}` is plain data to the reader, so to diff as well (one predicate,
+    `is_tensor_ref`): its entries are fields like any map's."""
+    from tracekit.format import BundleWriter
+
+    for name, value in (("a", 1), ("b", 2)):
+        with BundleWriter(tmp_path / f"{name}.zst") as writer:
+            writer.set_metadata({"odd": {"$tensor": {"n": value}}, "same": {"$tensor": [0]}})
+    code, report = _diff(tmp_path / "a.zst", tmp_path / "b.zst")
+    assert code == 0 and report["metadata"] == [{"field": "odd.$tensor.n", "first": 1, "second": 2}]

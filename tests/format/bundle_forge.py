@@ -39,11 +39,12 @@ def frame_refs(index: dict) -> dict:
     return refs
 
 
-def forge(source, target, *, edit_header=None, edit_index=None, frames=None, hidden=None) -> None:
+def forge(source, target, *, edit_header=None, pack_header=None, edit_index=None, frames=None, hidden=None) -> None:
     """Rewrite `source` into `target` with the header/index edited in place by the given
     functions and frames replaced ({key: new stored bytes}); offsets, hashes and the replaced
     frames' CRC-32s and content checksums are redone. `hidden` ({key: bytes}) puts bytes that no
-    index entry covers before the frame `key`."""
+    index entry covers before the frame `key`. `pack_header(header)` returns the header payload
+    in place of msgpack.packb's (for values it cannot pack, such as lists nested 1000 deep)."""
     header, index, data = read_parts(source)
     refs = frame_refs(index)
     stored = {key: data[ref[0]:ref[0] + ref[1]] for key, ref in refs.items()}
@@ -54,7 +55,7 @@ def forge(source, target, *, edit_header=None, edit_index=None, frames=None, hid
             refs[key][4] = int.from_bytes(frame[-4:], "little")
     if edit_header:
         edit_header(header)
-    header_payload = msgpack.packb(header)
+    header_payload = pack_header(header) if pack_header else msgpack.packb(header)
     out = bytearray(struct.pack("<II", HEADER, len(header_payload)) + header_payload)
     for key in sorted(refs, key=lambda key: refs[key][0]):
         out += (hidden or {}).get(key, b"")

@@ -12,7 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 import zstandard
-from bundle_forge import forge, read_parts
+from bundle_forge import forge, frame_refs, read_parts
 from click.testing import CliRunner
 
 import tracekit.format.reader
@@ -255,3 +255,107 @@ def test_inspect_and_diff_work_without_torch_or_vllm(small_bundle):
     blocked = subprocess.run([sys.executable, "-c", NO_TORCH.replace("from tracekit.cli import main\nmain()", "import torch")],
                              capture_output=True, text=True, timeout=60)
     assert "torch is blocked in this test" in blocked.stderr  # the blocker works
+
+
+def nested_list(depth: int) -> bytes:
+    """A msgpack list nested `depth` deep (msgpack.packb stops at 511)."""
+    return b"\x91" * (depth - 1) + b"\x90"
+
+
+def header_with(key: str, packed_value: bytes):
+    """A pack_header for forge(): the source header with `key` set to the msgpack bytes given."""
+    def pack(header):
+        others = {name: value for name, value in header.items() if name != key}
+        return (bytes([0x80 | len(others) + 1]) + b"".join(msgpack.packb(name) + msgpack.packb(value) for name, value in others.items())
+                + msgpack.packb(key) + packed_value)
+    return pack
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("writer", nested_list(1000), "header is nested more than 64 deep"),
+    ("writer", nested_list(limits.MAX_METADATA_DEPTH + 1), "header is nested more than 64 deep"),
+    ("added_later", nested_list(1000), "header is nested more than 64 deep"),
+    ("writer", msgpack.packb(["tracekit 0.1.0"]), "header field 'writer' is a list, not a str"),
+    ("writer", msgpack.packb({"name": "tracekit"}), "header field 'writer' is a map, not a str"),
+    ("writer", msgpack.packb(7), "header field 'writer' is an int, not a str"),
+    ("magic", msgpack.packb(["tracekit.bundle"]), "is not a tracekit bundle"),
+], ids=["writer-1000-deep", "writer-65-deep", "unknown-1000-deep", "writer-list", "writer-map", "writer-int", "magic-list"])
+def test_a_header_field_of_the_wrong_type_or_nested_too_deep_is_refused(small_bundle, tmp_path, key, value, message):
+    """Issue 18: a `writer` nested 1000 deep passed the reader and crashed `tracekit inspect`
+    (RecursionError, exit 1); the header now has the metadata's type and depth checks."""
+    forge(small_bundle, tmp_path / "header.zst", pack_header=header_with(key, value))
+    with pytest.raises(BundleError, match=message):
+        open_bundle(tmp_path / "header.zst")
+    for args in (["inspect", str(tmp_path / "header.zst")], ["inspect", "--json", "--full", str(tmp_path / "header.zst")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert result.stderr.count("\n") == 1 and message.split(" is ")[0] in result.stderr, result.stderr
+
+
+def test_a_future_header_is_refused_by_version_before_its_fields_are_judged(small_bundle, tmp_path):
+    def future(header):
+        header.update(format_version=3, min_reader_version=3, writer={"name": "tracekit", "version": "9"})
+
+    forge(small_bundle, tmp_path / "future.zst", edit_header=future)
+    with pytest.raises(BundleError, match="needs reader version >= 3; .*: upgrade tracekit"):
+        open_bundle(tmp_path / "future.zst")
+
+
+def test_header_fields_of_the_right_types_and_unknown_ones_are_read(small_bundle, tmp_path):
+    def newer(header):
+        header.update(added_later={"a": [[1, 2], {"b": None}]})
+
+    forge(small_bundle, tmp_path / "newer.zst", edit_header=newer)
+    forge(small_bundle, tmp_path / "no-writer.zst", edit_header=lambda header: header.pop("writer"))
+    with open_bundle(tmp_path / "newer.zst") as reader:
+        assert reader.header["writer"].startswith("tracekit ") and reader.verify().ok
+    with open_bundle(tmp_path / "no-writer.zst") as reader:  # informational: a writer may leave it out
+        assert "writer" not in reader.header and reader.verify().ok
+
+
+EMPTY_ZSTD_FRAME = zstandard.ZstdCompressor(write_checksum=True).compress(b"")
+
+
+@pytest.mark.parametrize("junk", [b"\0", bytes(range(32)), b"\x28\xb5\x2f\xfd", EMPTY_ZSTD_FRAME],
+                         ids=["1-byte", "32-bytes", "zstd-magic", "empty-zstd-frame"])
+@pytest.mark.parametrize("part", ["metadata", "tensor 'ids'", "golden-v1 metadata"])
+def test_bytes_after_a_frame_inside_its_indexed_extent_are_refused(small_bundle, tmp_path, part, junk):
+    """Issue 18: junk after the metadata frame, inside the extent the index gives it (re-signed:
+    CRC-32, and in v2 the checksum, over the padded bytes), was accepted and `verify` said all
+    parts intact; a tensor frame took an empty zstd frame after it. Frames tile exactly."""
+    source = GOLDEN if part.startswith("golden") else small_bundle
+    key = ("ids", 0, 0) if part == "tensor 'ids'" else ("metadata",)
+    _, index, data = read_parts(source)
+    ref = frame_refs(index)[key]
+    forge(source, tmp_path / "padded.zst", frames={key: data[ref[0]:ref[0] + ref[1]] + junk})
+    problem = f"has {len(junk)} bytes after the end of its zstd frame"
+    name = part.removeprefix("golden-v1 ")
+    with open_bundle(tmp_path / "padded.zst") as reader:
+        damaged = reader.verify().damaged
+        assert list(damaged) == [name] and problem in damaged[name], damaged
+        with pytest.raises(BundleError, match=f"is damaged: {name} {problem}"):
+            reader.metadata if name == "metadata" else reader.read_tensor("ids")
+    result = CliRunner().invoke(main, ["inspect", "--verify", str(tmp_path / "padded.zst")])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and problem in result.stderr, result.stderr
+
+
+def test_maps_that_only_look_like_references_do_not_count_against_the_reference_cap(small_bundle, tmp_path):
+    """`{"$tensor": 1}` names no tensor: it is a plain map, for the unpacker's count as for the rest."""
+    count = limits.MAX_TENSOR_REFERENCES + 1
+    forge_metadata(small_bundle, tmp_path / "lookalikes.zst", packed_array_of(msgpack.packb({"$tensor": 1}), count))
+    with open_bundle(tmp_path / "lookalikes.zst") as reader:
+        assert reader.metadata == [{"$tensor": 1}] * count
+
+
+def test_rewrite_refuses_metadata_left_referring_to_a_dropped_tensor(small_bundle, tmp_path):
+    from tracekit.format.rewrite import rewrite_bundle
+
+    def drop(metadata, tensors):
+        del tensors["kv/layer.0"]
+        metadata["odd"] = {"$tensor": ["kv/layer.0"]}  # not a reference: fine
+
+    with pytest.raises(BundleError, match=r"edited metadata refers to tensors it no longer has: \['kv/layer.0'\]"):
+        rewrite_bundle(small_bundle, tmp_path / "dropped.zst", drop)
+    rewrite_bundle(small_bundle, tmp_path / "kept.zst", lambda metadata, tensors: metadata.update(kv={"$tensor": ["x"]}))
+    with open_bundle(tmp_path / "kept.zst") as reader:
+        assert reader.metadata["kv"] == {"$tensor": ["x"]}

@@ -71,3 +71,19 @@ def test_inspect_of_a_bundle_without_the_step_schema(small_bundle):
     summary = json.loads(result.output)
     assert summary["content"].startswith("not a recorded engine step")
     assert summary["verify"] == {"ok": True, "parts_checked": 7, "damaged": {}}
+
+
+def test_inspect_full_shows_a_map_that_only_looks_like_a_tensor_reference_as_data(step_bundle, tmp_path):
+    """Issue 18: `{"$tensor": [...]}` (no string name, so no reference: the reader lets it through)
+    made `inspect --json --full` raise TypeError; only a reference is summarized as a tensor."""
+    from tracekit.format.rewrite import rewrite_bundle
+
+    def add_lookalikes(metadata, tensors):
+        metadata["lookalikes"] = {"list": {"$tensor": [1, 2]}, "map": {"$tensor": {"a": 1}}, "int": {"$tensor": 5}}
+
+    path = rewrite_bundle(step_bundle, tmp_path / "odd.zst", add_lookalikes)
+    result = CliRunner().invoke(main, ["inspect", str(path), "--json", "--full"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    content = json.loads(result.output)["content"]
+    assert content["lookalikes"] == {"list": {"$tensor": [1, 2]}, "map": {"$tensor": {"a": 1}}, "int": {"$tensor": 5}}
+    assert content["steps"][0]["input_ids"] == {"tensor": "steps/0/input_ids", "dtype": "int64", "shape": [9]}

@@ -19,6 +19,7 @@ from tracekit.errors import BundleError, UsageError
 from tracekit.format import open_bundle
 from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
+from tracekit.format.untrusted import is_tensor_ref
 
 
 MAX_TABLE_ROWS = 200
@@ -40,10 +41,10 @@ def _listed(value) -> list:
 
 def _tensor_summaries(value, infos: dict):
     """The metadata tree with every tensor reference replaced by what the index says of it."""
+    if is_tensor_ref(value):
+        info = infos.get(value["$tensor"])
+        return {"tensor": value["$tensor"], "dtype": info and info.dtype, "shape": info and list(info.shape)}
     if isinstance(value, dict):
-        if len(value) == 1 and "$tensor" in value:
-            info = infos.get(value["$tensor"])
-            return {"tensor": value["$tensor"], "dtype": info and info.dtype, "shape": info and list(info.shape)}
         return {key: _tensor_summaries(item, infos) for key, item in value.items()}
     if isinstance(value, list):
         return [_tensor_summaries(item, infos) for item in value]

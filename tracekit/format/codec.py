@@ -5,7 +5,7 @@ Why shuffle: in a float tensor the high byte of each element (sign and exponent)
 handful of values while the low mantissa bytes are close to random. Splitting a chunk into
 byte planes (all byte 0s, then all byte 1s, ...) and giving each plane its own zstd frame lets
 zstd compress the exponent plane well and store the noise planes as raw blocks, which zstd
-detects and emits at several GB/s. Measured numbers are in docs/FORMAT.md.
+detects and emits at several GB/s. Measured numbers are in docs/PERFORMANCE.md.
 """
 
 import threading
@@ -171,6 +171,32 @@ def check_frame_header(frame: bytes | memoryview, content_nbytes: int) -> None:
         raise FrameDamage(f"frame declares {parameters.content_size} bytes where the index says {content_nbytes}")
     if not parameters.has_checksum:
         raise FrameDamage("frame has no content checksum")
+    end = frame_end(frame)
+    if end > len(frame):
+        raise FrameDamage("is cut off (its zstd frame runs past the bytes the index gives it)")
+    if end < len(frame):
+        raise FrameDamage(f"has {len(frame) - end} bytes after the end of its zstd frame (frames tile the file exactly)")
+
+
+def frame_end(frame: bytes | memoryview) -> int:
+    """Where the zstd frame that `frame` starts with ends (zstd's ZSTD_findFrameCompressedSize):
+    its header, then blocks up to the one marked last, then its 4-byte content checksum. Walks
+    the 3-byte block headers (one per <= 128 KiB of content) without decompressing; zstd itself
+    stops at the frame's end and ignores whatever follows it in the buffer."""
+    try:
+        position = zstandard.frame_header_size(frame)
+    except zstandard.ZstdError:
+        raise FrameDamage("is not a zstd frame") from None
+    while True:
+        if position + 3 > len(frame):
+            raise FrameDamage("is cut off (its last zstd block is missing)")
+        block = int.from_bytes(frame[position:position + 3], "little")
+        kind, size = (block >> 1) & 3, block >> 3
+        if kind == 3:
+            raise FrameDamage("does not decompress (a zstd block of the reserved type)")
+        position += 3 + (1 if kind == 1 else size)  # an RLE block stores one byte
+        if block & 1:
+            return position + 4  # the content checksum (check_frame_header made sure there is one)
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:

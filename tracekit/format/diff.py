@@ -15,6 +15,7 @@ from typing import Any
 
 from tracekit.format.compare import compare_bytes
 from tracekit.format.reader import open_bundle
+from tracekit.format.untrusted import is_tensor_ref
 
 
 @dataclass
@@ -45,7 +46,7 @@ class BundleDiff:
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(value, dict) and not (len(value) == 1 and "$tensor" in value):
+    if isinstance(value, dict) and not is_tensor_ref(value):
         for key, item in value.items():
             _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
     else:

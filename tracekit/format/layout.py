@@ -18,8 +18,9 @@ MIN_READER_VERSION = 2
 # The newest format this code reads; a bundle whose min_reader_version is above it is refused.
 READER_VERSION = 2
 BUNDLE_MAGIC = "tracekit.bundle"
+# The header fields this version knows, with their msgpack types (others are ignored).
+HEADER_FIELDS = {"magic": str, "format_version": int, "min_reader_version": int, "writer": str}
 
-ZSTD_FRAME_MAGIC = 0xFD2FB528
 HEADER_FRAME_MAGIC = 0x184D2A50
 INDEX_FRAME_MAGIC = 0x184D2A5E
 TRAILER_FRAME_MAGIC = 0x184D2A5F

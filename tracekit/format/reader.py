@@ -1,6 +1,6 @@
 """BundleReader: opens a bundle by reading only its header, trailer and index, then decodes
 single tensors or the metadata on demand, checking on the way that no damaged or misplaced
-byte comes back (docs/FORMAT.md, "Integrity", says which check each read runs).
+byte comes back (docs/FORMAT-RATIONALE.md, "Integrity", says which check each read runs).
 
 Every number taken from the file is checked against `limits` before use, every failure
 becomes one BundleError line that names the bundle and the damaged part, and nothing in the
@@ -21,7 +21,7 @@ from tracekit.format.codec import FrameDamage, Scratch, check_stored, content_ch
 from tracekit.format.dtypes import decode
 from tracekit.format.index import ChunkRef, Index, TensorInfo, parse_index
 from tracekit.format.layout import (
-    BUNDLE_MAGIC, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, PARTIAL_SUFFIX, READER_VERSION, SKIPPABLE_HEADER,
+    BUNDLE_MAGIC, HEADER_FIELDS, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, PARTIAL_SUFFIX, READER_VERSION, SKIPPABLE_HEADER,
     TRAILER_BYTES, TRAILER_FRAME_MAGIC, TRAILER_MAGIC, TRAILER_PAYLOAD, UNCOMMITTED_TRAILER_MAGIC,
 )
 from tracekit.format.untrusted import Refused, check_plain, is_tensor_ref, unpack_bounded
@@ -66,6 +66,7 @@ class BundleReader:
             self._size = status.st_size
             self.header = self._read_header()
             self._index = self._read_index_checking_version()
+            self._check_header_fields()
         except BaseException:
             os.close(self._fd)
             raise
@@ -131,10 +132,22 @@ class BundleReader:
             raise self._damaged("header", "is not readable msgpack") from None
         if not isinstance(header, dict) or header.get("magic") != BUNDLE_MAGIC:
             raise BundleError(f"{self.path} is not a tracekit bundle (its header has no tracekit magic)")
+        try:
+            check_plain(header)  # before any code walks it (printing a value recurses)
+        except Refused as problem:
+            raise self._damaged("header", str(problem)) from None
         versions = [header.get("format_version"), header.get("min_reader_version")]
         if not all(type(version) is int and version >= 1 for version in versions):
             raise self._damaged("header", "has no valid format_version/min_reader_version")
         return header
+
+    def _check_header_fields(self) -> None:
+        """Every header field this reader knows has its type (an absent `writer` is fine). Run
+        once the version is known to be readable: a newer format may retype a field."""
+        for key, kind in HEADER_FIELDS.items():
+            value = self.header.get(key)
+            if key in self.header and type(value) is not kind:
+                raise self._damaged("header", f"field {key!r} is {_kind_of(value)}, not {_KIND_NAMES[kind]}")
 
     def _read_index_checking_version(self) -> Index:
         """The index, once the header's versions allow reading it. A newer bundle is refused,
@@ -362,6 +375,15 @@ class BundleReader:
             return value
 
         return load(obj)
+
+
+_KIND_NAMES = {str: "a str", int: "an int", float: "a float", bool: "a bool", bytes: "a bin", list: "a list",
+               dict: "a map", type(None): "nil"}
+
+
+def _kind_of(value) -> str:
+    """What msgpack type `value` came from, for a message."""
+    return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
 def _prefetch(fd: int, info: TensorInfo) -> None:

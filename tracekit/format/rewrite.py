@@ -1,5 +1,7 @@
-"""Rewriting a bundle into a new one with edits: the tool behind redaction, step extraction and
-the negative-control tests (a perturbed KV block, a dropped generator state).
+"""Rewriting a bundle into a new one with edits. Only the tests use it, to forge edited
+bundles: negative controls for replay (a perturbed KV block, a dropped generator state), rank
+sets, `tracekit diff`, refusals. (Redaction and shrinking write a new bundle from the content
+with `record.persist.write_content` instead.)
 
 The source is read in full and verified; `edit(metadata, tensors)` may change the metadata and
 replace, add or drop tensors (`tensors` maps names to loaded tensors); the result is written
@@ -11,19 +13,8 @@ from typing import Any, Callable
 
 from tracekit.errors import BundleError
 from tracekit.format.reader import open_bundle
+from tracekit.format.untrusted import Refused, check_plain
 from tracekit.format.writer import BundleWriter
-
-
-def _referenced(value: Any, found: set[str]) -> set[str]:
-    if isinstance(value, dict):
-        if len(value) == 1 and isinstance(value.get("$tensor"), str):
-            found.add(value["$tensor"])
-        for item in value.values():
-            _referenced(item, found)
-    elif isinstance(value, list):
-        for item in value:
-            _referenced(item, found)
-    return found
 
 
 def rewrite_bundle(
@@ -35,7 +26,11 @@ def rewrite_bundle(
         metadata = reader.metadata
         tensors = {info.name: reader.read_tensor(info.name) for info in reader.tensor_infos()}
     edit(metadata, tensors)
-    dangling = _referenced(metadata, set()) - tensors.keys()
+    try:
+        referenced = check_plain(metadata)
+    except Refused as problem:
+        raise BundleError(f"edited metadata cannot be stored: it {problem} (readers refuse that)") from None
+    dangling = referenced - tensors.keys()
     if dangling:
         raise BundleError(f"edited metadata refers to tensors it no longer has: {sorted(dangling)[:3]}")
     with BundleWriter(target) as writer:

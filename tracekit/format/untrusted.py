@@ -31,7 +31,7 @@ def unpack_bounded(payload, max_items: int, max_containers: int):
         return container
 
     def count_map(container):
-        if len(container) == 1 and "$tensor" in container:
+        if is_tensor_ref(container):
             left[2] -= 1
             if left[2] < 0:
                 raise Refused(f"holds more than {limits.MAX_TENSOR_REFERENCES} tensor references")
@@ -54,6 +54,8 @@ def unpack_bounded(payload, max_items: int, max_containers: int):
 
 
 def is_tensor_ref(value) -> bool:
+    """Whether `value` is a tensor reference, `{"$tensor": <name, a str>}`: the one definition
+    (any other map holding "$tensor" is plain data)."""
     return type(value) is dict and len(value) == 1 and isinstance(value.get("$tensor"), str)
 
 
@@ -71,7 +73,7 @@ def check_plain(obj) -> set[str]:
             if value.__class__ is dict:
                 containers += 1
                 entries += len(value)
-                if len(value) == 1 and isinstance(value.get("$tensor"), str):
+                if is_tensor_ref(value):
                     references += 1
                     referenced.add(value["$tensor"])
                     continue

@@ -15,6 +15,7 @@ from pathlib import Path
 from tracekit.errors import UsageError
 from tracekit.format.content import write_steps
 from tracekit.format.schema import EngineConfig, Environment, ParallelRank, Step
+from tracekit.outputs import require_parent
 
 logger = logging.getLogger("tracekit.record")
 
@@ -34,9 +35,7 @@ class OutputTemplate:
         self.template = str(template)
         if world_size > 1 and RANK_PLACEHOLDER not in self.template:
             self.template = _with_rank(self.template)
-        parent = Path(self.path_for(0)).resolve().parent
-        if not parent.is_dir():
-            raise UsageError(f"cannot write bundles to {self.template}: {parent} is not a directory")
+        parent = require_parent(self.path_for(0), f"bundles to {self.template}")
         probe = parent / f".tracekit-write-probe-{threading.get_ident()}"
         try:
             probe.touch()

@@ -30,7 +30,10 @@ PROPERTY_NAMES = ("raises", "nonfinite", "modes-differ", "command:CMD")
 
 
 @dataclass
-class Verdict:
+class PropertyOutcome:
+    """The outcome of checking a property on one candidate step: whether it holds, and what
+    was seen (a line for the shrink log). Not a replay verdict (`tracekit.replay.verdict`)."""
+
     holds: bool
     detail: str
 
@@ -60,7 +63,7 @@ class StepProperty:
     def check_bundle(self, step: Step) -> None:
         """Refuse (exit 2) a property this bundle cannot have, before any engine starts."""
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> Verdict:
+    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
         raise NotImplementedError
 
 
@@ -73,14 +76,14 @@ class Raises(StepProperty):
         if step.error is None:
             raise UsageError("--until raises needs a bundle whose recorded forward raised (record with --on exception)")
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> Verdict:
+    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
         try:
             replayer.run(step, None)
         except Exception as error:  # the property is about exactly this
             recorded = step.error or {}
             same = type(error).__name__ == recorded.get("type") and str(error) == recorded.get("message")
-            return Verdict(same, f"raised {_described(error)}" + ("" if same else " (not the recorded error)"))
-        return Verdict(False, "did not raise")
+            return PropertyOutcome(same, f"raised {_described(error)}" + ("" if same else " (not the recorded error)"))
+        return PropertyOutcome(False, "did not raise")
 
 
 def _first_rows(tensor: Any, rows: int) -> Any:
@@ -88,11 +91,11 @@ def _first_rows(tensor: Any, rows: int) -> Any:
 
 
 class NonFinite(StepProperty):
-    def evaluate(self, step: Step, replayer: StepReplayer) -> Verdict:
+    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
         try:
             observed = replayer.run(step, None)
         except Exception as error:  # a forward that raises yields no values at all
-            return Verdict(False, f"raised {_described(error)}")
+            return PropertyOutcome(False, f"raised {_described(error)}")
         rows = sum(request.num_scheduled_tokens for request in step.requests)
         found = [
             name for name, tensor in (
@@ -100,7 +103,7 @@ class NonFinite(StepProperty):
             )
             if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
         ]
-        return Verdict(bool(found), f"non-finite {', '.join(found)}" if found else "all finite")
+        return PropertyOutcome(bool(found), f"non-finite {', '.join(found)}" if found else "all finite")
 
 
 class ModesDiffer(StepProperty):
@@ -108,7 +111,7 @@ class ModesDiffer(StepProperty):
         super().__init__(text)
         self.tolerance = tolerance
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> Verdict:
+    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
         if replayer.engine_mode() == "eager" and step.graph.runtime_mode == "NONE":
             raise UsageError(
                 "--until modes-differ compares the engine's compiled (or graph) forward with the eager one, "
@@ -127,12 +130,12 @@ class ModesDiffer(StepProperty):
         try:
             replayer.run(step, both_modes)
         except Exception as error:
-            return Verdict(False, f"raised {_described(error)}")
+            return PropertyOutcome(False, f"raised {_described(error)}")
         comparison = compare_tensors(outputs["engine"], outputs["eager"])
         if comparison["bit_exact"]:
-            return Verdict(False, "bit-exact")
+            return PropertyOutcome(False, "bit-exact")
         rms = comparison["relative_rms"]
-        return Verdict(rms > self.tolerance, f"relative RMS {rms:.3g} (tolerance {self.tolerance:g})")
+        return PropertyOutcome(rms > self.tolerance, f"relative RMS {rms:.3g} (tolerance {self.tolerance:g})")
 
 
 class Command(StepProperty):
@@ -144,11 +147,11 @@ class Command(StepProperty):
             raise UsageError("--until command:CMD needs a command after 'command:'")
         self.command = command
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> Verdict:
+    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
         path = shlex.quote(str(replayer.write(step)))
         line = self.command.replace("{bundle}", path) if "{bundle}" in self.command else f"{self.command} {path}"
         finished = subprocess.run(line, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return Verdict(finished.returncode == 0, f"exit {finished.returncode}")
+        return PropertyOutcome(finished.returncode == 0, f"exit {finished.returncode}")
 
 
 def parse_property(text: str, tolerance: float = 0.0) -> StepProperty:

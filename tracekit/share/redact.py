@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from tracekit import __version__
-from tracekit.errors import UsageError
 from tracekit.environment import numerics_relevant_env
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, RequestState, Step
@@ -35,6 +34,7 @@ from tracekit.integrations.vllm.step_records import (
     rebuild_scheduler_output,
     redact_sampling_params,
 )
+from tracekit.outputs import require_parent
 
 NEUTRAL_TOKEN_ID = 0
 
@@ -179,8 +179,7 @@ def redact(bundle: str | Path, output: str | Path) -> dict[str, Any]:
     """Write the redacted bundle; returns its `redact` derivation record."""
     from tracekit.format.content import write_content
 
-    if not Path(output).resolve().parent.is_dir():
-        raise UsageError(f"cannot write {output}: {Path(output).resolve().parent} is not a directory")
+    require_parent(output)
     with open_bundle(bundle) as reader:
         content = BundleContent.from_plain(reader.resolve(reader.metadata, to="torch"))
     redacted = redact_content(content)

@@ -88,7 +88,3 @@ def _reduced_kv(kv: KVSnapshot, requests: list[RequestState]) -> KVSnapshot:
         ))
     return dataclasses.replace(kv, groups=groups, extras=dict(kv.extras))
 
-
-def total_tokens(step: Step) -> int:
-    return sum(request.num_scheduled_tokens for request in step.requests)
-

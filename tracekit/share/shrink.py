@@ -22,7 +22,8 @@ from rich.console import Console
 from tracekit import __version__
 from tracekit.errors import UsageError
 from tracekit.format.schema import BundleContent, Step
-from tracekit.share.properties import StepProperty, StepReplayer, Verdict, parse_property
+from tracekit.outputs import require_parent
+from tracekit.share.properties import PropertyOutcome, StepProperty, StepReplayer, parse_property
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
 
 
@@ -93,22 +94,22 @@ class _Trials:
         self.prop = prop
         self.replayer = replayer
         self.console = console
-        self.verdicts: dict[tuple[tuple[str, int], ...], Verdict] = {}
+        self.outcomes: dict[tuple[tuple[str, int], ...], PropertyOutcome] = {}
 
     def holds(self, keep: dict[str, int]) -> bool:
         key = tuple((req_id, keep[req_id]) for req_id in self.step.batch_order if req_id in keep)
-        if key not in self.verdicts:
+        if key not in self.outcomes:
             candidate = self.step if dict(key) == scheduled_tokens(self.step) else reduce_step(self.step, dict(key))
-            with self.console.status(f"replay {len(self.verdicts) + 1}: {len(key)} request(s), "
+            with self.console.status(f"replay {len(self.outcomes) + 1}: {len(key)} request(s), "
                                      f"{sum(count for _, count in key)} token(s)"):
-                verdict = self.prop.evaluate(candidate, self.replayer)
-            self.verdicts[key] = verdict
-            mark = "[green]holds[/green]" if verdict.holds else "[dim]no[/dim]"
+                outcome = self.prop.evaluate(candidate, self.replayer)
+            self.outcomes[key] = outcome
+            mark = "[green]holds[/green]" if outcome.holds else "[dim]no[/dim]"
             self.console.print(
-                f"  replay {len(self.verdicts):>3}: {len(key):>3} request(s) {sum(c for _, c in key):>5} token(s)  "
-                f"{mark}  [dim]{verdict.detail}[/dim]", highlight=False,
+                f"  replay {len(self.outcomes):>3}: {len(key):>3} request(s) {sum(c for _, c in key):>5} token(s)  "
+                f"{mark}  [dim]{outcome.detail}[/dim]", highlight=False,
             )
-        return self.verdicts[key].holds
+        return self.outcomes[key].holds
 
 
 class _EngineReplayer(StepReplayer):
@@ -186,8 +187,7 @@ def shrink(
     console = console or Console(stderr=True, highlight=False)
     prop = parse_property(until, tolerance)
     output = Path(output)
-    if not output.parent.is_dir():
-        raise UsageError(f"cannot write {output}: {output.parent} is not a directory")
+    require_parent(output)
     content, recorded = load_step(bundle, step)
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
@@ -197,7 +197,7 @@ def shrink(
         console.print(f"[bold]shrink[/bold] {bundle}: {len(original)} request(s), {sum(original.values())} "
                       f"token(s), until {until}", highlight=False)
         if not trials.holds(original):
-            detail = next(iter(trials.verdicts.values())).detail
+            detail = next(iter(trials.outcomes.values())).detail
             raise UsageError(f"--until {until} does not hold on {bundle} ({detail}); nothing written")
         kept_ids = ddmin(list(original), lambda ids: trials.holds({i: original[i] for i in ids}))
         keep = {req_id: original[req_id] for req_id in kept_ids}
@@ -212,7 +212,7 @@ def shrink(
             requests_after=len(keep),
             tokens_before=sum(original.values()),
             tokens_after=sum(keep.values()),
-            replays=len(trials.verdicts),
+            replays=len(trials.outcomes),
             seconds=0.0,
             kept=keep,
         )
