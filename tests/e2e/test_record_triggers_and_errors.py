@@ -55,7 +55,7 @@ def test_nonfinite_trigger_fires_on_the_step_whose_output_got_a_nan(recorder_beh
         (["--when", "num_reqs>>2"], "bad --when"),
         (["--when", "foo==1"], "unknown name 'foo'"),
         (["--steps", "9:3"], "empty range"),
-        (["-o", "/nonexistent/x.zst"], "not a directory"),
+        (["-o", "/nonexistent/x.zst"], "does not exist"),
         # tests run as root, for whom chmod 0500 does not stop writes; /sys refuses even root
         (["-o", "/sys/x.zst"], "Permission denied"),
     ],
