@@ -162,14 +162,17 @@ def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict,
     from tracekit.format.content import read_step_facts
     from tracekit.replay.replayer import replay
     from tracekit.replay.suite import SuiteRecord, record_of
-    from tracekit.replay.verdict_names import VerdictName
+    from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
     facts = read_step_facts(bundle, options.get("step"))
     progress.started(str(bundle), **facts)
     started = time.perf_counter()
     try:
         result = replay(bundle, profile_prefix=profile / name if profile else None, **options)
-    except TracekitError:
+    except TracekitError as error:  # refused: one line (printed by the caller), and its record
+        verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
+        progress.finished({**SuiteRecord(str(bundle), name, verdict.value, error.exit_code, error=str(error)).to_plain(),
+                           **facts})
         raise
     except Exception as error:  # inside vLLM, the device or tracekit: not a verdict on the step
         reason = f"{type(error).__name__}: {first_line(error)}"

@@ -1,0 +1,90 @@
+"""GPU tests: real vLLM 0.26 engines on a CUDA device (marker `gpu`). Skipped, with the reason,
+wherever there is no CUDA device or no vLLM 0.26 (CI has neither); `tools/gpu_run.sh` runs them
+on the GPU machine.
+
+Each engine configuration records the built-in workload (plus top-k/top-p requests, which run on
+a GPU) once, every step a bundle, and replays all of them — with negative controls beside them —
+in one fresh `tracekit replay` process, so one engine is built per configuration.
+"""
+
+import importlib.metadata
+import json
+
+import pytest
+
+from gpu_support import CONFIGS, json_records, tracekit
+
+EXPECTED_SERIES = "0.26"
+
+
+def _skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "needs a CUDA device (this machine has none)"
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "needs vLLM 0.26 (not installed; on the GPU machine: tools/gpu_run.sh)"
+    if not version.startswith(EXPECTED_SERIES + "."):
+        return f"needs vLLM {EXPECTED_SERIES} (installed: {version})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if "tests/gpu/" not in item.nodeid.replace("\\", "/") or item.get_closest_marker("cpu_side"):
+            continue
+        item.add_marker(pytest.mark.gpu)
+        reason = reason or _skip_reason() or ""
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# The built-in workload's requests, plus sampling only a GPU runs (V2's top-k/top-p kernel fails
+# under Triton's CPU interpreter).
+EXTRA_REQUESTS = [
+    {"prompt": "Write a haiku about the sea", "temperature": 0.9, "top_k": 20, "top_p": 0.9, "seed": 3},
+    {"prompt": "List three prime numbers:", "temperature": 0.7, "top_p": 0.8},
+]
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory):
+    from tracekit.record.workload import BUILTIN_WORKLOAD
+
+    path = tmp_path_factory.mktemp("prompts") / "gpu-workload.jsonl"
+    lines = [{"prompt": request.prompt, **request.sampling} for request in BUILTIN_WORKLOAD] + EXTRA_REQUESTS
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+class Recording:
+    """One configuration's recorded steps and their replay in one fresh process."""
+
+    def __init__(self, name, folder, record, replay, records, extra):
+        self.name, self.folder, self.record, self.replay, self.records, self.extra = (
+            name, folder, record, replay, records, extra)
+
+
+@pytest.fixture(scope="session", params=sorted(CONFIGS))
+def recording(request, tmp_path_factory, prompts_file):
+    from negative_controls import make_negative_controls
+
+    name = request.param
+    runner, args = CONFIGS[name]
+    folder = tmp_path_factory.mktemp(name)
+    steps = folder / "steps"
+    steps.mkdir()
+    record = tracekit("record", "-o", steps / "step{step}.zst", "--steps", "0:60", "--prompts", prompts_file,
+                      "--max-tokens", 10, *args, runner=runner)
+    assert record.returncode == 0, record.explain()
+    extra = make_negative_controls(steps, folder / "controls", runner)
+    result = folder / "replays.jsonl"
+    replay = tracekit("replay", steps, *extra.values(), "--keep-going", "--iters", 20, "--samples", 5,
+                      "--json", result, runner=runner)
+    records = json_records(result) if result.exists() else {}
+    return Recording(name, steps, record, replay, records, extra)

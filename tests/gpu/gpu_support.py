@@ -1,0 +1,62 @@
+"""Running real vLLM 0.26 engines on a CUDA machine for the GPU tests, and reading what they wrote.
+
+Every engine runs in a fresh process (`python -m tracekit ...`, or an engine script), as on the
+CPU; the GPU machine has no console script, only the checkout on PYTHONPATH (`tools/gpu_run.sh`).
+What an engine did is read back from the bundles and the `--json` records it left.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+E2E = Path(__file__).resolve().parents[1] / "e2e"
+sys.path.insert(0, str(E2E))  # the step kinds and bundle readers the CPU end-to-end tests use
+
+from e2e_support import Finished, bundles_by_step, of_kind, read_content, read_step  # noqa: E402,F401
+
+ENGINE_TIMEOUT_S = 600
+# Capture sizes up to the workload's token budget (64): decode steps replay FULL graphs (of a
+# padded size), mixed steps PIECEWISE graphs.
+CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64]
+GRAPHS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": CAPTURE_SIZES})]
+
+
+def gpu_env(runner: str) -> dict[str, str]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    return env
+
+
+def run(argv: list[str], runner: str = "v2", timeout: float = ENGINE_TIMEOUT_S) -> Finished:
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=gpu_env(runner), capture_output=True, text=True, timeout=timeout)
+    return Finished(done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
+
+
+def tracekit(*args: Any, runner: str = "v2") -> Finished:
+    return run([sys.executable, "-m", "tracekit", *map(str, args)], runner)
+
+
+def json_records(path: Path) -> dict[str, dict[str, Any]]:
+    """The `--json` records of a replay, by bundle path."""
+    return {record["bundle"]: record for record in map(json.loads, path.read_text().splitlines())}
+
+
+def checks_of(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {check["item"]: check for check in record["checks"]}
+
+
+# Engine configurations, each recorded once and replayed in one process: (runner, engine args).
+CONFIGS = {
+    # vLLM 0.26's defaults on an H200: Model Runner V2, FULL_AND_PIECEWISE graphs, async scheduling.
+    "v2-bf16-graphs": ("v2", ["--dtype", "bfloat16", *GRAPHS]),
+    "v1-bf16-graphs": ("v1", ["--dtype", "bfloat16", *GRAPHS]),
+    "v1-bf16-graphs-sync": ("v1", ["--dtype", "bfloat16", "--no-async-scheduling", *GRAPHS]),
+    "v2-fp32-graphs": ("v2", ["--dtype", "float32", *GRAPHS]),
+    "v2-bf16-eager": ("v2", ["--dtype", "bfloat16", "--enforce-eager"]),
+    "v1-fp32-eager": ("v1", ["--dtype", "float32", "--enforce-eager"]),
+}

@@ -1,0 +1,56 @@
+"""The bundles another team recorded on an H200 with vLLM 0.26 (`traces/h200-vllm026/`, from a
+tracekit that stored async placeholders and no padding rows apart) get the verdict they deserve:
+on a GPU with vLLM 0.26 each reproduces on its real rows; on any other machine (CI's CPU) each
+is refused with exit 3 and the reason in one line, before an engine is built."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_support import checks_of, json_records, tracekit
+
+FIXTURES = sorted((Path(__file__).resolve().parents[2] / "traces" / "h200-vllm026").glob("*.zst"))
+
+
+def test_fixtures_are_there():
+    assert len(FIXTURES) == 4, FIXTURES
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fixtures") / "replays.jsonl"
+    finished = tracekit("replay", *FIXTURES, "--keep-going", "--json", out, runner="v1")
+    return finished, json_records(out) if out.exists() else {}
+
+
+def test_each_fixture_reproduces_on_its_real_rows(replayed):
+    finished, records = replayed
+    assert finished.returncode == 0, finished.explain()
+    for bundle in FIXTURES:
+        record = records[str(bundle)]
+        assert record["verdict"] == "bit_exact", (bundle.name, record.get("verdict_reason"))
+        checks = checks_of(record)
+        if "decode" in bundle.name:  # 5 decodes ran a FULL graph of 8 rows
+            assert checks["input_ids/padding"]["rows"] == [5, 8] and checks["input_ids/padding"]["decides"] is False
+        assert not record["dispatch"]["differences"], (bundle.name, record["dispatch"])
+
+
+@pytest.mark.cpu_side
+@pytest.mark.parametrize("bundle", FIXTURES, ids=lambda path: path.name)
+def test_on_a_machine_without_cuda_each_is_refused_with_the_reason(bundle, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the fixtures replay here (the test above)")
+    out = tmp_path / "result.jsonl"
+    finished = subprocess.run([sys.executable, "-m", "tracekit", "replay", str(bundle), "--json", str(out)],
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 3, finished.stderr
+    lines = [line for line in finished.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error:"), finished.stderr
+    assert "cuda device (NVIDIA H200)" in lines[0] and "replay it on a cuda machine" in lines[0], lines[0]
+    assert "Traceback" not in finished.stdout + finished.stderr
+    assert json.loads(out.read_text())["verdict"] == "cannot_run_here"

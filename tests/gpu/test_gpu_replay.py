@@ -1,0 +1,116 @@
+"""Record every step of the workload on vLLM 0.26 on a GPU, per engine configuration, and replay
+each bundle in a fresh process (`conftest.recording`): bit-exact on the real rows, through
+vLLM's own dispatch at the recorded padded size and graph mode, with the negative controls
+caught and a device-side assert ending as the verdict `crashed`."""
+
+import pytest
+
+from gpu_support import CONFIGS, bundles_by_step, checks_of, of_kind, read_content, read_step
+
+# Step kinds of the CPU suite the built-in workload produces, plus GPU-only sampling.
+STEP_KINDS = (
+    "pure_prefill", "pure_decode", "mixed", "chunked_prefill", "greedy_sampling", "seeded_sampling",
+    "unseeded_sampling", "penalties", "min_tokens", "logprobs",
+)
+
+
+def _replayed(recording, path):
+    record = recording.records.get(str(path))
+    assert record is not None, f"{path.name} has no replay record\n{recording.replay.explain()}"
+    return record
+
+
+def test_the_workload_was_recorded_and_replayed(recording):
+    assert recording.record.returncode == 0, recording.record.explain()
+    assert recording.records, recording.replay.explain()
+    steps = sorted(recording.folder.glob("step*.zst"))
+    assert len(steps) >= 10, [path.name for path in steps]
+
+
+@pytest.mark.parametrize("kind", STEP_KINDS)
+def test_every_step_kind_replays_bit_exact_on_its_real_rows(recording, kind):
+    bundles = of_kind(bundles_by_step(recording.folder), kind)
+    assert bundles, f"{recording.name}: the workload produced no {kind} step"
+    for index, path in bundles.items():
+        record = _replayed(recording, path)
+        assert record["verdict"] == "bit_exact", (index, record.get("verdict_reason"), record.get("error"))
+        checks = checks_of(record)
+        assert {"input_ids", "positions", "hidden_states", "logits", "sampled_token_ids"} <= set(checks)
+        assert any(item.startswith("kv_written/") for item in checks), index
+
+
+def test_top_k_and_top_p_requests_replay_bit_exact(recording):
+    sampled = []
+    for path in bundles_by_step(recording.folder).values():
+        step = read_step(path)
+        if any((r.sampling_params or {}).get("top_k", 0) > 0 or (r.sampling_params or {}).get("top_p", 1.0) < 1.0
+               for r in step.requests):
+            sampled.append(path)
+    assert sampled
+    for path in sampled:
+        assert _replayed(recording, path)["verdict"] == "bit_exact", path.name
+
+
+def test_the_replay_ran_each_step_as_the_engine_dispatched_it(recording):
+    """Decode steps ran FULL graphs of a padded size, mixed ones PIECEWISE graphs (graph
+    engines); eager engines ran no graph. The replay's dispatch is the recorded one."""
+    modes = set()
+    for path in bundles_by_step(recording.folder).values():
+        record = _replayed(recording, path)
+        dispatch = record["dispatch"]
+        assert not dispatch["differences"], (path.name, dispatch["differences"])
+        modes.add(dispatch["recorded"]["runtime_mode"])
+    if "--enforce-eager" in CONFIGS[recording.name][1]:
+        assert modes == {"NONE"}
+    else:
+        assert {"FULL", "PIECEWISE"} <= modes, modes
+
+
+def test_padding_rows_are_kept_restored_and_compared_apart(recording):
+    padded = 0
+    for path in bundles_by_step(recording.folder).values():
+        step = read_step(path)
+        if step.graph.num_tokens_padded <= step.graph.num_tokens:
+            continue
+        padded += 1
+        checks = checks_of(_replayed(recording, path))
+        for item in ("input_ids/padding", "hidden_states/padding"):
+            assert item in checks and checks[item]["decides"] is False, (path.name, item)
+        assert checks["input_ids/padding"]["bit_exact"], path.name  # restored from the bundle
+    if "--enforce-eager" not in CONFIGS[recording.name][1]:
+        assert padded, "no step ran at a padded size"
+
+
+def test_engine_settings_that_change_a_step_are_recorded(recording):
+    content = read_content(next(iter(bundles_by_step(recording.folder).values())))
+    args = content.engine.engine_args
+    assert args["async_scheduling"] is ("--no-async-scheduling" not in CONFIGS[recording.name][1])
+    assert content.engine.runner == CONFIGS[recording.name][0]
+    assert content.environment.device_kind == "cuda" and content.engine.vllm_version.startswith("0.26")
+
+
+def test_forward_times_compare_like_with_like(recording):
+    """The engine's model call and the replay's timed runs are both timed by device events, and
+    the replay says how they compare (the ±5% target is a benchmark's: tools/bench_replay_timing.py)."""
+    for path in bundles_by_step(recording.folder).values():
+        record = _replayed(recording, path)
+        assert record["recorded"]["forward_timer"] == "device_events", path.name
+        timed = record["modes"][record["reference_mode"]]
+        assert timed["available"] and timed["latency_us"]["timer"] == "device_events", path.name
+        assert timed["ratio_to_recorded"] > 0
+
+
+def test_negative_controls_are_caught(recording):
+    controls = recording.extra
+    assert "perturbed_kv" in controls and "device_assert" in controls
+    perturbed = _replayed(recording, controls["perturbed_kv"])
+    assert perturbed["verdict"] == "diverged" and perturbed["exit_code"] == 1
+    assert perturbed["first_divergence"].startswith(("kv_written/", "hidden_states")), perturbed["first_divergence"]
+    if "changed_noise" in controls:
+        noise = _replayed(recording, controls["changed_noise"])
+        assert noise["first_divergence"] == "sampled_token_ids", noise["first_divergence"]
+        assert checks_of(noise)["logits"]["bit_exact"]
+    crashed = _replayed(recording, controls["device_assert"])
+    assert crashed["verdict"] == "crashed" and crashed["exit_code"] == 4, crashed
+    assert recording.replay.returncode == 1  # the worst of the suite: the diverged controls
+    assert "Traceback" not in recording.replay.stderr, recording.replay.stderr[-3000:]

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run tracekit's GPU tests (tests/gpu: real vLLM 0.26 engines; tests/graphs: the graph layer) on
+# the lent GPU machine, through the vLLM 0.26 kit of ../shared/gpu/.
+#
+# Here, once (~40 s):   bash ../shared/gpu/make-vllm-kit.sh && bash tools/gpu_run.sh --add-kit-extras
+#   (the extras, .gpu-kit/extras: the wheels tracekit and its tests need that the GPU image may
+#   lack: msgpack, click, rich, pytest, 2.7 MB)
+# There, three `run` calls back to back (../shared/gpu/README.md); the second carries the extras too:
+#   carry [".gpu-kit/vllm.part01", ".gpu-kit/install.sh", ".gpu-kit/extras"]
+#   command: bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --stash-extras
+# and the third runs the tests:
+#   bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh [PYTEST ARGS, e.g. -k v2-bf16-graphs]
+# Results land in $OUT: pytest.log, junit.xml and every replay's JSON records (records/; the
+# bundles themselves stay on the GPU machine, in /tmp/tracekit-gpu-tmp).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--add-kit-extras" ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpu-kit/extras msgpack click rich markdown-it-py mdurl pygments pytest pluggy iniconfig
+  exit $?
+fi
+if [ "${1:-}" = "--stash-extras" ]; then  # beside the kit's own wheels: its `env` step installs them all
+  mkdir -p /tmp/vllm-kit/wheels && cp .gpu-kit/extras/*.whl /tmp/vllm-kit/wheels/ && ls .gpu-kit/extras | wc -l
+  exit $?
+fi
+source .gpu-kit/install.sh env || exit 9
+OUT=${OUT:-/tmp/tracekit-gpu}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+TMP=/tmp/tracekit-gpu-tmp
+python3 -m pytest tests/gpu -v -rs -p no:cacheprovider --basetemp "$TMP" --junitxml "$OUT/junit.xml" "$@" \
+  2>&1 | tee "$OUT/pytest.log"
+status=${PIPESTATUS[0]}
+(cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | while read -r f; do
+   mkdir -p "$OUT/records/$(dirname "$f")" && cp "$f" "$OUT/records/$f"; done)
+exit "$status"
