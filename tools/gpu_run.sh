@@ -34,4 +34,19 @@ python3 -m pytest tests/gpu -v -rs -p no:cacheprovider --basetemp "$TMP" --junit
 status=${PIPESTATUS[0]}
 (cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | while read -r f; do
    mkdir -p "$OUT/records/$(dirname "$f")" && cp "$f" "$OUT/records/$f"; done)
+# The bundles whose replay was neither bit-exact nor a planned control come back too (at most 8).
+python3 - "$TMP" "$OUT/bundles" <<'PY'
+import json, pathlib, shutil, sys
+tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+picked = []
+for records in tmp.rglob("replays.jsonl"):
+    for line in records.read_text().splitlines():
+        record = json.loads(line)
+        bundle = pathlib.Path(record["bundle"])
+        if record.get("verdict") not in ("bit_exact", "crashed") and "controls" not in bundle.parts and bundle.exists():
+            picked.append(bundle)
+out.mkdir(parents=True, exist_ok=True)
+for bundle in picked[:8]:
+    shutil.copy(bundle, out / f"{bundle.parent.parent.name}-{bundle.name}")
+PY
 exit "$status"

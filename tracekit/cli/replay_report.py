@@ -46,7 +46,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     print_differences(console, result.environment_differences, result.overrides)
     for note in result.notes:
         console.print(f" [yellow]![/yellow] {inert(note)}")
-    _print_dispatch(console, result.dispatch)
+    _print_dispatch(console, result.dispatch, attention=not result.bit_exact)
 
     checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
     checks.add_column("item", overflow="fold")
@@ -61,7 +61,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
             agreement = "[green]yes[/green]"
         elif item.within_tolerance:
             agreement = "[yellow]within tol[/yellow]"
-        elif verdict.name == verdicts.PLATFORM_DIFFERENCE:
+        elif verdict.name == VerdictName.PLATFORM_DIFFERENCE:
             agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
         else:
             agreement = "[red]NO[/red]"
@@ -146,8 +146,9 @@ def print_crash(bundle: str, step: Any, trigger: Any, error: str, stream: TextIO
     )
 
 
-def _print_dispatch(console: Console, audited: dict[str, Any]) -> None:
-    """What the engine chose for the step, recorded and here; differences flagged."""
+def _print_dispatch(console: Console, audited: dict[str, Any], attention: bool) -> None:
+    """What the engine chose for the step, recorded and here; differences flagged (and, with
+    `attention`, how the attention metadata differs: a lead when the replay is not bit-exact)."""
     if not audited:
         return
     before, after = audited.get("recorded") or {}, audited.get("replayed") or {}
@@ -161,6 +162,8 @@ def _print_dispatch(console: Console, audited: dict[str, Any]) -> None:
     console.print(f" {mark} dispatch: recorded {inert(shape(before))}; here {inert(shape(after))}")
     for line in audited.get("differences", []):
         console.print(f"     [yellow]differs[/yellow] {inert(line)}")
+    for line in audited.get("attention_differences", []) if attention else []:
+        console.print(f"     attention metadata differs: {inert(line.removeprefix('attention '))}")
 
 
 def _print_padding(console: Console, result: ReplayResult) -> None:

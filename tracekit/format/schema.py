@@ -201,9 +201,12 @@ class GraphDispatch(SchemaRecord):
     num_warmups: int | None = None
     splitting_ops: list[str] = field(default_factory=list)
     runtime_mode: str = "NONE"
-    num_tokens: int = 0
-    num_tokens_padded: int = 0
+    num_tokens: int = 0  # the tokens scheduled: the step's real rows
+    num_tokens_padded: int = 0  # the rows the forward ran (a graph's padded size); the rest is padding
     batch_descriptor: dict[str, Any] | None = None
+    # What the attention metadata builder decided, per metadata object (its class: plain fields,
+    # tensor shapes, digests of the tensors that split the kernels' work).
+    attention: dict[str, Any] | None = None
 
 
 @dataclass

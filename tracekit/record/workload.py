@@ -81,12 +81,6 @@ def load_prompts(path: str | Path) -> list[WorkloadRequest]:
 
 def run_workload(llm: Any, requests: list[WorkloadRequest], max_tokens: int) -> list[Any]:
     """Send every request in one `generate` call, so they share engine steps."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+    from tracekit.integrations.vllm.engine import generate
 
-    prompts = [TokensPrompt(prompt_token_ids=r.prompt) if isinstance(r.prompt, list) else r.prompt for r in requests]
-    try:
-        params = [SamplingParams(**{"max_tokens": max_tokens, **r.sampling}) for r in requests]
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"bad sampling parameters: {error}") from error
-    return llm.generate(prompts, params, use_tqdm=False)
+    return generate(llm, [r.prompt for r in requests], [{"max_tokens": max_tokens, **r.sampling} for r in requests])

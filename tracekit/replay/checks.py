@@ -120,34 +120,58 @@ def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
     return item
 
 
-def _row_items(name: str, actual: Any, expected: Any, real: int, tolerance: float) -> list[CheckedItem | None]:
-    """The real rows of a per-token tensor as `name` (they decide); rows past `real` — padding,
-    present when the step ran at a padded size — as `name/padding` (they do not)."""
-    if expected is None or expected.dim() == 0 or expected.shape[0] <= real:
+def _row_items(name: str, actual: Any, expected: Any, step: Step, tolerance: float) -> list[CheckedItem | None]:
+    """The real rows of a per-token tensor as `name` (they decide); rows past the scheduled
+    tokens — padding, present when the step ran at a padded size — as `name/padding` (they do
+    not). Real rows that differ are named by request (`requests_moved`: req_id -> max abs)."""
+    real = step.num_real_rows
+    if expected is None or expected.dim() == 0 or actual is None or actual.dim() == 0 or actual.shape[0] < real:
         return [_tensor_item(name, actual, expected, tolerance)]
-    if actual is None or actual.dim() == 0 or actual.shape[0] < real:
-        return [_tensor_item(name, actual, expected, tolerance)]
-    padding = _tensor_item(name + PADDING, actual[real:], expected[real:], tolerance)
-    padding.decides = False
-    padding.details["rows"] = [real, int(expected.shape[0])]
-    return [_tensor_item(name, actual[:real], expected[:real], tolerance), padding]
+    items = [_tensor_item(name, actual[:real], expected[:real], tolerance)]
+    if not items[0].bit_exact and actual.shape[1:] == expected.shape[1:]:
+        items[0].details["requests_moved"] = _requests_moved(actual[:real], expected[:real], step)
+    if expected.shape[0] > real:
+        padding = _tensor_item(name + PADDING, actual[real:], expected[real:], tolerance)
+        padding.decides = False
+        padding.details["rows"] = [real, int(expected.shape[0])]
+        items.append(padding)
+    return items
+
+
+def _requests_moved(actual: torch.Tensor, expected: torch.Tensor, step: Step) -> dict[str, float]:
+    """For each request whose rows differ, the largest absolute difference in them."""
+    moved, offset = {}, 0
+    for req_id in step.batch_order:
+        count = step.request(req_id).num_scheduled_tokens
+        rows = slice(offset, offset + count)
+        offset += count
+        here, there = actual[rows], expected[rows]
+        if here.numel() and not torch.equal(here, there):
+            moved[req_id] = float((here.double() - there.double()).abs().nan_to_num(nan=float("inf")).max())
+    return moved
 
 
 def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> list[CheckedItem]:
     """Every comparable item, in forward order; tolerance is a relative RMS for float tensors."""
-    real = step.num_real_rows
     items = [
         _exact_item("batch_order", observed.batch_order, step.batch_order),
-        *_row_items("input_ids", observed.input_ids, step.input_ids, real, 0.0),
-        *_row_items("positions", observed.positions, step.positions, real, 0.0),
+        *_row_items("input_ids", observed.input_ids, step.input_ids, step, 0.0),
+        *_row_items("positions", observed.positions, step.positions, step, 0.0),
     ]
     for group_index, group in enumerate(step.kv.groups):
         live = observed.kv_after[group_index] if group_index < len(observed.kv_after) else {}
         for layer, expected in group.after.items():
-            items.append(_tensor_item(f"kv_written/{layer}", live.get(layer), expected, tolerance))
+            item = _tensor_item(f"kv_written/{layer}", live.get(layer), expected, tolerance)
+            actual = live.get(layer)
+            if item is not None and not item.bit_exact and actual is not None and actual.shape == expected.shape:
+                item.details["blocks_moved"] = [
+                    block for row, block in enumerate(group.written_block_ids)
+                    if not torch.equal(actual.select(group.layout.block_dim, row), expected.select(group.layout.block_dim, row))
+                ]
+            items.append(item)
     outputs = step.outputs
     if outputs is not None:
-        items.extend(_row_items("hidden_states", observed.hidden_states, outputs.hidden_states, real, tolerance))
+        items.extend(_row_items("hidden_states", observed.hidden_states, outputs.hidden_states, step, tolerance))
         items.append(_tensor_item("logits", observed.logits, outputs.logits, tolerance))
         items.append(_sampled_item(observed, step))
     return [item for item in items if item is not None]

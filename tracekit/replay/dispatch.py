@@ -16,7 +16,7 @@ ENGINE_FIELDS = ("compilation_mode", "cudagraph_mode", "capture_sizes", "max_cap
 
 
 def _view(dispatch: GraphDispatch) -> dict[str, Any]:
-    view = {name: getattr(dispatch, name) for name in (*STEP_FIELDS, *ENGINE_FIELDS)}
+    view = {name: getattr(dispatch, name) for name in (*STEP_FIELDS, *ENGINE_FIELDS, "attention")}
     descriptor = view["batch_descriptor"]
     if isinstance(descriptor, dict):  # the $type tag says nothing the field names do not
         view["batch_descriptor"] = {k: v for k, v in descriptor.items() if not k.startswith("$")}
@@ -24,16 +24,38 @@ def _view(dispatch: GraphDispatch) -> dict[str, Any]:
 
 
 def audit(recorded: GraphDispatch, replayed: GraphDispatch | None) -> dict[str, Any]:
-    """{"recorded", "replayed", "differences"}: each difference one line, the step's first."""
+    """{"recorded", "replayed", "differences", "attention_differences"}: each difference one
+    line, the step's first. The attention metadata's differences are leads, not faults: some
+    backends keep addresses or scratch in it (vLLM's CPU backend does), so they are listed
+    apart and printed when the replay is not bit-exact."""
     if replayed is None:
-        return {"recorded": _view(recorded), "replayed": None,
+        return {"recorded": _view(recorded), "replayed": None, "attention_differences": [],
                 "differences": ["the replay did not reach the model call, so its dispatch is unknown"]}
     before, after = _view(recorded), _view(replayed)
     differences = [
         f"{name}: recorded {before[name]!r}, here {after[name]!r}"
         for name in (*STEP_FIELDS, *ENGINE_FIELDS) if before[name] != after[name]
     ]
-    return {"recorded": before, "replayed": after, "differences": differences}
+    return {"recorded": before, "replayed": after, "differences": differences,
+            "attention_differences": _attention_differences(before["attention"], after["attention"])}
+
+
+def _attention_differences(recorded: dict[str, Any] | None, here: dict[str, Any] | None) -> list[str]:
+    """Field by field, where both sides have them (a bundle from before tracekit recorded the
+    attention metadata has none: nothing to compare)."""
+    if not recorded or not here:
+        return []
+    lines = []
+    for key in sorted(set(recorded) | set(here)):
+        before, after = recorded.get(key, {}), here.get(key, {})
+        if not before or not after:
+            lines.append(f"attention {key}: recorded {'yes' if before else 'no'}, here {'yes' if after else 'no'}")
+            continue
+        lines.extend(
+            f"attention {key}.{field}: recorded {before.get(field)!r}, here {after.get(field)!r}"
+            for field in sorted(set(before) | set(after)) if before.get(field) != after.get(field)
+        )
+    return lines
 
 
 def same_graph(audited: dict[str, Any]) -> bool:

@@ -144,7 +144,7 @@ def replay_rank_set(
     try:
         prepared = workers.on_every_worker(llm, in_workers.prepare_replay, session, bundles)
         outcomes = workers.on_every_worker(llm, in_workers.run_replay, session, tolerance, runs)
-        vllm_engine.reset_prefix_cache(llm)
+        vllm_engine.forget_cached_prefixes(llm)
     finally:
         vllm_engine.release_llm(llm)
     step = content.steps[0]

@@ -124,7 +124,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
             observed = driver.run(on_forward if wants_forward else None)
             checks = check_step(observed, recorded, options.tolerance)
     finally:
-        vllm_engine.reset_prefix_cache(llm)
+        vllm_engine.forget_cached_prefixes(llm)
     if own_engine_modes:
         engine_args = adapter.settings()
         vllm_engine.release_llm(llm)

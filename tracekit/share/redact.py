@@ -30,6 +30,7 @@ from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, RequestState, Step
 from tracekit.integrations.vllm.step_records import (
     history_readers,
+    ids_outside_the_batch,
     reads_next_prompt_token,
     rebuild_scheduler_output,
     redact_sampling_params,
@@ -87,16 +88,6 @@ def _redact_request(request: RequestState, new_id: str, record: RedactionRecord)
     )
 
 
-def _scheduler_output_ids(record: dict[str, Any]) -> set[str]:
-    """Request ids of requests outside the batch that the scheduler output names."""
-    found = set()
-    for name in ("finished_req_ids", "preempted_req_ids"):
-        value = record.get(name)
-        if isinstance(value, dict):
-            found.update(item for item in value.get("$set", []) if isinstance(item, str))
-    return found
-
-
 def _renamed_strings(value: Any, mapping: dict[str, str]) -> Any:
     """Every string (and map key) equal to a mapped id replaced; tensors and the rest untouched."""
     if isinstance(value, str):
@@ -112,7 +103,7 @@ def _renamed_strings(value: Any, mapping: dict[str, str]) -> Any:
 def redact_step(step: Step) -> tuple[Step, RedactionRecord]:
     record = RedactionRecord()
     names = {req_id: f"req-{position}" for position, req_id in enumerate(step.batch_order)}
-    others = sorted(_scheduler_output_ids(step.scheduler_output) - set(names))
+    others = sorted(ids_outside_the_batch(step.scheduler_output) - set(names))
     other_names = {req_id: f"other-{position}" for position, req_id in enumerate(others)}
     record.request_ids_renamed, record.other_ids_renamed = len(names), len(other_names)
     pairs = [(request, _redact_request(request, names[request.req_id], record)) for request in step.requests]

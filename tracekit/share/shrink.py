@@ -142,7 +142,7 @@ class _EngineReplayer(StepReplayer):
         try:
             return driver.run(on_forward)
         finally:
-            vllm_engine.reset_prefix_cache(self.llm)
+            vllm_engine.forget_cached_prefixes(self.llm)
 
     def engine_mode(self) -> str:
         return self._adapter().reference_mode

@@ -17,6 +17,11 @@ from tracekit.integrations.vllm import ranks
 
 # In-process engine core: the model runner lives in this process and can be reached.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Every attribute of vLLM's LLM and engine objects this module touches.
+FOREIGN_ATTRIBUTES = frozenset({
+    "llm_engine", "engine_core", "model_executor", "driver_worker", "worker", "model_runner", "reset_prefix_cache",
+    "shutdown", "generate", "add_cli_args", "parse_known_args",
+})
 
 
 def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> Any:
@@ -104,6 +109,20 @@ def parse_engine_cli_args(argv: list[str]) -> dict[str, Any]:
     }
 
 
+def generate(llm: Any, prompts: list[str | list[int]], sampling: list[dict[str, Any]]) -> list[Any]:
+    """`llm.generate` of text prompts or token-id prompts with `SamplingParams` keyword values
+    (a bad sampling field is a usage error)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    inputs = [TokensPrompt(prompt_token_ids=prompt) if isinstance(prompt, list) else prompt for prompt in prompts]
+    try:
+        params = [SamplingParams(**fields) for fields in sampling]
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"bad sampling parameters: {error}") from error
+    return llm.generate(inputs, params, use_tqdm=False)
+
+
 def adapter_of(llm: Any) -> Any:
     """The installed release's adapter for the model runner of an in-process `LLM`."""
     from tracekit.integrations.vllm.version import installed_release
@@ -111,7 +130,7 @@ def adapter_of(llm: Any) -> Any:
     return installed_release().adapter_for(find_runner(llm))
 
 
-def reset_prefix_cache(llm: Any) -> None:
+def forget_cached_prefixes(llm: Any) -> None:
     """Forget cached prefixes, so that the next replayed step finds no blocks it did not restore."""
     llm.reset_prefix_cache()
 

@@ -51,6 +51,15 @@ class Release:
     compilation_fields: ClassVar[tuple[str, ...]]
     # The environment variable that picks the model runner kind.
     runner_variable: ClassVar[str] = "VLLM_USE_V2_MODEL_RUNNER"
+    # Every vLLM attribute this class touches (configs, outputs, workers); the settings' config
+    # paths are read by name (`Setting.read`). A release that renames one overrides what reads it.
+    foreign_attributes: ClassVar[frozenset[str]] = frozenset({
+        "model_config", "cache_config", "scheduler_config", "parallel_config", "load_config", "attention_config",
+        "compilation_config", "vllm_config", "kv_cache_config", "num_blocks", "block_size", "hf_config",
+        "architectures", "mode", "cudagraph_mode", "compile_or_warm_up_model", "model_runner", "get_output",
+        "sampled_token_ids", "make_empty", "finished_req_ids", "scheduled_spec_decode_tokens", "mm_features",
+        "lora_request", "prompt_embeds", "num_common_prefix_blocks",
+    })
 
     def __init__(self, version: str):
         self.version = version

@@ -38,6 +38,11 @@ class RunnerAdapter:
     kind: ClassVar[RunnerKind]
     # The runner's method that updates its request states with the sampled ids.
     bookkeeping_method: ClassVar[str]
+    # Every vLLM attribute the base touches; a subclass adds its runner's.
+    foreign_attributes: ClassVar[frozenset[str]] = frozenset({
+        "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
+        "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
+    })
 
     def __init__(self, runner: Any, release: Any):
         self.runner = runner

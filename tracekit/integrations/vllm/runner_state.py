@@ -103,8 +103,58 @@ def blocks_read_and_written(
     return sorted(read), sorted(written)
 
 
+# Attention metadata tensors whose contents decide the kernels' work split (the rest — block
+# tables, slot mappings — hold stale entries past each request's blocks, and only their shape
+# is kept).
+_DIGESTED_ATTENTION_TENSORS = (
+    "seq_lens", "query_start_loc", "scheduler_metadata", "prefix_scheduler_metadata", "prefix_kv_lens",
+    "suffix_kv_lens", "cu_prefix_query_lens", "num_splits",
+)
+
+
+def attention_summary(metadata: Any) -> dict[str, Any] | None:
+    """What the attention metadata builder decided for the step, per metadata object (one per KV
+    cache group): its class, every plain field, each tensor's dtype and shape, and a digest of
+    the tensors that decide the kernels' work split. A replay that differs here ran other
+    attention kernels (or the same ones split otherwise) on the same inputs."""
+    if isinstance(metadata, list):  # micro-batches: the first one's
+        metadata = metadata[0] if metadata else None
+    if not isinstance(metadata, dict) or not metadata:
+        return None
+    summary: dict[str, Any] = {}
+    seen: dict[int, str] = {}
+    for layer_name, item in metadata.items():
+        if id(item) in seen:
+            continue
+        key = type(item).__name__
+        if key in summary:
+            key = f"{key}#{len(summary)}"
+        seen[id(item)] = key
+        summary[key] = _metadata_fields(item)
+    return summary
+
+
+def _metadata_fields(item: Any) -> dict[str, Any]:
+    import hashlib
+
+    fields = vars(item) if hasattr(item, "__dict__") else {}
+    plain: dict[str, Any] = {}
+    for name, value in sorted(fields.items()):
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            plain[name] = value
+        elif isinstance(value, torch.Tensor):
+            shape = f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+            if name in _DIGESTED_ATTENTION_TENSORS and value.numel() <= 1 << 16:
+                raw = value.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+                shape += ":" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+            plain[name] = shape
+        elif isinstance(value, tuple) and all(isinstance(v, (int, bool)) for v in value):
+            plain[name] = list(value)
+    return plain
+
+
 def graph_dispatch(runner: Any, num_tokens: int, runtime_mode: str, num_tokens_padded: int,
-                   batch_descriptor: Any = None) -> GraphDispatch:
+                   batch_descriptor: Any = None, attention: Any = None) -> GraphDispatch:
     """The engine's capture-size tables plus what this step was dispatched to."""
     compilation = runner.compilation_config
     return GraphDispatch(
@@ -119,4 +169,5 @@ def graph_dispatch(runner: Any, num_tokens: int, runtime_mode: str, num_tokens_p
         num_tokens=num_tokens,
         num_tokens_padded=num_tokens_padded,
         batch_descriptor=to_plain(batch_descriptor, "batch_descriptor") if batch_descriptor is not None else None,
+        attention=attention_summary(attention),
     )

@@ -166,3 +166,13 @@ def _common_prefix(block_lists: list[list[int]]) -> int:
             break
         length += 1
     return length
+
+
+def ids_outside_the_batch(record: dict[str, Any]) -> set[str]:
+    """Request ids of requests outside the batch that a recorded scheduler output names."""
+    found = set()
+    for name in ("finished_req_ids", "preempted_req_ids"):
+        value = record.get(name)
+        if isinstance(value, dict):
+            found.update(item for item in value.get("$set", []) if isinstance(item, str))
+    return found

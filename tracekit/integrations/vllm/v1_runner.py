@@ -24,6 +24,12 @@ from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, me
 class V1Adapter(RunnerAdapter):
     kind = RunnerKind.V1
     bookkeeping_method = "_bookkeeping_sync"
+    foreign_attributes = RunnerAdapter.foreign_attributes | {
+        "input_batch", "requests", "_model_forward", "_bookkeeping_sync", "num_reqs", "num_computed_tokens_cpu",
+        "num_prompt_tokens", "num_tokens_no_spec", "req_ids", "req_id_to_index", "generator", "prompt_token_ids",
+        "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "cudagraph_runtime_mode",
+        "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata",
+    }
 
     @classmethod
     def matches(cls, runner: Any) -> bool:
@@ -86,6 +92,7 @@ class V1Adapter(RunnerAdapter):
             context.cudagraph_runtime_mode.name,
             num_tokens_padded,
             context.batch_descriptor,
+            context.attn_metadata,
         )
 
     def replay_shadows(self, step: Step) -> Shadows:

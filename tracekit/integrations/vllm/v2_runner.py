@@ -31,12 +31,21 @@ from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, ca
 class V2Adapter(RunnerAdapter):
     kind = RunnerKind.V2
     bookkeeping_method = "postprocess_sampled"
+    foreign_attributes = RunnerAdapter.foreign_attributes | {
+        "model_state", "prepare_inputs", "cudagraph_manager", "dispatch", "run_fullgraph", "postprocess_sampled",
+        "update_requests", "req_states", "block_tables", "sampler", "sampling_states", "seeds", "prefill_len",
+        "prompt_len", "total_len", "all_token_ids", "last_sampled_tokens", "index_to_req_id", "req_id_to_index",
+        "idx_mapping_np", "num_computed_tokens_np", "prefill_len_np", "num_reqs", "input_ids", "positions", "cg_mode",
+        "scheduled_new_reqs", "preempted_req_ids", "finished_req_ids", "num_blocks", "gpu", "np", "copy_to_uva",
+        "input_batch", "req_ids", "num_scheduled_tokens", "sampling_params", "add_request", "prepare_attn",
+    }
 
     def __init__(self, runner: Any, release: Any):
         super().__init__(runner, release)
         self._new_requests: dict[str, Any] = {}  # req_id -> NewRequestData (its SamplingParams)
         self._input_batch: Any = None  # the step's InputBatch, seen at model_state.prepare_inputs
         self._dispatched: Any = None  # the step's BatchExecutionDescriptor
+        self._attention: Any = None  # the step's attention metadata (layer -> metadata)
 
     @classmethod
     def matches(cls, runner: Any) -> bool:
@@ -48,7 +57,7 @@ class V2Adapter(RunnerAdapter):
 
     def step_begins(self) -> None:
         super().step_begins()
-        self._input_batch = self._dispatched = None
+        self._input_batch = self._dispatched = self._attention = None
 
     def kind_shadows(self, observer: StepObserver | None) -> Shadows:
         adapter = self
@@ -67,7 +76,14 @@ class V2Adapter(RunnerAdapter):
 
             return wrapper
 
-        shadows: Shadows = [(self.runner.model_state, {"prepare_inputs": prepare_inputs})]
+        def prepare_attn(original: Callable) -> Callable:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                adapter._attention = original(*args, **kwargs)
+                return adapter._attention
+
+            return wrapper
+
+        shadows: Shadows = [(self.runner.model_state, {"prepare_inputs": prepare_inputs, "prepare_attn": prepare_attn})]
         if self.runner.cudagraph_manager is not None:
             shadows.append((self.runner.cudagraph_manager, {"dispatch": dispatch}))
         return shadows
@@ -153,6 +169,7 @@ class V2Adapter(RunnerAdapter):
             descriptor.cg_mode.name if descriptor is not None else "NONE",
             num_tokens_padded,
             descriptor,
+            self._attention,
         )
 
     def replay_shadows(self, step: Step) -> Shadows:

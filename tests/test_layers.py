@@ -1,0 +1,141 @@
+"""The house rules no review should have to enforce by eye:
+
+* each layer of `tracekit.LAYERS` imports only from its own layer and those below, lazy imports
+  (inside functions) included;
+* vLLM is imported only inside `tracekit/integrations/vllm/`, and the vLLM attributes tracekit
+  touches — listed by the release and adapter classes, vcrpy-style — are touched only there.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tracekit
+
+PACKAGE = Path(tracekit.__file__).parent
+VLLM_INTEGRATION = PACKAGE / "integrations" / "vllm"
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _layer(module: str) -> int | None:
+    found = None
+    for index, names in enumerate(tracekit.LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in names):
+            found = index
+    return found
+
+
+def _imports(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = module.split(".")[: -node.level] if not module.endswith("__init__") else module.split(".")
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    unplaced = [str(path.relative_to(PACKAGE)) for path in SOURCES
+                if path != PACKAGE / "__init__.py" and _layer(_module_name(path)) is None]
+    assert not unplaced, f"modules in no layer of tracekit.LAYERS: {unplaced}"
+
+
+def test_no_import_runs_up_the_layers():
+    upward = []
+    for path in SOURCES:
+        module = _module_name(path)
+        here = _layer(module)
+        if here is None:
+            continue
+        for line, target in _imports(ast.parse(path.read_text()), module):
+            there = _layer(target)
+            if there is not None and there > here:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}")
+    assert not upward, "imports that run up the layers:\n" + "\n".join(sorted(set(upward)))
+
+
+def test_vllm_is_imported_only_by_its_integration():
+    outside = []
+    for path in SOURCES:
+        if VLLM_INTEGRATION in path.parents:
+            continue
+        for line, target in _imports(ast.parse(path.read_text()), _module_name(path)):
+            if target == "vllm" or target.startswith("vllm.") or target.startswith("vllm_ascend"):
+                outside.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}")
+    assert not outside, "\n".join(outside)
+
+
+def _foreign_attributes() -> dict[str, str]:
+    """Every vLLM attribute name the integration declares it touches, with who declares it."""
+    from tracekit.integrations.vllm import engine, release
+    from tracekit.integrations.vllm.releases import RELEASE_MODULES, release_for
+
+    declared = {name: "engine" for name in engine.FOREIGN_ATTRIBUTES}
+    declared.update({name: "Release" for name in release.Release.foreign_attributes})
+    for module in RELEASE_MODULES:
+        support = release_for(module.removeprefix("v").replace("_", ".") + ".0")
+        for adapter in support.adapters:
+            declared.update({name: adapter.__name__ for name in adapter.foreign_attributes})
+    return declared
+
+
+# Names tracekit also gives its own things (a Step's requests, an ObservedStep's input ids, a
+# handle's device, a bundle's engine config, ...): they may appear anywhere.
+SHARED_NAMES = {
+    "device", "model", "requests", "input_ids", "positions", "req_ids", "sampler", "seeds", "generator",
+    "prompt_token_ids", "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "gpu", "np",
+    "dispatch", "shutdown", "get_output", "sampled_token_ids", "prefill_len", "worker", "kv_cache", "batch_descriptor",
+    "req_id_to_index", "engine_core", "num_blocks", "block_size", "finished_req_ids", "add_request", "compilation_config",
+    "mode", "cudagraph_mode", "num_reqs", "num_prompt_tokens",
+}
+
+
+def _attribute_uses(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            names.add(node.value)  # getattr(obj, "name")
+    return names
+
+
+def test_declared_foreign_attributes_are_the_ones_the_integration_uses():
+    used = set().union(*(_attribute_uses(path) for path in SOURCES if VLLM_INTEGRATION in path.parents))
+    unused = sorted(name for name in _foreign_attributes() if name not in used)
+    assert not unused, f"declared as touched but never used by the integration: {unused}"
+
+
+def test_vllm_attributes_are_touched_only_by_its_integration():
+    declared = _foreign_attributes()
+    outside = []
+    for path in SOURCES:
+        if VLLM_INTEGRATION in path.parents:
+            continue
+        for name in sorted(_attribute_uses(path) & (declared.keys() - SHARED_NAMES)):
+            outside.append(f"{path.relative_to(PACKAGE.parent)} uses {name} (declared by {declared[name]})")
+    assert not outside, "vLLM attributes touched outside tracekit/integrations/vllm:\n" + "\n".join(outside)
+
+
+@pytest.mark.parametrize("name", ["v0_26", "v0_32"])
+def test_each_release_module_is_registered_under_its_series(name):
+    import importlib
+
+    from tracekit.integrations.vllm.releases import SUPPORTED_SERIES
+
+    series = importlib.import_module(f"tracekit.integrations.vllm.releases.{name}").Release.series
+    assert series == name.removeprefix("v").replace("_", ".") and series in SUPPORTED_SERIES
