@@ -47,8 +47,11 @@ def time_callable(
     """Time `iters * samples` calls of `fn` after warming up for about `warmup_s` seconds.
 
     On a device, each call is timed by events recorded on the current stream around it (the
-    device time of the call, host launch gaps included); on CPU by `time.perf_counter`. `before`
-    (restoring the state the forward mutates, say) runs ahead of every call, outside the timing.
+    device time of the call, host launch gaps included), with the device idle when the first
+    event is recorded — as it is when tracekit's recorder times a step in the engine, right after
+    copying the step to host — so the time to launch the call's first kernel counts, as it does
+    there; on CPU by `time.perf_counter`. `before` (restoring the state the forward mutates, say)
+    runs ahead of every call, outside the timing.
     """
     before = before or _nothing
     warm_up(lambda: (before(), fn()), backend, warmup_s)
@@ -65,6 +68,7 @@ def time_callable(
     times = []
     for _ in range(count):
         before()
+        backend.synchronize()
         start.record()
         fn()
         end.record()

@@ -56,12 +56,16 @@ class ForwardHandle:
                     "the step ran as a FULL CUDA graph replay, which has no eager form to run here"
                 )
             return self._call()
-        saved = self._context.skip_compiled
-        self._context.skip_compiled = eager or saved
+        context = self._context
+        saved = context.skip_compiled, context.cudagraph_runtime_mode
+        if eager:  # no compiled code, and no graph of vLLM's wrapper either (V1 replays FULL graphs there)
+            from vllm.config import CUDAGraphMode
+
+            context.skip_compiled, context.cudagraph_runtime_mode = True, CUDAGraphMode.NONE
         try:
             return self._call()
         finally:
-            self._context.skip_compiled = saved
+            context.skip_compiled, context.cudagraph_runtime_mode = saved
 
     def run(self, eager: bool = False) -> Any:
         self._restore()
