@@ -20,12 +20,28 @@ def test_exception_trigger_keeps_the_failing_steps_inputs_and_error(recorder_beh
     _, step = load_step(path, None)
     assert step.index == failing_step and step.trigger == "exception"
     assert step.error["type"] == "RuntimeError" and step.error["message"] == recorder_behaviour["injected_error"]
-    assert "Traceback" in step.error["traceback"] and "forward" in step.error["traceback"]
+    assert "Traceback" in step.error["traceback"] and step.error["phase"] == "forward"
     assert step.outputs is None
     assert len(step.input_ids) == len(step.positions) == sum(r.num_scheduled_tokens for r in step.requests) > 0
     (group,) = step.kv.groups
     assert group.saved_block_ids and all(t.shape[0] == len(group.saved_block_ids) for t in group.before.values())
     assert group.after == {}, "a forward that raised wrote nothing worth keeping"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["prepare", "logits", "sampling", "bookkeeping"])
+def test_a_failure_in_any_phase_is_recorded_with_that_phase(recorder_behaviour, phase):
+    """Each phase of a step broken in turn on the live runner: the recorder armed on exceptions
+    keeps the step, its error and the phase it failed in; the engine survives to the next."""
+    outcome = recorder_behaviour["phase_faults"][phase]
+    assert outcome["raised"] == f"injected failure in {phase}" and not outcome["failures"], outcome
+    (path,) = outcome["written"]
+    _, step = load_step(path, None)
+    assert step.trigger == "exception" and step.error["phase"] == phase, step.error
+    assert step.error["message"] == f"injected failure in {phase}"
+    assert step.kv.groups[0].before and step.requests  # what the forward would read, taken intact
+    # a step that failed preparing its inputs has none yet: its replay prepares them again
+    assert (step.input_ids is None) == (phase == "prepare")
 
 
 @pytest.mark.slow

@@ -40,10 +40,15 @@ def test_perturbed_kv_block_is_found_where_the_forward_first_reads_it(builtin_bu
 
     def perturb(metadata, tensors):
         tensors[f"steps/0/kv/groups/0/before/{first_layer}"][row] += 0.5
+        # recorded by someone who never set the runner variable (tracekit's replay sets it)
+        metadata["environment"]["env_vars"].pop("VLLM_USE_V2_MODEL_RUNNER", None)
 
     edited = rewrite_bundle(path, tmp_path / "perturbed.zst", perturb)
     finished, result = replay_json(edited, tmp_path, runner=runner_kind)
     assert finished.returncode == 1, finished.explain()
+    assert not any("VLLM_USE_V2_MODEL_RUNNER" in d["field"] for d in result["environment_differences"]), \
+        "tracekit's own setting of the runner kind is not a platform difference"
+    assert result["verdict_reason"].endswith("on the recording's own platform"), result["verdict_reason"]
     checks = checks_by_item(result)
     assert checks[f"kv_written/{first_layer}"]["bit_exact"]
     assert result["first_divergence"] == f"kv_written/{second_layer}"

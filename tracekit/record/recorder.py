@@ -242,10 +242,19 @@ class Recorder:
     def step_failed(self, error: BaseException) -> None:
         pending, self._pending = self._pending, None
         _stop_layers(pending)
-        if pending is None or pending.step is None:
+        if pending is None:
             return
         if pending.reason is None and TriggerEvent.EXCEPTION not in self.triggers.events:
             return
+        if pending.step is None:
+            if pending.phase != Phase.PREPARE or self.exhausted:
+                return
+            # It failed before its forward: the KV it would read is still intact, the runner
+            # holds its requests; what the failure kept from being prepared (the input ids)
+            # the replay prepares again.
+            pending.step = step_capture.capture_before_forward(
+                self.adapter, pending.scheduler_output, pending.index, "", self.kv, None, None,
+            )
         step = pending.step
         step.trigger = pending.reason or TriggerEvent.EXCEPTION.value
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6

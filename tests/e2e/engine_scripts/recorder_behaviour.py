@@ -7,6 +7,9 @@ last part leaves the engine broken):
             armed, then the output folder is removed, and armed with one step's bundle path
             taken by a folder: the engine's outputs stay the same and no partial file remains
   nonfinite armed with on=("nonfinite",), one forward's output gets a NaN
+  phase_faults
+            one recorded step driven on the runner again, four times, each time with a recorder
+            armed on=("exception",) and one phase broken (prepare, logits, sampling, bookkeeping)
   exception armed with on=("exception",), one forward raises RuntimeError
 
     python recorder_behaviour.py RESULT.json WORK_DIR
@@ -19,7 +22,8 @@ from pathlib import Path
 import torch
 
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
-from tracekit.integrations.vllm.engine import find_runner
+from tracekit.format.content import load_step
+from tracekit.integrations.vllm.engine import adapter_of, find_runner
 from tracekit.record.api import recording
 
 MAX_TOKENS = 8
@@ -46,6 +50,54 @@ def inject_into_forward(model, on_call, change_output=None, error=None):
 
     model.forward = forward
     return lambda: model.__dict__.pop("forward", None)
+
+
+# Where each phase of a step is broken, per runner kind: a method the runner calls in that phase
+# (inside bookkeeping, below the recorder's shadow of it). The forward's own failure is the
+# `exception` case above.
+PHASE_FAULTS = {
+    "prepare": {"v1": lambda runner: (runner, "_prepare_inputs"), "v2": lambda runner: (runner, "prepare_inputs")},
+    "logits": {"v1": lambda runner: (runner.model, "compute_logits"), "v2": lambda runner: (runner.model, "compute_logits")},
+    "sampling": {"v1": lambda runner: (runner, "_sample"), "v2": lambda runner: (runner.sampler, "sample")},
+    "bookkeeping": {"v1": lambda runner: (runner, "_get_prompt_logprobs_dict"),
+                    "v2": lambda runner: (runner.model_state, "postprocess_state")},
+}
+
+
+def phase_faults(llm, bundle, out):
+    """Replay-style drives of one recorded step on the live runner with a recorder armed
+    `on=("exception",)`, each breaking one phase; the engine survives them all."""
+    adapter = adapter_of(llm)
+    runner = adapter.runner
+    _, step = load_step(bundle, None)
+    outcomes = {}
+    for phase, where in PHASE_FAULTS.items():
+        target, name = where[adapter.kind.value](runner)
+        message = f"injected failure in {phase}"
+        raised = None
+        with recording(llm, f"{out}/{phase}{{step}}.zst", on=("exception",), max_bundles=4) as recorder:
+            def fail(*args, message=message, **kwargs):
+                raise RuntimeError(message)
+
+            shadow = target.__dict__.get(name)
+            setattr(target, name, fail)  # over the recorder's own shadow, if it has one
+            try:
+                runner.execute_model(adapter.scheduler_output_for(step))
+                output = runner.sample_tokens(None)
+                if hasattr(output, "get_output"):
+                    output.get_output()
+            except RuntimeError as error:
+                raised = str(error)
+            finally:
+                if shadow is None:
+                    del target.__dict__[name]
+                else:
+                    setattr(target, name, shadow)
+                runner.execute_model_state = None
+                runner.execute_model(adapter.finishing_output(list(step.batch_order)))
+        outcomes[phase] = {"raised": raised, "written": [str(p) for p in recorder.written],
+                           "failures": recorder.failures}
+    return outcomes
 
 
 def with_nan(hidden_states):
@@ -94,6 +146,10 @@ if __name__ == "__main__":
             undo()
     result["nonfinite_written"] = [str(p) for p in recorder.written]
     result["nonfinite_failures"] = recorder.failures
+
+    phases = work / "phases"
+    phases.mkdir()
+    result["phase_faults"] = phase_faults(llm, result["armed_written"][0], phases)
 
     exception = work / "exception"
     exception.mkdir()

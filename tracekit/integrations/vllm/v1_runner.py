@@ -82,9 +82,12 @@ class V1Adapter(RunnerAdapter):
         return states
 
     def graph_dispatch(self, num_tokens: int, num_tokens_padded: int) -> GraphDispatch:
-        """Read from the forward context the runner set for this model call."""
-        from vllm.forward_context import get_forward_context
+        """Read from the forward context the runner set for this model call (a step that failed
+        before its forward has none: it was dispatched to nothing)."""
+        from vllm.forward_context import get_forward_context, is_forward_context_available
 
+        if not is_forward_context_available():
+            return runner_state.graph_dispatch(self.runner, num_tokens, "NONE", num_tokens_padded)
         context = get_forward_context()
         return runner_state.graph_dispatch(
             self.runner,

@@ -46,6 +46,7 @@ class V2Adapter(RunnerAdapter):
         self._input_batch: Any = None  # the step's InputBatch, seen at model_state.prepare_inputs
         self._dispatched: Any = None  # the step's BatchExecutionDescriptor
         self._attention: Any = None  # the step's attention metadata (layer -> metadata)
+        self._scheduled: list[str] = []  # the step's req_ids in the scheduler's order
 
     @classmethod
     def matches(cls, runner: Any) -> bool:
@@ -103,15 +104,26 @@ class V2Adapter(RunnerAdapter):
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
         """Remember what V2 forgets: each new (or resumed) request's sampling params."""
+        self._scheduled = list(scheduler_output.num_scheduled_tokens)
         for req_id in (*scheduler_output.finished_req_ids, *(scheduler_output.preempted_req_ids or ())):
             self._new_requests.pop(req_id, None)
         for request in scheduler_output.scheduled_new_reqs:
             self._new_requests[request.req_id] = request
 
     def _rows(self) -> list[tuple[int, str, int]]:
-        """(batch row, req_id, slot) of the step's batch, in batch order."""
+        """(batch row, req_id, slot) of the step's batch, in batch order; before the batch is
+        built (a step that failed preparing it), in the scheduler's order."""
         batch = self._input_batch
+        if batch is None:
+            slots = self.runner.req_states.req_id_to_index
+            return [(row, req_id, slots[req_id]) for row, req_id in enumerate(self._scheduled) if req_id in slots]
         return [(row, req_id, int(batch.idx_mapping_np[row])) for row, req_id in enumerate(batch.req_ids)]
+
+    def _num_computed_tokens(self, row: int, slot: int) -> int:
+        batch = self._input_batch
+        if batch is None:
+            return int(self.runner.req_states.num_computed_tokens_np[slot])
+        return int(batch.num_computed_tokens_np[row])
 
     def batch_facts(self, scheduler_output: Any) -> BatchFacts:
         """From host arrays only (no device read): a row below its `prefill_len` still prefills,
@@ -126,13 +138,13 @@ class V2Adapter(RunnerAdapter):
         return BatchFacts(batch.num_reqs, int(scheduler_output.total_num_scheduled_tokens), num_prefills, frozenset(batch.req_ids))
 
     def batch_order(self) -> list[str]:
-        return list(self._input_batch.req_ids)
+        return [req_id for _, req_id, _ in self._rows()]
 
     def batch_order_after_execute(self) -> list[str]:
         return list(self.runner.execute_model_state.input_batch.req_ids)
 
     def request_states(self, scheduler_output: Any, input_ids: torch.Tensor | None) -> list[RequestState]:
-        runner, batch = self.runner, self._input_batch
+        runner = self.runner
         states, tables = runner.req_states, runner.block_tables
         sampling = runner.sampler.sampling_states if runner.sampler is not None else None
         result = []
@@ -153,7 +165,7 @@ class V2Adapter(RunnerAdapter):
                         table.gpu[slot, : int(tables.num_blocks.np[group, slot])].tolist()
                         for group, table in enumerate(tables.block_tables)
                     ],
-                    num_computed_tokens=int(batch.num_computed_tokens_np[row]),
+                    num_computed_tokens=self._num_computed_tokens(row, slot),
                     num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
                     sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
                     runner_state=kept,

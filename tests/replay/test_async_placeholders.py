@@ -1,0 +1,31 @@
+"""Under async scheduling V1 learns a decode's last sampled token only after the next step was
+prepared: its request state holds -1, its forward reads the real id from the device. The
+recorder, and the replay of a bundle recorded before it did, take the id from the input ids
+the forward read. (traces/h200-vllm026/ holds such bundles from an H200.)"""
+
+from pathlib import Path
+
+import torch
+
+from tracekit.format.content import load_step
+from tracekit.integrations.vllm.v1_runner import PLACEHOLDER_TOKEN, fill_placeholders
+
+ASYNC_DECODE = Path(__file__).resolve().parents[2] / "traces" / "h200-vllm026" / "v1-bf16-decode-fullgraph-async.zst"
+
+
+def test_the_h200_bundle_holds_placeholders_and_the_ids_the_forward_read():
+    _, step = load_step(ASYNC_DECODE, None)
+    assert all(request.output_token_ids[-1] == PLACEHOLDER_TOKEN for request in step.requests)
+    fill_placeholders([step.request(req_id) for req_id in step.batch_order], step.input_ids)
+    real = step.input_ids[: step.num_real_rows].tolist()
+    assert [step.request(req_id).output_token_ids[-1] for req_id in step.batch_order] == real
+    assert PLACEHOLDER_TOKEN not in real
+
+
+def test_only_placeholders_at_the_computed_positions_are_filled():
+    from tracekit.format.schema import RequestState
+
+    decode = RequestState("a", [1, 2, 3], [9, PLACEHOLDER_TOKEN], [[0]], num_computed_tokens=4, num_scheduled_tokens=1)
+    chunk = RequestState("b", [5, 6, 7, 8], [], [[1]], num_computed_tokens=1, num_scheduled_tokens=2)
+    fill_placeholders([decode, chunk], torch.tensor([42, 6, 7, 0]))
+    assert decode.output_token_ids == [9, 42] and chunk.prompt_token_ids == [5, 6, 7, 8]
