@@ -11,11 +11,11 @@ import json
 import pytest
 
 from e2e_support import STEP_KINDS, only_on_runner, read_content, read_step, tracekit
+from tracekit.graphs.modes import OWN_ENGINE_MODES
 
 pytestmark = [pytest.mark.slow, only_on_runner("v1")]
 
 LATENCY_KEYS = {"median", "mean", "min", "p90", "std", "samples_us", "sample_spread_pct"}
-GRAPH_MODES = ("graph", "piecewise")
 ITERS, SAMPLES = 2, 3
 
 
@@ -37,7 +37,7 @@ def assert_timed(report):
 
 
 def assert_graph_modes_unavailable(result):
-    for mode in GRAPH_MODES:
+    for mode in OWN_ENGINE_MODES:
         assert result["modes"][mode]["available"] is False and result["modes"][mode]["reason"]
 
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from tracekit.errors import BundleError
 
-# vLLM's CUDAGraphMode names, lower-cased; only the piecewise part matters to the backend here.
-GRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
+# vLLM's CUDAGraphMode names, lower-cased (not `--mode`'s replay modes, `graphs.modes`); only the
+# piecewise part matters to the backend here.
+CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class CaptureTable:
     debug: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in GRAPH_MODES:
+        if self.mode not in CUDAGRAPH_MODES:
             raise BundleError(f"capture table: unknown graph mode {self.mode!r}")
         for name in ("capture_sizes", "compile_sizes"):
             sizes = getattr(self, name)

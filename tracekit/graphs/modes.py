@@ -7,6 +7,7 @@ timing, comparison with the recording, and for graph modes on a machine without 
 """
 
 from collections.abc import Callable, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,18 @@ from tracekit.graphs.profiling import trace_calls
 from tracekit.graphs.timing import time_callable
 from tracekit.numerics import compare_tensors
 
-MODES = ("eager", "compiled", "graph", "piecewise")
-GRAPH_MODES = ("graph", "piecewise")
+class ReplayMode(str, Enum):
+    """What `tracekit replay --mode` can time the step's forward in."""
+
+    EAGER = "eager"  # the model without torch.compile
+    COMPILED = "compiled"  # as the engine compiled it (through vLLM's graphs where it ran them)
+    GRAPH = "graph"  # the recorded compilation captured one-shot by tracekit (an engine of its own)
+    PIECEWISE = "piecewise"  # tracekit's piecewise graph backend (an engine of its own)
+
+
+MODES = tuple(mode.value for mode in ReplayMode)
+# The modes that need an engine built for them (vLLM's own graphs off, or tracekit's backend).
+OWN_ENGINE_MODES = (ReplayMode.GRAPH.value, ReplayMode.PIECEWISE.value)
 
 
 def expand_modes(requested: str) -> list[str]:
@@ -35,7 +46,7 @@ def expand_modes(requested: str) -> list[str]:
 
 def unavailable_reason(mode: str, device: DeviceBackend) -> str | None:
     """Why `mode` cannot run on `device`, or None when it can."""
-    return device.unavailable_reason if mode in GRAPH_MODES else None
+    return device.unavailable_reason if mode in OWN_ENGINE_MODES else None
 
 
 def measure_mode(

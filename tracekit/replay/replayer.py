@@ -13,7 +13,7 @@ from tracekit.environment import environment_differences
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.content import load_step
 from tracekit.format.schema import Step
-from tracekit.graphs.modes import GRAPH_MODES, expand_modes
+from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import layer_capture
@@ -94,7 +94,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
     # backend); where the device has no graphs, measure_mode reports why they cannot run, and
     # the piecewise engine still compiles its pieces for the per-piece divergence probe.
     has_graphs = adapter.device_backend.has_graphs
-    own_engine_modes = [m for m in requested if m in GRAPH_MODES and (has_graphs or m == "piecewise")]
+    own_engine_modes = [m for m in requested if m in OWN_ENGINE_MODES and (has_graphs or m == "piecewise")]
     measured: dict[str, dict[str, Any]] = {}
     recorded_layers = recorded.outputs.layers if recorded.outputs is not None else {}
     captured_layers: dict[str, Any] = {}
@@ -171,7 +171,7 @@ def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> 
     try:
         driver.run()
     except Exception as error:  # the step's own failure, reproduced or not
-        same = type(error).__name__ == recorded_error.get("type") and str(error) == recorded_error.get("message")
+        same = driver.step.raised_as_recorded(error)
         return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
     return CheckedItem("error", False, False, {"raised": None, "problem": "the step did not raise", **recorded})
 

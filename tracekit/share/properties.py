@@ -80,8 +80,7 @@ class Raises(StepProperty):
         try:
             replayer.run(step, None)
         except Exception as error:  # the property is about exactly this
-            recorded = step.error or {}
-            same = type(error).__name__ == recorded.get("type") and str(error) == recorded.get("message")
+            same = step.raised_as_recorded(error)
             return PropertyOutcome(same, f"raised {_described(error)}" + ("" if same else " (not the recorded error)"))
         return PropertyOutcome(False, "did not raise")
 
