@@ -73,8 +73,9 @@ def print_rank_set_report(result: RankSetReplayResult, stream: TextIO | None = N
 
     verdict = result.verdict
     if result.exit_code == 0:
+        how = {VerdictName.BIT_EXACT: "bit-exact", VerdictName.WITHIN_TOLERANCE: f"within tolerance {result.tolerance:g}"}
         console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold green]REPRODUCED[/bold green] on all "
-                      f"{result.world_size} ranks ({inert(verdict.reason)})")
+                      f"{result.world_size} ranks ({how.get(verdict.name, inert(verdict.reason))})")
     else:
         console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold red]NOT REPRODUCED[/bold red]: first "
                       f"divergence at [bold]{inert(result.first_divergence or '-')}[/bold] ({inert(verdict.reason)})")
