@@ -18,7 +18,7 @@ and modules every layer may use: errors, outputs, numerics, environment, bundles
 __version__ = "0.1.0"
 
 # The layers, bottom first: a module may import only from its own layer and those below it
-# (`tests/test_layers.py` walks every import, lazy ones too). Modules of one tuple are one layer.
+# (`tests/test_layering.py` walks every import, lazy ones too). Modules of one tuple are one layer.
 LAYERS = (
     ("tracekit.errors", "tracekit.numerics", "tracekit.models"),
     ("tracekit.format", "tracekit.outputs", "tracekit.bundles"),
