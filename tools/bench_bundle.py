@@ -166,12 +166,13 @@ def bench_case(tensors, directory: str, repeats: int) -> dict[str, tuple]:
         for label, (write, read) in FORMATS.items():
             path = paths[label]
             CPU_SECONDS[-1] = float("inf")
-            write_seconds = best_time(lambda: write(tensors, path), 1)
+            write_seconds = best_time(lambda write=write, path=path: write(tensors, path), 1)
             write_cpu = CPU_SECONDS[-1]
             CPU_SECONDS[-1] = float("inf")
-            warm_seconds = best_time(lambda: read(path), 1)
+            warm_seconds = best_time(lambda read=read, path=path: read(path), 1)
             read_cpu = CPU_SECONDS[-1]
-            cold_seconds = best_time(lambda: read(path), 1, before=lambda: drop_from_page_cache(path))
+            cold_seconds = best_time(lambda read=read, path=path: read(path), 1,
+                                     before=lambda path=path: drop_from_page_cache(path))
             timings = (write_seconds, warm_seconds, cold_seconds, write_cpu, read_cpu)
             best[label] = [min(old, new) for old, new in zip(best[label], timings)]
     disk = best_time(lambda: raw_read(paths["torch.save"]), repeats, before=lambda: drop_from_page_cache(paths["torch.save"]))

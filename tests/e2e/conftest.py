@@ -10,7 +10,6 @@ function-scoped fixture could change the environment.
 """
 
 import pytest
-
 from e2e_support import BUILTIN_STEP_KINDS, RUNNER_KINDS, bundles_by_step, engine_script, of_kind, tracekit
 
 # V2 runs its Triton kernels in Triton's interpreter: fewer tokens per request keep it inside

@@ -17,7 +17,6 @@ import pytest
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, Step
-from tracekit.integrations.seam import RUNNER_KINDS
 
 SCRIPTS = Path(__file__).parent / "engine_scripts"
 TRACEKIT = Path(sys.executable).parent / "tracekit"

@@ -4,8 +4,8 @@ them from there, for the right step. Driven on the real V2 runner, whose `sample
 returns its async output type on every platform."""
 
 import pytest
-
 from e2e_support import engine_script
+
 from tracekit.format.content import load_step
 
 pytestmark = pytest.mark.slow

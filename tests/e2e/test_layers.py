@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from e2e_support import read_step, tracekit
+
 from tracekit.format.rewrite import rewrite_bundle
 from tracekit.models import tiny_model_path
 

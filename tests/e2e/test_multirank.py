@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 import torch
-
 from e2e_support import engine_script, read_content, tracekit
-from tracekit.format.rewrite import rewrite_bundle
+
 from tracekit.format.content import load_step
+from tracekit.format.rewrite import rewrite_bundle
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,6 @@ inputs, the error and the phase, and `tracekit replay` of it must reproduce the 
 import json
 
 import pytest
-
 from e2e_support import read_step, tracekit
 
 pytestmark = pytest.mark.slow

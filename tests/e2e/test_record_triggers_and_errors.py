@@ -6,8 +6,8 @@ outputs must be refused with one readable line and exit 2 before any engine star
 
 import pytest
 import torch
-
 from e2e_support import error_lines, tracekit
+
 from tracekit.format.content import load_step
 
 

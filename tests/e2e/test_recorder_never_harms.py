@@ -4,8 +4,8 @@ says why once, disarms itself, and the engine's token ids stay those of an unarm
 partial bundle is left. On both model runners (V2 through the CPU test harness)."""
 
 import pytest
-
 from e2e_support import RUNNER_KINDS, engine_script
+
 from tracekit.format import open_bundle
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ compiled steps replay bit-exact compiled is `test_replay_step_kinds`' (on both r
 import json
 
 import pytest
-
 from e2e_support import STEP_KINDS, only_on_runner, read_content, read_step, tracekit
+
 from tracekit.graphs.modes import OWN_ENGINE_MODES
 
 pytestmark = [pytest.mark.slow, only_on_runner("v1")]

@@ -9,8 +9,8 @@ assert does on a GPU. With --keep-going the suite replays what is left in a new 
 import json
 
 import pytest
-
 from e2e_support import only_on_runner, tracekit
+
 from tracekit.format.rewrite import rewrite_bundle
 
 pytestmark = pytest.mark.slow

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-
 from e2e_support import error_lines, only_on_runner, read_step, tracekit
-from tracekit.format.rewrite import rewrite_bundle
+
 from tracekit.format.content import load_step
+from tracekit.format.rewrite import rewrite_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def checks_by_item(result):
 def test_perturbed_kv_block_is_found_where_the_forward_first_reads_it(builtin_bundles, tmp_path, runner_kind):
     """A block only READ by the step is perturbed in layer 0: the layer-0 KV the step writes
     comes from its own tokens and still matches; layer 1's (which attends over layer 0) does not."""
-    for index, path in builtin_bundles.items():
+    for path in builtin_bundles.values():
         group = read_step(path).kv.groups[0]
         read_only = sorted(set(group.read_block_ids) - set(group.written_block_ids))
         if read_only:

@@ -6,7 +6,6 @@ Bundles are picked by what their metadata says the step was, so a workload that 
 a kind of step fails here instead of passing vacuously."""
 
 import pytest
-
 from e2e_support import BUILTIN_STEP_KINDS, assert_replayed_bit_exact, of_kind
 
 pytestmark = pytest.mark.slow

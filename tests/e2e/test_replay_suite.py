@@ -8,8 +8,8 @@ import importlib.util
 import json
 
 import pytest
-
 from e2e_support import STEP_KINDS, only_on_runner, read_step, tracekit
+
 from tracekit.format.rewrite import rewrite_bundle
 
 # The suite's grouping, verdicts and traces do not depend on the model runner (each runner's

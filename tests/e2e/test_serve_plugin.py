@@ -13,8 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from e2e_support import RUNNER_KINDS, engine_env
+
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
 from tracekit.models import tiny_model_path

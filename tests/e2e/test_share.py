@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import msgpack
 import pytest
-
 from e2e_support import (
     STEP_KINDS,
     assert_replayed_bit_exact,
@@ -22,6 +21,7 @@ from e2e_support import (
     read_content,
     read_step,
 )
+
 from tracekit.format import open_bundle
 from tracekit.format.rewrite import rewrite_bundle
 from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact

@@ -8,7 +8,6 @@ source file kept. Offline without the cached file, these tests skip and say why.
 """
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys

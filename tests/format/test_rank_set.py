@@ -4,11 +4,10 @@ another step, untrusted rank fields, where each rank's bundle goes — is tested
 tests/e2e/test_multirank.py records and replays real TP=2 sets."""
 
 import shutil
-from pathlib import Path
 
 import pytest
-
 from rank_set_forge import SAMPLE, make_set
+
 from tracekit.errors import BundleError
 from tracekit.format.rankset import find_rank_set, read_part
 from tracekit.format.rewrite import rewrite_bundle

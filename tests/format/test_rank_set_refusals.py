@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rank_set_forge import make_set
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))

@@ -11,7 +11,6 @@ import importlib.metadata
 import json
 
 import pytest
-
 from gpu_support import CONFIGS, json_records, tracekit
 
 EXPECTED_SERIES = "0.26"

@@ -12,6 +12,7 @@ must not call reproduced, and one that makes the replayed forward fail inside th
 from pathlib import Path
 
 from gpu_support import bundles_by_step, of_kind
+
 from tracekit.format.content import load_step
 from tracekit.format.rewrite import rewrite_bundle
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gpu_support import checks_of, json_records, tracekit
 
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "traces" / "h200-vllm026").glob("*.zst"))

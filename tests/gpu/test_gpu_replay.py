@@ -4,7 +4,6 @@ vLLM's own dispatch at the recorded padded size and graph mode, with the negativ
 caught and a device-side assert ending as the verdict `crashed`."""
 
 import pytest
-
 from gpu_support import CONFIGS, bundles_by_step, checks_of, of_kind, read_content, read_step
 
 # Step kinds of the CPU suite the built-in workload produces, plus GPU-only sampling.

@@ -4,7 +4,6 @@ not the point), recorded by the CPU suite's own scenario script and replayed in 
 import sys
 
 import pytest
-
 from gpu_support import E2E, bundles_by_step, json_records, of_kind, run, tracekit
 
 

@@ -5,6 +5,7 @@ import importlib.util
 
 import pytest
 import torch
+from toy_transformer import ToyTransformer
 
 from tracekit.errors import EXIT_CANNOT_RUN_HERE, BundleError, CannotRunHere, UsageError
 from tracekit.graphs.capture_table import CaptureTable
@@ -12,7 +13,6 @@ from tracekit.graphs.device import default_device, get_device_backend
 from tracekit.graphs.modes import expand_modes, measure_mode
 from tracekit.graphs.oneshot import capture_and_time, first_tensor
 from tracekit.graphs.timing import latency_summary, time_callable
-from toy_transformer import ToyTransformer
 
 CPU = get_device_backend("cpu")
 

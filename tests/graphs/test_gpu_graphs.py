@@ -4,6 +4,8 @@ report locating a wrong piece. Skipped where CUDA is not available (CI)."""
 
 import pytest
 import torch
+from graph_test_helpers import off_by_a_bit_at, run_dynamic
+from toy_transformer import ATTENTION_OP, ToyTransformer
 
 from tracekit.graphs import divergence
 from tracekit.graphs.capture_table import CaptureTable
@@ -11,9 +13,6 @@ from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import expand_modes, measure_mode
 from tracekit.graphs.oneshot import capture_and_time
 from tracekit.graphs.piecewise import GraphInputMoved, PiecewiseGraphBackend
-from toy_transformer import ATTENTION_OP, ToyTransformer
-
-from graph_test_helpers import off_by_a_bit_at, run_dynamic
 
 pytestmark = [
     pytest.mark.gpu,

@@ -4,15 +4,14 @@ on CPU (no capture: a table that asks for graphs is refused here)."""
 import pytest
 import torch
 import torch.fx as fx
+from graph_test_helpers import off_by_a_bit_at, run_dynamic
+from toy_transformer import ATTENTION_OP, ToyTransformer
 
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.graphs import divergence
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.piecewise import PiecewiseGraphBackend, split_at_ops
-from toy_transformer import ATTENTION_OP, ToyTransformer
-
-from graph_test_helpers import off_by_a_bit_at, run_dynamic
 
 CPU = get_device_backend("cpu")
 

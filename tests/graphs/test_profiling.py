@@ -6,12 +6,11 @@ import json
 
 import pytest
 import torch
+from toy_transformer import ToyTransformer
 
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import measure_mode
 from tracekit.graphs.profiling import trace_path
-
-from toy_transformer import ToyTransformer
 
 ITERS = 3
 

@@ -8,13 +8,13 @@ import copy
 from pathlib import Path
 
 import torch
+from test_verdicts import observed_like
 
 from tracekit.format.content import load_step
 from tracekit.format.schema import GraphDispatch
 from tracekit.replay import dispatch
 from tracekit.replay.checks import check_step, first_divergence, padding_findings
 from tracekit.replay.verdict import VerdictName, decide
-from test_verdicts import observed_like
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst"
 PADDING = 8

@@ -7,13 +7,14 @@ holding rich markup must come out as the literal text."""
 import io
 from pathlib import Path
 
+from test_verdicts import observed_like
+
 from tracekit.cli.rank_set_report import print_rank_set_report
 from tracekit.cli.replay_report import print_report
 from tracekit.format.content import load_step
 from tracekit.replay.checks import check_step
 from tracekit.replay.multirank import RankSetReplayResult
 from tracekit.replay.result import ReplayResult
-from test_verdicts import observed_like
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 

@@ -4,19 +4,18 @@ settings, so the AVX2 recording's outputs are exactly what a replay of the AVX51
 produces on an AVX2 machine. No engine runs here: the checks compare recorded tensors."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
 from tracekit.environment import environment_differences
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
+from tracekit.format.content import load_step
 from tracekit.integrations.seam import ObservedStep
 from tracekit.numerics import PLATFORM_BOUNDS
 from tracekit.replay import verdict as verdicts
 from tracekit.replay.checks import CheckedItem, check_step
-from tracekit.format.content import load_step
-
-from pathlib import Path
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 

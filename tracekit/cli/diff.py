@@ -20,7 +20,6 @@ def diff_command(first, second, as_json):
     from rich.table import Table
 
     from tracekit.cli.terminal import inert
-
     from tracekit.format.diff import diff_bundles
 
     result = diff_bundles(first, second)

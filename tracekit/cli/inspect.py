@@ -21,7 +21,6 @@ from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
 from tracekit.format.untrusted import is_tensor_ref
 
-
 MAX_TABLE_ROWS = 200
 
 

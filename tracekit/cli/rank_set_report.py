@@ -6,9 +6,9 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
+from tracekit.cli.replay_report import print_differences
 from tracekit.cli.terminal import inert
 from tracekit.replay.multirank import RankSetReplayResult
-from tracekit.cli.replay_report import print_differences
 from tracekit.replay.verdict import VerdictName
 
 

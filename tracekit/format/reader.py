@@ -21,8 +21,18 @@ from tracekit.format.codec import FrameDamage, Scratch, check_stored, content_ch
 from tracekit.format.dtypes import decode
 from tracekit.format.index import ChunkRef, Index, TensorInfo, parse_index
 from tracekit.format.layout import (
-    BUNDLE_MAGIC, HEADER_FIELDS, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, PARTIAL_SUFFIX, READER_VERSION, SKIPPABLE_HEADER,
-    TRAILER_BYTES, TRAILER_FRAME_MAGIC, TRAILER_MAGIC, TRAILER_PAYLOAD, UNCOMMITTED_TRAILER_MAGIC,
+    BUNDLE_MAGIC,
+    HEADER_FIELDS,
+    HEADER_FRAME_MAGIC,
+    INDEX_FRAME_MAGIC,
+    PARTIAL_SUFFIX,
+    READER_VERSION,
+    SKIPPABLE_HEADER,
+    TRAILER_BYTES,
+    TRAILER_FRAME_MAGIC,
+    TRAILER_MAGIC,
+    TRAILER_PAYLOAD,
+    UNCOMMITTED_TRAILER_MAGIC,
 )
 from tracekit.format.untrusted import Refused, check_plain, is_tensor_ref, unpack_bounded
 

@@ -24,13 +24,29 @@ from tracekit import __version__
 from tracekit.errors import BundleError
 from tracekit.format import limits
 from tracekit.format.codec import (
-    DEFAULT_CHUNK_BYTES, ChunkEncoder, EncodedChunk, choose_filter, content_checksum, frame_spans, shuffled_content,
+    DEFAULT_CHUNK_BYTES,
+    ChunkEncoder,
+    EncodedChunk,
+    choose_filter,
+    content_checksum,
+    frame_spans,
+    shuffled_content,
 )
 from tracekit.format.dtypes import DTYPES, as_flat_bytes
 from tracekit.format.index import ChunkRef, FrameRef, Index, MetadataRef, TensorInfo
 from tracekit.format.layout import (
-    BUNDLE_MAGIC, CODEC, FORMAT_VERSION, HEADER_FRAME_MAGIC, INDEX_FRAME_MAGIC, MIN_READER_VERSION, TRAILER_BYTES,
-    TRAILER_MAGIC, UNCOMMITTED_TRAILER_MAGIC, chunk_prefix, skippable_frame, trailer,
+    BUNDLE_MAGIC,
+    CODEC,
+    FORMAT_VERSION,
+    HEADER_FRAME_MAGIC,
+    INDEX_FRAME_MAGIC,
+    MIN_READER_VERSION,
+    TRAILER_BYTES,
+    TRAILER_MAGIC,
+    UNCOMMITTED_TRAILER_MAGIC,
+    chunk_prefix,
+    skippable_frame,
+    trailer,
 )
 from tracekit.format.leftovers import remove_stale_partials, temporary_path
 from tracekit.format.untrusted import Refused, check_plain

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tracekit.graphs.piecewise import PiecewiseGraphBackend, PieceRunner, op_name
+from tracekit.graphs.piecewise import PieceRunner, PiecewiseGraphBackend, op_name
 from tracekit.numerics import compare_tensors
 
 

@@ -21,6 +21,7 @@ from tracekit.graphs.profiling import trace_calls
 from tracekit.graphs.timing import time_callable
 from tracekit.numerics import compare_tensors
 
+
 class ReplayMode(str, Enum):
     """What `tracekit replay --mode` can time the step's forward in."""
 

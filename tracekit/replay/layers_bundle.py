@@ -13,8 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from tracekit.format.schema import EngineConfig, Environment, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.format.content import write_steps
+from tracekit.format.schema import EngineConfig, Environment, KVSnapshot, Step, StepOutputs, StepTiming
 
 
 def write_layers_bundle(

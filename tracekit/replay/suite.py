@@ -19,7 +19,12 @@ from typing import Any
 
 from tracekit.bundles import unique_names
 from tracekit.errors import (
-    EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED, TracekitError,
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_RUN_HERE,
+    EXIT_NOT_REPRODUCED,
+    EXIT_OK,
+    EXIT_REPLAY_FAILED,
+    TracekitError,
 )
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 from engine_common import eager_llm, write_result
+
+from tracekit.format.content import load_step
 from tracekit.integrations.vllm.engine import adapter_of
 from tracekit.record import workload
 from tracekit.record.api import recording
-from tracekit.format.content import load_step
 
 if __name__ == "__main__":
     work = Path(sys.argv[2])

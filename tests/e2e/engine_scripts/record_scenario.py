@@ -7,6 +7,7 @@ another (a prefix-cache hit) or an engine too small for its requests (preemption
 import sys
 
 from engine_common import eager_llm, generate_token_ids, write_result
+
 from tracekit.record.api import recording
 
 # 96 shared prompt tokens: three full KV blocks of 32 the second request finds cached.

@@ -19,9 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
-import torch
-
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
+
 from tracekit.format.content import load_step
 from tracekit.integrations.vllm.engine import adapter_of, find_runner
 from tracekit.record.api import recording

@@ -23,6 +23,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
+
 from tracekit.integrations.vllm.engine import adapter_of
 from tracekit.record import persist
 from tracekit.record.api import recording

@@ -10,8 +10,9 @@ Writes {"replays": {bundle: ReplayResult.to_plain() or {"error": ...}},
 import sys
 
 from engine_common import generate_token_ids, write_result
-from tracekit.integrations.vllm.engine import build_llm
+
 from tracekit.format.content import load_step
+from tracekit.integrations.vllm.engine import build_llm
 from tracekit.replay.replayer import replay
 
 SERVE_PROMPT = ["Tell me a story about a robot"]

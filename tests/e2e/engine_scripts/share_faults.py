@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from engine_common import eager_llm, write_result
+
 from tracekit.errors import UsageError
 from tracekit.integrations.vllm.engine import find_runner, release_llm
 from tracekit.record.api import recording

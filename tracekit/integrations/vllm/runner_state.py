@@ -123,7 +123,7 @@ def attention_summary(metadata: Any) -> dict[str, Any] | None:
         return None
     summary: dict[str, Any] = {}
     seen: dict[int, str] = {}
-    for layer_name, item in metadata.items():
+    for item in metadata.values():
         if id(item) in seen:
             continue
         key = type(item).__name__
