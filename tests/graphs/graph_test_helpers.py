@@ -3,7 +3,7 @@ compiled models, and a piece compiler with a planted fault for the divergence re
 
 import torch
 
-from tracekit.graphs.piecewise import eager_pieces
+from tracekit.graphs.piece_compilers import eager_pieces
 
 
 def run_dynamic(compiled, inputs, size):

@@ -11,7 +11,8 @@ from tracekit.errors import CannotRunHere, UsageError
 from tracekit.graphs import divergence
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
-from tracekit.graphs.piecewise import PiecewiseGraphBackend, split_at_ops
+from tracekit.graphs.piece_split import split_at_ops
+from tracekit.graphs.piecewise import PiecewiseGraphBackend
 
 CPU = get_device_backend("cpu")
 

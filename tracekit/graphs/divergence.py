@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from tracekit.graphs.piecewise import PieceRunner, PiecewiseGraphBackend, op_name
+from tracekit.graphs.piece_split import op_name
+from tracekit.graphs.piecewise import PieceRunner, PiecewiseGraphBackend
 from tracekit.numerics import compare_tensors
 
 

@@ -11,60 +11,25 @@ addresses, and `debug` mode checks that every replay gets its inputs where the c
 """
 
 import contextlib
-import copy
-import operator
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
-from torch.fx.passes.split_module import split_module
 
 from tracekit.errors import TracekitError, UsageError
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import DeviceBackend
+from tracekit.graphs.piece_compilers import PieceCompiler, eager_pieces, inductor_pieces
+from tracekit.graphs.piece_split import PieceSpec, split_at_ops
 
 
 class GraphInputMoved(TracekitError):
     """A replay got an input at another address than its capture: the graph would read stale
     memory. Raised only in debug mode."""
-
-
-@dataclass
-class PieceSpec:
-    """One piece of the split forward: its submodule name, position, the ops it holds, and whether
-    it is a run of splitting ops (run eagerly, never captured)."""
-
-    index: int
-    name: str
-    graph_module: fx.GraphModule
-    op_names: list[str]
-    is_splitting_op: bool
-
-
-class PieceCompiler(Protocol):
-    """Compiles one piece: for the general (symbolic) shape when `size` is None, with fake example
-    arguments, else for that size with the real arguments of its first run."""
-
-    def __call__(self, piece: PieceSpec, example_args: Sequence[Any], size: int | None) -> Callable:
-        ...
-
-
-def eager_pieces(piece: PieceSpec, example_args: Sequence[Any], size: int | None) -> Callable:
-    """No compilation: the piece's FX module runs as traced."""
-    return piece.graph_module
-
-
-def inductor_pieces(piece: PieceSpec, example_args: Sequence[Any], size: int | None) -> Callable:
-    """Inductor, as `torch.compile`'s default backend would compile the piece."""
-    from torch._inductor.compile_fx import compile_fx
-
-    # Inductor's pre-grad passes rewrite the module in place; the original stays the eager
-    # reference of the divergence report.
-    return compile_fx(copy.deepcopy(piece.graph_module), list(example_args))
 
 
 PIECE_COMPILERS: dict[str, PieceCompiler] = {"eager": eager_pieces, "inductor": inductor_pieces}
@@ -95,78 +60,6 @@ class PiecewiseCounters:
 def _counter_rows(counter: Counter) -> list[list[int]]:
     rows = [[piece, size, count] for (piece, size), count in counter.items()]
     return sorted(rows, key=lambda row: (row[0], -1 if row[1] is None else row[1]))
-
-
-def op_name(node: fx.Node) -> str:
-    """A readable name for what a node runs: "ns::op" for registered ops, else the function,
-    method or module name."""
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target.name()
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name
-    if isinstance(target, str):
-        return target
-    return getattr(target, "__name__", str(target))
-
-
-def is_splitting_op(node: fx.Node, splitting_ops: Sequence[str]) -> bool:
-    """Whether `node` calls one of `splitting_ops`, named "ns::op" or "ns::op.overload"."""
-    if node.op != "call_function":
-        return False
-    target = node.target
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name in splitting_ops
-    if isinstance(target, torch._ops.OpOverload):
-        return (
-            target.name() in splitting_ops
-            or f"{target.name()}.{target._overloadname}" in splitting_ops
-        )
-    return False
-
-
-def split_at_ops(
-    gm: fx.GraphModule, splitting_ops: Sequence[str]
-) -> tuple[fx.GraphModule, list[PieceSpec]]:
-    """Split `gm` before and after every run of consecutive splitting ops, keeping node order
-    (the graph mutates state in place, so order is semantics)."""
-    piece_of: dict[fx.Node, int] = {}
-    splitting_pieces: set[int] = set()
-    piece, in_split_run = 0, False
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        source = node.args[0] if node.args else None
-        if node.target is operator.getitem and isinstance(source, fx.Node) and source in piece_of:
-            # Unpack a tuple where it is made, so no piece receives a whole tuple.
-            piece_of[node] = piece_of[source]
-            continue
-        splits = is_splitting_op(node, splitting_ops)
-        if splits != in_split_run:
-            piece += 1
-            in_split_run = splits
-        piece_of[node] = piece
-        if splits:
-            splitting_pieces.add(piece)
-    split_gm = split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)
-    pieces = []
-    for name, module in split_gm.named_children():
-        number = int(name.removeprefix("submod_"))
-        pieces.append(
-            PieceSpec(
-                index=number,
-                name=name,
-                graph_module=module,
-                op_names=[
-                    op_name(node)
-                    for node in module.graph.nodes
-                    if node.op in ("call_function", "call_method", "call_module")
-                ],
-                is_splitting_op=number in splitting_pieces,
-            )
-        )
-    pieces.sort(key=lambda spec: spec.index)
-    return split_gm, pieces
 
 
 class PiecewiseGraphBackend:
