@@ -42,6 +42,13 @@ def expected_names():
     return {f"step{step}.rank{rank}.zst" for step in RECORDED_STEPS for rank in range(WORLD_SIZE)}
 
 
+def test_an_unreachable_runner_is_refused_with_the_plugin_variable_that_works(api_recording):
+    """The refusal names the variable the plugin reads (it once said TRACEKIT_RECORD=...)."""
+    _, result = api_recording
+    refusal = result["find_runner_refusal"]
+    assert refusal and "cannot reach the model runner" in refusal and "TRACEKIT_RECORD_OUTPUT=" in refusal, refusal
+
+
 def test_the_plugin_records_every_rank_without_overwrites(plugin_recording):
     out, result = plugin_recording
     assert set(result["files"]) == expected_names()

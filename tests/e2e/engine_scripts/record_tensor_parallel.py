@@ -14,7 +14,8 @@ from pathlib import Path
 
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
 
-from tracekit.integrations.vllm.engine import release_llm
+from tracekit.errors import UsageError
+from tracekit.integrations.vllm.engine import find_runner, release_llm
 
 STEPS = "0:2"
 
@@ -24,6 +25,11 @@ if __name__ == "__main__":
     if how == "plugin":
         os.environ.update(TRACEKIT_RECORD_OUTPUT=output, TRACEKIT_RECORD_STEPS=STEPS)
     llm = eager_llm(tensor_parallel_size=2)
+    try:  # the runners are in the worker processes: out of this process's reach
+        find_runner(llm)
+        unreachable = None
+    except UsageError as error:
+        unreachable = str(error)
     if how == "api":
         from tracekit.record.api import recording
 
@@ -39,4 +45,5 @@ if __name__ == "__main__":
         "written": written,
         "failures": failures,
         "files": sorted(path.name for path in out_dir.iterdir()),
+        "find_runner_refusal": unreachable,
     })
