@@ -56,9 +56,10 @@ def find_runner(llm: Any) -> Any:
     runner = getattr(worker, "model_runner", None)
     if runner is None:
         raise UsageError(
-            "cannot reach the model runner: the engine core runs in another process. "
-            "Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before building the LLM, or record through "
-            "the vLLM plugin (TRACEKIT_RECORD_OUTPUT=... vllm serve ...)"
+            "cannot reach the model runner: it runs in another process (the engine core's, or a "
+            "tensor-parallel worker's). Record with tracekit.record.api.recording (it arms every "
+            "worker), set VLLM_ENABLE_V1_MULTIPROCESSING=0 before building a one-rank LLM, or record "
+            "through the vLLM plugin (TRACEKIT_RECORD_OUTPUT=... vllm serve ...)"
         )
     return runner
 
