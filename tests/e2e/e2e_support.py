@@ -17,6 +17,7 @@ import pytest
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, Step
+from tracekit.integrations.seam import RUNNER_KINDS  # noqa: F401 - the engine tests take the runner kinds from here
 
 SCRIPTS = Path(__file__).parent / "engine_scripts"
 TRACEKIT = Path(sys.executable).parent / "tracekit"
