@@ -9,8 +9,8 @@ SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step
 
 
 def make_set(folder: Path, tp: int = 2, pp: int = 1, step: int = 3, set_id: str = "session-a",
-             name: str = "step{step}.rank{rank}.zst") -> list[Path]:
-    """One part per rank, as a recorder with output `step{step}.zst` names them."""
+             name: str = "step{step}.rank{rank}.zst", sample: Path = SAMPLE) -> list[Path]:
+    """One part per rank of `sample`, as a recorder with output `step{step}.zst` names them."""
     world = tp * pp
     names = [name.format(step=step, rank=rank) for rank in range(world)]
     parts = []
@@ -22,5 +22,5 @@ def make_set(folder: Path, tp: int = 2, pp: int = 1, step: int = 3, set_id: str 
                 "tp_rank": rank % tp, "pp_rank": rank // tp, "set_id": set_id, "parts": names,
             }
 
-        parts.append(rewrite_bundle(SAMPLE, folder / names[rank], give_rank))
+        parts.append(rewrite_bundle(sample, folder / names[rank], give_rank))
     return parts

@@ -28,9 +28,9 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> An
     """Start an in-process engine from recorded (or user) `EngineArgs` values; `runner_kind`
     ("v1" or "v2") picks vLLM's model runner, refused (exit 3) where it cannot be built."""
     os.environ.update(IN_PROCESS_ENV)
-    ranks.default_cpu_thread_binding(
-        int(engine_args.get("tensor_parallel_size") or 1) * int(engine_args.get("pipeline_parallel_size") or 1)
-    )
+    world_size = int(engine_args.get("tensor_parallel_size") or 1) * int(engine_args.get("pipeline_parallel_size") or 1)
+    ranks.default_cpu_thread_binding(world_size)
+    ranks.keep_multicast_off(world_size)
     if runner_kind is not None:
         from tracekit.integrations.vllm.version import installed_release
 

@@ -84,6 +84,21 @@ def require_buildable(parallel: ParallelRank, device_kind: str) -> None:
         )
 
 
+# NVLink multicast (NVLS) in a multi-GPU engine's collectives can put a shared host's GPUs out of
+# service; every multi-rank engine tracekit builds on CUDA keeps it off, unless the user chose.
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def keep_multicast_off(world_size: int) -> None:
+    """Set `NO_MULTICAST_ENV` (where unset) before a multi-rank CUDA engine is built: its worker
+    processes inherit it."""
+    from tracekit.graphs.device import default_device
+
+    if world_size > 1 and default_device() == "cuda":
+        for name, value in NO_MULTICAST_ENV.items():
+            os.environ.setdefault(name, value)
+
+
 def default_cpu_thread_binding(world_size: int) -> None:
     """Where the user did not choose `VLLM_CPU_OMP_THREADS_BIND`, and vLLM's "auto" (one NUMA
     node per rank) cannot work because this machine has fewer nodes than ranks, give each rank
