@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from gpu_support import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "format"))
