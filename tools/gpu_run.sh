@@ -10,8 +10,8 @@
 #   command: bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --stash-extras
 # and the third runs the tests:
 #   bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh [PYTEST ARGS, e.g. -k v2-bf16-graphs]
-# Results land in $OUT: pytest.log, junit.xml and every replay's JSON records (records/; the
-# bundles themselves stay on the GPU machine, in /tmp/tracekit-gpu-tmp).
+# Results land in $OUT: pytest.log, junit.xml, every replay's JSON records (records.tgz), and a few
+# bundles that did not reproduce (bundles/; the rest stay on the GPU machine, /tmp/tracekit-gpu-tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--add-kit-extras" ]; then
@@ -32,9 +32,8 @@ TMP=/tmp/tracekit-gpu-tmp
 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider --basetemp "$TMP" --junitxml "$OUT/junit.xml" "$@" \
   2>&1 | tee "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
-(cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | while read -r f; do
-   mkdir -p "$OUT/records/$(dirname "$f")" && cp "$f" "$OUT/records/$f"; done)
-# The bundles whose replay was neither bit-exact nor a planned control come back too (at most 8).
+(cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | tar czf "$OUT/records.tgz" -T -)
+# The bundles whose replay was neither bit-exact nor a planned control come back too (at most 3).
 python3 - "$TMP" "$OUT/bundles" <<'PY'
 import json, pathlib, shutil, sys
 tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -46,7 +45,7 @@ for records in tmp.rglob("replays.jsonl"):
         if record.get("verdict") not in ("bit_exact", "crashed") and "controls" not in bundle.parts and bundle.exists():
             picked.append(bundle)
 out.mkdir(parents=True, exist_ok=True)
-for bundle in picked[:8]:
+for bundle in picked[:3]:
     shutil.copy(bundle, out / f"{bundle.parent.parent.name}-{bundle.name}")
 PY
 exit "$status"
