@@ -28,7 +28,9 @@ def _sampled_off_argmax(bundles, runner):
             if params.get("seed") is None or params.get("temperature", 0) == 0 or not drawn:
                 continue
             if row < step.outputs.logits.shape[0] and drawn[0] != int(step.outputs.logits[row].argmax()):
-                if runner == "v1" and "generator_state" not in request.runner_state:
+                # V1: a fresh generator of the same seed draws the same first token; only a
+                # generator that has drawn before is changed by dropping its state
+                if runner == "v1" and ("generator_state" not in request.runner_state or not request.output_token_ids):
                     continue
                 return path
     return None

@@ -25,13 +25,25 @@ def replayed(tmp_path_factory):
     return finished, json_records(out) if out.exists() else {}
 
 
-def test_each_fixture_reproduces_on_its_real_rows(replayed):
+def test_each_fixture_gets_the_verdict_it_deserves(replayed):
+    """The three bf16 steps reproduce on their real rows (the two async ones once their
+    placeholders are filled from the input ids the forward read). The float32 compiled step
+    parts by float32 rounding from layer 0 on, as this machine's own float32 compiled steps do in
+    a fresh process (tests/gpu/test_gpu_replay.py KNOWN): diverged, every discrete item equal and
+    every float item within the size measured for those (test_gpu_replay.KNOWN)."""
+    from test_gpu_replay import KNOWN, small_float_divergence
+
     finished, records = replayed
-    assert finished.returncode == 0, finished.explain()
+    assert finished.returncode == 1, finished.explain()  # the float32 step's divergence
     for bundle in FIXTURES:
         record = records[str(bundle)]
-        assert record["verdict"] == "bit_exact", (bundle.name, record.get("verdict_reason"))
         checks = checks_of(record)
+        if "fp32" in bundle.name:
+            assert record["verdict"] == "diverged", (bundle.name, record["verdict"])
+            assert small_float_divergence(record, KNOWN["v2-fp32-graphs"]), bundle.name
+            assert checks["input_ids"]["bit_exact"] and checks["sampled_token_ids"]["bit_exact"]
+            continue
+        assert record["verdict"] == "bit_exact", (bundle.name, record.get("verdict_reason"))
         if "decode" in bundle.name:  # 5 decodes ran a FULL graph of 8 rows
             assert checks["input_ids/padding"]["rows"] == [5, 8] and checks["input_ids/padding"]["decides"] is False
         assert not record["dispatch"]["differences"], (bundle.name, record["dispatch"])
