@@ -153,3 +153,19 @@ def crash_record(started: dict[str, Any], reason: str, name: str | None = None) 
         "step": started.get("step"),
         "trigger": started.get("trigger"),
     }
+
+
+def print_crash(bundle: str, step: Any, trigger: Any, error: str, stream: TextIO | None = None) -> None:
+    """The report of a replay that broke off inside vLLM, the device or tracekit."""
+    from rich.console import Console
+
+    from tracekit.cli.terminal import inert
+    from tracekit.replay.verdict_names import VerdictName
+
+    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    where = f"  step {inert(step)} ({inert(trigger)})" if step is not None else ""
+    console.print(f"[bold]replay[/bold] {inert(bundle)}{where}")
+    console.print(
+        f"verdict [bold]{VerdictName.CRASHED.value}[/bold]: [bold red]REPLAY FAILED[/bold red] "
+        f"(exit {VerdictName.CRASHED.exit_code}; says nothing yet about the step): {inert(error)}"
+    )

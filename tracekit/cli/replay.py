@@ -56,8 +56,8 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     recorded one."""
     from tracekit.bundles import find_bundles, unique_names
     from tracekit.cli.isolation import crash_record, run_isolated
+    from tracekit.format.rankset import is_multi_rank
     from tracekit.outputs import require_parent
-    from tracekit.replay.multirank import is_multi_rank
 
     specs, engine_argv = _split_arguments([*arguments, *ctx.args])
     if iters < 1 or samples < 1:
@@ -115,7 +115,7 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         exit_codes.append(outcome.exit_code)
         if outcome.died_on is None:
             break
-        from tracekit.cli.replay_report import print_crash
+        from tracekit.cli.isolation import print_crash
 
         dead = Path(outcome.died_on["started"])
         crashed = crash_record(outcome.died_on, outcome.death, names.get(dead))
@@ -156,8 +156,8 @@ def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
 def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, progress, stream) -> int:
     """One bundle: the detailed report; its refusals stay one line with their own exit code, and a
     failure inside vLLM or the device is reported as a crash (exit 4)."""
-    from tracekit.cli.isolation import first_line
-    from tracekit.cli.replay_report import print_crash, print_report
+    from tracekit.cli.isolation import first_line, print_crash
+    from tracekit.cli.replay_report import print_report
     from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError
     from tracekit.format.content import read_step_facts
     from tracekit.replay.replayer import replay

@@ -135,17 +135,6 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console.print(f"verdict [bold]{verdict.name.value}[/bold]: {headline}{real_rows} ({inert(verdict.reason)})")
 
 
-def print_crash(bundle: str, step: Any, trigger: Any, error: str, stream: TextIO | None = None) -> None:
-    """The report of a replay that broke off inside vLLM, the device or tracekit."""
-    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
-    where = f"  step {inert(step)} ({inert(trigger)})" if step is not None else ""
-    console.print(f"[bold]replay[/bold] {inert(bundle)}{where}")
-    console.print(
-        f"verdict [bold]{VerdictName.CRASHED.value}[/bold]: [bold red]REPLAY FAILED[/bold red] "
-        f"(exit {VerdictName.CRASHED.exit_code}; says nothing yet about the step): {inert(error)}"
-    )
-
-
 def _print_dispatch(console: Console, audited: dict[str, Any], attention: bool) -> None:
     """What the engine chose for the step, recorded and here; differences flagged (and, with
     `attention`, how the attention metadata differs: a lead when the replay is not bit-exact)."""

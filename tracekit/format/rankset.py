@@ -180,3 +180,12 @@ def _folder_bundles(folder: Path, exclude: Path) -> list[Path]:
         return []
     candidates = [folder / name for name in names if name != exclude.name]
     return candidates[:MAX_FOLDER_SCAN]
+
+
+def is_multi_rank(bundle: str | Path) -> bool:
+    """Whether `bundle` is one rank's part of a multi-rank step (a bundle that cannot be read is
+    not: its own replay says what is wrong with it)."""
+    try:
+        return read_part(bundle).parallel.multi_rank
+    except (BundleError, OSError):
+        return False

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.errors import EXIT_OK, BundleError, CannotRunHere
+from tracekit.errors import EXIT_OK, CannotRunHere
 from tracekit.format.rankset import find_rank_set, read_part
 from tracekit.graphs.device import default_device
 from tracekit.graphs.timing import latency_summary
@@ -103,15 +103,6 @@ class RankSetReplayResult:
             "environment_differences": self.environment_differences,
             "overrides": self.overrides,
         }
-
-
-def is_multi_rank(bundle: str | Path) -> bool:
-    """Whether `bundle` is one rank's part of a multi-rank step (a bundle that cannot be read is
-    not: its own replay says what is wrong with it)."""
-    try:
-        return read_part(bundle).parallel.multi_rank
-    except (BundleError, OSError):
-        return False
 
 
 def replay_rank_set(
