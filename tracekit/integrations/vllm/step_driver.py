@@ -30,6 +30,12 @@ def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.detach().to("cpu", copy=True) if tensor is not None else None
 
 
+# The forward-context attributes `ForwardHandle.forward(eager=)` sets for one call: no compiled
+# code, and no graph of vLLM's wrapper (V1 replays FULL graphs there). Every other attribute is
+# put back as the runner built it before each call.
+EAGER_FORM = ("skip_compiled", "cudagraph_runtime_mode")
+
+
 class ForwardHandle:
     """The step's model call, repeatable: `run()` restores the recorded state, then forwards."""
 
@@ -58,7 +64,7 @@ class ForwardHandle:
             return self._call()
         context = self._context
         saved = context.skip_compiled, context.cudagraph_runtime_mode
-        if eager:  # no compiled code, and no graph of vLLM's wrapper either (V1 replays FULL graphs there)
+        if eager:
             from vllm.config import CUDAGraphMode
 
             context.skip_compiled, context.cudagraph_runtime_mode = True, CUDAGraphMode.NONE
@@ -193,9 +199,8 @@ class StepDriver:
             from vllm.forward_context import get_forward_context, is_forward_context_available
 
             context = get_forward_context() if is_forward_context_available() else None
-            # All but skip_compiled, which `ForwardHandle.forward(eager=)` sets for the call.
             saved_context = (
-                {name: value for name, value in vars(context).items() if name != "skip_compiled"}
+                {name: value for name, value in vars(context).items() if name not in EAGER_FORM}
                 if context is not None else {}
             )
 
