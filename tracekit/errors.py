@@ -38,3 +38,10 @@ class ReplayFailed(TracekitError):
     """The replay broke off inside vLLM, the device or tracekit, before it could judge the step."""
 
     exit_code = EXIT_REPLAY_FAILED
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: message` of an exception, its message cut to the first line (CUDA errors come with
+    paragraphs of advice)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

@@ -24,7 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED
+from tracekit.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_RUN_HERE,
+    EXIT_NOT_REPRODUCED,
+    EXIT_OK,
+    EXIT_REPLAY_FAILED,
+    one_line,
+)
 
 IN_PROCESS_VARIABLE = "TRACEKIT_REPLAY_IN_PROCESS"
 CONTRACT = (EXIT_OK, EXIT_NOT_REPRODUCED, EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_REPLAY_FAILED)
@@ -112,7 +119,7 @@ def _exit_code_of(work: Callable[[Progress], int], progress: Progress) -> int:
         print(f"tracekit: error: {error}", file=sys.stderr)
         return error.exit_code
     except BaseException as error:  # noqa: BLE001 - the child reports every failure in one line
-        print(f"tracekit: error: the replay failed: {type(error).__name__}: {first_line(error)}", file=sys.stderr)
+        print(f"tracekit: error: the replay failed: {one_line(error)}", file=sys.stderr)
         return EXIT_REPLAY_FAILED
 
 
@@ -124,11 +131,6 @@ def _leave(code: int) -> None:
     finally:
         os._exit(code)
 
-
-def first_line(error: BaseException) -> str:
-    """An exception's message, one line (CUDA errors come with paragraphs of advice)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
 
 
 class _CollectingProgress(Progress):

@@ -156,9 +156,9 @@ def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
 def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, progress, stream) -> int:
     """One bundle: the detailed report; its refusals stay one line with their own exit code, and a
     failure inside vLLM or the device is reported as a crash (exit 4)."""
-    from tracekit.cli.isolation import first_line, print_crash
+    from tracekit.cli.isolation import print_crash
     from tracekit.cli.replay_report import print_report
-    from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError
+    from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
     from tracekit.format.content import read_step_facts
     from tracekit.replay.replayer import replay
     from tracekit.replay.suite import SuiteRecord, record_of
@@ -175,7 +175,7 @@ def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict,
                            **facts})
         raise
     except Exception as error:  # inside vLLM, the device or tracekit: not a verdict on the step
-        reason = f"{type(error).__name__}: {first_line(error)}"
+        reason = one_line(error)
         print_crash(str(bundle), facts.get("step"), facts.get("trigger"), reason, stream)
         record = SuiteRecord(str(bundle), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=reason,
                              seconds=time.perf_counter() - started)

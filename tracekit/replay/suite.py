@@ -25,6 +25,7 @@ from tracekit.errors import (
     EXIT_OK,
     EXIT_REPLAY_FAILED,
     TracekitError,
+    one_line,
 )
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
@@ -215,7 +216,7 @@ def _replay_one(
                 release_llm(llm)
             except Exception:  # a device the failure poisoned: the next engine says so itself
                 pass
-        message = f"{type(error).__name__}: {first_line(error)}"
+        message = one_line(error)
         record = SuiteRecord(str(bundle), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=message,
                              engine_built=building, seconds=time.perf_counter() - started)
         return record, None, None, building
@@ -227,8 +228,3 @@ def _error_record(bundle: Path, name: str, error: TracekitError) -> SuiteRecord:
     verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
     return SuiteRecord(str(bundle), name, verdict.value, error.exit_code, error=str(error))
 
-
-def first_line(error: BaseException) -> str:
-    """An exception's message, one line (CUDA errors come with paragraphs of advice)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
