@@ -136,7 +136,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
             )
     recorded_timing = recorded.timing.to_plain()
     audited = dispatch_audit.audit(recorded.graph, observed.dispatch) if observed is not None else {}
-    notes = _kv_notes(recorded) + _dispatch_notes(audited) + compare_with_recorded(measured, recorded_timing, reference_mode)
+    notes = _kv_notes(recorded) + _dispatch_notes(audited) + compare_with_recorded(measured, recorded_timing)
     return ReplayResult(
         bundle=str(bundle),
         step_index=recorded.index,

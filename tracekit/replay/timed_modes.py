@@ -95,7 +95,7 @@ def measure_in_own_engine(
     return report
 
 
-def compare_with_recorded(modes: dict[str, dict[str, Any]], recorded: dict[str, Any], reference_mode: str) -> list[str]:
+def compare_with_recorded(modes: dict[str, dict[str, Any]], recorded: dict[str, Any]) -> list[str]:
     """Add `ratio_to_recorded` (replayed median / recorded forward) to every timed mode; return
     the notes a reader needs to weigh them."""
     notes = []

@@ -25,7 +25,7 @@ from tracekit.format.schema import EngineConfig, Environment, GraphDispatch, Par
 from tracekit.graphs.device import DeviceBackend, get_device_backend
 from tracekit.integrations.seam import BatchFacts, ModelCall, Phase, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
+from tracekit.integrations.vllm.method_patch import shadowed
 
 # (object, {method name: wrapper factory}) pairs, shadowed together for a session.
 Shadows = list[tuple[Any, dict[str, Callable[[Callable], Callable]]]]
@@ -151,22 +151,13 @@ class RunnerAdapter:
 
             return wrapper
 
-        stack = ExitStack()
-        try:
-            shadows: Shadows = [
-                (runner, {"execute_model": execute_model, "sample_tokens": sample_tokens,
-                          self.bookkeeping_method: bookkeeping}),
-                (runner.model, {"compute_logits": compute_logits}),
-                *self.kind_shadows(observer),
-            ]
-            for obj, wrappers in _merged(shadows):
-                stack.enter_context(shadowed(obj, wrappers))
-            for context in self.model_call_shadows(observed_model_call):
-                stack.enter_context(context)
-        except BaseException:
-            stack.close()
-            raise
-        return stack
+        shadows: Shadows = [
+            (runner, {"execute_model": execute_model, "sample_tokens": sample_tokens,
+                      self.bookkeeping_method: bookkeeping}),
+            (runner.model, {"compute_logits": compute_logits}),
+            *self.kind_shadows(observer),
+        ]
+        return _entered(shadows, self.model_call_shadows(observed_model_call))
 
     def step_begins(self) -> None:
         """A new step (not a dummy run) starts: forget the last one's per-step facts."""
@@ -176,14 +167,7 @@ class RunnerAdapter:
 
     def replaying(self, step: Step) -> AbstractContextManager:
         """While the runner adds the step's requests, put back what it keeps per request."""
-        stack = ExitStack()
-        try:
-            for obj, wrappers in _merged(self.replay_shadows(step)):
-                stack.enter_context(shadowed(obj, wrappers))
-        except BaseException:
-            stack.close()
-            raise
-        return stack
+        return _entered(self.replay_shadows(step))
 
     def scheduler_output_for(self, step: Step) -> Any:
         """A `SchedulerOutput` in which every recorded request of the step is new."""
@@ -297,19 +281,19 @@ def reporting_failures(observer: StepObserver, original: Callable[..., Any]) -> 
     return call
 
 
-def _merged(shadows: Shadows) -> Shadows:
-    """The same object named twice becomes one entry (its methods shadowed together)."""
+def _entered(shadows: Shadows, contexts: list[AbstractContextManager] = ()) -> ExitStack:
+    """Every shadow (the same object named twice shadowed once, its methods together) and every
+    context entered, as one context; if entering one fails, those entered are left again."""
     merged: dict[int, tuple[Any, dict]] = {}
     for obj, wrappers in shadows:
         merged.setdefault(id(obj), (obj, {}))[1].update(wrappers)
-    return list(merged.values())
-
-
-def call_shadow(obj: Any, model_call: Callable[[Callable], Callable]) -> AbstractContextManager:
-    """`obj(...)` routed through `model_call(original)` for the block."""
-    return call_shadowed(obj, model_call)
-
-
-def method_shadow(obj: Any, name: str, model_call: Callable[[Callable], Callable]) -> AbstractContextManager:
-    """`obj.name(...)` routed through `model_call(original)` for the block."""
-    return shadowed(obj, {name: model_call})
+    stack = ExitStack()
+    try:
+        for obj, wrappers in merged.values():
+            stack.enter_context(shadowed(obj, wrappers))
+        for context in contexts:
+            stack.enter_context(context)
+    except BaseException:
+        stack.close()
+        raise
+    return stack

@@ -18,7 +18,8 @@ import torch
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind
 from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, method_shadow
+from tracekit.integrations.vllm.method_patch import shadowed
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows
 
 
 class V1Adapter(RunnerAdapter):
@@ -36,7 +37,7 @@ class V1Adapter(RunnerAdapter):
         return hasattr(runner, "input_batch") and hasattr(runner, "requests") and hasattr(type(runner), "_model_forward")
 
     def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
-        return [method_shadow(self.runner, "_model_forward", model_call)]
+        return [shadowed(self.runner, {"_model_forward": model_call})]
 
     def forward_inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return kwargs.get("input_ids"), kwargs.get("positions")

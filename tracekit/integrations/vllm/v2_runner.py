@@ -25,7 +25,8 @@ import torch
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, call_shadow, method_shadow
+from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows
 
 
 class V2Adapter(RunnerAdapter):
@@ -90,9 +91,9 @@ class V2Adapter(RunnerAdapter):
         return shadows
 
     def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
-        contexts = [call_shadow(self.runner.model, model_call)]
+        contexts = [call_shadowed(self.runner.model, model_call)]
         if self.runner.cudagraph_manager is not None:
-            contexts.append(method_shadow(self.runner.cudagraph_manager, "run_fullgraph", model_call))
+            contexts.append(shadowed(self.runner.cudagraph_manager, {"run_fullgraph": model_call}))
         return contexts
 
     def forward_inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
