@@ -6,6 +6,8 @@ caught and a device-side assert ending as the verdict `crashed`."""
 import pytest
 from gpu_support import CONFIGS, bundles_by_step, checks_of, of_kind, read_content, read_step
 
+from tracekit.graphs.timing import QUEUED_DEVICE_EVENTS
+
 # Step kinds of the CPU suite the built-in workload produces, plus GPU-only sampling.
 STEP_KINDS = (
     "pure_prefill", "pure_decode", "mixed", "chunked_prefill", "greedy_sampling", "seeded_sampling",
@@ -135,9 +137,9 @@ def test_forward_times_compare_like_with_like(recording):
     the replay says how they compare (the ±5% target is a benchmark's: tools/bench_replay_timing.py)."""
     for path in bundles_by_step(recording.folder).values():
         record = _replayed(recording, path)
-        assert record["recorded"]["forward_timer"] == "device_events", path.name
+        assert record["recorded"]["forward_timer"] == QUEUED_DEVICE_EVENTS, (path.name, record["recorded"])
         timed = record["modes"][record["reference_mode"]]
-        assert timed["available"] and timed["latency_us"]["timer"] == "device_events", path.name
+        assert timed["available"] and timed["latency_us"]["timer"] == QUEUED_DEVICE_EVENTS, (path.name, timed)
         assert timed["ratio_to_recorded"] > 0
 
 

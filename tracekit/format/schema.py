@@ -223,9 +223,11 @@ class StepOutputs(SchemaRecord):
 @dataclass
 class StepTiming(SchemaRecord):
     forward_us: float | None = None  # the model call in the engine, timed as `forward_timer` says
-    # "device_events" (events on the device's stream around the model call, as a replay times
-    # it) or "perf_counter" (host wall clock, on CPU; older bundles: around the forward plus a
-    # device sync, host launch time included)
+    # "device_events_queued" (the device's own time for the model call, queued ahead of the
+    # device by a spin, as a replay times it: tracekit.graphs.timing.RegionTimer),
+    # "device_events" (events around it: the host's launch gaps inside; older bundles, or a call
+    # whose host issue outlasted the spin) or "perf_counter" (host wall clock, on CPU; nil in
+    # older bundles: around the forward plus a device sync)
     forward_timer: str | None = None
     forward_cpu_us: float | None = None  # process CPU time of that forward
     step_us: float | None = None  # wall time of execute_model + sample_tokens

@@ -88,6 +88,17 @@ class DeviceBackend:
         if self.module is not None:
             self.module.synchronize(self.device)
 
+    @property
+    def can_spin(self) -> bool:
+        """Whether `spin` can hold this device's stream (CUDA's `_sleep`; not claimed elsewhere)."""
+        return self.module is not None and hasattr(self.module, "_sleep")
+
+    def spin(self, cycles: int) -> None:
+        """Queue a kernel on the current stream that busy-waits `cycles` device clock cycles."""
+        if not self.can_spin:
+            raise CannotRunHere(f"{self.name} has no spin kernel")
+        self.module._sleep(int(cycles))
+
     @contextlib.contextmanager
     def gc_suppressed(self) -> Iterator[None]:
         """Within it, the garbage collection and cache emptying that a capture starts with are

@@ -7,11 +7,87 @@ one-shot graph and piecewise numbers can be set side by side.
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tracekit.graphs.device import DeviceBackend
+
+# What a forward time measures, by how it was taken (a bundle's `timing.forward_timer`, a timed
+# mode's `latency_us.timer`).
+QUEUED_DEVICE_EVENTS = "device_events_queued"  # the device's own time: the region queued ahead
+DEVICE_EVENTS = "device_events"  # events around the region, the host's launch gaps inside
+HOST_CLOCK = "perf_counter"  # no device events (CPU): the host clock
+
+# The head start the first timed region gets when nothing says how long its host issue takes.
+DEFAULT_HEAD_START_US = 500.0
+MAX_HEAD_START_US = 50_000.0
+
+
+@dataclass(frozen=True)
+class RegionTime:
+    us: float  # by `timer`
+    timer: str
+    host_us: float  # the host's time to issue the region (on CPU: the same as `us`)
+
+
+class RegionTimer:
+    """Times one region of work as the recorder times the engine's model call and the replay its
+    timed runs, so that the two compare.
+
+    Events around a region on an idle device also count the host's time to issue it: a cold
+    engine's Python next to a replay loop's warm one made the same graph replay look 2-3x slower
+    in the engine (H200, vLLM 0.26). So where the device has a spin kernel, the start event is
+    queued behind a spin longer than the host's issue of the region: when the device reaches the
+    region, all of it is queued, and the events measure the device's own time for it
+    (`QUEUED_DEVICE_EVENTS`). If the host took longer than the spin, the device may have waited
+    on it inside the region and the time is reported as `DEVICE_EVENTS`. The spin costs the
+    device its length, the host nothing.
+    """
+
+    def __init__(self, backend: DeviceBackend, head_start_us: float = DEFAULT_HEAD_START_US):
+        self._backend = backend
+        self._events = None
+        self._spun = backend.can_spin
+        if backend.has_device_events:
+            cycles = head_start_us * cycles_per_us(backend) if self._spun else 0
+            self._events = tuple(backend.timing_event() for _ in range(3))
+            self._events[0].record()
+            if cycles:
+                backend.spin(cycles)
+            self._events[1].record()
+        self._host_started = time.perf_counter()
+
+    def stop(self) -> RegionTime:
+        """End the region (waits for the device)."""
+        if self._events is None:
+            host_us = (time.perf_counter() - self._host_started) * 1e6
+            return RegionTime(host_us, HOST_CLOCK, host_us)
+        self._events[2].record()
+        host_us = (time.perf_counter() - self._host_started) * 1e6
+        self._events[2].synchronize()
+        spin_us = self._events[0].elapsed_time(self._events[1]) * 1000
+        us = self._events[1].elapsed_time(self._events[2]) * 1000
+        queued = self._spun and host_us < spin_us
+        return RegionTime(us, QUEUED_DEVICE_EVENTS if queued else DEVICE_EVENTS, host_us)
+
+
+_CYCLES_PER_US: dict[str, float] = {}
+
+
+def cycles_per_us(backend: DeviceBackend) -> float:
+    """The device's spin-kernel clock, measured once per process (a millisecond's spin)."""
+    if backend.device not in _CYCLES_PER_US:
+        cycles = 2_000_000
+        begin, end = backend.timing_event(), backend.timing_event()
+        backend.spin(1000)  # the kernel's first launch out of the measurement
+        begin.record()
+        backend.spin(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_US[backend.device] = cycles / max(begin.elapsed_time(end) * 1000, 1.0)
+    return _CYCLES_PER_US[backend.device]
 
 
 def latency_summary(times_us: Sequence[float], samples: int, timer: str) -> dict[str, Any]:
@@ -46,35 +122,38 @@ def time_callable(
 ) -> dict[str, Any]:
     """Time `iters * samples` calls of `fn` after warming up for about `warmup_s` seconds.
 
-    On a device, each call is timed by events recorded on the current stream around it (the
-    device time of the call, host launch gaps included), with the device idle when the first
-    event is recorded — as it is when tracekit's recorder times a step in the engine, right after
-    copying the step to host — so the time to launch the call's first kernel counts, as it does
-    there; on CPU by `time.perf_counter`. `before` (restoring the state the forward mutates, say)
-    runs ahead of every call, outside the timing.
+    Each call starts from an idle device and is timed by a `RegionTimer`, as the recorder times
+    the model call in the engine, with a head start twice the longest host issue the warm-up
+    saw; on CPU by the host clock. `before` (restoring the state the forward mutates, say) runs
+    ahead of every call, outside the timing. The summary's `timer` is the weakest any call got
+    (`DEVICE_EVENTS` if a call was host-bound: `runs_with_host_gaps` counts them), `host_issue_us`
+    the median host issue time.
     """
     before = before or _nothing
-    warm_up(lambda: (before(), fn()), backend, warmup_s)
-    count = iters * samples
-    if not backend.has_device_events:
-        times = []
-        for _ in range(count):
-            before()
-            begin = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - begin) * 1e6)
-        return latency_summary(times, samples, "perf_counter")
-    start, end = backend.timing_event(), backend.timing_event()
-    times = []
-    for _ in range(count):
+    host_us = []
+
+    def timed_once(head_start_us: float) -> RegionTime:
         before()
         backend.synchronize()
-        start.record()
+        timer = RegionTimer(backend, head_start_us)
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return latency_summary(times, samples, "device_events")
+        measured = timer.stop()
+        host_us.append(measured.host_us)
+        return measured
+
+    def head_start_us() -> float:  # twice the longest of the latest host issues
+        return min(max(2 * max(host_us[-5:], default=DEFAULT_HEAD_START_US / 2), 50.0), MAX_HEAD_START_US)
+
+    warm_up(lambda: timed_once(head_start_us()), backend, warmup_s)
+    head_start = head_start_us()
+    host_us.clear()
+    measured = [timed_once(head_start) for _ in range(iters * samples)]
+    timers = {m.timer for m in measured}
+    timer = next(t for t in (HOST_CLOCK, DEVICE_EVENTS, QUEUED_DEVICE_EVENTS) if t in timers)
+    summary = latency_summary([m.us for m in measured], samples, timer)
+    summary["host_issue_us"] = float(np.median(host_us))
+    summary["runs_with_host_gaps"] = sum(m.timer == DEVICE_EVENTS for m in measured)
+    return summary
 
 
 def warm_up(fn: Callable[[], Any], backend: DeviceBackend, seconds: float) -> None:

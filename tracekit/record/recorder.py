@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import ParallelRank, Step
+from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import layer_capture, ranks
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
@@ -46,7 +47,8 @@ class _PendingStep:
     step: Step | None = None
     forward_seen: bool = False
     phase: Phase = Phase.PREPARE
-    forward_timer: Any = None  # the ForwardTimer started at this step's model call
+    forward_timer: Any = None  # the RegionTimer started at this step's model call
+    cpu_started: float = 0.0  # process CPU time when it started
     layers: Any = None  # the LayerCapture hooked for this step's forward (`layers=True`)
 
 
@@ -100,6 +102,7 @@ class Recorder:
             raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
         self.steps_seen = 0
+        self._head_start_us = DEFAULT_HEAD_START_US
         self.sizes_seen: set[int] = set()  # padded token counts of the forwards seen since arming
         self.bundles_fired = 0
         self._pending: _PendingStep | None = None
@@ -205,7 +208,8 @@ class Recorder:
             pending.step.timing.first_of_its_size = first_of_its_size
             if self.layers and pending.reason is not None:
                 pending.layers = layer_capture.LayerCapture(self.adapter.model).__enter__()
-            pending.forward_timer = ForwardTimer(self.adapter.device_backend)
+            pending.cpu_started = time.process_time()
+            pending.forward_timer = RegionTimer(self.adapter.device_backend, self._head_start_us)
 
     @_engine_boundary
     def after_forward(self, hidden_states: Any) -> None:
@@ -213,7 +217,11 @@ class Recorder:
         if pending is None or pending.step is None or pending.forward_timer is None:
             return
         timer, pending.forward_timer = pending.forward_timer, None
-        timer.stop(pending.step.timing)
+        measured = timer.stop()
+        pending.step.timing.forward_us, pending.step.timing.forward_timer = measured.us, measured.timer
+        pending.step.timing.forward_cpu_us = (time.process_time() - pending.cpu_started) * 1e6
+        # The next recorded forward's head start covers twice this one's host issue.
+        self._head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
         layers = _stop_layers(pending)
         step_capture.capture_after_forward(self.adapter, pending.step, hidden_states)
         if layers is not None and layers.failure is None:
@@ -300,32 +308,6 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
-
-
-class ForwardTimer:
-    """Times the engine's model call the way a replay times its forward: by events on the
-    device's stream around the call (on CPU, by the host clock after a device sync)."""
-
-    def __init__(self, backend: Any):
-        self._backend = backend
-        self._events = None
-        if backend.has_device_events:
-            self._events = (backend.timing_event(), backend.timing_event())
-            self._events[0].record()
-        self._started = (time.perf_counter(), time.process_time())
-
-    def stop(self, timing: Any) -> None:
-        if self._events is not None:
-            self._events[1].record()
-        self._backend.synchronize()
-        wall, cpu = self._started
-        timing.forward_cpu_us = (time.process_time() - cpu) * 1e6
-        if self._events is not None:
-            timing.forward_us = self._events[0].elapsed_time(self._events[1]) * 1000
-            timing.forward_timer = "device_events"
-        else:
-            timing.forward_us = (time.perf_counter() - wall) * 1e6
-            timing.forward_timer = "perf_counter"
 
 
 def _stop_layers(pending: _PendingStep | None) -> Any:

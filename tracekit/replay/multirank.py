@@ -19,7 +19,7 @@ import numpy as np
 from tracekit.errors import EXIT_OK, CannotRunHere
 from tracekit.format.rankset import find_rank_set, read_part
 from tracekit.graphs.device import default_device
-from tracekit.graphs.timing import latency_summary
+from tracekit.graphs.timing import HOST_CLOCK, latency_summary
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import ranks, workers
 from tracekit.integrations.vllm.version import require_same_series
@@ -149,7 +149,7 @@ def replay_rank_set(
             modes={outcome["reference_mode"]: {
                 "mode": outcome["reference_mode"],
                 "available": True,
-                "latency_us": latency_summary(outcome["times_us"], samples, "perf_counter"),
+                "latency_us": latency_summary(outcome["times_us"], samples, HOST_CLOCK),
             }} if runs else {},
             recorded_timing=outcome["recorded_timing"],
             replay_forward_us=outcome["forward_us"],
