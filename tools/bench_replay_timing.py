@@ -1,6 +1,7 @@
 """How close a replay's timed forward comes to the same forward in the engine that recorded it.
 
-The recorder times the engine's model call with events on the device's stream; the replay times
+The recorder times the engine's model call as the device's own time (its start event queued
+behind a spin longer than the host's issue: tracekit.graphs.timing.RegionTimer); the replay times
 the same call, in the same mode (for a decode step: the same FULL CUDA graph of the same padded
 size), the same way. This records the decode steps of the built-in workload on the default GPU
 engine (Model Runner V2, FULL_AND_PIECEWISE graphs, async scheduling), replays each in a fresh

@@ -5,10 +5,15 @@
 # Here, once (~40 s):   bash ../shared/gpu/make-vllm-kit.sh && bash tools/gpu_run.sh --add-kit-extras
 #   (the extras, .gpu-kit/extras: the wheels tracekit and its tests need that the GPU image may
 #   lack: msgpack, click, rich, pytest, 2.7 MB)
-# There, three `run` calls back to back (../shared/gpu/README.md); the second carries the extras too:
+#   (it also moves the last 4 MiB of vllm.part00 into vllm.part00z: part00 beside this checkout is
+#   over the 64 MiB a call carries; the kit's install joins vllm.part* in name order)
+# There, three `run` calls back to back (../shared/gpu/README.md); the second carries the extras
+# too, the third the moved piece:
+#   carry [".gpu-kit/vllm.part00", ".gpu-kit/install.sh"]
 #   carry [".gpu-kit/vllm.part01", ".gpu-kit/install.sh", ".gpu-kit/extras"]
+#   carry [".gpu-kit/deps", ".gpu-kit/install.sh", ".gpu-kit/vllm.part00z"]
 #   command: bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --stash-extras
-# and the third runs the tests:
+# and the third runs the tests (a later call while the machine is warm carries [".gpu-kit/install.sh"]):
 #   bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh [PYTEST ARGS, e.g. -k v2-bf16-graphs]
 # Results land in $OUT: pytest.log, junit.xml, every replay's JSON records (records.tgz), and a few
 # bundles that did not reproduce (bundles/; the rest stay on the GPU machine, /tmp/tracekit-gpu-tmp).
@@ -17,7 +22,11 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--add-kit-extras" ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .gpu-kit/extras msgpack click rich markdown-it-py mdurl pygments pytest pluggy iniconfig
+    -d .gpu-kit/extras msgpack click rich markdown-it-py mdurl pygments pytest pluggy iniconfig || exit $?
+  part=.gpu-kit/vllm.part00 keep=$((56 * 1024 * 1024))
+  if [ "$(stat -c %s $part)" -gt $keep ]; then
+    tail -c +$((keep + 1)) $part > .gpu-kit/vllm.part00z && truncate -s $keep $part
+  fi
   exit $?
 fi
 if [ "${1:-}" = "--stash-extras" ]; then  # beside the kit's own wheels: its `env` step installs them all

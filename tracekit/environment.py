@@ -17,7 +17,7 @@ from tracekit.format.schema import Environment
 # Environment variables worth recording: they may change what a forward computes or how it runs.
 RELEVANT_ENV_PREFIXES = (
     "VLLM_", "TRACEKIT_", "CUDA_", "NCCL_", "OMP_", "ASCEND_", "TORCH_", "ATEN_", "ONEDNN_", "DNNL_", "MKL_",
-    "CUBLAS_", "NVIDIA_TF32",
+    "CUBLAS_", "NVIDIA_TF32", "TORCHINDUCTOR_", "TRITON_",
 )
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # Set by vLLM itself with a fresh random value in every process: never a difference that matters.

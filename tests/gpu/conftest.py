@@ -11,7 +11,7 @@ import importlib.metadata
 import json
 
 import pytest
-from gpu_support import CONFIGS, json_records, tracekit
+from gpu_support import CONFIGS, RECORD_ENV, json_records, tracekit
 
 EXPECTED_SERIES = "0.26"
 
@@ -79,7 +79,7 @@ def recording(request, tmp_path_factory, prompts_file):
     steps = folder / "steps"
     steps.mkdir()
     record = tracekit("record", "-o", steps / "step{step}.zst", "--steps", "0:60", "--prompts", prompts_file,
-                      "--max-tokens", 10, *args, runner=runner)
+                      "--max-tokens", 10, *args, runner=runner, env=RECORD_ENV.get(name))
     assert record.returncode == 0, record.explain()
     extra = make_negative_controls(steps, folder / "controls", runner)
     result = folder / "replays.jsonl"

@@ -25,20 +25,21 @@ CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64]
 GRAPHS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": CAPTURE_SIZES})]
 
 
-def gpu_env(runner: str) -> dict[str, str]:
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+def gpu_env(runner: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", **(extra or {})}
     env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
     return env
 
 
-def run(argv: list[str], runner: str = "v2", timeout: float = ENGINE_TIMEOUT_S) -> Finished:
+def run(argv: list[str], runner: str = "v2", timeout: float = ENGINE_TIMEOUT_S, env: dict[str, str] | None = None
+        ) -> Finished:
     started = time.perf_counter()
-    done = subprocess.run(argv, env=gpu_env(runner), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(argv, env=gpu_env(runner, env), capture_output=True, text=True, timeout=timeout)
     return Finished(done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
 
 
-def tracekit(*args: Any, runner: str = "v2") -> Finished:
-    return run([sys.executable, "-m", "tracekit", *map(str, args)], runner)
+def tracekit(*args: Any, runner: str = "v2", env: dict[str, str] | None = None) -> Finished:
+    return run([sys.executable, "-m", "tracekit", *map(str, args)], runner, env=env)
 
 
 def json_records(path: Path) -> dict[str, dict[str, Any]]:
@@ -60,3 +61,8 @@ CONFIGS = {
     "v2-bf16-eager": ("v2", ["--dtype", "bfloat16", "--enforce-eager"]),
     "v1-fp32-eager": ("v1", ["--dtype", "float32", "--enforce-eager"]),
 }
+# Environment of the recording engine only: the replay takes it from the bundle. Without
+# Inductor's deterministic mode each process picks some kernel configs by timing them, and two
+# recordings of the float32 compiled workload already differ from their first step (H200, vLLM
+# 0.26, 2026-12-03); with it, both recordings and every replay were bit-identical.
+RECORD_ENV = {"v2-fp32-graphs": {"TORCHINDUCTOR_DETERMINISTIC": "1"}}

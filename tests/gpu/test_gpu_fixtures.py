@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from gpu_support import checks_of, json_records, tracekit
 
+# Two recordings of one float32 compiled engine (Inductor autotuning per process) part by up to
+# 2.2e-5 relative RMS (H200, vLLM 0.26, 2026-12-03); the bound leaves room above that.
+AUTOTUNED_FLOAT32_BOUND = 1e-4
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "traces" / "h200-vllm026").glob("*.zst"))
 
 
@@ -27,11 +30,12 @@ def replayed(tmp_path_factory):
 
 def test_each_fixture_gets_the_verdict_it_deserves(replayed):
     """The three bf16 steps reproduce on their real rows (the two async ones once their
-    placeholders are filled from the input ids the forward read). The float32 compiled step
-    parts by float32 rounding from layer 0 on, as this machine's own float32 compiled steps do in
-    a fresh process (tests/gpu/test_gpu_replay.py KNOWN): diverged, every discrete item equal and
-    every float item within the size measured for those (test_gpu_replay.KNOWN)."""
-    from test_gpu_replay import KNOWN, small_float_divergence
+    placeholders are filled from the input ids the forward read). The float32 compiled step was
+    recorded without Inductor's deterministic mode, whose kernel configs each process picks by
+    timing them: it parts by float32 rounding from layer 0 on, as two recordings of such an
+    engine part from each other (measured: relative RMS up to 2.2e-5) — diverged, every
+    discrete item equal, every float item within AUTOTUNED_FLOAT32_BOUND, and the report says why."""
+    from test_gpu_replay import small_float_divergence
 
     finished, records = replayed
     assert finished.returncode == 1, finished.explain()  # the float32 step's divergence
@@ -40,7 +44,8 @@ def test_each_fixture_gets_the_verdict_it_deserves(replayed):
         checks = checks_of(record)
         if "fp32" in bundle.name:
             assert record["verdict"] == "diverged", (bundle.name, record["verdict"])
-            assert small_float_divergence(record, KNOWN["v2-fp32-graphs"]), bundle.name
+            assert small_float_divergence(record, AUTOTUNED_FLOAT32_BOUND), bundle.name
+            assert any("TORCHINDUCTOR_DETERMINISTIC=1" in note for note in record["notes"]), record["notes"]
             assert checks["input_ids"]["bit_exact"] and checks["sampled_token_ids"]["bit_exact"]
             continue
         assert record["verdict"] == "bit_exact", (bundle.name, record.get("verdict_reason"))

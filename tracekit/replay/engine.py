@@ -66,8 +66,11 @@ def replay_engine_args(engine: EngineConfig, model: str | None, allow_weights_mi
 
 
 def build_replay_engine(engine: EngineConfig, model: str | None = None, allow_weights_mismatch: bool = False,
-                        overrides: dict[str, Any] | None = None) -> Any:
-    """The engine a bundle was recorded with, rebuilt here (weights checked: exit 3 if not)."""
+                        overrides: dict[str, Any] | None = None, recorded: Environment | None = None) -> Any:
+    """The engine a bundle was recorded with, rebuilt here (weights checked: exit 3 if not), in
+    the deterministic modes the recording engine ran in (`recorded`'s environment variables)."""
     args = replay_engine_args(engine, model, allow_weights_mismatch, dict(overrides or {}))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if recorded is not None:
+        vllm_engine.apply_recorded_determinism(recorded.env_vars)
     return vllm_engine.build_llm(args, engine.runner)

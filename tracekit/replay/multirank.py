@@ -130,7 +130,7 @@ def replay_rank_set(
         raise CannotRunHere("a multi-rank step replays with its recorded parallel layout only")
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
     runs = iters * samples if timing else 0
-    llm = build_replay_engine(content.engine, model, allow_weights_mismatch, overrides)
+    llm = build_replay_engine(content.engine, model, allow_weights_mismatch, overrides, recorded=content.environment)
     session = uuid.uuid4().hex
     try:
         prepared = workers.on_every_worker(llm, in_workers.prepare_replay, session, bundles)

@@ -69,7 +69,8 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
     if llm is not None and (options.engine_overrides or options.model):
         raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
     if llm is None:
-        llm = build_replay_engine(content.engine, options.model, options.allow_weights_mismatch, options.engine_overrides)
+        llm = build_replay_engine(content.engine, options.model, options.allow_weights_mismatch, options.engine_overrides,
+                                  recorded=content.environment)
     adapter = vllm_engine.adapter_of(llm)
     if adapter.kind != content.engine.runner:
         variable, value = next(iter(release.runner_env(content.engine.runner).items()))
@@ -136,7 +137,8 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
             )
     recorded_timing = recorded.timing.to_plain()
     audited = dispatch_audit.audit(recorded.graph, observed.dispatch) if observed is not None else {}
-    notes = _kv_notes(recorded) + _dispatch_notes(audited) + compare_with_recorded(measured, recorded_timing)
+    notes = (_kv_notes(recorded) + _dispatch_notes(audited) + _autotuning_notes(content, reference_mode, checks)
+             + compare_with_recorded(measured, recorded_timing))
     return ReplayResult(
         bundle=str(bundle),
         step_index=recorded.index,
@@ -184,6 +186,22 @@ def _kv_notes(step: Step) -> list[str]:
     return [
         f"the bundle saved KV blocks in mode {step.kv.mode!r}: {missing} block(s) the step read are "
         "not in it, so their contents here are whatever the rebuilt engine holds"
+    ]
+
+
+def _autotuning_notes(content: Any, reference_mode: str, checks: list[CheckedItem]) -> list[str]:
+    """Why a compiled step may part by float rounding alone: the recording engine's Inductor chose
+    kernel configs by timing them, which no other process repeats."""
+    deciding = [check for check in checks if check.decides]
+    if (reference_mode != "compiled" or content.environment.device_kind == "cpu" or all(check.bit_exact for check in deciding)
+            or any(not check.bit_exact and check.float_dtype is None for check in deciding)
+            or content.environment.env_vars.get("TORCHINDUCTOR_DETERMINISTIC") == "1"):
+        return []
+    return [
+        "only float items parted, in a compiled step of an engine that let Inductor pick kernel configs by "
+        "timing them in each process, which changes float rounding: two runs of such an engine part alike "
+        "(seen with float32 on an H200). Record with TORCHINDUCTOR_DETERMINISTIC=1 to replay compiled steps "
+        "bit-exact (the replay sets it from the bundle)"
     ]
 
 

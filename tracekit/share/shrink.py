@@ -131,7 +131,8 @@ class _EngineReplayer(StepReplayer):
         if self.llm is None:
             require_device_of(self.content.environment)
             require_same_series(self.content.engine.vllm_version)
-            self.llm = build_replay_engine(self.content.engine, self.model, self.allow_weights_mismatch)
+            self.llm = build_replay_engine(self.content.engine, self.model, self.allow_weights_mismatch,
+                                           recorded=self.content.environment)
         return vllm_engine.adapter_of(self.llm)
 
     def run(self, step: Step, on_forward: Any) -> Any:

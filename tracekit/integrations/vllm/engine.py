@@ -9,6 +9,7 @@ process so that its model runner can be driven.
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,38 @@ from tracekit.integrations.vllm import ranks
 
 # In-process engine core: the model runner lives in this process and can be reached.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# The environment variables that put an engine's compilation or kernels in a deterministic mode,
+# with the Inductor config attribute each sets. Without Inductor's, every process picks some
+# kernel configs by timing them, which changes float rounding: two runs of one float32 compiled
+# engine on an H200 (vLLM 0.26) already differ from their first step on. A replay sets the
+# recorded ones (this process's own setting wins).
+DETERMINISM_VARIABLES = {
+    "TORCHINDUCTOR_DETERMINISTIC": "deterministic",
+    "TORCHINDUCTOR_BATCH_INVARIANT": "batch_invariant",
+    "VLLM_BATCH_INVARIANT": None,
+}
 # Every attribute of vLLM's LLM and engine objects this module touches.
 FOREIGN_ATTRIBUTES = frozenset({
     "llm_engine", "engine_core", "model_executor", "driver_worker", "worker", "model_runner", "reset_prefix_cache",
     "shutdown", "generate", "add_cli_args", "parse_known_args",
 })
+
+
+def apply_recorded_determinism(recorded_env: dict[str, str]) -> list[str]:
+    """Set the recorded `DETERMINISM_VARIABLES` this process does not set itself, before an engine
+    is built (on Inductor's config too where it was imported: it reads them at import); returns
+    them as NAME=VALUE."""
+    applied = []
+    for name, inductor_attribute in DETERMINISM_VARIABLES.items():
+        value = recorded_env.get(name)
+        if value is None or name in os.environ:
+            continue
+        os.environ[name] = value
+        applied.append(f"{name}={value}")
+        inductor_config = sys.modules.get("torch._inductor.config")
+        if inductor_attribute is not None and inductor_config is not None:
+            setattr(inductor_config, inductor_attribute, value == "1")
+    return applied
 
 
 def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> Any:
