@@ -2,6 +2,7 @@
 timing, the capture table and the replay modes still work where they can."""
 
 import importlib.util
+import time
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import default_device, get_device_backend
 from tracekit.graphs.modes import expand_modes, measure_mode
 from tracekit.graphs.oneshot import capture_and_time, first_tensor
-from tracekit.graphs.timing import latency_summary, time_callable
+from tracekit.graphs.timing import HOST_CLOCK, RegionTimer, latency_summary, time_callable
 
 CPU = get_device_backend("cpu")
 
@@ -123,3 +124,13 @@ def test_first_tensor_finds_the_leading_tensor():
     assert first_tensor(((t, 1), 2)) is t and first_tensor({"logits": t}) is t
     with pytest.raises(TypeError):
         first_tensor(3)
+
+
+def test_region_timer_on_cpu_times_by_the_host_clock_and_says_so():
+    timer = RegionTimer(CPU)
+    time.sleep(0.002)
+    measured = timer.stop()
+    assert measured.timer == HOST_CLOCK and measured.us >= 2000 and measured.host_us == measured.us
+    assert not CPU.can_spin
+    summary = time_callable(lambda: None, iters=2, samples=2, backend=CPU, warmup_s=0.0)
+    assert summary["runs_with_host_gaps"] == 0 and summary["host_issue_us"] >= 0
