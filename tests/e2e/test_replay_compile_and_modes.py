@@ -63,6 +63,7 @@ def test_eager_bundle_all_modes(builtin_bundles, tmp_path, runner_kind):
     assert_timed(result["modes"]["eager"])
     assert result["modes"]["eager"]["vs_recorded"]["bit_exact"]
     assert result["modes"]["compiled"]["available"] is False and "compil" in result["modes"]["compiled"]["reason"]
+    assert result["mode_agreement"] is None  # one mode ran: nothing to agree
     assert_graph_modes_unavailable(result)
     assert_pieces_probed_against_eager(result)
     assert "unavailable here" in finished.stdout
@@ -78,8 +79,13 @@ def test_compiled_bundle_replays_bit_exact_compiled_with_all_modes(compiled_bund
     assert_timed(result["modes"]["eager"])
     assert_timed(result["modes"]["compiled"])
     assert result["modes"]["compiled"]["vs_recorded"]["bit_exact"]
-    # The eager mode really runs eagerly on a compiled engine: it rounds differently.
+    # The eager mode really runs eagerly on a compiled engine: it rounds differently, and the
+    # replay says the modes disagree (the check that finds a graph giving other values than eager).
     assert not result["modes"]["eager"]["vs_recorded"]["bit_exact"]
+    agreement = result["mode_agreement"]
+    assert agreement["agree"] is False and list(agreement["parted"]) == ["eager"], agreement
+    assert agreement["bit_exact_with_recording"] == ["compiled"] and agreement["nonfinite"] == []
+    assert "modes disagree" in finished.stdout
     assert_graph_modes_unavailable(result)
 
 

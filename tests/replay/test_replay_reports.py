@@ -52,3 +52,17 @@ def test_bundle_strings_in_the_report_header_are_inert():
     print_report(rank, out)
     header = out.getvalue().splitlines()[0]
     assert "[bold red]mixed[/bold red]" in header and "[link=http://x]step[/link]" in header, header
+
+
+def test_mode_agreement_names_the_modes_that_part_and_the_non_finite_ones():
+    from tracekit.replay.timed_modes import mode_agreement
+
+    def ran(bit_exact, rms=0.0, finite=True):
+        return {"available": True, "vs_recorded": {"bit_exact": bit_exact, "relative_rms": rms, "finite": finite}}
+
+    assert mode_agreement({"compiled": ran(True)}) is None
+    assert mode_agreement({"compiled": ran(True), "eager": ran(True), "graph": {"available": False}}) == {
+        "agree": True, "bit_exact_with_recording": ["compiled", "eager"], "parted": {}, "nonfinite": []}
+    disagree = mode_agreement({"compiled": ran(False, float("nan"), finite=False), "eager": ran(True)})
+    assert disagree["agree"] is False and list(disagree["parted"]) == ["compiled"]
+    assert disagree["nonfinite"] == ["compiled"] and disagree["bit_exact_with_recording"] == ["eager"]

@@ -118,6 +118,17 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         console.print(f"   timed by: recorded {recorded_timer}; replayed {', '.join(timers)}")
     for mode, reason in unavailable.items():
         console.print(f"   {mode}: unavailable here ({inert(reason)})")
+    agreement = result.mode_agreement
+    if agreement is not None:
+        if agreement["agree"]:
+            console.print(f"   modes agree: {', '.join(agreement['bit_exact_with_recording'])} bit-exact with the recording")
+        else:
+            parted = ", ".join(f"{mode} (rel_rms {_number(rms)})" for mode, rms in agreement["parted"].items())
+            console.print(f"   [bold yellow]modes disagree[/bold yellow]: {parted} part from the recording"
+                          + (f"; bit-exact: {', '.join(agreement['bit_exact_with_recording'])}"
+                             if agreement["bit_exact_with_recording"] else ""))
+        if agreement["nonfinite"]:
+            console.print(f"   [bold red]non-finite real rows[/bold red] in: {', '.join(agreement['nonfinite'])}")
     for mode, report in result.modes.items():
         if report.get("profile_trace"):
             console.print(f"   {mode}: profile trace {inert(report['profile_trace'])} (open in ui.perfetto.dev)")

@@ -120,4 +120,7 @@ def measure_mode(
 def _compare_with_recording(
     output: torch.Tensor, expected: torch.Tensor | None, rows: int | None = None
 ) -> dict[str, Any] | None:
-    return None if expected is None else compare_tensors(output[:rows], expected)
+    if expected is None:
+        return None
+    real = output[:rows]
+    return {**compare_tensors(real, expected), "finite": bool(torch.isfinite(real).all())}

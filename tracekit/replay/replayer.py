@@ -25,7 +25,7 @@ from tracekit.replay.checks import CheckedItem, check_layers, check_step, paddin
 from tracekit.replay.engine import build_replay_engine, require_device_of
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.result import ReplayResult
-from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine
+from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
 
 __all__ = ["ReplayOptions", "ReplayResult", "replay"]
 
@@ -161,6 +161,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         ),
         dispatch=audited,
         padding_findings=padding_findings(observed, recorded) if observed is not None else [],
+        mode_agreement=mode_agreement(measured),
         llm=llm,
     )
 

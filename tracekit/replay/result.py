@@ -34,6 +34,8 @@ class ReplayResult:
     dispatch: dict[str, Any] = field(default_factory=dict)
     # What the padding rows of a graph step may have done to its real outputs, in words.
     padding_findings: list[str] = field(default_factory=list)
+    # Whether the modes timed (`--mode all`) gave the same real rows (`timed_modes.mode_agreement`).
+    mode_agreement: dict[str, Any] | None = None
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 
     @property
@@ -83,6 +85,7 @@ class ReplayResult:
             "layer_checks": [item.to_plain() for item in self.layer_checks],
             "layers_bundle": self.layers_bundle,
             "modes": self.modes,
+            "mode_agreement": self.mode_agreement,
             "recorded": self.recorded_timing,
             "replay_forward_us": self.replay_forward_us,
             "environment_differences": self.environment_differences,

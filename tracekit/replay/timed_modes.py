@@ -95,6 +95,21 @@ def measure_in_own_engine(
     return report
 
 
+def mode_agreement(modes: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Whether the step's real rows came out the same in every mode that ran (each is compared
+    with the recorded output, their common reference): the check for a graph bug — a FULL graph
+    that gives NaN or other values where the same step run eagerly does not. None where fewer
+    than two modes ran with an output to compare."""
+    outputs = {mode: report["vs_recorded"] for mode, report in modes.items()
+               if report.get("available") and report.get("vs_recorded")}
+    if len(outputs) < 2:
+        return None
+    exact = sorted(mode for mode, versus in outputs.items() if versus["bit_exact"])
+    parted = {mode: versus.get("relative_rms") for mode, versus in outputs.items() if not versus["bit_exact"]}
+    nonfinite = sorted(mode for mode, versus in outputs.items() if versus.get("finite") is False)
+    return {"agree": not parted, "bit_exact_with_recording": exact, "parted": parted, "nonfinite": nonfinite}
+
+
 def compare_with_recorded(modes: dict[str, dict[str, Any]], recorded: dict[str, Any]) -> list[str]:
     """Add `ratio_to_recorded` (replayed median / recorded forward) to every timed mode; return
     the notes a reader needs to weigh them."""
