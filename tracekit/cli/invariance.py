@@ -102,6 +102,8 @@ def _print_variant(outcome, stream) -> None:
         console.print(f"  {inert(outcome.name):<28} [dim]not applicable: {inert(outcome.reason)}[/dim]")
         return
     head = f"  {inert(outcome.name):<28} {outcome.num_tokens:>5} tok {len(outcome.compared):>3} req  "
+    if outcome.reordered_by_runner:
+        head += f"[dim](the runner ran {inert(outcome.batch_order)})[/dim] "
     if outcome.invariant:
         console.print(head + "[green]same[/green]")
         return

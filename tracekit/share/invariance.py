@@ -63,6 +63,7 @@ class VariantOutcome:
     reason: str | None = None
     num_tokens: int | None = None
     batch_order: list[str] = field(default_factory=list)  # as the runner ran it
+    reordered_by_runner: bool = False  # the runner ran another order than the variant's (V2: decodes first)
     compared: list[str] = field(default_factory=list)  # the recorded requests it compared
     # req_id -> how its logits row (and sampled ids) moved against the baseline
     moved: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -363,6 +364,7 @@ def check_invariance(
             compared, moved = compare_requests(baseline, recorded, observed, variant.step, reproducible)
             outcome = VariantOutcome(variant.name, variant.kind, variant.description, True,
                                      num_tokens=variant.step.num_real_rows, batch_order=list(observed.batch_order),
+                                     reordered_by_runner=observed.batch_order != variant.step.batch_order,
                                      compared=compared, moved=moved)
         outcomes.append(outcome)
         if on_variant is not None:
