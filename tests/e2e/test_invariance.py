@@ -14,7 +14,9 @@ prefix gives bit-identical logits.
 import json
 
 import pytest
-from e2e_support import engine_script, of_kind, only_on_runner, read_step, tracekit
+from e2e_support import engine_script, of_kind, only_on_runner, past_the_vocabulary, read_step, tracekit
+
+from tracekit.format.rewrite import rewrite_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +118,15 @@ def test_the_command_passes_the_same_step_with_the_cpu_attention_split_off(repor
     # the recording ran with the split on: the replay here differs from it, and says so
     assert report["baseline_reproduces_recording"] is False and report["notes"]
     assert "verdict invariant" in finished.stdout and "alone:" in finished.stdout
+
+
+@only_on_runner("v1")
+def test_a_replay_that_fails_inside_vllm_ends_as_crashed_with_exit_4(builtin_bundles, tmp_path):
+    mixed = next(iter(of_kind(builtin_bundles, "mixed").values()))
+    poisoned = rewrite_bundle(mixed, tmp_path / "poisoned.zst", past_the_vocabulary)  # IndexError in the embedding
+    out = tmp_path / "report.json"
+    finished = tracekit("invariance", poisoned, "--json", out)
+    assert finished.returncode == 4, finished.explain()
+    assert "Traceback" not in finished.stderr and "REPLAY FAILED" in finished.stdout
+    record = json.loads(out.read_text())
+    assert (record["verdict"], record["exit_code"]) == ("crashed", 4) and "IndexError" in record["error"]

@@ -5,6 +5,7 @@ and the command refuses bad input with exit 2 before any engine starts. The samp
 mixed step: four decodes beside a 60-token prefill chunk (8 tokens already computed)."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,14 @@ def test_bad_input_exits_2_with_one_line_before_any_engine(argv, message):
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert message in line
+
+
+def test_a_bundle_of_another_device_exits_3_with_its_json_record(tmp_path):
+    gpu_bundle = SAMPLE.parent / "h200-vllm026" / "v1-fp32-mixed-nograph-async.zst"
+    out = tmp_path / "report.json"
+    done = subprocess.run([str(TRACEKIT), "invariance", str(gpu_bundle), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("tracekit: error: the bundle was recorded on a cuda device")
+    record = json.loads(out.read_text())
+    assert (record["verdict"], record["exit_code"], record["step"]) == ("cannot_run_here", 3, 2)
