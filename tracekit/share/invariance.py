@@ -121,6 +121,16 @@ class InvarianceReport:
         }
 
 
+def variant_kinds(kinds: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The variant kinds asked for: a tuple, or comma-separated text ("all": every kind)."""
+    if isinstance(kinds, str):
+        kinds = VARIANT_KINDS if kinds == "all" else tuple(kind.strip() for kind in kinds.split(",") if kind.strip())
+    unknown = sorted(set(kinds) - set(VARIANT_KINDS))
+    if unknown or not kinds:
+        raise UsageError(f"--variants: unknown kind(s) {unknown}; choose from {', '.join(VARIANT_KINDS)} or all")
+    return tuple(kinds)
+
+
 def sampling_reproducible(request: RequestState) -> str | None:
     """How a request's sampled ids can be compared across batches, in words; None: they cannot."""
     params = request.sampling_params or {}
@@ -315,20 +325,19 @@ def first_moved_layer(run: Callable[[Step, Callable | None], ObservedStep], mode
 def check_invariance(
     bundle: str | Path,
     *,
-    kinds: tuple[str, ...] = VARIANT_KINDS,
+    kinds: str | tuple[str, ...] = VARIANT_KINDS,
     step: int | None = None,
     model: str | None = None,
     allow_weights_mismatch: bool = False,
     llm: Any = None,
     on_variant: Callable[[VariantOutcome], None] | None = None,
 ) -> InvarianceReport:
-    """Replay the bundle's step and its variants on one engine (built once, or `llm`)."""
+    """Replay the bundle's step and its variants of `kinds` (a tuple, or the `--variants` text)
+    on one engine (built once, or `llm`)."""
     from tracekit.format.content import load_step
     from tracekit.share.shrink import EngineReplayer
 
-    unknown = set(kinds) - set(VARIANT_KINDS)
-    if unknown or not kinds:
-        raise UsageError(f"unknown variant kind(s) {sorted(unknown)}: choose from {', '.join(VARIANT_KINDS)}")
+    kinds = variant_kinds(kinds)
     content, recorded = load_step(bundle, step)
     if content.parallel.multi_rank:
         raise CannotRunHere("a multi-rank step's variants are not supported yet: its ranks run one batch together")
