@@ -6,7 +6,7 @@ The negative control: a decode step beside a request with a long context (the bu
 workload's 295-token prompt). vLLM's CPU attention splits a request's KV across threads when the
 batch leaves threads idle (`VLLM_CPU_ATTN_SPLIT_KV`, on by default), so that request alone sums
 its attention in another order: its logits move in the last bits, from the first attention.
-The positive controls: a mixed step of the same workload (every request alone and reordered is
+On the compiled engine the same request moves alone too. The positive controls: a mixed step of the same workload (every request alone and reordered is
 bit-identical), the same decode step with the split off, and a prefix-cache hit whose recomputed
 prefix gives bit-identical logits.
 """
@@ -118,6 +118,22 @@ def test_the_command_passes_the_same_step_with_the_cpu_attention_split_off(repor
     # the recording ran with the split on: the replay here differs from it, and says so
     assert report["baseline_reproduces_recording"] is False and report["notes"]
     assert "verdict invariant" in finished.stdout and "alone:" in finished.stdout
+
+
+@only_on_runner("v1")
+def test_the_compiled_engine_reports_the_same_request_moving_alone_and_why_it_names_no_layer(compiled_bundles,
+                                                                                           tmp_path):
+    bundle, long_request = long_context_decode(compiled_bundles)
+    out = tmp_path / "compiled.json"
+    finished = tracekit("invariance", bundle, "--variants", "repeat,alone", "--json", out)
+    assert finished.returncode == 1, finished.explain()
+    report = json.loads(out.read_text())
+    assert report["engine_mode"] == "compiled" and report["first_broken_variant"] == f"alone:{long_request}"
+    assert [variant["kind"] for variant in report["variants"]] == ["repeat"] + ["alone"] * len(report["sampling"])
+    assert list(variants(report)[f"alone:{long_request}"]["moved"]) == [long_request]
+    assert report["first_layer"]["module"] is None and "--enforce-eager" in report["first_layer"]["reason"]
+    assert report["thresholds"]["compile_range_ends"] == [64]  # vLLM's compile range ends at the 64-token budget
+    assert f"first broken variant alone:{long_request}" in finished.stdout
 
 
 @only_on_runner("v1")

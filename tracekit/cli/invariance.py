@@ -128,9 +128,10 @@ def print_summary(plain: dict, stream) -> None:
     console = _console(stream)
     thresholds = plain["thresholds"]
     console.print(f"  engine: {plain['runner'].upper()} runner, {plain['engine_mode']}")
-    console.print(f"  fillers cross: {inert(thresholds['filler_targets'] or 'none')} tokens "
-                  f"(step {thresholds['step_tokens']}, most per step {thresholds['max_num_batched_tokens']}; "
-                  f"unreachable thresholds {inert(thresholds['unreachable'] or 'none')})")
+    if any(variant["kind"] == "fillers" for variant in plain["variants"]):
+        console.print(f"  fillers to: {inert(thresholds['filler_targets'] or 'none')} tokens "
+                      f"(step {thresholds['step_tokens']}, most per step {thresholds['max_num_batched_tokens']}; "
+                      f"thresholds out of reach {inert(thresholds['unreachable'] or 'none')})")
     for req_id, how in plain["sampling"].items():
         console.print(f"  sampled ids of {inert(req_id)}: {inert(how)}")
     for note in plain["notes"]:
