@@ -20,11 +20,13 @@ from tracekit.share.reduce_step import reduce_step, reduced_kv
 
 # The prefix of filler requests' ids (no recorded request id starts with it: checked).
 FILLER_PREFIX = "tracekit-filler-"
-# What a filler samples with: greedy and nothing that reads its tokens, so it draws no random
-# numbers and changes no other request's sampling path.
+# What a filler samples with (over a recorded request's parameters, where the release has the
+# field): greedy, no grammar, nothing that reads its tokens, so it draws no random numbers and
+# changes no other request's sampling path.
 _FILLER_SAMPLING = {
     **HISTORY_READERS, "bad_words": [], "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
     "min_tokens": 0, "logprobs": None, "prompt_logprobs": None, "logit_bias": None, "allowed_token_ids": None,
+    "logprob_token_ids": None, "prompt_logprob_token_ids": None, "structured_outputs": None, "extra_args": None,
 }
 
 
@@ -85,7 +87,7 @@ def with_fillers(step: Step, extra_tokens: int, max_requests: int, max_model_len
             block_ids=block_ids,
             num_computed_tokens=0,
             num_scheduled_tokens=length,
-            sampling_params={**template, **_FILLER_SAMPLING} if template else None,
+            sampling_params={**template, **{k: v for k, v in _FILLER_SAMPLING.items() if k in template}} or None,
         ))
     return _with_requests(step, [*requests, *fillers])
 
