@@ -190,5 +190,16 @@ def assert_replayed_bit_exact(replays: dict[str, Any], bundles: dict[int, Path])
         assert result["bit_exact"] and not diverged, f"step {index} ({path.name}) diverged: {diverged}"
 
 
+def past_the_vocabulary(metadata: dict[str, Any], tensors: Any) -> None:
+    """A `rewrite_bundle` edit that makes a real failure inside vLLM: a prefill's first computed
+    prompt token past the vocabulary (the eager engine raises IndexError in the embedding lookup;
+    the compiled one's Inductor kernel aborts the process)."""
+    for request in metadata["steps"][0]["requests"]:
+        if request["num_computed_tokens"] < len(request["prompt_token_ids"]):  # a prefill reads its prompt
+            request["prompt_token_ids"][request["num_computed_tokens"]] = 1 << 24
+            return
+    raise AssertionError("the step has no prefill")
+
+
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]

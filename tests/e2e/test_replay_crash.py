@@ -9,19 +9,11 @@ assert does on a GPU. With --keep-going the suite replays what is left in a new 
 import json
 
 import pytest
-from e2e_support import only_on_runner, tracekit
+from e2e_support import only_on_runner, past_the_vocabulary, tracekit
 
 from tracekit.format.rewrite import rewrite_bundle
 
 pytestmark = pytest.mark.slow
-
-
-def past_the_vocabulary(metadata, tensors):
-    for request in metadata["steps"][0]["requests"]:
-        if request["num_computed_tokens"] < len(request["prompt_token_ids"]):  # a prefill reads its prompt
-            request["prompt_token_ids"][request["num_computed_tokens"]] = 1 << 24
-            return
-    raise AssertionError("the step has no prefill")
 
 
 @only_on_runner("v1")

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "diff": ("tracekit.cli.diff", "diff_command"),
     "export": ("tracekit.cli.export", "export_command"),
     "inspect": ("tracekit.cli.inspect", "inspect_command"),
+    "invariance": ("tracekit.cli.invariance", "invariance_command"),
     "record": ("tracekit.cli.record", "record_command"),
     "redact": ("tracekit.cli.redact", "redact_command"),
     "replay": ("tracekit.cli.replay", "replay_command"),

@@ -55,7 +55,7 @@ def reduce_step(step: Step, keep: dict[str, int]) -> Step:
         requests=requests,
         input_ids=step.input_ids.index_select(-1, rows) if step.input_ids is not None else None,
         positions=step.positions.index_select(-1, rows) if step.positions is not None else None,
-        kv=_reduced_kv(step.kv, requests),
+        kv=reduced_kv(step.kv, requests),
         graph=dataclasses.replace(
             step.graph, num_tokens=num_tokens, num_tokens_padded=num_tokens, batch_descriptor=None,
             extras=dict(step.graph.extras),
@@ -66,7 +66,8 @@ def reduce_step(step: Step, keep: dict[str, int]) -> Step:
     )
 
 
-def _reduced_kv(kv: KVSnapshot, requests: list[RequestState]) -> KVSnapshot:
+def reduced_kv(kv: KVSnapshot, requests: list[RequestState]) -> KVSnapshot:
+    """The recorded KV snapshot cut to the blocks `requests` read and write (those saved)."""
     groups = []
     for index, group in enumerate(kv.groups):
         read, written = blocks_read_and_written(requests, index, group.layout.block_size)

@@ -112,18 +112,19 @@ class _Trials:
         return self.outcomes[key].holds
 
 
-class _EngineReplayer(StepReplayer):
-    """Builds the recorded engine on first use (or takes `llm`) and runs steps on it."""
+class EngineReplayer(StepReplayer):
+    """Builds the recorded engine on first use (or takes `llm`) and runs steps on it (also
+    `tracekit invariance`'s variants)."""
 
     def __init__(self, content: BundleContent, llm: Any, model: str | None, allow_weights_mismatch: bool,
-                 workdir: Path):
+                 workdir: Path | None = None):
         self.content = content
         self.llm = llm
         self.model = model
         self.allow_weights_mismatch = allow_weights_mismatch
         self.workdir = workdir
 
-    def _adapter(self) -> Any:
+    def adapter(self) -> Any:
         from tracekit.integrations.vllm import engine as vllm_engine
         from tracekit.integrations.vllm.version import require_same_series
         from tracekit.replay.engine import build_replay_engine, require_device_of
@@ -139,14 +140,14 @@ class _EngineReplayer(StepReplayer):
         from tracekit.integrations.vllm import engine as vllm_engine
         from tracekit.integrations.vllm.step_driver import StepDriver
 
-        driver = StepDriver(self._adapter(), step)
+        driver = StepDriver(self.adapter(), step)
         try:
             return driver.run(on_forward)
         finally:
             vllm_engine.forget_cached_prefixes(self.llm)
 
     def engine_mode(self) -> str:
-        return self._adapter().reference_mode
+        return self.adapter().reference_mode
 
     def write(self, step: Step) -> Path:
         path = self.workdir / "candidate.zst"
@@ -193,7 +194,7 @@ def shrink(
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
     with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir:
-        trials = _Trials(recorded, prop, _EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir)),
+        trials = _Trials(recorded, prop, EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir)),
                          console)
         console.print(f"[bold]shrink[/bold] {bundle}: {len(original)} request(s), {sum(original.values())} "
                       f"token(s), until {until}", highlight=False)

@@ -42,6 +42,7 @@ class RunnerAdapter:
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
         "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
+        "compile_ranges_endpoints",
     })
 
     def __init__(self, runner: Any, release: Any):
@@ -218,6 +219,12 @@ class RunnerAdapter:
     @property
     def reference_mode(self) -> str:
         return "compiled" if self.compiled else "eager"
+
+    @property
+    def compile_range_ends(self) -> list[int]:
+        """The token counts where one of the engine's Inductor compile ranges ends and the next
+        compiled graph takes over (vLLM 0.32; none where the release has no compile ranges)."""
+        return sorted(int(end) for end in getattr(self.runner.compilation_config, "compile_ranges_endpoints", None) or [])
 
     def kv_groups(self) -> list[runner_state.KVGroup]:
         return runner_state.kv_groups(self.runner)

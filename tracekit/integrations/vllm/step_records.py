@@ -79,7 +79,9 @@ def rebuild_scheduler_output(
     """The recorded `SchedulerOutput` for a changed batch.
 
     `requests` pairs each recorded request state kept in the batch with its new state (renamed,
-    fewer tokens scheduled, token ids blanked); requests not listed are dropped. `other_ids`
+    fewer tokens scheduled, token ids blanked); requests not listed are dropped. A request the
+    record never had, paired with itself, is counted as scheduled (a filler of `tracekit
+    invariance`). `other_ids`
     renames requests outside the batch (finished or preempted ones the record names).
     """
     other_ids = other_ids or {}
@@ -166,6 +168,17 @@ def _common_prefix(block_lists: list[list[int]]) -> int:
             break
         length += 1
     return length
+
+
+def prefix_cache_hits(record: dict[str, Any]) -> dict[str, int]:
+    """Requests the scheduler sent for the first time with part of their prompt already computed
+    (found in the prefix cache): req_id -> cached tokens."""
+    hits = {}
+    for entry in record.get("scheduled_new_reqs") or []:
+        computed = entry.get("num_computed_tokens") if isinstance(entry, dict) else None
+        if isinstance(computed, int) and computed > 0 and isinstance(entry.get("req_id"), str):
+            hits[entry["req_id"]] = computed
+    return hits
 
 
 def ids_outside_the_batch(record: dict[str, Any]) -> set[str]:

@@ -1,0 +1,61 @@
+"""`tracekit invariance` on a GPU (issue 19): the built-in workload recorded on vLLM 0.26 (V1,
+bf16, CUDA graphs of sizes 1..64) with `VLLM_BATCH_INVARIANT` off and on, and a mixed and a
+decode step of each checked in a fresh process (the invariance engine inherits the setting).
+
+Off, vLLM's default kernels pick tiles by the batch's size, so some request of these steps moves
+alone or beside fillers (the fillers cross the capture sizes above the step's token count): the
+command must say so (exit 1) and name the first broken variant. On, vLLM promises batch
+invariance: every variant of both steps must be bit-identical (exit 0). Not run by the helper
+that wrote it (no GPU there): the lead runs it with `tools/gpu_run.sh -k invariance`.
+"""
+
+import json
+
+import pytest
+from gpu_support import GRAPHS, bundles_by_step, of_kind, tracekit
+
+RUNNER = "v1"
+
+
+@pytest.fixture(scope="module", params=["0", "1"], ids=["batch-invariant-off", "batch-invariant-on"])
+def checked(request, tmp_path_factory, prompts_file):
+    setting = request.param
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", setting)
+    try:
+        folder = tmp_path_factory.mktemp(f"invariance-{setting}")
+        steps = folder / "steps"
+        steps.mkdir()
+        record = tracekit("record", "-o", steps / "step{step}.zst", "--steps", "0:40", "--prompts", prompts_file,
+                          "--max-tokens", 10, "--dtype", "bfloat16", *GRAPHS, runner=RUNNER)
+        assert record.returncode == 0, record.explain()
+        bundles = bundles_by_step(steps)
+        chosen = {kind: next(iter(of_kind(bundles, kind).values())) for kind in ("mixed", "pure_decode")}
+        reports = {}
+        for kind, path in chosen.items():
+            out = folder / f"{kind}.json"
+            finished = tracekit("invariance", path, "--json", out, runner=RUNNER)
+            assert out.exists(), finished.explain()
+            reports[kind] = (finished, json.loads(out.read_text()))
+        return setting, reports
+    finally:
+        monkeypatch.undo()
+
+
+def test_invariance_is_reported_per_vllm_batch_invariant_setting(checked):
+    setting, reports = checked
+    for kind, (finished, report) in reports.items():
+        assert report["verdict"] in ("invariant", "not_invariant"), (kind, finished.explain())
+        assert report["exit_code"] == finished.returncode == (0 if report["invariant"] else 1), finished.explain()
+        ran = [variant for variant in report["variants"] if variant["applicable"]]
+        assert any(variant["name"].startswith("alone:") for variant in ran), kind
+        assert report["thresholds"]["capture_sizes"], "the graphs' capture sizes were not read"
+        print(f"VLLM_BATCH_INVARIANT={setting} {kind}: {report['verdict']}, first broken "
+              f"{report['first_broken_variant']}, fillers {report['thresholds']['filler_targets']}")
+    if setting == "1":
+        for kind, (_, report) in reports.items():
+            assert report["invariant"], (kind, report["first_broken_variant"],
+                                         [v["moved"] for v in report["variants"] if v["moved"]])
+    else:
+        assert any(not report["invariant"] for _, report in reports.values()), \
+            "no step moved with vLLM's default kernels: the negative control found nothing"

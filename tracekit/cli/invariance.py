@@ -1,0 +1,159 @@
+"""`tracekit invariance BUNDLE`: does each request of the recorded step come out bit-identical
+in other batches (alone, reordered, beside fillers, with its cached prefix recomputed)?
+
+The work runs in a child process, as `tracekit replay`'s does (`isolation.py`; the parent
+imports no torch), so a failure inside vLLM or the device ends as exit 4 with one line, never a
+traceback.
+
+Exit codes: 0 invariant, 1 not invariant, 2 bad input, 3 this machine cannot replay the bundle,
+4 the replay crashed.
+"""
+
+import sys
+from pathlib import Path
+
+import click
+
+from tracekit.errors import UsageError
+
+
+@click.command("invariance")
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--variants", default="all", show_default=True,
+              help="Comma-separated variant kinds to run: repeat, alone, order, fillers, recomputed (or all).")
+@click.option("--step", type=int, default=None, help="Engine step index to check (default: the first).")
+@click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
+@click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
+              help="Write the report as one JSON object here ('-' for stdout).")
+def invariance_command(bundle, variants, step, model, allow_weights_mismatch, json_out):
+    """Replay BUNDLE's step in other batches on one engine and check, per request, that its
+    logits row and sampled ids stay bit-identical to its result in the recorded batch."""
+    from tracekit.cli.isolation import crash_record, print_crash, run_isolated
+    from tracekit.outputs import require_parent
+
+    if not Path(bundle).is_file():
+        raise UsageError(f"no bundle at {bundle}")
+    if json_out and json_out != "-":
+        require_parent(json_out)
+    stream = sys.stderr if json_out == "-" else sys.stdout
+
+    def work(progress):
+        return _check(bundle, variants, step, model, allow_weights_mismatch, progress, stream)
+
+    outcome = run_isolated(work)
+    records = outcome.records
+    if outcome.died_on is not None:
+        crashed = crash_record(outcome.died_on, outcome.death)
+        print_crash(bundle, crashed["step"], crashed["trigger"], outcome.death, stream)
+        records = [crashed]
+    if json_out and records:
+        _write_json(records[-1], json_out)
+    sys.exit(outcome.exit_code)
+
+
+def _check(bundle, variants, step, model, allow_weights_mismatch, progress, stream) -> int:
+    from tracekit.cli.isolation import print_crash
+    from tracekit.cli.terminal import inert
+    from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
+    from tracekit.format.content import read_step_facts
+    from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
+    from tracekit.share.invariance import check_invariance
+
+    facts = read_step_facts(bundle, step)
+    progress.started(bundle, **facts)
+    base = {"bundle": bundle, **facts}
+    _console(stream).print(f"[bold]invariance[/bold] {inert(bundle)}  step {inert(facts.get('step'))}: the recorded "
+                           "batch, then each variant, on one engine")
+    try:
+        report = check_invariance(bundle, kinds=variants, step=step, model=model,
+                                  allow_weights_mismatch=allow_weights_mismatch,
+                                  on_variant=lambda outcome: _print_variant(outcome, stream))
+    except TracekitError as error:  # refused: one line (printed by the caller), and its record
+        verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
+        progress.finished({**base, "verdict": verdict.value, "exit_code": error.exit_code, "error": str(error)})
+        raise
+    except Exception as error:  # inside vLLM, the device or tracekit: says nothing about the step
+        reason = one_line(error)
+        print_crash(bundle, facts.get("step"), facts.get("trigger"), reason, stream)
+        progress.finished({**base, "verdict": VerdictName.CRASHED.value, "exit_code": EXIT_REPLAY_FAILED,
+                           "error": reason})
+        return EXIT_REPLAY_FAILED
+    print_summary(report.to_plain(), stream)
+    progress.finished(report.to_plain())
+    return report.exit_code
+
+
+def _console(stream):
+    from rich.console import Console
+
+    return Console(file=stream, highlight=False, soft_wrap=True)
+
+
+def _print_variant(outcome, stream) -> None:
+    from tracekit.cli.terminal import inert
+
+    console = _console(stream)
+    if not outcome.applicable:
+        console.print(f"  {inert(outcome.name):<28} [dim]not applicable: {inert(outcome.reason)}[/dim]")
+        return
+    head = f"  {inert(outcome.name):<28} {outcome.num_tokens:>5} tok {len(outcome.compared):>3} req  "
+    if outcome.reordered_by_runner:
+        head += f"[dim](the runner ran {inert(outcome.batch_order)})[/dim] "
+    if outcome.invariant:
+        console.print(head + "[green]same[/green]")
+        return
+    console.print(head + f"[bold red]{len(outcome.moved)} moved[/bold red]")
+    for req_id, moved in outcome.moved.items():
+        console.print(f"      {inert(req_id)}: {_moved_text(moved)}")
+
+
+def _moved_text(moved: dict) -> str:
+    from tracekit.cli.terminal import inert
+
+    parts = []
+    logits = moved.get("logits")
+    if logits:
+        parts.append(f"logits max_abs {logits['max_abs']:.3g}, relative RMS {logits['relative_rms']:.3g}, "
+                     f"argmax {'same' if logits.get('argmax_agreement', 1.0) == 1.0 else 'CHANGED'}")
+    if "sampled" in moved:
+        parts.append(f"sampled {inert(moved['sampled']['baseline'])} -> {inert(moved['sampled']['variant'])}")
+    return "; ".join(parts)
+
+
+def print_summary(plain: dict, stream) -> None:
+    """What was compared, the thresholds chosen, and the verdict (after the per-variant lines)."""
+    from tracekit.cli.terminal import inert
+
+    console = _console(stream)
+    thresholds = plain["thresholds"]
+    console.print(f"  engine: {plain['runner'].upper()} runner, {plain['engine_mode']}")
+    if any(variant["kind"] == "fillers" for variant in plain["variants"]):
+        console.print(f"  fillers to: {inert(thresholds['filler_targets'] or 'none')} tokens "
+                      f"(step {thresholds['step_tokens']}, most per step {thresholds['max_num_batched_tokens']}; "
+                      f"thresholds out of reach {inert(thresholds['unreachable'] or 'none')})")
+    for req_id, how in plain["sampling"].items():
+        console.print(f"  sampled ids of {inert(req_id)}: {inert(how)}")
+    for note in plain["notes"]:
+        console.print(f"  [yellow]note[/yellow]: {inert(note)}")
+    if plain["invariant"]:
+        ran = sum(1 for variant in plain["variants"] if variant["applicable"])
+        console.print(f"verdict [bold green]invariant[/bold green]: every request bit-identical in {ran} variant(s) (exit 0)")
+        return
+    layer = plain["first_layer"] or {}
+    where = (f"; first module that moved: {inert(layer['module'])} (request {inert(layer['request'])}, "
+             f"max_abs {layer['max_abs']:.3g})" if layer.get("module") else f"; layer: {inert(layer.get('reason'))}")
+    console.print(f"verdict [bold red]not invariant[/bold red]: first broken variant "
+                  f"{inert(plain['first_broken_variant'])}{where} (exit 1)")
+
+
+def _write_json(record: dict, json_out: str) -> None:
+    import json
+
+    text = json.dumps(record, default=str, indent=1) + "\n"
+    if json_out == "-":
+        click.echo(text, nl=False)
+        return
+    from tracekit.outputs import write_text_atomically
+
+    write_text_atomically(json_out, text)
