@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import RequestState, Step, StepTiming
-from tracekit.integrations.vllm.step_records import HISTORY_READERS, rebuild_scheduler_output
-from tracekit.share.reduce_step import reduce_step, reduced_kv
+from tracekit.format.schema import RequestState, Step
+from tracekit.integrations.vllm.step_records import HISTORY_READERS
+from tracekit.share.reduce_step import reduce_step, step_running
 
 # The prefix of filler requests' ids (no recorded request id starts with it: checked).
 FILLER_PREFIX = "tracekit-filler-"
@@ -127,23 +127,7 @@ def _with_requests(step: Step, requests: list[RequestState]) -> Step:
         request_ids, request_positions = _tokens(request)
         ids.extend(request_ids)
         positions.extend(request_positions)
-    num_tokens = len(ids)
-    return dataclasses.replace(
-        step,
-        scheduler_output=rebuild_scheduler_output(step.scheduler_output, pairs),
-        batch_order=[request.req_id for request in requests],
-        requests=list(requests),
-        input_ids=_like(torch.tensor(ids), step.input_ids),
-        positions=_like(torch.tensor(positions), step.positions),
-        kv=reduced_kv(step.kv, requests),
-        graph=dataclasses.replace(
-            step.graph, num_tokens=num_tokens, num_tokens_padded=num_tokens, batch_descriptor=None,
-            extras=dict(step.graph.extras),
-        ),
-        outputs=None,
-        timing=StepTiming(),
-        extras=dict(step.extras),
-    )
+    return step_running(step, pairs, _like(torch.tensor(ids), step.input_ids), _like(torch.tensor(positions), step.positions))
 
 
 def _like(values: torch.Tensor, recorded: Any) -> torch.Tensor:

@@ -10,6 +10,7 @@ padding) is not known for the cut one and is dropped.
 """
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -42,19 +43,31 @@ def reduce_step(step: Step, keep: dict[str, int]) -> Step:
         if not 1 <= count <= old.num_scheduled_tokens:
             raise UsageError(f"request {req_id} schedules {old.num_scheduled_tokens} tokens, not {count}")
         pairs.append((old, dataclasses.replace(old, num_scheduled_tokens=count, extras=dict(old.extras))))
-    requests = [new for _, new in pairs]
     token_slices = [
         torch.arange(offsets[req_id], offsets[req_id] + keep[req_id], dtype=torch.long) for req_id in order
     ]
     rows = torch.cat(token_slices)
-    num_tokens = len(rows)
+    return step_running(
+        step, pairs,
+        step.input_ids.index_select(-1, rows) if step.input_ids is not None else None,
+        step.positions.index_select(-1, rows) if step.positions is not None else None,
+    )
+
+
+def step_running(step: Step, pairs: list[tuple[RequestState, RequestState]], input_ids: Any, positions: Any) -> Step:
+    """`step` made to run another batch: `pairs` (the recorded request, or the new one, and the
+    request as it runs now) in batch order, with these inputs. The scheduler output record, the
+    KV blocks and the (unpadded) dispatch follow from them; the outputs and timing are dropped,
+    since the recording engine never ran this batch."""
+    requests = [new for _, new in pairs]
+    num_tokens = sum(request.num_scheduled_tokens for request in requests)
     return dataclasses.replace(
         step,
         scheduler_output=rebuild_scheduler_output(step.scheduler_output, pairs),
-        batch_order=order,
+        batch_order=[request.req_id for request in requests],
         requests=requests,
-        input_ids=step.input_ids.index_select(-1, rows) if step.input_ids is not None else None,
-        positions=step.positions.index_select(-1, rows) if step.positions is not None else None,
+        input_ids=input_ids,
+        positions=positions,
         kv=reduced_kv(step.kv, requests),
         graph=dataclasses.replace(
             step.graph, num_tokens=num_tokens, num_tokens_padded=num_tokens, batch_descriptor=None,
