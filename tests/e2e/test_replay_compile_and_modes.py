@@ -41,6 +41,12 @@ def assert_graph_modes_unavailable(result):
         assert result["modes"][mode]["available"] is False and result["modes"][mode]["reason"]
 
 
+def assert_no_vllm_graphs(result):
+    """vLLM's own PIECEWISE graphs of the padded size: a CPU engine captures none."""
+    piecewise = result["modes"]["vllm-piecewise"]
+    assert piecewise["available"] is False and "no PIECEWISE CUDA graph" in piecewise["reason"], piecewise
+
+
 def assert_pieces_probed_against_eager(result):
     """On CPU the piecewise mode cannot capture, but its engine compiles the model's pieces with
     Inductor and the divergence probe runs each against its eager FX module: one piece before
@@ -62,7 +68,9 @@ def test_eager_bundle_all_modes(builtin_bundles, tmp_path, runner_kind):
     assert result["reference_mode"] == "eager" and result["bit_exact"]
     assert_timed(result["modes"]["eager"])
     assert result["modes"]["eager"]["vs_recorded"]["bit_exact"]
-    assert result["modes"]["compiled"]["available"] is False and "compil" in result["modes"]["compiled"]["reason"]
+    for mode in ("compiled", "compiled-no-graph"):
+        assert result["modes"][mode]["available"] is False and "compil" in result["modes"][mode]["reason"]
+    assert_no_vllm_graphs(result)
     assert result["mode_agreement"] is None  # one mode ran: nothing to agree
     assert_graph_modes_unavailable(result)
     assert_pieces_probed_against_eager(result)
@@ -79,12 +87,15 @@ def test_compiled_bundle_replays_bit_exact_compiled_with_all_modes(compiled_bund
     assert_timed(result["modes"]["eager"])
     assert_timed(result["modes"]["compiled"])
     assert result["modes"]["compiled"]["vs_recorded"]["bit_exact"]
+    # Without graphs (a CPU engine) vLLM's dispatch had nothing to bypass: the same compiled code.
+    assert_timed(result["modes"]["compiled-no-graph"])
+    assert_no_vllm_graphs(result)
     # The eager mode really runs eagerly on a compiled engine: it rounds differently, and the
     # replay says the modes disagree (the check that finds a graph giving other values than eager).
     assert not result["modes"]["eager"]["vs_recorded"]["bit_exact"]
     agreement = result["mode_agreement"]
     assert agreement["agree"] is False and list(agreement["parted"]) == ["eager"], agreement
-    assert agreement["bit_exact_with_recording"] == ["compiled"] and agreement["nonfinite"] == []
+    assert agreement["bit_exact_with_recording"] == ["compiled", "compiled-no-graph"] and agreement["nonfinite"] == []
     assert "modes disagree" in finished.stdout
     assert_graph_modes_unavailable(result)
 

@@ -99,6 +99,9 @@ def test_all_modes_on_cpu_run_eager_and_compiled_and_mark_graph_modes_unavailabl
         forwards = {
             "eager": lambda: model(ids, positions),
             "compiled": lambda: compiled(ids, positions),
+            # (the replay engine's other forms of its model call: here the compiled forward too)
+            "compiled-no-graph": lambda: compiled(ids, positions),
+            "vllm-piecewise": lambda: compiled(ids, positions),
             "graph": lambda: model(ids, positions),
             "piecewise": lambda: model(ids, positions),
         }
@@ -107,7 +110,7 @@ def test_all_modes_on_cpu_run_eager_and_compiled_and_mark_graph_modes_unavailabl
                                iters=2, samples=2, warmup_s=0.0)
             for mode in expand_modes("all")
         }
-    for mode in ("eager", "compiled"):
+    for mode in ("eager", "compiled", "compiled-no-graph", "vllm-piecewise"):
         assert reports[mode]["available"] and reports[mode]["vs_recorded"]["bit_exact"], mode
         assert reports[mode]["latency_us"]["count"] == 4 and reports[mode]["deterministic"]
     for mode in ("graph", "piecewise"):
@@ -115,6 +118,7 @@ def test_all_modes_on_cpu_run_eager_and_compiled_and_mark_graph_modes_unavailabl
                                  "reason": CPU.unavailable_reason}
     with pytest.raises(UsageError):
         expand_modes("turbo")
+    assert expand_modes("eager, compiled,eager") == ["eager", "compiled"]
     unrecorded = measure_mode("eager", forwards["eager"], [], None, CPU, 1, 1, warmup_s=0.0)
     assert unrecorded["available"] and unrecorded["vs_recorded"] is None
 

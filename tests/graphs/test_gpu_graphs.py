@@ -157,6 +157,9 @@ def test_every_replay_mode_reports_timing_and_agreement_with_the_recording(cuda,
     forwards = {
         "eager": lambda: model(ids, positions),
         "compiled": lambda: compiled(ids, positions),
+        # (the replay engine's other forms of its model call: here the compiled forward too)
+        "compiled-no-graph": lambda: compiled(ids, positions),
+        "vllm-piecewise": lambda: compiled(ids, positions),
         "graph": lambda: model(ids, positions),
         "piecewise": lambda: run_dynamic(piecewise_model, inputs, 8),
     }

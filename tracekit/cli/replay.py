@@ -27,8 +27,8 @@ from tracekit.errors import CannotRunHere, UsageError
 @click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
 @click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
 @click.option("--mode", "modes", default="reference", show_default=True,
-              help="Modes to run and time the forward in: eager|compiled|graph|piecewise|all, or "
-                   "reference (the mode the engine ran: compiled, or eager if it did not compile).")
+              help="Modes to run and time the forward in: eager|compiled|compiled-no-graph|vllm-piecewise|graph|"
+                   "piecewise|all, or reference (the mode the engine ran: compiled, or eager if it did not compile).")
 @click.option("--no-timing", is_flag=True, help="Only reproduce and check; time nothing.")
 @click.option("--iters", type=int, default=10, show_default=True, help="Timed forwards per sample.")
 @click.option("--samples", type=int, default=3, show_default=True, help="Samples (their medians' spread is reported).")

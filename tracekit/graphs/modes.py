@@ -26,7 +26,9 @@ class ReplayMode(str, Enum):
     """What `tracekit replay --mode` can time the step's forward in."""
 
     EAGER = "eager"  # the model without torch.compile
-    COMPILED = "compiled"  # as the engine compiled it (through vLLM's graphs where it ran them)
+    COMPILED = "compiled"  # as the engine dispatched it (through vLLM's graphs where it ran them)
+    COMPILED_NO_GRAPH = "compiled-no-graph"  # the engine's compiled code, vLLM's graphs bypassed
+    VLLM_PIECEWISE = "vllm-piecewise"  # vLLM's own PIECEWISE graphs of the step's padded size
     GRAPH = "graph"  # the recorded compilation captured one-shot by tracekit (an engine of its own)
     PIECEWISE = "piecewise"  # tracekit's piecewise graph backend (an engine of its own)
 
@@ -37,12 +39,14 @@ OWN_ENGINE_MODES = (ReplayMode.GRAPH.value, ReplayMode.PIECEWISE.value)
 
 
 def expand_modes(requested: str) -> list[str]:
-    """`--mode` value to the modes to run: one of MODES, or "all"."""
+    """`--mode` value to the modes to run: "all", or one or more of MODES separated by commas."""
     if requested == "all":
         return list(MODES)
-    if requested not in MODES:
-        raise UsageError(f"unknown replay mode {requested!r}; choose from {', '.join(MODES)}, all")
-    return [requested]
+    modes = [mode.strip() for mode in requested.split(",")]
+    for mode in modes:
+        if mode not in MODES:
+            raise UsageError(f"unknown replay mode {mode!r}; choose from {', '.join(MODES)}, all (or a comma list)")
+    return list(dict.fromkeys(modes))
 
 
 def unavailable_reason(mode: str, device: DeviceBackend) -> str | None:

@@ -13,7 +13,7 @@ from tracekit.environment import environment_differences
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.content import load_step
 from tracekit.format.schema import Step
-from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
+from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import layer_capture
@@ -107,7 +107,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
                 raise CannotRunHere(f"per-layer capture failed: {capture.failure}")
             captured_layers.update(capture.outputs)
         for mode in requested:
-            if mode == "compiled" and reference_mode == "eager":
+            if mode in (ReplayMode.COMPILED.value, ReplayMode.COMPILED_NO_GRAPH.value) and reference_mode == "eager":
                 measured[mode] = {"mode": mode, "available": False, "reason": (
                     "the engine runs without torch.compile (compilation mode NONE); "
                     "record with compilation enabled to time it compiled")}

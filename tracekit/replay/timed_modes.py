@@ -1,9 +1,9 @@
 """Timing a replayed step's forward in each `--mode`, and setting the times beside the recorded one.
 
 The reference mode is the forward as the engine ran it: the compiled model (or the eager one),
-or vLLM's own CUDA graph of the padded size the step was dispatched to. "eager" and "compiled"
-run the same forward with compilation skipped or not. "graph" and "piecewise" need an engine of
-their own: the recorded compilation with vLLM's graphs off and the step captured one-shot by
+or vLLM's own CUDA graph of the padded size the step was dispatched to. "eager",
+"compiled-no-graph" and "vllm-piecewise" run the same model call in the other forms vLLM's
+dispatch offers (`ForwardHandle`). "graph" and "piecewise" need an engine of their own: the recorded compilation with vLLM's graphs off and the step captured one-shot by
 tracekit, or tracekit's piecewise backend.
 
 The recorder times the engine's model call with events on the device's stream (on CPU, the host
@@ -17,22 +17,21 @@ from typing import Any
 
 from tracekit.format.schema import Step
 from tracekit.graphs.device import get_device_backend
-from tracekit.graphs.modes import measure_mode
+from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, measure_mode
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
 
 
 def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
             piecewise: Any = None, trace_to: Path | None = None) -> dict[str, Any]:
     """Time the step's forward in `mode` and compare its output with the recorded one."""
-    if mode == "eager" and not handle.has_eager_form:
-        return {"mode": mode, "available": False, "reason": (
-            "the step ran as a FULL CUDA graph, a replay of captured kernels with no eager call to time; "
-            "replay it on an engine without FULL graphs (--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}') "
-            "to time it eagerly")}
+    form = ReplayMode.COMPILED.value if mode in OWN_ENGINE_MODES else mode  # their engine compiled it their way
+    reason = handle.unavailable_reason(form)
+    if reason is not None:
+        return {"mode": mode, "available": False, "reason": reason}
     handle.restore()
     return measure_mode(
         mode,
-        lambda eager=(mode == "eager"): handle.forward(eager=eager),
+        lambda: handle.forward(form),
         handle.state_views(),
         recorded.outputs.hidden_states[: recorded.num_real_rows] if recorded.outputs is not None and
         recorded.outputs.hidden_states is not None else None,

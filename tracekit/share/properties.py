@@ -122,9 +122,9 @@ class ModesDiffer(StepProperty):
         outputs: dict[str, Any] = {}
 
         def both_modes(handle: Any) -> None:
-            for mode, eager in (("eager", True), ("engine", False)):
+            for mode, form in (("eager", "eager"), ("engine", "compiled")):
                 handle.restore()
-                outputs[mode] = hidden_states_of(handle.forward(eager=eager))[:rows].detach().to("cpu", copy=True)
+                outputs[mode] = hidden_states_of(handle.forward(form))[:rows].detach().to("cpu", copy=True)
 
         try:
             replayer.run(step, both_modes)

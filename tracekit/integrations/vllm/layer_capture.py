@@ -9,7 +9,7 @@ a module that returns a tuple (vLLM's fused add-norm returns `(normed, residual)
 entry per tensor, `name[0]`, `name[1]`.
 
 Hooks see modules only where the model runs eagerly: inside a `torch.compile`d forward they do
-not fire, so callers run the forward eagerly (`ForwardHandle.forward(eager=True)`, or an engine
+not fire, so callers run the forward eagerly (`ForwardHandle.forward("eager")`, or an engine
 with `enforce_eager`). A hook never changes an output; if copying fails, capture stops and the
 forward goes on untouched.
 """
@@ -100,5 +100,5 @@ def capture_eager_forward(model: nn.Module, handle: Any) -> LayerCapture:
     """Run the step's forward once more, eagerly, from the recorded state, capturing every layer."""
     handle.restore()
     with LayerCapture(model) as capture:
-        handle.forward(eager=True)
+        handle.forward("eager")
     return capture

@@ -90,6 +90,12 @@ class RunnerAdapter:
         """What the current step was dispatched to (read during its model call)."""
         raise NotImplementedError
 
+    def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
+        """The key of vLLM's own PIECEWISE graph of `num_tokens_padded` tokens, captured by this
+        engine, under which the step's model call (its forward `context`) can replay those graphs
+        instead of the form it was dispatched to; None where the engine has none."""
+        return None
+
     def batch_order_after_execute(self) -> list[str]:
         raise NotImplementedError
 

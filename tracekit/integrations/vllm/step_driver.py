@@ -21,6 +21,7 @@ import torch
 
 from tracekit.errors import CannotRunHere
 from tracekit.format.schema import Step
+from tracekit.graphs.modes import ReplayMode
 from tracekit.integrations.seam import ObservedStep, Phase
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.runner_adapter import hidden_states_of
@@ -30,52 +31,79 @@ def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.detach().to("cpu", copy=True) if tensor is not None else None
 
 
-# The forward-context attributes `ForwardHandle.forward(eager=)` sets for one call: no compiled
-# code, and no graph of vLLM's wrapper (V1 replays FULL graphs there). Every other attribute is
-# put back as the runner built it before each call.
-EAGER_FORM = ("skip_compiled", "cudagraph_runtime_mode")
+# The forward-context attributes a `ForwardHandle` form sets for one call: whether the compiled
+# code runs, which of vLLM's graph wrappers replays (V1 replays FULL graphs there) and the graph
+# key they look up. Every other attribute is put back as the runner built it before each call.
+FORM_ATTRIBUTES = ("skip_compiled", "cudagraph_runtime_mode", "batch_descriptor")
 
 
 class ForwardHandle:
-    """The step's model call, repeatable: `run()` restores the recorded state, then forwards."""
+    """The step's model call, repeatable: `run()` restores the recorded state, then forwards.
+
+    Besides the form the engine dispatched (`compiled`), the call runs in the forms vLLM's own
+    dispatch offers for the same inputs: `eager` (no compiled code, no graph),
+    `compiled-no-graph` (the compiled code with vLLM's graph wrappers passing through) and
+    `vllm-piecewise` (vLLM's PIECEWISE graphs captured for the padded size, where it has them).
+    A FULL graph replayed as a whole (V2's `run_fullgraph`) has no model call to run otherwise.
+    """
 
     def __init__(self, restore: Callable[[], None], call: Callable[[], Any], context: Any,
-                 written_views: Callable[[], list[torch.Tensor]], device: torch.device):
+                 written_views: Callable[[], list[torch.Tensor]], device: torch.device,
+                 piecewise_key: Any = None, num_tokens_padded: int | None = None):
         self._restore = restore
         self._call = call
         self._context = context  # the forward context of the call (None: a FULL graph replay)
         self._written_views = written_views
+        self._piecewise_key = piecewise_key  # vLLM's PIECEWISE graph key of the padded size, if captured
+        self._num_tokens_padded = num_tokens_padded
         self.device = device
 
-    @property
-    def has_eager_form(self) -> bool:
-        return self._context is not None
+    def unavailable_reason(self, form: str) -> str | None:
+        """Why the call cannot run in `form` (a `ReplayMode` of the replay engine), or None."""
+        if form == ReplayMode.COMPILED.value:
+            return None
+        if self._context is None:
+            return (
+                "the step ran as a FULL CUDA graph replayed whole (no model call), which has no other form "
+                "to run here; replay it on an engine without FULL graphs "
+                "(--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}') to run it otherwise"
+            )
+        if form == ReplayMode.VLLM_PIECEWISE.value and self._piecewise_key is None:
+            return f"the engine captured no PIECEWISE CUDA graph of the step's padded size ({self._num_tokens_padded} tokens)"
+        return None
 
     def restore(self) -> None:
         self._restore()
 
-    def forward(self, eager: bool = False) -> Any:
-        """The model call alone (no restore), compiled as the engine ran it, or eagerly."""
-        if self._context is None:
-            if eager:
-                raise CannotRunHere(
-                    "the step ran as a FULL CUDA graph replay, which has no eager form to run here"
-                )
+    def forward(self, form: str = ReplayMode.COMPILED.value) -> Any:
+        """The model call alone (no restore), in `form`: as the engine dispatched it by default."""
+        reason = self.unavailable_reason(form)
+        if reason is not None:
+            raise CannotRunHere(reason)
+        if form == ReplayMode.COMPILED.value:
             return self._call()
-        context = self._context
-        saved = context.skip_compiled, context.cudagraph_runtime_mode
-        if eager:
-            from vllm.config import CUDAGraphMode
+        from vllm.config import CUDAGraphMode
 
-            context.skip_compiled, context.cudagraph_runtime_mode = True, CUDAGraphMode.NONE
+        context = self._context
+        saved = tuple(getattr(context, name) for name in FORM_ATTRIBUTES)
+        forms = {
+            ReplayMode.EAGER.value: (True, CUDAGraphMode.NONE, context.batch_descriptor),
+            ReplayMode.COMPILED_NO_GRAPH.value: (False, CUDAGraphMode.NONE, context.batch_descriptor),
+            ReplayMode.VLLM_PIECEWISE.value: (False, CUDAGraphMode.PIECEWISE, self._piecewise_key),
+        }
+        if form not in forms:
+            raise CannotRunHere(f"the replay engine runs no {form!r} form of a step")
+        for name, value in zip(FORM_ATTRIBUTES, forms[form]):
+            setattr(context, name, value)
         try:
             return self._call()
         finally:
-            context.skip_compiled, context.cudagraph_runtime_mode = saved
+            for name, value in zip(FORM_ATTRIBUTES, saved):
+                setattr(context, name, value)
 
-    def run(self, eager: bool = False) -> Any:
+    def run(self, form: str = ReplayMode.COMPILED.value) -> Any:
         self._restore()
-        return self.forward(eager)
+        return self.forward(form)
 
     def state_views(self) -> list[torch.Tensor]:
         """Views of every KV block the forward writes (for in-graph restores)."""
@@ -200,7 +228,7 @@ class StepDriver:
 
             context = get_forward_context() if is_forward_context_available() else None
             saved_context = (
-                {name: value for name, value in vars(context).items() if name not in EAGER_FORM}
+                {name: value for name, value in vars(context).items() if name not in FORM_ATTRIBUTES}
                 if context is not None else {}
             )
 
@@ -218,8 +246,9 @@ class StepDriver:
                 self._restore_kv_and_rng()
                 restore_padding()
 
-            handle = ForwardHandle(restore, call, context, self._written_views, adapter.device)
             padded = int(live_ids.shape[0]) if live_ids is not None else self.step.num_real_rows
+            handle = ForwardHandle(restore, call, context, self._written_views, adapter.device,
+                                   adapter.piecewise_graph_key(padded, context), padded)
             observed.dispatch = adapter.graph_dispatch(self.step.num_real_rows, padded)
             handle.restore()
             observed.input_ids, observed.positions = _to_host(live_ids), _to_host(live_positions)

@@ -29,7 +29,8 @@ class V1Adapter(RunnerAdapter):
         "input_batch", "requests", "_model_forward", "_bookkeeping_sync", "num_reqs", "num_computed_tokens_cpu",
         "num_prompt_tokens", "num_tokens_no_spec", "req_ids", "req_id_to_index", "generator", "prompt_token_ids",
         "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "cudagraph_runtime_mode",
-        "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata",
+        "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
+        "dispatch", "num_tokens",
     }
 
     @classmethod
@@ -98,6 +99,18 @@ class V1Adapter(RunnerAdapter):
             context.batch_descriptor,
             context.attn_metadata,
         )
+
+    def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
+        """Asked of the runner's graph dispatcher with FULL graphs excluded: it answers with the
+        PIECEWISE key only where that graph was captured (its padded size must be the step's:
+        the model call's input buffers are that long)."""
+        dispatcher = getattr(self.runner, "cudagraph_dispatcher", None)
+        if dispatcher is None or context is None:
+            return None
+        from vllm.config import CUDAGraphMode
+
+        mode, key = dispatcher.dispatch(num_tokens_padded, valid_modes={CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE})
+        return key if mode == CUDAGraphMode.PIECEWISE and key.num_tokens == num_tokens_padded else None
 
     def replay_shadows(self, step: Step) -> Shadows:
         """Put back each request's recorded output tokens and generator state as the runner

@@ -39,6 +39,7 @@ class V2Adapter(RunnerAdapter):
         "idx_mapping_np", "num_computed_tokens_np", "prefill_len_np", "num_reqs", "input_ids", "positions", "cg_mode",
         "scheduled_new_reqs", "preempted_req_ids", "finished_req_ids", "num_blocks", "gpu", "np", "copy_to_uva",
         "input_batch", "req_ids", "num_scheduled_tokens", "sampling_params", "add_request", "prepare_attn",
+        "cudagraph_runtime_mode", "batch_descriptor",
     }
 
     def __init__(self, runner: Any, release: Any):
@@ -184,6 +185,15 @@ class V2Adapter(RunnerAdapter):
             descriptor,
             self._attention,
         )
+
+    def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
+        """V2 dispatches through its own graph manager: a step it ran under PIECEWISE graphs has
+        their key in its forward context; other steps are not offered another graph here."""
+        from vllm.config import CUDAGraphMode
+
+        if context is None or context.cudagraph_runtime_mode != CUDAGraphMode.PIECEWISE:
+            return None
+        return context.batch_descriptor
 
     def replay_shadows(self, step: Step) -> Shadows:
         """Put back each request's seed as the sampler adds it, and its `prefill_len` before
