@@ -19,6 +19,9 @@ RELEVANT_ENV_PREFIXES = (
     "VLLM_", "TRACEKIT_", "CUDA_", "NCCL_", "OMP_", "ASCEND_", "TORCH_", "ATEN_", "ONEDNN_", "DNNL_", "MKL_",
     "CUBLAS_", "NVIDIA_TF32", "TORCHINDUCTOR_", "TRITON_",
 )
+# What bundles recorded before `Environment.env_prefixes` was: Inductor's and Triton's variables
+# were not among them.
+EARLIER_ENV_PREFIXES = tuple(prefix for prefix in RELEVANT_ENV_PREFIXES if prefix not in ("TORCHINDUCTOR_", "TRITON_"))
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # Set by vLLM itself with a fresh random value in every process: never a difference that matters.
 PER_PROCESS_VARS = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
@@ -71,6 +74,7 @@ def current_environment(device: Any = None, attention_backend: str | None = None
             and not any(marker in name for marker in SECRET_MARKERS)
             and name not in PER_PROCESS_VARS
         },
+        env_prefixes=list(RELEVANT_ENV_PREFIXES),
     )
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -83,13 +87,17 @@ def current_environment(device: Any = None, attention_backend: str | None = None
 
 def environment_differences(recorded: Environment, here: Environment) -> list[tuple[str, Any, Any, bool]]:
     """(field, recorded, here, affects_numerics) for every field that differs, env vars included.
-    A field an older bundle did not record (None) is not a difference."""
+    A field an older bundle did not record (None), or a variable outside the prefixes it looked
+    at, is not a difference."""
     differences = []
     for name in ("tracekit_version", *NUMERIC_FIELDS, "python_version", "platform"):
         before, now = getattr(recorded, name), getattr(here, name)
         if before != now and not (name in _ADDED_FIELDS and before is None):
             differences.append((name, before, now, _affects_numerics(name, recorded)))
+    looked_at = tuple(set(recorded.env_prefixes or EARLIER_ENV_PREFIXES) & set(here.env_prefixes or RELEVANT_ENV_PREFIXES))
     for name in sorted(set(recorded.env_vars) | set(here.env_vars)):
+        if not name.startswith(looked_at):
+            continue
         before, now = recorded.env_vars.get(name), here.env_vars.get(name)
         if before != now:
             differences.append((f"env {name}", before, now, numerics_relevant_env(name)))

@@ -67,6 +67,24 @@ def test_the_isa_is_the_numerics_relevant_field_the_two_recordings_differ_in(avx
     assert "attention_backend" not in differences and "num_threads" not in differences
 
 
+def test_variables_a_bundle_did_not_look_at_are_unknown_not_different(avx512):
+    """A bundle from before Inductor's and Triton's variables were recorded (no env_prefixes) says
+    nothing about them: vLLM's own TRITON_/TORCHINDUCTOR_ settings here are no difference. Once
+    both sides looked at them, a changed one is."""
+    import dataclasses
+
+    from tracekit.environment import RELEVANT_ENV_PREFIXES
+
+    (content, _) = avx512
+    old = dataclasses.replace(content.environment, env_prefixes=None)
+    vllm_sets = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "TRITON_CACHE_AUTOTUNING": "1"}
+    here = dataclasses.replace(old, env_vars={**old.env_vars, **vllm_sets}, env_prefixes=list(RELEVANT_ENV_PREFIXES))
+    assert environment_differences(old, here) == []
+    new = dataclasses.replace(here, env_vars={**here.env_vars, "TORCHINDUCTOR_COMPILE_THREADS": "8"})
+    assert [(name, numeric) for name, _, _, numeric in environment_differences(new, here)] == [
+        ("env TORCHINDUCTOR_COMPILE_THREADS", True)]
+
+
 def test_avx2_numbers_against_the_avx512_recording_are_a_platform_difference(avx512, avx2):
     (content, reference), (other_content, other) = avx512, avx2
     items = check_step(observed_like(other, reference.batch_order), reference)

@@ -90,6 +90,9 @@ class Environment(SchemaRecord):
     attention_backend: str | None = None  # vLLM's attention backend(s), e.g. "CPU_ATTN"
     num_threads: int | None = None  # torch intra-op threads (CPU reductions may split by them)
     env_vars: dict[str, str] = field(default_factory=dict)  # VLLM_*, TRACEKIT_*, CUDA_* ...
+    # The name prefixes whose variables `env_vars` holds (None: a bundle from before the field,
+    # which recorded fewer): a variable outside them was not looked at, so it is unknown.
+    env_prefixes: list[str] | None = None
 
 
 @dataclass
