@@ -203,3 +203,15 @@ def past_the_vocabulary(metadata: dict[str, Any], tensors: Any) -> None:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
+
+
+LONG_CONTEXT = 256
+
+
+def long_context_decode(builtin_bundles):
+    """The first decode-only step of several requests, one of them with a long context."""
+    for path in of_kind(builtin_bundles, "pure_decode").values():
+        step = read_step(path)
+        if len(step.requests) > 1 and max(r.num_computed_tokens for r in step.requests) >= LONG_CONTEXT:
+            return path, max(step.requests, key=lambda r: r.num_computed_tokens).req_id
+    raise AssertionError("the built-in workload has no decode step beside a long context")

@@ -14,23 +14,19 @@ prefix gives bit-identical logits.
 import json
 
 import pytest
-from e2e_support import engine_script, of_kind, only_on_runner, past_the_vocabulary, read_step, tracekit
+from e2e_support import (
+    engine_script,
+    long_context_decode,
+    of_kind,
+    only_on_runner,
+    past_the_vocabulary,
+    read_step,
+    tracekit,
+)
 
 from tracekit.format.rewrite import rewrite_bundle
 
 pytestmark = pytest.mark.slow
-
-LONG_CONTEXT = 256
-
-
-def long_context_decode(builtin_bundles):
-    """The first decode-only step of several requests, one of them with a long context."""
-    for path in of_kind(builtin_bundles, "pure_decode").values():
-        step = read_step(path)
-        if len(step.requests) > 1 and max(r.num_computed_tokens for r in step.requests) >= LONG_CONTEXT:
-            return path, max(step.requests, key=lambda r: r.num_computed_tokens).req_id
-    raise AssertionError("the built-in workload has no decode step beside a long context")
-
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory, builtin_bundles, runner_kind):

@@ -2,17 +2,19 @@
 bf16, CUDA graphs of sizes 1..64) with `VLLM_BATCH_INVARIANT` off and on, and a mixed and a
 decode step of each checked in a fresh process (the invariance engine inherits the setting).
 
-Off, vLLM's default kernels pick tiles by the batch's size, so some request of these steps moves
-alone or beside fillers (the fillers cross the capture sizes above the step's token count): the
-command must say so (exit 1) and name the first broken variant. On, vLLM promises batch
-invariance: every variant of both steps must be bit-identical (exit 0). Not run by the helper
-that wrote it (no GPU there): the lead runs it with `tools/gpu_run.sh -k invariance`.
+The steps: the first mixed step, and a decode step beside the workload's long (295-token)
+context, the CPU suite's negative control (`e2e_support.long_context_decode`). On, vLLM promises
+batch invariance: every variant of both must be bit-identical (exit 0). Off, the command runs the
+same variants and says what moved; on the H200 (vLLM 0.26, 2026-12-04) the tiny model's default
+kernels kept a mixed and a short-context decode step bit-identical in every variant too (fillers
+to 9, 17 and 33 tokens, each alone, reordered), so whether Off breaks is reported, not asserted:
+the negative control that must break is the CPU suite's (tests/e2e/test_invariance.py).
 """
 
 import json
 
 import pytest
-from gpu_support import GRAPHS, bundles_by_step, of_kind, tracekit
+from gpu_support import GRAPHS, bundles_by_step, long_context_decode, of_kind, tracekit
 
 RUNNER = "v1"
 
@@ -30,7 +32,7 @@ def checked(request, tmp_path_factory, prompts_file):
                           "--max-tokens", 10, "--dtype", "bfloat16", *GRAPHS, runner=RUNNER)
         assert record.returncode == 0, record.explain()
         bundles = bundles_by_step(steps)
-        chosen = {kind: next(iter(of_kind(bundles, kind).values())) for kind in ("mixed", "pure_decode")}
+        chosen = {"mixed": next(iter(of_kind(bundles, "mixed").values())), "long_decode": long_context_decode(bundles)[0]}
         reports = {}
         for kind, path in chosen.items():
             out = folder / f"{kind}.json"
@@ -57,5 +59,7 @@ def test_invariance_is_reported_per_vllm_batch_invariant_setting(checked):
             assert report["invariant"], (kind, report["first_broken_variant"],
                                          [v["moved"] for v in report["variants"] if v["moved"]])
     else:
-        assert any(not report["invariant"] for _, report in reports.values()), \
-            "no step moved with vLLM's default kernels: the negative control found nothing"
+        for kind, (_, report) in reports.items():
+            if not report["invariant"]:  # a break is named: the variant, the requests, by how much
+                assert report["first_broken_variant"], kind
+                assert any(variant["moved"] for variant in report["variants"]), kind
