@@ -11,7 +11,7 @@ import importlib.metadata
 import json
 
 import pytest
-from gpu_support import CONFIGS, RECORD_ENV, json_records, tracekit
+from gpu_support import CONFIGS, RECORD_ENV, json_records, record_steps, tracekit
 
 EXPECTED_SERIES = "0.26"
 
@@ -64,9 +64,8 @@ def prompts_file(tmp_path_factory):
 class Recording:
     """One configuration's recorded steps and their replay in one fresh process."""
 
-    def __init__(self, name, folder, record, replay, records, extra):
-        self.name, self.folder, self.record, self.replay, self.records, self.extra = (
-            name, folder, record, replay, records, extra)
+    def __init__(self, name, folder, replay, records, extra):
+        self.name, self.folder, self.replay, self.records, self.extra = name, folder, replay, records, extra
 
 
 @pytest.fixture(scope="session", params=sorted(CONFIGS))
@@ -76,14 +75,10 @@ def recording(request, tmp_path_factory, prompts_file):
     name = request.param
     runner, args = CONFIGS[name]
     folder = tmp_path_factory.mktemp(name)
-    steps = folder / "steps"
-    steps.mkdir()
-    record = tracekit("record", "-o", steps / "step{step}.zst", "--steps", "0:60", "--prompts", prompts_file,
-                      "--max-tokens", 10, *args, runner=runner, env=RECORD_ENV.get(name))
-    assert record.returncode == 0, record.explain()
+    steps = record_steps(folder, prompts_file, "0:60", 10, args, runner, RECORD_ENV.get(name))
     extra = make_negative_controls(steps, folder / "controls", runner)
     result = folder / "replays.jsonl"
     replay = tracekit("replay", steps, *extra.values(), "--keep-going", "--iters", 20, "--samples", 5,
                       "--json", result, runner=runner)
     records = json_records(result) if result.exists() else {}
-    return Recording(name, steps, record, replay, records, extra)
+    return Recording(name, steps, replay, records, extra)

@@ -42,6 +42,17 @@ def tracekit(*args: Any, runner: str = "v2", env: dict[str, str] | None = None) 
     return run([sys.executable, "-m", "tracekit", *map(str, args)], runner, env=env)
 
 
+def record_steps(folder: Path, prompts_file: Path, steps: str, max_tokens: int, engine_args: list[str],
+                 runner: str, env: dict[str, str] | None = None) -> Path:
+    """Record every step in `steps` of the prompts into `folder`/steps (one bundle a step)."""
+    out = folder / "steps"
+    out.mkdir()
+    record = tracekit("record", "-o", out / "step{step}.zst", "--steps", steps, "--prompts", prompts_file,
+                      "--max-tokens", max_tokens, *engine_args, runner=runner, env=env)
+    assert record.returncode == 0, record.explain()
+    return out
+
+
 def json_records(path: Path) -> dict[str, dict[str, Any]]:
     """The `--json` records of a replay, by bundle path."""
     return {record["bundle"]: record for record in map(json.loads, path.read_text().splitlines())}

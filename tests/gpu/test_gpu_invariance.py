@@ -14,7 +14,7 @@ the negative control that must break is the CPU suite's (tests/e2e/test_invarian
 import json
 
 import pytest
-from gpu_support import GRAPHS, bundles_by_step, long_context_decode, of_kind, tracekit
+from gpu_support import GRAPHS, bundles_by_step, long_context_decode, of_kind, record_steps, tracekit
 
 RUNNER = "v1"
 
@@ -26,12 +26,7 @@ def checked(request, tmp_path_factory, prompts_file):
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", setting)
     try:
         folder = tmp_path_factory.mktemp(f"invariance-{setting}")
-        steps = folder / "steps"
-        steps.mkdir()
-        record = tracekit("record", "-o", steps / "step{step}.zst", "--steps", "0:40", "--prompts", prompts_file,
-                          "--max-tokens", 10, "--dtype", "bfloat16", *GRAPHS, runner=RUNNER)
-        assert record.returncode == 0, record.explain()
-        bundles = bundles_by_step(steps)
+        bundles = bundles_by_step(record_steps(folder, prompts_file, "0:40", 10, ["--dtype", "bfloat16", *GRAPHS], RUNNER))
         chosen = {"mixed": next(iter(of_kind(bundles, "mixed").values())), "long_decode": long_context_decode(bundles)[0]}
         reports = {}
         for kind, path in chosen.items():

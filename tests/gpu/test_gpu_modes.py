@@ -11,7 +11,7 @@ says the other forms cannot run, its mixed step runs them all.
 import json
 
 import pytest
-from gpu_support import GRAPHS, bundles_by_step, json_records, of_kind, tracekit
+from gpu_support import GRAPHS, bundles_by_step, json_records, of_kind, record_steps, tracekit
 
 FORMS = ("compiled", "vllm-piecewise", "compiled-no-graph", "eager")
 
@@ -20,12 +20,7 @@ FORMS = ("compiled", "vllm-piecewise", "compiled-no-graph", "eager")
 def replayed(request, tmp_path_factory, prompts_file):
     runner = request.param
     folder = tmp_path_factory.mktemp(f"modes-{runner}")
-    steps = folder / "steps"
-    steps.mkdir()
-    record = tracekit("record", "-o", steps / "step{step}.zst", "--steps", "0:12", "--prompts", prompts_file,
-                      "--max-tokens", 6, "--dtype", "bfloat16", *GRAPHS, runner=runner)
-    assert record.returncode == 0, record.explain()
-    bundles = bundles_by_step(steps)
+    bundles = bundles_by_step(record_steps(folder, prompts_file, "0:12", 6, ["--dtype", "bfloat16", *GRAPHS], runner))
     chosen = {kind: next(iter(of_kind(bundles, kind).values())) for kind in ("pure_decode", "mixed")}
     out = folder / "modes.jsonl"
     finished = tracekit("replay", *chosen.values(), "--keep-going", "--mode", ",".join(FORMS), "--iters", 5,
