@@ -45,12 +45,15 @@ from tracekit.errors import CannotRunHere, UsageError
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
               help="Write a torch profiler trace (Chrome trace JSON, opens in Perfetto) of each timed "
                    "mode's forwards into this folder.")
+@click.option("--full-engine", is_flag=True,
+              help="Build the engine as vLLM builds it (every compile size, a CUDA graph of every capture "
+                   "size) instead of a lean one with only what the step needs (its graph; the default).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw the latency distributions against the recorded time (and, where a replay is "
                    "not bit-exact, the relative error per layer) into this PNG. Needs matplotlib.")
 @click.pass_context
 def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
-                   strict, layers_out, json_out, keep_going, profile_dir, plot_path):
+                   strict, layers_out, json_out, keep_going, profile_dir, full_engine, plot_path):
     """Rebuild the engine of each BUNDLE (a file, a folder of .zst bundles, a glob), run its
     step, compare with the recording. Any vLLM engine argument after the bundles overrides the
     recorded one."""
@@ -91,6 +94,7 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         samples=samples,
         tolerance=tolerance,
         strict=strict,
+        full_engine=full_engine,
     )
     if layers_out:
         options["layers_out"] = layers_out

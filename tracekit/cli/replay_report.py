@@ -28,6 +28,20 @@ def _number(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
+def describe_engine_build(build: dict[str, Any]) -> str:
+    """`lean (captured FULL 8; compile sizes 8), built in 12.3 s` or `full (as vLLM builds it), ...`."""
+    if build["kind"] == "full":
+        what = "full (as vLLM builds it: every graph and compile size)"
+    else:
+        captured = build["graphs_captured"]
+        graphs = "no graphs" if not captured else "captured " + ", ".join(f"{mode} {size}" for mode, size in captured)
+        sizes = "" if build["compile_sizes"] is None else f"; compile sizes {build['compile_sizes'] or 'none'}"
+        what = f"lean ({graphs}{sizes}; --full-engine builds it as vLLM does)"
+    if not build.get("built_for_this_step", True):
+        return f"{what}, reused"
+    return f"{what}, built in {build['seconds']:.1f} s" if build.get("seconds") is not None else what
+
+
 def print_differences(console: Console, environment_differences: list[dict[str, Any]], overrides: dict[str, Any]) -> None:
     """How this machine differs from the recording one, and the engine arguments overridden."""
     for difference in environment_differences:
@@ -43,6 +57,8 @@ def print_differences(console: Console, environment_differences: list[dict[str, 
 def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
     console.print(f"[bold]replay[/bold] {inert(result.bundle)}  step {result.step_index} ({inert(result.trigger)})")
+    if result.engine_build is not None:
+        console.print(f"   engine: {inert(describe_engine_build(result.engine_build))}")
     print_differences(console, result.environment_differences, result.overrides)
     for note in result.notes:
         console.print(f" [yellow]![/yellow] {inert(note)}")

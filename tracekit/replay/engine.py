@@ -7,14 +7,52 @@ the recorded model runner kind.
 """
 
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracekit.errors import CannotRunHere
-from tracekit.format.schema import EngineConfig, Environment
+from tracekit.format.schema import EngineConfig, Environment, Step
 from tracekit.graphs.device import default_device
 from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm import lean_build
 from tracekit.models import tiny_model_path
+
+# The graph modes of vLLM's dispatch a step can have run in.
+GRAPH_RUNTIME_MODES = ("FULL", "PIECEWISE")
+
+
+@dataclass(frozen=True)
+class EngineNeeds:
+    """What the steps replayed on one engine need of it, for a lean build: the CUDA graphs
+    ((vLLM graph mode, padded size) pairs) and the padded token counts their forwards run at."""
+
+    graphs: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+    sizes: frozenset[int] = field(default_factory=frozenset)
+
+    def __or__(self, other: "EngineNeeds") -> "EngineNeeds":
+        return EngineNeeds(self.graphs | other.graphs, self.sizes | other.sizes)
+
+
+def needs_of(step: Step, modes: str | None = None) -> EngineNeeds:
+    """The graph the step was dispatched to; with `--mode all` every graph mode of its padded
+    size, so that any mode timed from vLLM's own graphs finds its graph captured."""
+    dispatch = step.graph
+    size = dispatch.num_tokens_padded or dispatch.num_tokens
+    graphs = set()
+    if dispatch.runtime_mode in GRAPH_RUNTIME_MODES:
+        graphs.add((dispatch.runtime_mode, size))
+        if modes == "all":
+            graphs.update((mode, size) for mode in GRAPH_RUNTIME_MODES)
+    return EngineNeeds(frozenset(graphs), frozenset({size}))
+
+
+def union_of(needs: Iterable[EngineNeeds]) -> EngineNeeds:
+    total = EngineNeeds()
+    for each in needs:
+        total |= each
+    return total
 
 
 def require_device_of(recorded: Environment) -> None:
@@ -66,11 +104,16 @@ def replay_engine_args(engine: EngineConfig, model: str | None, allow_weights_mi
 
 
 def build_replay_engine(engine: EngineConfig, model: str | None = None, allow_weights_mismatch: bool = False,
-                        overrides: dict[str, Any] | None = None, recorded: Environment | None = None) -> Any:
+                        overrides: dict[str, Any] | None = None, recorded: Environment | None = None,
+                        lean: EngineNeeds | None = None) -> Any:
     """The engine a bundle was recorded with, rebuilt here (weights checked: exit 3 if not), in
-    the deterministic modes the recording engine ran in (`recorded`'s environment variables)."""
+    the deterministic modes the recording engine ran in (`recorded`'s environment variables):
+    built as vLLM builds it, or, given the steps' `lean` needs, only with what they need
+    (`tracekit.integrations.vllm.lean_build`)."""
     args = replay_engine_args(engine, model, allow_weights_mismatch, dict(overrides or {}))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if recorded is not None:
         vllm_engine.apply_recorded_determinism(recorded.env_vars)
-    return vllm_engine.build_llm(args, engine.runner)
+    if lean is None:
+        return lean_build.build_llm(args, engine.runner, None, set())
+    return lean_build.build_llm(args, engine.runner, set(lean.graphs), set(lean.sizes))

@@ -16,13 +16,13 @@ from tracekit.format.schema import Step
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm import layer_capture
+from tracekit.integrations.vllm import layer_capture, lean_build
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
 from tracekit.integrations.vllm.version import require_same_series
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_layers, check_step, padding_findings
-from tracekit.replay.engine import build_replay_engine, require_device_of
+from tracekit.replay.engine import EngineNeeds, build_replay_engine, needs_of, require_device_of
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
@@ -37,7 +37,10 @@ class ReplayOptions:
     every layer's output, into a bundle there (a bundle recorded with `--layers` is always
     checked layer by layer against such an eager forward). `strict`: the exit code is 0 for a
     bit-exact replay only. `profile_prefix`: each timed mode's forwards are also traced with the
-    torch profiler into `{profile_prefix}.{mode}.trace.json`."""
+    torch profiler into `{profile_prefix}.{mode}.trace.json`. `full_engine`: build the engine as vLLM
+    builds it (every graph and compile size) instead of a lean one with what the step needs;
+    `engine_needs`: what the lean engine must hold (a suite passes its group's; default: this
+    step's, and what `modes` asks)."""
 
     step: int | None = None
     model: str | None = None
@@ -51,6 +54,8 @@ class ReplayOptions:
     strict: bool = False
     layers_out: str | Path | None = None
     profile_prefix: str | Path | None = None
+    full_engine: bool = False
+    engine_needs: EngineNeeds | None = None
 
 
 def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any = None, **fields: Any) -> ReplayResult:
@@ -68,9 +73,12 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
     release = require_same_series(content.engine.vllm_version)
     if llm is not None and (options.engine_overrides or options.model):
         raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
-    if llm is None:
+    built = llm is None
+    if built:
+        lean = None if options.full_engine else (options.engine_needs or needs_of(recorded, options.modes))
         llm = build_replay_engine(content.engine, options.model, options.allow_weights_mismatch, options.engine_overrides,
-                                  recorded=content.environment)
+                                  recorded=content.environment, lean=lean)
+    engine_build = lean_build.build_of(llm)
     adapter = vllm_engine.adapter_of(llm)
     if adapter.kind != content.engine.runner:
         variable, value = next(iter(release.runner_env(content.engine.runner).items()))
@@ -83,7 +91,8 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
     layout_problem = kv_layout_difference(content.environment.attention_backend, here.attention_backend)
     if layout_problem is not None:
         raise CannotRunHere(layout_problem)
-    ours = {**vllm_engine.IN_PROCESS_ENV, **release.runner_env(content.engine.runner)}
+    ours = {**vllm_engine.IN_PROCESS_ENV, **release.runner_env(content.engine.runner),
+            **(engine_build.env if engine_build is not None else {})}
     differences = [
         {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
         for name, before, now, numeric in environment_differences(content.environment, here)
@@ -162,6 +171,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         dispatch=audited,
         padding_findings=padding_findings(observed, recorded) if observed is not None else [],
         mode_agreement=mode_agreement(measured),
+        engine_build={**engine_build.to_plain(), "built_for_this_step": built} if engine_build is not None else None,
         llm=llm,
     )
 

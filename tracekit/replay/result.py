@@ -36,6 +36,9 @@ class ReplayResult:
     padding_findings: list[str] = field(default_factory=list)
     # Whether the modes timed (`--mode all`) gave the same real rows (`timed_modes.mode_agreement`).
     mode_agreement: dict[str, Any] | None = None
+    # How the engine it ran on was built (`lean_build.EngineBuild`: lean or full, what it
+    # captured), and whether this replay built it; None for an engine tracekit did not build.
+    engine_build: dict[str, Any] | None = None
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 
     @property
@@ -91,4 +94,5 @@ class ReplayResult:
             "environment_differences": self.environment_differences,
             "overrides": self.overrides,
             "notes": self.notes,
+            "engine_build": self.engine_build,
         }

@@ -4,7 +4,8 @@ Building an engine costs seconds to minutes; replaying a step costs milliseconds
 are read first (metadata only), grouped by the engine they need — the recorded engine arguments
 with the model named by its weights' fingerprint rather than its path, and the vLLM version —
 and each group replays on one engine (`replay(bundle, llm=previous.llm)`), released before the
-next group's is built.
+next group's is built. That engine is lean unless `full_engine`: it holds what every step of its
+group needs (`tracekit.replay.engine.EngineNeeds`, their union).
 
 Every bundle gets a record with a verdict and an exit code; the suite's exit code is the worst
 of them, in the order of `EXIT_SEVERITY`.
@@ -29,6 +30,7 @@ from tracekit.errors import (
 )
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
+from tracekit.replay.engine import EngineNeeds, needs_of, union_of
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
 
@@ -145,6 +147,7 @@ def run_suite(
     names = dict(zip(bundles, unique_names(bundles)))
     records: list[SuiteRecord] = []
     groups: dict[str, list[Path]] = {}
+    needs: dict[str, list[EngineNeeds]] = {}
     for bundle in bundles:
         try:
             with open_bundle(bundle) as reader:
@@ -159,13 +162,17 @@ def run_suite(
             on_done(records[-1])
             continue
         groups.setdefault(engine_key(content), []).append(bundle)
+        step = next((s for s in content.steps if replay_options.get("step") in (None, s.index)), None)
+        if step is not None:  # a bundle without the step is refused by its replay
+            needs.setdefault(engine_key(content), []).append(needs_of(step, replay_options.get("modes")))
     queue = [bundle for group in groups.values() for bundle in group]
     if any(record.exit_code != EXIT_OK for record in records) and not keep_going:
         return SuiteOutcome(records, [str(bundle) for bundle in queue], 0)
 
     engines_built = 0
-    for group in groups.values():
+    for key, group in groups.items():
         llm, engine_error = None, None
+        group_options = {**replay_options, "engine_needs": union_of(needs.get(key, []))}
         try:
             for bundle in group:
                 queue.remove(bundle)
@@ -174,7 +181,7 @@ def run_suite(
                     record = _error_record(bundle, names[bundle], engine_error)
                 else:
                     record, llm, engine_error, built = _replay_one(
-                        bundle, names[bundle], llm, profile_dir, replay_options
+                        bundle, names[bundle], llm, profile_dir, group_options
                     )
                     engines_built += built
                     if record.verdict not in {name.value for name in NOT_REPLAYED.values()}:

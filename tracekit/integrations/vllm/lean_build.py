@@ -1,0 +1,139 @@
+"""Building a replay engine that holds only what its recorded steps need: a "lean" engine.
+
+vLLM builds an engine for any batch to come: it captures a CUDA graph of every capture size in
+every graph mode and compiles every compile size (~67 s for the tiny model on an H200 with vLLM
+0.26). A replay runs a few recorded steps, each dispatched to one (graph mode, padded size). A
+lean engine is built from the same engine arguments, so it has the same capture tables, the same
+padding and the same dispatch for every recorded step; only less is built:
+
+* Graphs: just before the runner's `capture_model`, its table of graphs (V1's dispatcher keys,
+  V2's graph manager descriptors) is cut to the wanted (mode, size) pairs. The runner captures
+  those alone, and a batch of another size runs without a graph, as vLLM runs a size it has no
+  graph of; a wanted step's dispatch is unchanged (its key is kept, the keys checked before it
+  failed to match in the full engine too).
+* Compile sizes: single-size Inductor compiles (`compile_sizes`) of sizes no wanted step runs at
+  are dropped. Compile ranges stay whole: a step's code is compiled for its range, and a range
+  merged with its neighbours would be compiled for other bounds (other code); the profiling run
+  at the largest batch needs the last range anyway.
+* The release's `lean_env` (vLLM's compile cache where the series' default cannot load it back),
+  and Python's collector kept off every object that exists before the build (`gc.freeze`: the
+  imported modules are never garbage, and the build allocates millions of objects, each
+  collection of which would walk them all again).
+
+What a build kept is remembered per engine (`build_of`), for the replay's report.
+"""
+
+import gc
+import importlib
+import os
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit.integrations.vllm import engine as vllm_engine
+
+_builds: "weakref.WeakKeyDictionary[Any, EngineBuild]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class EngineBuild:
+    """How a replay engine was built: "lean" (what its steps need) or "full" (as vLLM builds it)."""
+
+    kind: str
+    graphs_wanted: list[tuple[str, int]] = field(default_factory=list)
+    # The (mode, size) pairs the runner was left to capture; None where it captured none (no
+    # graphs on this device, or a compilation without them).
+    graphs_captured: list[tuple[str, int]] | None = None
+    compile_sizes: list[int] | None = None  # narrowed to these; None: as recorded
+    env: dict[str, str] = field(default_factory=dict)
+    seconds: float | None = None
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "graphs_wanted": [list(pair) for pair in self.graphs_wanted],
+            "graphs_captured": None if self.graphs_captured is None else [list(pair) for pair in self.graphs_captured],
+            "compile_sizes": self.compile_sizes,
+            "env": self.env,
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+        }
+
+
+def build_of(llm: Any) -> EngineBuild | None:
+    """How `llm` was built, where tracekit built it."""
+    return _builds.get(llm)
+
+
+def narrowed_compile_sizes(engine_args: dict[str, Any], sizes: set[int]) -> list[int] | None:
+    """The recorded `compile_sizes` that a step of one of `sizes` (padded token counts) runs at;
+    None where nothing is dropped."""
+    recorded = engine_args.get("compilation_config", {}).get("compile_sizes") or []
+    kept = [size for size in recorded if isinstance(size, int) and size in sizes]
+    return kept if len(kept) < len(recorded) else None
+
+
+def build_llm(engine_args: dict[str, Any], runner_kind: str | None, graphs: set[tuple[str, int]] | None,
+              sizes: set[int]) -> Any:
+    """Build the engine: lean, capturing only `graphs` ((mode name, padded size) pairs) and
+    compiling only the compile sizes in `sizes`; or, with `graphs` None, as vLLM builds it."""
+    import time
+
+    from tracekit.integrations.vllm.version import installed_release
+
+    started = time.perf_counter()
+    if graphs is None:
+        llm = vllm_engine.build_llm(engine_args, runner_kind)
+        _builds[llm] = EngineBuild("full", seconds=time.perf_counter() - started)
+        return llm
+    release = installed_release()
+    build = EngineBuild("lean", graphs_wanted=sorted(graphs))
+    build.compile_sizes = narrowed_compile_sizes(engine_args, sizes)
+    args = engine_args
+    if build.compile_sizes is not None:
+        args = {**engine_args, "compilation_config": {**engine_args["compilation_config"],
+                                                      "compile_sizes": build.compile_sizes}}
+    build.env = {name: value for name, value in release.lean_env.items() if name not in os.environ}
+    os.environ.update(build.env)
+    with _capturing_only(release, graphs, build), _collector_off_the_heap():
+        llm = vllm_engine.build_llm(args, runner_kind)
+    build.seconds = time.perf_counter() - started
+    _builds[llm] = build
+    return llm
+
+
+@contextmanager
+def _capturing_only(release: Any, graphs: set[tuple[str, int]], build: EngineBuild) -> Iterator[None]:
+    """While the block builds an engine, its runner's `capture_model` captures `graphs` only."""
+    patched = []
+    for module_name, class_name in release.graph_capturers:
+        try:
+            runner_class = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue
+        original = vars(runner_class).get("capture_model")
+        if original is None:
+            continue
+
+        def capture_model(runner: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            build.graphs_captured = release.keep_only_graphs(runner, lambda mode, size: (mode, size) in graphs)
+            return _original(runner, *args, **kwargs)
+
+        runner_class.capture_model = capture_model
+        patched.append((runner_class, original))
+    try:
+        yield
+    finally:
+        for runner_class, original in patched:
+            runner_class.capture_model = original
+
+
+@contextmanager
+def _collector_off_the_heap() -> Iterator[None]:
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
