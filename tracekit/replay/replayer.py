@@ -79,6 +79,13 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         llm = build_replay_engine(content.engine, options.model, options.allow_weights_mismatch, options.engine_overrides,
                                   recorded=content.environment, lean=lean)
     engine_build = lean_build.build_of(llm)
+    if not built and engine_build is not None and engine_build.kind == "lean":
+        missing = needs_of(recorded, options.modes).graphs - set(engine_build.graphs_wanted)
+        if missing:
+            raise UsageError(
+                f"the engine passed in is lean, built without the graphs this step needs ({sorted(missing)}): "
+                "build it with ReplayOptions(engine_needs=...) covering every step it replays, or full_engine=True"
+            )
     adapter = vllm_engine.adapter_of(llm)
     if adapter.kind != content.engine.runner:
         variable, value = next(iter(release.runner_env(content.engine.runner).items()))
