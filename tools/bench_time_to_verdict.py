@@ -4,9 +4,10 @@ Run by hand (not a test), on CPU:
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_time_to_verdict.py --rounds 3
 
-and on the GPU machine (vLLM 0.26; its checkout on PYTHONPATH, as tools/gpu_run.sh sets it up):
+and on the GPU machine (vLLM 0.26, the kit of tools/gpu_run.sh installed):
 
-    python3 tools/bench_time_to_verdict.py --rounds 3 --runner v2 --graphs --dtype bfloat16
+    source .gpu-kit/install.sh env && PYTHONPATH=$PWD python3 tools/bench_time_to_verdict.py \
+        --rounds 3 --runner v2 --graphs --dtype bfloat16
 
 It records the built-in workload's first steps once (`tracekit record`, every step a bundle, with
 torch.compile; `--graphs`: with vLLM's CUDA graphs of its default capture sizes, else none) and
@@ -35,8 +36,6 @@ import time
 from pathlib import Path
 
 VARIANTS = ("lean", "full", "vllm", "vllm+cache")
-# Capture sizes vLLM picks by default up to the workload's token budget (64).
-GRAPH_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 VLLM_ONE_STEP = """
 import json, sys
 from vllm import LLM, SamplingParams
@@ -62,9 +61,9 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 
 def record(folder: Path, options: argparse.Namespace) -> Path:
-    graphs = {"cudagraph_capture_sizes": GRAPH_SIZES} if options.graphs else {"cudagraph_mode": "NONE"}
+    graphs = [] if options.graphs else ["--compilation-config", json.dumps({"cudagraph_mode": "NONE"})]
     argv = [sys.executable, "-m", "tracekit", "record", "-o", str(folder / "step{step}.zst"), "--steps", "0:6",
-            "--max-tokens", "8", "--dtype", options.dtype, "--compilation-config", json.dumps(graphs)]
+            "--max-tokens", "8", "--dtype", options.dtype, *graphs]
     timed(argv, environment(options.runner))
     return max(folder.glob("step*.zst"), key=lambda path: int(path.stem.removeprefix("step")))
 
