@@ -39,7 +39,8 @@ def needs_of(step: Step, modes: str | None = None) -> EngineNeeds:
     """The graph the step was dispatched to; with `--mode all` every graph mode of its padded
     size, so that any mode timed from vLLM's own graphs finds its graph captured."""
     dispatch = step.graph
-    size = dispatch.num_tokens_padded or dispatch.num_tokens
+    descriptor = dispatch.batch_descriptor if isinstance(dispatch.batch_descriptor, dict) else {}
+    size = int(descriptor.get("num_tokens") or dispatch.num_tokens_padded or dispatch.num_tokens)  # the graph's key
     graphs = set()
     if dispatch.runtime_mode in GRAPH_RUNTIME_MODES:
         graphs.add((dispatch.runtime_mode, size))
