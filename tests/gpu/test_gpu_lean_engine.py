@@ -1,5 +1,6 @@
 """Issue 20, part 3 on the GPU: a single-bundle replay captures only the CUDA graph its step was
-dispatched to (with `--mode all`, every graph mode of that size), and replays the step bit-exact,
+dispatched to (with `--mode all`, which times vLLM's PIECEWISE graph of the step's size too, both
+graph modes of that size), and replays the step bit-exact,
 as the engine vLLM builds (`--full-engine`) does; on V1 and Model Runner V2, for a FULL-graph
 decode step and a PIECEWISE mixed step.
 
@@ -9,23 +10,18 @@ Run on the GPU machine: `bash tools/gpu_run.sh -k lean_engine`.
 import json
 
 import pytest
-from gpu_support import GRAPHS, bundles_by_step, json_records, of_kind, read_step, tracekit
+from gpu_support import GRAPHS, bundles_by_step, json_records, of_kind, read_step, record_steps, tracekit
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", params=["v1", "v2"])
-def graph_steps(request, tmp_path_factory):
+def graph_steps(request, tmp_path_factory, prompts_file):
     """(runner, {"FULL": bundle, "PIECEWISE": bundle}): a decode step and a mixed step of the
-    built-in workload, recorded bf16 with graphs."""
+    GPU workload, recorded bf16 with graphs."""
     runner = request.param
     folder = tmp_path_factory.mktemp(f"lean-{runner}")
-    steps = folder / "steps"
-    steps.mkdir()
-    record = tracekit("record", "-o", steps / "step{step}.zst", "--steps", "0:40", "--max-tokens", 8,
-                      "--dtype", "bfloat16", *GRAPHS, runner=runner)
-    assert record.returncode == 0, record.explain()
-    bundles = bundles_by_step(steps)
+    bundles = bundles_by_step(record_steps(folder, prompts_file, "0:40", 8, ["--dtype", "bfloat16", *GRAPHS], runner))
     chosen = {}
     for kind, mode in (("pure_decode", "FULL"), ("mixed", "PIECEWISE")):
         found = [path for path in of_kind(bundles, kind).values() if read_step(path).graph.runtime_mode == mode]
@@ -64,7 +60,7 @@ def test_lean_replay_captures_only_the_step_graph_and_matches_the_full_engine(gr
         assert build["seconds"] < reference["engine_build"]["seconds"], (build, reference["engine_build"])
 
 
-def test_mode_all_captures_every_graph_mode_of_the_step_size(graph_steps, tmp_path):
+def test_mode_all_captures_both_graph_modes_of_the_step_size(graph_steps, tmp_path):
     runner, chosen = graph_steps
     bundle = chosen["FULL"]
     size = read_step(bundle).graph.num_tokens_padded

@@ -15,6 +15,7 @@ from typing import Any
 from tracekit.errors import CannotRunHere
 from tracekit.format.schema import EngineConfig, Environment, Step
 from tracekit.graphs.device import default_device
+from tracekit.graphs.modes import ReplayMode, expand_modes
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import lean_build
 from tracekit.models import tiny_model_path
@@ -36,16 +37,16 @@ class EngineNeeds:
 
 
 def needs_of(step: Step, modes: str | None = None) -> EngineNeeds:
-    """The graph the step was dispatched to; with `--mode all` every graph mode of its padded
-    size, so that any mode timed from vLLM's own graphs finds its graph captured."""
+    """The graph the step was dispatched to, and the PIECEWISE graph of its size where `modes`
+    (a `--mode` value) times it in vLLM's PIECEWISE graphs too (`vllm-piecewise`, `all`)."""
     dispatch = step.graph
     descriptor = dispatch.batch_descriptor if isinstance(dispatch.batch_descriptor, dict) else {}
     size = int(descriptor.get("num_tokens") or dispatch.num_tokens_padded or dispatch.num_tokens)  # the graph's key
     graphs = set()
     if dispatch.runtime_mode in GRAPH_RUNTIME_MODES:
         graphs.add((dispatch.runtime_mode, size))
-        if modes == "all":
-            graphs.update((mode, size) for mode in GRAPH_RUNTIME_MODES)
+        if modes not in (None, "reference") and ReplayMode.VLLM_PIECEWISE.value in expand_modes(modes):
+            graphs.add(("PIECEWISE", size))
     return EngineNeeds(frozenset(graphs), frozenset({size}))
 
 
