@@ -70,3 +70,16 @@ def test_mode_all_captures_both_graph_modes_of_the_step_size(graph_steps, tmp_pa
     record = json.loads(out.read_text().splitlines()[0])
     assert_bit_exact(record)
     assert record["engine_build"]["graphs_captured"] == [["FULL", size], ["PIECEWISE", size]], record["engine_build"]
+
+
+def test_a_lean_suite_engine_captures_the_graphs_of_all_its_steps(graph_steps, tmp_path):
+    runner, chosen = graph_steps
+    bundles = [str(path) for path in chosen.values()]
+    records, _ = replay(bundles, tmp_path / "suite.jsonl", runner)
+    wanted = sorted([mode, read_step(path).graph.num_tokens_padded] for mode, path in chosen.items())
+    for bundle in bundles:
+        assert_bit_exact(records[bundle])
+        assert records[bundle]["dispatch"]["replayed"]["runtime_mode"] == records[bundle]["dispatch"]["recorded"]["runtime_mode"]
+    assert records[bundles[0]]["engine_build"]["graphs_captured"] == wanted
+    assert records[bundles[1]]["engine_build"]["built_for_this_step"] is False
+
