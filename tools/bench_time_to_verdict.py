@@ -75,7 +75,10 @@ def main() -> None:
     parser.add_argument("--graphs", action="store_true", help="record with vLLM's CUDA graphs (a GPU)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--bundle", type=Path, default=None, help="time this bundle instead of recording one")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma list of the variants to time (vllm always among them: the ratios' base)")
     options = parser.parse_args()
+    variants = tuple(v for v in VARIANTS if v in {*options.variants.split(","), "vllm"})
 
     from tracekit.format.content import load_step
     from tracekit.integrations.vllm.version import installed_release
@@ -95,21 +98,24 @@ def main() -> None:
         "vllm": (one_step, environment(runner)),
         "vllm+cache": (one_step, environment(runner, installed_release().lean_env)),
     }
-    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    times: dict[str, list[float]] = {variant: [] for variant in variants}
     for round_index in range(options.rounds + 1):
-        order = VARIANTS[round_index % len(VARIANTS):] + VARIANTS[:round_index % len(VARIANTS)]
+        order = variants[round_index % len(variants):] + variants[:round_index % len(variants)]
         for variant in order:
             seconds = timed(*commands[variant])
             if round_index:  # the first round fills the caches
                 times[variant].append(seconds)
         if round_index:
-            print(f"round {round_index}: " + ", ".join(f"{v} {times[v][-1]:.1f} s" for v in VARIANTS), flush=True)
+            print(f"round {round_index}: " + ", ".join(f"{v} {times[v][-1]:.1f} s" for v in variants), flush=True)
     medians = {variant: statistics.median(values) for variant, values in times.items()}
-    print("median wall time, process start to exit: " + ", ".join(f"{v} {medians[v]:.1f} s" for v in VARIANTS))
+    print("median wall time, process start to exit: " + ", ".join(f"{v} {medians[v]:.1f} s" for v in variants))
     for variant in ("lean", "full"):
+        if variant not in medians:
+            continue
+        cached = f", {variant}/vllm+cache {medians[variant] / medians['vllm+cache']:.2f}x" if "vllm+cache" in medians else ""
         print(f"{variant}/vllm {medians[variant] / medians['vllm']:.2f}x "
-              f"(rounds {min(times[variant]) / max(times['vllm']):.2f}-{max(times[variant]) / min(times['vllm']):.2f}x), "
-              f"{variant}/vllm+cache {medians[variant] / medians['vllm+cache']:.2f}x")
+              f"(rounds {min(times[variant]) / max(times['vllm']):.2f}-{max(times[variant]) / min(times['vllm']):.2f}x)"
+              + cached)
 
 
 if __name__ == "__main__":
