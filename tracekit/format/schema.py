@@ -183,8 +183,13 @@ class KVGroupSnapshot(SchemaRecord):
 
 @dataclass
 class KVSnapshot(SchemaRecord):
-    mode: str  # "read" (all the forward depends on), "written", or "none"
+    # "read" (all the forward depends on), "written", "none", or "recompute" (no blocks: the
+    # replay rebuilds the KV the step reads by prefilling each request's recorded tokens)
+    mode: str
     groups: list[KVGroupSnapshot] = field(default_factory=list)
+    # When `before` was copied: "before_forward", or "after_step" (an event trigger decides only
+    # once the step ran: the slots of the step's own new tokens hold what it wrote there)
+    taken: str = "before_forward"
     nested: ClassVar[dict[str, Any]] = {"groups": [KVGroupSnapshot]}
 
 
