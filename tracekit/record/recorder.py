@@ -335,7 +335,7 @@ class Recorder:
         if pending.finite is None or self.exhausted:
             return _ignore
         if pending.finite.ready():
-            if pending.finite.value():
+            if pending.finite.value() or bool(all_finite(self._outputs_checked(pending), exact=True)):
                 return _ignore
             step = self._capture_nonfinite(pending, pending.mark, step_capture.KVMode(self.kv))
             return lambda sampled: self._finish(pending, sampled, step)
@@ -344,7 +344,8 @@ class Recorder:
         pending.output, pending.logits = _device_clone(hidden_states_of(pending.output)), _device_clone(pending.logits)
 
         def receive(sampled: Any) -> None:
-            if not pending.finite.value() and not self.exhausted:
+            finite = pending.finite.value() or bool(all_finite(self._outputs_checked(pending), exact=True))
+            if not finite and not self.exhausted:
                 # The next step has run: blocks its scheduler freed may hold other tokens now.
                 step = self._capture_nonfinite(pending, kept, step_capture.KVMode.RECOMPUTE)
                 self._finish(pending, sampled, step)

@@ -121,7 +121,7 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
         positions=None,
         kv=KVSnapshot(mode=KVMode.RECOMPUTE.value, groups=groups),
         graph=adapter.graph_dispatch(num_tokens, num_tokens, mark, attention=False),
-        rng={name: state for name, state in mark.rng.items() if state.device.type == "cpu"},
+        rng=dict(mark.rng),  # host tensors (a CUDA generator's state too)
         timing=StepTiming(),
     )
 

@@ -29,8 +29,8 @@ class _V1Mark:
 
     req_ids: list[str]
     states: list[Any]  # the CachedRequestState of each, in batch order
-    num_computed: list[int]
-    num_known: list[int]  # prompt + output tokens each request had (`num_tokens_no_spec`)
+    num_computed: Any  # numpy copies, in batch order
+    num_known: Any  # prompt + output tokens each request had (`num_tokens_no_spec`)
     generator_states: dict[int, torch.Tensor]  # batch row -> state, for seeded requests
     context: Any  # the model call's ForwardContext (None outside one)
 
@@ -75,18 +75,17 @@ class V1Adapter(RunnerAdapter):
         """The batch's request objects (the runner only appends to them), how many tokens each
         knew (bookkeeping appends the sampled ones), seeded requests' generator states (sampling
         advances them) and the forward context of the model call, if in one."""
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
         batch, requests = self.runner.input_batch, self.runner.requests
         req_ids = list(batch.req_ids)
         num_reqs = len(req_ids)
+        generators = batch.generators
         return _V1Mark(
             req_ids=req_ids,
             states=[requests[req_id] for req_id in req_ids],
-            num_computed=batch.num_computed_tokens_cpu[:num_reqs].tolist(),
-            num_known=batch.num_tokens_no_spec[:num_reqs].tolist(),
-            generator_states={index: generator.get_state() for index, generator in batch.generators.items()},
-            context=get_forward_context() if is_forward_context_available() else None,
+            num_computed=batch.num_computed_tokens_cpu[:num_reqs].copy(),
+            num_known=batch.num_tokens_no_spec[:num_reqs].copy(),
+            generator_states={index: generator.get_state() for index, generator in generators.items()} if generators else {},
+            context=_forward_context(),
         )
 
     def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
@@ -98,7 +97,7 @@ class V1Adapter(RunnerAdapter):
         for index, (req_id, state) in enumerate(zip(kept.req_ids, kept.states)):
             prompt = list(state.prompt_token_ids or [])
             outputs = state.output_token_ids
-            known = kept.num_known[index] - len(prompt)  # what it had before this step's bookkeeping
+            known = int(kept.num_known[index]) - len(prompt)  # what it had before this step's bookkeeping
             generator_state = kept.generator_states.get(index)
             states.append(
                 RequestState(
@@ -151,6 +150,13 @@ class V1Adapter(RunnerAdapter):
             return wrapper
 
         return [(self.runner.input_batch, {"add_request": add_request})]
+
+
+def _forward_context() -> Any:
+    """The ForwardContext of the model call in progress (None outside one)."""
+    from vllm import forward_context
+
+    return forward_context.get_forward_context() if forward_context.is_forward_context_available() else None
 
 
 # What V1 under async scheduling holds in place of a sampled token the engine has not read yet.
