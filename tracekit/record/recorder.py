@@ -65,7 +65,7 @@ class _PendingStep:
     # -- an event-armed step not captured in advance --
     mark: StepMark | None = None
     output: Any = None  # the forward's output (a reference: the runner's until the next forward)
-    logits: Any = None  # the sampling logits (a reference)
+    logits: Any = None  # the sampling logits (copied on the device: sampling changes them in place)
     finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
     copies: list[HostCopy] = dataclasses.field(default_factory=list)  # the step's copies to host
 
@@ -262,7 +262,8 @@ class Recorder:
             return
         pending.phase = Phase.SAMPLING
         if pending.mark is not None:
-            pending.logits = logits
+            # A copy on the device: sampling changes the logits in place (temperature, penalties)
+            pending.logits = _device_clone(logits)
             if TriggerEvent.NONFINITE in self.triggers.events:  # queued on the device, read at the step's end
                 pending.finite = DeviceFlag(all_finite(self._outputs_checked(pending)), self.adapter.device_backend)
         elif pending.step is not None:
@@ -341,7 +342,7 @@ class Recorder:
             return lambda sampled: self._finish(pending, sampled, step)
         mark = pending.mark
         kept = dataclasses.replace(mark, input_ids=_device_clone(mark.input_ids), positions=_device_clone(mark.positions))
-        pending.output, pending.logits = _device_clone(hidden_states_of(pending.output)), _device_clone(pending.logits)
+        pending.output = _device_clone(hidden_states_of(pending.output))
 
         def receive(sampled: Any) -> None:
             finite = pending.finite.value() or bool(all_finite(self._outputs_checked(pending), exact=True))

@@ -33,15 +33,19 @@ STEP = 2  # a decode step: every request reads blocks it does not write
 LOST_CONTEXT = "CUDA error: an illegal memory access was encountered"
 
 
+# Prompts longer than a KV block: a decode step reads blocks it does not write.
+PROMPTS = [f"{prompt} {' and the story goes on' * 8}" for prompt in REPEATABLE_PROMPTS]
+
+
 def generate(llm):
     llm.reset_prefix_cache()
-    return generate_token_ids(llm, REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, MAX_TOKENS)
+    return generate_token_ids(llm, PROMPTS, REPEATABLE_SAMPLING, MAX_TOKENS)
 
 
-def read_only_block(adapter, step):
-    """A KV block of `step` that it reads and does not write (from the reference bundle)."""
-    group = step.kv.groups[0]
-    return next(block for block in group.read_block_ids if block not in group.written_block_ids)
+def first_block(runner):
+    """The first KV block of the batch's first request (longer than a block: a decode reads it
+    and does not write it), from the live runner (block ids differ from run to run)."""
+    return runner.requests[runner.input_batch.req_ids[0]].block_ids[0][0]
 
 
 def poison_block(adapter, block, value):
@@ -60,7 +64,8 @@ if __name__ == "__main__":
     from tracekit.format.content import load_step
 
     work = Path(sys.argv[2])
-    llm = eager_llm()
+    llm = eager_llm(max_num_batched_tokens=512)  # every prompt prefilled whole (a seeded chunked prefill
+    # meets vLLM 0.32's "CPU Generator does not use offset" bug, test_record_crash_in_sampling.py)
     adapter = adapter_of(llm)
     runner = adapter.runner
     result = {"unarmed": generate(llm), "step": STEP}
@@ -75,15 +80,14 @@ if __name__ == "__main__":
     result["quiet_written"] = [str(p) for p in recorder.written]
     result["quiet_failures"] = recorder.failures
 
-    block = read_only_block(adapter, reference)
-    result["poisoned_block"] = block
     original_forward = runner.model.forward
     calls = [0]
 
     def forward(*args, **kwargs):
         calls[0] += 1
         if calls[0] == STEP + 1:
-            poison_block(adapter, block, float("nan"))
+            result["poisoned_block"] = first_block(runner)
+            poison_block(adapter, result["poisoned_block"], float("nan"))
         return original_forward(*args, **kwargs)
 
     runner.model.forward = forward
@@ -92,13 +96,13 @@ if __name__ == "__main__":
             generate(llm)
     finally:
         del runner.model.forward
-        poison_block(adapter, block, 0.0)
+        poison_block(adapter, result["poisoned_block"], 0.0)
     result["kv_nan_written"] = [str(p) for p in recorder.written]
     result["kv_nan_failures"] = recorder.failures
     if recorder.written:
         _, poisoned = load_step(recorder.written[0], None)
         group = poisoned.kv.groups[0]
-        row = group.saved_block_ids.index(block)
+        row = group.saved_block_ids.index(result["poisoned_block"])
         result["kv_nan_block_is_nan"] = all(
             bool(torch.isnan(tensor.select(group.layout.block_dim, row)).all()) for tensor in group.before.values()
         )
