@@ -244,7 +244,7 @@ def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int)
     copies, sizes = [], []
     for path in written:
         _, step = load_step(path, None)
-        copies.append(step.timing.host_copy_us)
+        copies.append(step.timing.host_copy_us + (step.timing.device_copy_us or 0.0))  # GPU: + the side stream
         sizes.append(sum(t.numel() * t.element_size() for group in step.kv.groups for t in group.before.values()))
     waiting, firing = min(step_us["waiting"]), min(step_us["firing"])  # best rounds: least disturbed
     copy = statistics.mean(copies)

@@ -237,6 +237,9 @@ class StepTiming(SchemaRecord):
     forward_cpu_us: float | None = None  # process CPU time of that forward
     step_us: float | None = None  # wall time of execute_model + sample_tokens
     host_copy_us: float | None = None  # the recorder's stall: copying the step to host
+    # On a device with streams: how long the step's copies held the side stream they ran on (the
+    # engine's stream waits for them there, its host does not)
+    device_copy_us: float | None = None
     # Whether this was the first forward of its padded token count the recorder saw since it
     # was armed: such a forward may hold one-time costs (compilation, autotuning, allocation).
     first_of_its_size: bool | None = None

@@ -46,11 +46,14 @@ class HostCopy:
         self._sources: list[torch.Tensor] = []  # device tensors kept alive until the copy is done
         self._started = time.perf_counter()
         self.wait_us = 0.0  # how long `wait()` waited for the copies
+        self._timing: tuple[Any, Any] | None = None
         if self.asynchronous:
             module = backend.module
             self._main = module.current_stream(backend.device)
             self._stream = _side_stream(backend)
             self._stream.wait_stream(self._main)
+            self._timing = (module.Event(enable_timing=True), module.Event(enable_timing=True))
+            self._timing[0].record(self._stream)
 
     def gather(self, tensor: torch.Tensor, dim: int, index: list[int]) -> torch.Tensor:
         """Rows `index` of `tensor` along `dim`, as a new host tensor."""
@@ -82,10 +85,18 @@ class HostCopy:
     def finish(self) -> "HostCopy":
         """Every copy is issued: the engine's stream waits for them (device-side) from here on."""
         if self.asynchronous and self._event is None:
-            self._event = self.backend.module.Event()
-            self._event.record(self._stream)
+            self._timing[1].record(self._stream)
+            self._event = self._timing[1]
             self._main.wait_event(self._event)
         return self
+
+    @property
+    def device_us(self) -> float | None:
+        """How long the copies held the side stream (which the engine's stream waits for), once
+        `wait()` returned; None where they ran at once on the host (no streams)."""
+        if self._timing is None or self._event is None or not self._event.query():
+            return None
+        return self._timing[0].elapsed_time(self._timing[1]) * 1e3
 
     def wait(self) -> None:
         """Block until every copy landed in host memory."""

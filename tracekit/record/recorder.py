@@ -65,7 +65,9 @@ class _PendingStep:
     # -- an event-armed step not captured in advance --
     mark: StepMark | None = None
     output: Any = None  # the forward's output (a reference: the runner's until the next forward)
-    logits: Any = None  # the sampling logits (copied on the device: sampling changes them in place)
+    # the sampling logits, copied on the device (sampling changes them in place) where the
+    # non-finite check is not known finite when they are computed
+    logits: Any = None
     finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
     copies: list[HostCopy] = dataclasses.field(default_factory=list)  # the step's copies to host
 
@@ -127,6 +129,7 @@ class Recorder:
         self._persister: BackgroundPersister | None = None
         self._shadows: Any = None
         self._failures: list[str] = []
+        self._backend: Any = None  # the runner's DeviceBackend, once armed
 
     @property
     def written(self) -> list[Path]:
@@ -157,6 +160,7 @@ class Recorder:
             if self.adapter is None:
                 raise self._adapter_error
             self._persister = BackgroundPersister(self.adapter.environment(), self.adapter.engine_config())
+            self._backend = self.adapter.device_backend
             shadows = self.adapter.observe(self)
             shadows.__enter__()
             self._shadows = shadows
@@ -262,10 +266,14 @@ class Recorder:
             return
         pending.phase = Phase.SAMPLING
         if pending.mark is not None:
+            if TriggerEvent.NONFINITE not in self.triggers.events:
+                return
+            flag = DeviceFlag(all_finite(self._outputs_checked(pending, logits)), self._backend)
+            if flag.ready() and self._finite(pending, flag, logits):  # known at once (CPU): nothing to keep
+                return
+            pending.finite = flag  # else read at the step's end, without a sync of its own
             # A copy on the device: sampling changes the logits in place (temperature, penalties)
             pending.logits = _device_clone(logits)
-            if TriggerEvent.NONFINITE in self.triggers.events:  # queued on the device, read at the step's end
-                pending.finite = DeviceFlag(all_finite(self._outputs_checked(pending)), self.adapter.device_backend)
         elif pending.step is not None:
             step_capture.capture_logits(pending.step, logits, self._new_copy(pending))
 
@@ -309,8 +317,7 @@ class Recorder:
             "phase": Phase(pending.phase).value,
         }
         self._count_bundle()
-        for copy in pending.copies:
-            copy.wait()
+        _copies_landed(step, pending.copies)
         self._persister.write_now(*self._destination(step))
 
     def _capture_failed(self, pending: _PendingStep, mark: StepMark, trigger: str, error: BaseException) -> Step:
@@ -336,7 +343,7 @@ class Recorder:
         if pending.finite is None or self.exhausted:
             return _ignore
         if pending.finite.ready():
-            if pending.finite.value() or bool(all_finite(self._outputs_checked(pending), exact=True)):
+            if self._finite(pending, pending.finite, pending.logits):
                 return _ignore
             step = self._capture_nonfinite(pending, pending.mark, step_capture.KVMode(self.kv))
             return lambda sampled: self._finish(pending, sampled, step)
@@ -345,13 +352,16 @@ class Recorder:
         pending.output = _device_clone(hidden_states_of(pending.output))
 
         def receive(sampled: Any) -> None:
-            finite = pending.finite.value() or bool(all_finite(self._outputs_checked(pending), exact=True))
-            if not finite and not self.exhausted:
+            if not self._finite(pending, pending.finite, pending.logits) and not self.exhausted:
                 # The next step has run: blocks its scheduler freed may hold other tokens now.
                 step = self._capture_nonfinite(pending, kept, step_capture.KVMode.RECOMPUTE)
                 self._finish(pending, sampled, step)
 
         return receive
+
+    def _finite(self, pending: _PendingStep, flag: DeviceFlag, logits: Any) -> bool:
+        """The check's answer; a "not finite" from the cheap check is confirmed element by element."""
+        return flag.value() or bool(all_finite(self._outputs_checked(pending, logits), exact=True))
 
     def _capture_nonfinite(self, pending: _PendingStep, mark: StepMark, kv: step_capture.KVMode) -> Step:
         copy = self._new_copy(pending)
@@ -362,17 +372,17 @@ class Recorder:
         step.outputs.finite = False
         return step
 
-    def _outputs_checked(self, pending: _PendingStep) -> list[Any]:
+    def _outputs_checked(self, pending: _PendingStep, logits: Any) -> list[Any]:
         """The outputs the non-finite check reads: the real rows of the hidden states (padding
         rows of a graph step are not the step's), and the logits."""
         hidden = hidden_states_of(pending.output)
         real = self.adapter.num_scheduled_tokens(pending.scheduler_output)
-        return [hidden[:real] if hidden is not None else None, pending.logits]
+        return [hidden[:real] if hidden is not None else None, logits]
 
     def _new_copy(self, pending: _PendingStep) -> HostCopy:
         """A batch of copies to host for this step, through pinned memory on a side stream
         where the device has one; the step's bundle is written once they landed."""
-        copy = HostCopy(self.adapter.device_backend)
+        copy = HostCopy(self._backend)
         pending.copies.append(copy)
         return copy
 
@@ -399,7 +409,7 @@ class Recorder:
         step.trigger = reason
         self._count_bundle()
         copies = list(pending.copies)
-        self._persister.submit(*self._destination(step), ready=lambda: [copy.wait() for copy in copies])
+        self._persister.submit(*self._destination(step), ready=lambda: _copies_landed(step, copies))
 
     def _count_bundle(self) -> None:
         self.bundles_fired += 1
@@ -417,6 +427,15 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
+
+
+def _copies_landed(step: Step, copies: list[HostCopy]) -> None:
+    """Wait for the step's copies to host; note how long they held the device's side stream."""
+    for copy in copies:
+        copy.wait()
+    held = [copy.device_us for copy in copies if copy.device_us is not None]
+    if held:
+        step.timing.device_copy_us = sum(held)
 
 
 def _ignore(sampled: Any) -> None:
