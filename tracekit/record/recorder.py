@@ -254,7 +254,9 @@ class Recorder:
         # The next recorded forward's head start covers twice this one's host issue.
         self._head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
         layers = _stop_layers(pending)
-        step_capture.capture_after_forward(self.adapter, pending.step, hidden_states, self._new_copy(pending))
+        copy = self._new_copy(pending)
+        step_capture.capture_after_forward(self.adapter, pending.step, hidden_states, copy)
+        copy.finish()  # before the next forward writes the blocks (async outputs are read later)
         if layers is not None and layers.failure is None:
             pending.step.outputs.layers = layers.outputs
         pending.phase = Phase.LOGITS
@@ -275,7 +277,9 @@ class Recorder:
             # A copy on the device: sampling changes the logits in place (temperature, penalties)
             pending.logits = _device_clone(logits)
         elif pending.step is not None:
-            step_capture.capture_logits(pending.step, logits, self._new_copy(pending))
+            copy = self._new_copy(pending)
+            step_capture.capture_logits(pending.step, logits, copy)
+            copy.finish()
 
     @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
@@ -333,6 +337,7 @@ class Recorder:
         if pending.output is not None:
             step_capture.capture_after_forward(self.adapter, step, pending.output, copy)
             step_capture.capture_logits(step, pending.logits, copy)
+        copy.finish()
         return step
 
     def _nonfinite_receiver(self, pending: _PendingStep) -> Callable[[list[list[int]] | None], None]:
@@ -369,6 +374,7 @@ class Recorder:
                                     step_capture.KVTaken.AFTER_STEP)
         step_capture.capture_after_forward(self.adapter, step, pending.output, copy)
         step_capture.capture_logits(step, pending.logits, copy)
+        copy.finish()  # the engine's stream goes on once the copies ran, its host at once
         step.outputs.finite = False
         return step
 
@@ -381,7 +387,8 @@ class Recorder:
 
     def _new_copy(self, pending: _PendingStep) -> HostCopy:
         """A batch of copies to host for this step, through pinned memory on a side stream
-        where the device has one; the step's bundle is written once they landed."""
+        where the device has one; the step's bundle is written once they landed. The caller
+        finishes it in the same callback, so the engine's later work waits for the copies."""
         copy = HostCopy(self._backend)
         pending.copies.append(copy)
         return copy
