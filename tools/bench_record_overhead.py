@@ -172,7 +172,11 @@ def main() -> None:
         f"{fired['firing_step_us']:.0f} us firing: stall {fired['stall_us']:.0f} us per step against a host copy of "
         f"{fired['host_copy_us']:.0f} us ({fired['stall_vs_copy']:.2f}x the copy; {fired['copy_mib']:.2f} MiB of KV "
         f"per step); in the recorder's callbacks {fired['recorder_us']:.0f} us more per step than not firing "
-        f"({fired['recorder_vs_copy']:.2f}x the copy; the rest: the writer thread's share of the machine)"
+        f"({fired['recorder_vs_copy']:.2f}x the copy; the rest: the writer thread's share of the machine)\n"
+        f"each firing step's own time in the recorder (beyond a quiet step's) against its own host copy: median "
+        f"{fired['stall_vs_own_copy_median']:.2f}x, p90 {fired['stall_vs_own_copy_p90']:.2f}x (target <= 1.10x); "
+        f"in the engine thread's own CPU time {fired['stall_cpu_vs_own_copy_median']:.2f}x (the rest of the wall time: "
+        f"waiting for the GIL or a core, held by the writer thread or the machine's other work)"
     )
     _write(options.json, results)
 
@@ -188,18 +192,25 @@ CALLBACKS = ("step_started", "before_forward", "after_forward", "logits_computed
              "output_receiver", "step_failed")
 
 
-def _time_callbacks(recorder) -> dict[str, float]:
-    """Time every callback the engine makes into `recorder` (us, summed), for this session."""
+def _time_callbacks(recorder, per_step: dict[int, float] | None = None) -> dict[str, float]:
+    """Time every callback the engine makes into `recorder` (us, summed), for this session; and
+    into `per_step`, by step index, with the sampled ids' receipt (`_finish`) too."""
     spent = dict.fromkeys(CALLBACKS, 0.0)
-    for name in CALLBACKS:
+    for name in CALLBACKS + (("_finish",) if per_step is not None else ()):
         method = getattr(recorder, name)
 
         def timed(*args, method=method, name=name):
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             try:
                 return method(*args)
             finally:
-                spent[name] += (time.perf_counter() - started) * 1e6
+                took = (time.perf_counter() - started) * 1e6
+                spent[name] = spent.get(name, 0.0) + took
+                if per_step is not None:
+                    step = recorder.steps_seen - 1
+                    per_step[step] = per_step.get(step, 0.0) + took
+                    # the engine thread's own CPU time in it (not waiting for the GIL or a core)
+                    per_step[-1 - step] = per_step.get(-1 - step, 0.0) + (time.thread_time() - started_cpu) * 1e6
 
         setattr(recorder, name, timed)
     return spent
@@ -223,7 +234,7 @@ def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int)
 
     step_us: dict[str, list[float]] = {"waiting": [], "firing": []}
     inside: dict[str, list[float]] = {"waiting": [], "firing": []}
-    written, steps = [], 0
+    written, marks, marks_cpu, steps = [], [], [], 0
     model.forward = poisoned
     try:
         for round_number in range(rounds):
@@ -231,21 +242,32 @@ def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int)
             for name, events in order if round_number % 2 == 0 else order[::-1]:
                 folder = f"{out_dir}/{name}{round_number}"
                 os.makedirs(folder)
+                per_step: dict[int, float] = {}
                 with recording(llm, f"{folder}/step{{step}}.zst", on=events, max_bundles=100000) as recorder:
-                    spent = _time_callbacks(recorder)
+                    spent = _time_callbacks(recorder, per_step)
                     wall, _ = generate()
                 steps = recorder.steps_seen
                 step_us[name].append(1e6 * tokens / wall / steps)
                 inside[name].append(sum(spent.values()) / steps)
                 if name == "firing":
-                    written.extend(recorder.written)
+                    written.extend((path, per_step) for path in recorder.written)
+                else:
+                    marks.extend(us for step, us in per_step.items() if step >= 0)
+                    marks_cpu.extend(us for step, us in per_step.items() if step < 0)
     finally:
         model.__dict__.pop("forward", None)
-    copies, sizes = [], []
-    for path in written:
+    copies, sizes, paired, paired_cpu = [], [], [], []
+    mark_us = statistics.median(marks)  # what a step that does not fire spends in the recorder
+    for path, per_step in written:
         _, step = load_step(path, None)
-        copies.append(step.timing.host_copy_us + (step.timing.device_copy_us or 0.0))  # GPU: + the side stream
+        copy = step.timing.host_copy_us + (step.timing.device_copy_us or 0.0)  # GPU: + the side stream
+        copies.append(copy)
         sizes.append(sum(t.numel() * t.element_size() for group in step.kv.groups for t in group.before.values()))
+        # this step's time in the recorder beyond a step's that does not fire, against its copy
+        paired.append((per_step.get(step.index, 0.0) - mark_us) / copy)
+        paired_cpu.append((per_step.get(-1 - step.index, 0.0) - statistics.median(marks_cpu)) / copy)
+    paired.sort()
+    paired_cpu.sort()
     waiting, firing = min(step_us["waiting"]), min(step_us["firing"])  # best rounds: least disturbed
     copy = statistics.mean(copies)
     in_recorder = statistics.median(inside["firing"]) - statistics.median(inside["waiting"])
@@ -253,6 +275,8 @@ def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int)
         "rounds": rounds, "steps": len(written), "waiting_step_us": waiting, "firing_step_us": firing,
         "stall_us": firing - waiting, "host_copy_us": copy, "stall_vs_copy": (firing - waiting) / copy,
         "recorder_us": in_recorder, "recorder_vs_copy": in_recorder / copy,
+        "stall_vs_own_copy_median": statistics.median(paired), "stall_vs_own_copy_p90": paired[int(0.9 * (len(paired) - 1))],
+        "stall_cpu_vs_own_copy_median": statistics.median(paired_cpu),
         "copy_mib": statistics.mean(sizes) / 2**20, "per_round_us": step_us,
     }
 

@@ -69,6 +69,7 @@ class _PendingStep:
     # non-finite check is not known finite when they are computed
     logits: Any = None
     finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
+    finite_confirmed: bool | None = None  # its answer, once read
     copies: list[HostCopy] = dataclasses.field(default_factory=list)  # the step's copies to host
 
 
@@ -365,8 +366,11 @@ class Recorder:
         return receive
 
     def _finite(self, pending: _PendingStep, flag: DeviceFlag, logits: Any) -> bool:
-        """The check's answer; a "not finite" from the cheap check is confirmed element by element."""
-        return flag.value() or bool(all_finite(self._outputs_checked(pending, logits), exact=True))
+        """The check's answer; a "not finite" from the cheap check is confirmed element by element
+        (once: the answer is kept)."""
+        if pending.finite_confirmed is None:
+            pending.finite_confirmed = flag.value() or bool(all_finite(self._outputs_checked(pending, logits), exact=True))
+        return pending.finite_confirmed
 
     def _capture_nonfinite(self, pending: _PendingStep, mark: StepMark, kv: step_capture.KVMode) -> Step:
         copy = self._new_copy(pending)
