@@ -59,20 +59,6 @@ def _with_rank(template: str) -> str:
     return os.path.join(folder, ranked)
 
 
-# How much lower the writer thread runs than the engine (a Linux nice increment, per thread).
-WRITER_NICENESS = 10
-
-
-def _yield_to_the_engine() -> None:
-    """Lower this thread's scheduling priority, where the OS lets one thread do so (Linux): on a
-    machine whose cores are all busy, a firing step's compression then takes the cores the
-    engine leaves, not the engine's own."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-    except (AttributeError, OSError):  # no per-thread priority here: the writer runs as is
-        pass
-
-
 class BackgroundPersister:
     """One writer thread with a queue; `close()` waits for every submitted bundle."""
 
@@ -102,7 +88,6 @@ class BackgroundPersister:
         self._thread.join()
 
     def _run(self) -> None:
-        _yield_to_the_engine()
         try:
             while (item := self._queue.get()) is not None:
                 path, step, parallel, ready = item
