@@ -176,9 +176,9 @@ class V2Adapter(RunnerAdapter):
             tokens = states.all_token_ids.gpu[slot, :total_len].tolist()
             new_request = self._new_requests.get(req_id)
             params = new_request.sampling_params if new_request is not None else None
-            kept = {"prefill_len": int(states.prefill_len.np[slot])}
+            runner_kept = {"prefill_len": int(states.prefill_len.np[slot])}
             if sampling is not None:
-                kept["seed"] = int(sampling.seeds.np[slot])
+                runner_kept["seed"] = int(sampling.seeds.np[slot])
             result.append(
                 RequestState(
                     req_id=req_id,
@@ -191,7 +191,7 @@ class V2Adapter(RunnerAdapter):
                     num_computed_tokens=num_computed,
                     num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
                     sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
-                    runner_state=kept,
+                    runner_state=runner_kept,
                 )
             )
         return result
