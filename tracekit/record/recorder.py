@@ -131,6 +131,8 @@ class Recorder:
         self._shadows: Any = None
         self._failures: list[str] = []
         self._backend: Any = None  # the runner's DeviceBackend, once armed
+        self._deferred = 0  # steps whose non-finite check is read with their output, later
+        self._preempted: frozenset[str] = frozenset()  # requests preempted since such a step
 
     @property
     def written(self) -> list[Path]:
@@ -205,6 +207,8 @@ class Recorder:
             self._give_up(self._persister.failures[0], logged=True)
             return
         self.adapter.scheduler_output_seen(scheduler_output)
+        if self._deferred:  # a step whose check is read later: its KV blocks stay its own unless preempted
+            self._preempted |= self.adapter.preempted(scheduler_output)
         if self.exhausted:
             self._pending = None
             return
@@ -357,13 +361,25 @@ class Recorder:
         kept = dataclasses.replace(mark, input_ids=_device_clone(mark.input_ids), positions=_device_clone(mark.positions))
         pending.output = _device_clone(hidden_states_of(pending.output))
 
-        def receive(sampled: Any) -> None:
-            if not self._finite(pending, pending.finite, pending.logits) and not self.exhausted:
-                # The next step has run: blocks its scheduler freed may hold other tokens now.
-                step = self._capture_nonfinite(pending, kept, step_capture.KVMode.RECOMPUTE)
-                self._finish(pending, sampled, step)
+        self._deferred += 1
 
-        return receive
+        @_engine_boundary
+        def receive(self: "Recorder", sampled: Any) -> None:
+            self._deferred -= 1
+            preempted = self._preempted
+            if not self._deferred:
+                self._preempted = frozenset()
+            if self._finite(pending, pending.finite, pending.logits) or self.exhausted:
+                return
+            # The next step has been scheduled (and maybe run): it wrote only its own new slots,
+            # unless the scheduler preempted a request of this step and gave its blocks to another.
+            kv = step_capture.KVMode(self.kv)
+            if preempted & set(self.adapter.marked_req_ids(kept)):
+                kv = step_capture.KVMode.RECOMPUTE
+            step = self._capture_nonfinite(pending, kept, kv)
+            self._finish(pending, sampled, step)
+
+        return lambda sampled: receive(self, sampled)
 
     def _finite(self, pending: _PendingStep, flag: DeviceFlag, logits: Any) -> bool:
         """The check's answer; a "not finite" from the cheap check is confirmed element by element

@@ -42,10 +42,10 @@ def generate(llm):
     return generate_token_ids(llm, PROMPTS, REPEATABLE_SAMPLING, MAX_TOKENS)
 
 
-def first_block(runner):
+def first_block(adapter, scheduler_output):
     """The first KV block of the batch's first request (longer than a block: a decode reads it
-    and does not write it), from the live runner (block ids differ from run to run)."""
-    return runner.requests[runner.input_batch.req_ids[0]].block_ids[0][0]
+    and does not write it), read off the live runner (block ids differ from run to run)."""
+    return adapter.request_states(adapter.mark(scheduler_output, None, None), None)[0].block_ids[0][0]
 
 
 def poison_block(adapter, block, value):
@@ -83,16 +83,23 @@ if __name__ == "__main__":
     original_forward = runner.model.forward
     calls = [0]
 
+    scheduled = []  # the scheduler output of the step under way, as the recorder sees it
+    armed = []  # the recorder (its adapter holds what V2 keeps of the step under way)
+
     def forward(*args, **kwargs):
         calls[0] += 1
         if calls[0] == STEP + 1:
-            result["poisoned_block"] = first_block(runner)
+            result["poisoned_block"] = first_block(armed[-1].adapter, scheduled[-1])
             poison_block(adapter, result["poisoned_block"], float("nan"))
         return original_forward(*args, **kwargs)
 
     runner.model.forward = forward
     try:
         with recording(llm, f"{work}/kv_nan.zst", on=("exception", "nonfinite")) as recorder:
+            armed.append(recorder)
+            step_started = recorder.step_started
+            recorder.step_started = lambda scheduler_output: (scheduled.append(scheduler_output),
+                                                              step_started(scheduler_output))
             generate(llm)
     finally:
         del runner.model.forward
@@ -102,9 +109,11 @@ if __name__ == "__main__":
     if recorder.written:
         _, poisoned = load_step(recorder.written[0], None)
         group = poisoned.kv.groups[0]
-        row = group.saved_block_ids.index(result["poisoned_block"])
-        result["kv_nan_block_is_nan"] = all(
-            bool(torch.isnan(tensor.select(group.layout.block_dim, row)).all()) for tensor in group.before.values()
+        result["kv_nan_mode"] = poisoned.kv.mode
+        saved = result["poisoned_block"] in group.saved_block_ids
+        result["kv_nan_block_is_nan"] = saved and all(
+            bool(torch.isnan(tensor.select(group.layout.block_dim, group.saved_block_ids.index(result["poisoned_block"]))).all())
+            for tensor in group.before.values()
         )
         result["kv_nan_replay"] = replayed(recorder.written[0], llm)
 

@@ -61,7 +61,7 @@ class RunnerAdapter:
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
         "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
-        "compile_ranges_endpoints", "scheduler_config",
+        "compile_ranges_endpoints", "scheduler_config", "preempted_req_ids",
     })
 
     def __init__(self, runner: Any, release: Any):
@@ -120,6 +120,14 @@ class RunnerAdapter:
 
     def batch_order_after_execute(self) -> list[str]:
         raise NotImplementedError
+
+    def marked_req_ids(self, mark: StepMark) -> list[str]:
+        """The marked step's requests, in batch order."""
+        raise NotImplementedError
+
+    def preempted(self, scheduler_output: Any) -> frozenset[str]:
+        """The requests a scheduler output preempts (their KV blocks may go to other requests)."""
+        return frozenset(getattr(scheduler_output, "preempted_req_ids", None) or ())
 
     def mark(self, scheduler_output: Any, input_ids: torch.Tensor | None, positions: torch.Tensor | None) -> StepMark:
         """The step about to run its forward, kept cheaply (see `StepMark`)."""

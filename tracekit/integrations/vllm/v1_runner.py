@@ -88,6 +88,9 @@ class V1Adapter(RunnerAdapter):
             context=_forward_context(),
         )
 
+    def marked_req_ids(self, mark: StepMark) -> list[str]:
+        return list(mark.kept.req_ids)
+
     def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
         """Per-request state in batch order, prompt and output tokens kept apart; an output
         still a placeholder (async scheduling) is taken from the input ids the forward reads."""

@@ -159,6 +159,9 @@ class V2Adapter(RunnerAdapter):
     def batch_order_after_execute(self) -> list[str]:
         return list(self.runner.execute_model_state.input_batch.req_ids)
 
+    def marked_req_ids(self, mark: StepMark) -> list[str]:
+        return [req_id for _, req_id, _ in self._rows(mark.kept)]
+
     def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
         """Each request's tokens as they stood before the step: its `prefill_len` tokens, or
         through the tokens the step computes when it is past them (bookkeeping appends the
