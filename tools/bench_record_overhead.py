@@ -7,8 +7,8 @@ Run by hand (not a test). On this CPU (the embedded tiny model):
 On a GPU, a model large enough that KV copies show (dummy weights from a config, no model hub:
 `--preset llama-8b` is the embedded model's tokenizer with Llama-3-8B's shapes):
 
-    python3 tools/bench_record_overhead.py --preset llama-8b --rounds 5 --requests 64 \\
-        --prompt-words 1000 --max-tokens 128 [--compile]
+    python3 tools/bench_record_overhead.py --preset llama-8b --rounds 5 --requests 32 \\
+        --prompt-words 300 --max-tokens 64 --max-fired 4 [--compile]
 
 The engine runs the model runner vLLM picks (`VLLM_USE_V2_MODEL_RUNNER=0|1` chooses; on a CPU
 without Triton V2 runs only through the test harness, `PYTHONPATH=$PWD:tests/harness/v2_on_cpu`).
@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--hf-overrides", default=None, help="JSON: more config overrides, over the preset's")
     parser.add_argument("--engine-args", default=None, help='JSON: more vLLM engine arguments, e.g. {"dtype": "bfloat16"}')
     parser.add_argument("--compile", action="store_true", help="torch.compile / CUDA graphs as vLLM defaults (default: eager)")
+    parser.add_argument("--max-fired", type=int, default=0,
+                        help="firing rounds: at most this many steps fire per round (0: every step; on a GPU with a "
+                             "large KV, a few: each writes a bundle of every block its step read)")
     parser.add_argument("--json", default=None, help="also write the results here")
     options = parser.parse_args()
 
@@ -164,12 +167,12 @@ def main() -> None:
         print("\nfiring stall: measured on eager engines only (run again without --compile)")
         _write(options.json, results)
         return
-    results["firing"] = firing_stall(llm, adapter, generate, tokens, out_dir, options.rounds)
+    results["firing"] = firing_stall(llm, adapter, generate, tokens, out_dir, options.rounds, options.max_fired)
     fired = results["firing"]
     print(
         f"\nfiring (every step's hidden states poisoned; best of {fired['rounds']} round pairs): "
         f"{fired['steps']} steps fired, a step {fired['waiting_step_us']:.0f} us armed and not firing, "
-        f"{fired['firing_step_us']:.0f} us firing: stall {fired['stall_us']:.0f} us per step against a host copy of "
+        f"{fired['firing_step_us']:.0f} us firing: stall {fired['stall_us']:.0f} us per firing step against a host copy of "
         f"{fired['host_copy_us']:.0f} us ({fired['stall_vs_copy']:.2f}x the copy; {fired['copy_mib']:.2f} MiB of KV "
         f"per step); in the recorder's callbacks {fired['recorder_us']:.0f} us more per step than not firing "
         f"({fired['recorder_vs_copy']:.2f}x the copy; the rest: the writer thread's share of the machine)\n"
@@ -216,7 +219,7 @@ def _time_callbacks(recorder, per_step: dict[int, float] | None = None) -> dict[
     return spent
 
 
-def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int) -> dict[str, float]:
+def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int, max_fired: int = 0) -> dict[str, float]:
     """Rounds with a NaN in every forward's hidden states, armed `--on exception` (never fires)
     and `--on nonfinite` (every step fires), alternated; per step: the difference, and the host
     copy the bundles record."""
@@ -234,7 +237,7 @@ def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int)
 
     step_us: dict[str, list[float]] = {"waiting": [], "firing": []}
     inside: dict[str, list[float]] = {"waiting": [], "firing": []}
-    written, marks, marks_cpu, steps = [], [], [], 0
+    written, marks, marks_cpu, steps, fired_per_round = [], [], [], 0, 0
     model.forward = poisoned
     try:
         for round_number in range(rounds):
@@ -243,11 +246,14 @@ def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int)
                 folder = f"{out_dir}/{name}{round_number}"
                 os.makedirs(folder)
                 per_step: dict[int, float] = {}
-                with recording(llm, f"{folder}/step{{step}}.zst", on=events, max_bundles=100000) as recorder:
+                with recording(llm, f"{folder}/step{{step}}.zst", on=events, max_bundles=max_fired or 100000) as recorder:
                     spent = _time_callbacks(recorder, per_step)
                     wall, _ = generate()
                 steps = recorder.steps_seen
+                # the round's time per step; per firing step, below (the firing round's extra time
+                # over the steps that fired)
                 step_us[name].append(1e6 * tokens / wall / steps)
+                fired_per_round = max(recorder.bundles_fired, fired_per_round) if name == "firing" else fired_per_round
                 inside[name].append(sum(spent.values()) / steps)
                 if name == "firing":
                     written.extend((path, per_step) for path in recorder.written)
@@ -269,11 +275,12 @@ def firing_stall(llm, adapter, generate, tokens: int, out_dir: str, rounds: int)
     paired.sort()
     paired_cpu.sort()
     waiting, firing = min(step_us["waiting"]), min(step_us["firing"])  # best rounds: least disturbed
+    stall = (firing - waiting) * steps / max(fired_per_round, 1)  # per step that fired
     copy = statistics.mean(copies)
     in_recorder = statistics.median(inside["firing"]) - statistics.median(inside["waiting"])
     return {
         "rounds": rounds, "steps": len(written), "waiting_step_us": waiting, "firing_step_us": firing,
-        "stall_us": firing - waiting, "host_copy_us": copy, "stall_vs_copy": (firing - waiting) / copy,
+        "stall_us": stall, "host_copy_us": copy, "stall_vs_copy": stall / copy,
         "recorder_us": in_recorder, "recorder_vs_copy": in_recorder / copy,
         "stall_vs_own_copy_median": statistics.median(paired), "stall_vs_own_copy_p90": paired[int(0.9 * (len(paired) - 1))],
         "stall_cpu_vs_own_copy_median": statistics.median(paired_cpu),
