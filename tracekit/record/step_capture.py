@@ -144,7 +144,9 @@ def capture_after_forward(adapter: RunnerAdapter, step: Step, output: Any, copy:
 
 def capture_logits(step: Step, logits: torch.Tensor | None, copy: HostCopy | None = None) -> None:
     if step.outputs is not None and logits is not None:
+        started = time.perf_counter()
         step.outputs.logits = copy.copy(logits) if copy is not None else _to_host(logits)
+        step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
 
 
 def capture_sampled(step: Step, sampled_token_ids: list[list[int]] | None) -> None:
