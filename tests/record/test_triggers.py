@@ -82,10 +82,9 @@ def test_a_step_trigger_alone_never_asks_for_batch_facts():
     assert triggers.fires_before_forward(3, no_facts) == "steps 3"
 
 
-def test_event_triggers_copy_every_step_but_fire_only_after_the_forward():
+def test_event_triggers_fire_only_after_the_forward():
     triggers = TriggerSet(events=("exception", "nonfinite"))
-    assert triggers.copies_every_step
-    assert triggers.fires_before_forward(0, lambda: MIXED) is None
+    assert triggers.events and triggers.fires_before_forward(0, lambda: MIXED) is None
 
 
 def test_nothing_to_record_and_unknown_events_are_refused():

@@ -24,8 +24,9 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
 @click.option("--when", default=None, help="Predicate: e.g. 'num_reqs>=2 and has_prefill', 'mixed'.")
 @click.option("--on", "events", multiple=True, type=click.Choice(["exception", "nonfinite"]),
               help="Record a step whose forward raises / whose outputs are not finite.")
-@click.option("--kv", type=click.Choice(["read", "written", "none"]), default="read", show_default=True,
-              help="KV blocks to save: all the forward reads, only those it writes, or none.")
+@click.option("--kv", type=click.Choice(["read", "written", "none", "recompute"]), default="read", show_default=True,
+              help="KV blocks to save: all the forward reads, only those it writes, or none; recompute: none, "
+                   "and the replay rebuilds them by prefilling the recorded tokens.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
               help="Bundle path; put {step} in it to record every matching step, one bundle each.")
 @click.option("--max-bundles", type=int, default=DEFAULT_MAX_BUNDLES, show_default=True,

@@ -186,8 +186,13 @@ class KVGroupSnapshot(SchemaRecord):
 
 @dataclass
 class KVSnapshot(SchemaRecord):
-    mode: str  # "read" (all the forward depends on), "written", or "none"
+    # "read" (all the forward depends on), "written", "none", or "recompute" (no blocks: the
+    # replay rebuilds the KV the step reads by prefilling each request's recorded tokens)
+    mode: str
     groups: list[KVGroupSnapshot] = field(default_factory=list)
+    # When `before` was copied: "before_forward", or "after_step" (an event trigger decides only
+    # once the step ran: the slots of the step's own new tokens hold what it wrote there)
+    taken: str = "before_forward"
     nested: ClassVar[dict[str, Any]] = {"groups": [KVGroupSnapshot]}
 
 
@@ -235,6 +240,9 @@ class StepTiming(SchemaRecord):
     forward_cpu_us: float | None = None  # process CPU time of that forward
     step_us: float | None = None  # wall time of execute_model + sample_tokens
     host_copy_us: float | None = None  # the recorder's stall: copying the step to host
+    # On a device with streams: how long the step's copies held the side stream they ran on (the
+    # engine's stream waits for them there, its host does not)
+    device_copy_us: float | None = None
     # Whether this was the first forward of its padded token count the recorder saw since it
     # was armed: such a forward may hold one-time costs (compilation, autotuning, allocation).
     first_of_its_size: bool | None = None

@@ -11,6 +11,7 @@ import os
 import queue
 import threading
 from pathlib import Path
+from typing import Any, Callable
 
 from tracekit.errors import UsageError
 from tracekit.format.content import write_steps
@@ -70,10 +71,13 @@ class BackgroundPersister:
         self._thread = threading.Thread(target=self._run, name="tracekit-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, path: Path, step: Step, parallel: ParallelRank | None = None) -> None:
+    def submit(self, path: Path, step: Step, parallel: ParallelRank | None = None,
+               ready: Callable[[], Any] | None = None) -> None:
+        """Write `step` on the writer thread, once `ready()` returned (the step's copies to host
+        landed: on a GPU they run on a side stream while the engine goes on)."""
         if not self._thread.is_alive():
             raise RuntimeError(f"the writer thread is gone ({self.failures[-1] if self.failures else 'no reason'})")
-        self._queue.put((path, step, parallel))
+        self._queue.put((path, step, parallel, ready))
 
     def write_now(self, path: Path, step: Step, parallel: ParallelRank | None = None) -> None:
         """Synchronous write, for a step whose forward raised: the engine may be going down."""
@@ -86,7 +90,10 @@ class BackgroundPersister:
     def _run(self) -> None:
         try:
             while (item := self._queue.get()) is not None:
-                self._write(*item)
+                path, step, parallel, ready = item
+                if ready is not None:
+                    ready()
+                self._write(path, step, parallel)
         except BaseException as error:  # the thread ends; the next submit says so to the recorder
             self.failures.append(f"the writer thread died: {type(error).__name__}: {error}")
             logger.error("tracekit: %s", self.failures[-1])

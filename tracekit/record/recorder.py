@@ -6,6 +6,17 @@ just before the forward (decide whether to fire; copy the step's inputs and KV t
 it (outputs, KV written), logits, sampling and bookkeeping phases, sampled ids, or a failure in
 any of those phases. Disarming removes the shadows.
 
+Event triggers (`--on exception`, `--on nonfinite`) cannot know before the forward whether the
+step will fire, and are meant to stay armed in a serving engine, so they copy nothing in
+advance: each step only leaves a `StepMark` (references, the RNG states, a few numbers per
+request). A step that fails is copied at the failure: the KV blocks it read are intact in the
+live cache (a step writes only the slots of its new tokens), and the mark rewinds what its later
+phases changed. Non-finite outputs are checked on the device (one boolean, brought to host
+without a sync) and decided at the end of the step, while its outputs and inputs are still the
+runner's. A failure that lost the device context (a device-side assert, an illegal address)
+leaves nothing on the device to read: that step is kept from host memory alone, as a
+`--kv recompute` bundle whose replay rebuilds the KV by prefilling the recorded tokens.
+
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
 caught where the engine calls into it, logged once, and the recorder disarms itself: the
@@ -24,10 +35,11 @@ from typing import Any, Callable
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import ParallelRank, Step
+from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import layer_capture, ranks
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark, hidden_states_of
 from tracekit.integrations.vllm.version import installed_release
 from tracekit.record import step_capture
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
@@ -50,6 +62,15 @@ class _PendingStep:
     forward_timer: Any = None  # the RegionTimer started at this step's model call
     cpu_started: float = 0.0  # process CPU time when it started
     layers: Any = None  # the LayerCapture hooked for this step's forward (`layers=True`)
+    # -- an event-armed step not captured in advance --
+    mark: StepMark | None = None
+    output: Any = None  # the forward's output (a reference: the runner's until the next forward)
+    # the sampling logits, copied on the device (sampling changes them in place) where the
+    # non-finite check is not known finite when they are computed
+    logits: Any = None
+    finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
+    finite_confirmed: bool | None = None  # its answer, once read
+    copies: list[HostCopy] = dataclasses.field(default_factory=list)  # the step's copies to host
 
 
 def _engine_boundary(method: Callable) -> Callable:
@@ -109,6 +130,9 @@ class Recorder:
         self._persister: BackgroundPersister | None = None
         self._shadows: Any = None
         self._failures: list[str] = []
+        self._backend: Any = None  # the runner's DeviceBackend, once armed
+        self._deferred = 0  # steps whose non-finite check is read with their output, later
+        self._preempted: frozenset[str] = frozenset()  # requests preempted since such a step
 
     @property
     def written(self) -> list[Path]:
@@ -129,7 +153,8 @@ class Recorder:
 
     @property
     def tracking(self) -> bool:
-        return self._pending is not None and self._pending.step is not None
+        pending = self._pending
+        return pending is not None and (pending.step is not None or pending.mark is not None)
 
     def arm(self) -> "Recorder":
         """Shadow the runner's methods. A runner the recorder cannot arm on is logged and left
@@ -138,6 +163,7 @@ class Recorder:
             if self.adapter is None:
                 raise self._adapter_error
             self._persister = BackgroundPersister(self.adapter.environment(), self.adapter.engine_config())
+            self._backend = self.adapter.device_backend
             shadows = self.adapter.observe(self)
             shadows.__enter__()
             self._shadows = shadows
@@ -181,6 +207,8 @@ class Recorder:
             self._give_up(self._persister.failures[0], logged=True)
             return
         self.adapter.scheduler_output_seen(scheduler_output)
+        if self._deferred:  # a step whose check is read later: its KV blocks stay its own unless preempted
+            self._preempted |= self.adapter.preempted(scheduler_output)
         if self.exhausted:
             self._pending = None
             return
@@ -200,20 +228,28 @@ class Recorder:
         pending.reason = self.triggers.fires_before_forward(
             pending.index, lambda: self.adapter.batch_facts(pending.scheduler_output)
         )
-        if pending.reason is not None or self.triggers.copies_every_step:
-            pending.step = step_capture.capture_before_forward(
-                self.adapter, pending.scheduler_output, pending.index, pending.reason or "", self.kv,
-                input_ids, positions,
-            )
-            pending.step.timing.first_of_its_size = first_of_its_size
-            if self.layers and pending.reason is not None:
-                pending.layers = layer_capture.LayerCapture(self.adapter.model).__enter__()
-            pending.cpu_started = time.process_time()
-            pending.forward_timer = RegionTimer(self.adapter.device_backend, self._head_start_us)
+        if pending.reason is None:
+            if self.triggers.events:  # kept cheaply, copied only if the step fails
+                pending.mark = self.adapter.mark(pending.scheduler_output, input_ids, positions)
+            return
+        copy = self._new_copy(pending)
+        pending.step = step_capture.capture(
+            self.adapter, self.adapter.mark(pending.scheduler_output, input_ids, positions), pending.index,
+            pending.reason, self.kv, copy,
+        )
+        copy.finish()  # the forward, which writes KV, runs after the copy
+        pending.step.timing.first_of_its_size = first_of_its_size
+        if self.layers:
+            pending.layers = layer_capture.LayerCapture(self.adapter.model).__enter__()
+        pending.cpu_started = time.process_time()
+        pending.forward_timer = RegionTimer(self.adapter.device_backend, self._head_start_us)
 
     @_engine_boundary
     def after_forward(self, hidden_states: Any) -> None:
         pending = self._pending
+        if pending is not None and pending.mark is not None:
+            pending.output, pending.phase = hidden_states, Phase.LOGITS
+            return
         if pending is None or pending.step is None or pending.forward_timer is None:
             return
         timer, pending.forward_timer = pending.forward_timer, None
@@ -223,17 +259,32 @@ class Recorder:
         # The next recorded forward's head start covers twice this one's host issue.
         self._head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
         layers = _stop_layers(pending)
-        step_capture.capture_after_forward(self.adapter, pending.step, hidden_states)
+        copy = self._new_copy(pending)
+        step_capture.capture_after_forward(self.adapter, pending.step, hidden_states, copy)
+        copy.finish()  # before the next forward writes the blocks (async outputs are read later)
         if layers is not None and layers.failure is None:
             pending.step.outputs.layers = layers.outputs
         pending.phase = Phase.LOGITS
 
     @_engine_boundary
     def logits_computed(self, logits: Any) -> None:
-        if self._pending is not None:
-            self._pending.phase = Phase.SAMPLING
-        if self.tracking:
-            step_capture.capture_logits(self._pending.step, logits)
+        pending = self._pending
+        if pending is None:
+            return
+        pending.phase = Phase.SAMPLING
+        if pending.mark is not None:
+            if TriggerEvent.NONFINITE not in self.triggers.events:
+                return
+            flag = DeviceFlag(all_finite(self._outputs_checked(pending, logits)), self._backend)
+            if flag.ready() and self._finite(pending, flag, logits):  # known at once (CPU): nothing to keep
+                return
+            pending.finite = flag  # else read at the step's end, without a sync of its own
+            # A copy on the device: sampling changes the logits in place (temperature, penalties)
+            pending.logits = _device_clone(logits)
+        elif pending.step is not None:
+            copy = self._new_copy(pending)
+            step_capture.capture_logits(pending.step, logits, copy)
+            copy.finish()
 
     @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
@@ -242,8 +293,10 @@ class Recorder:
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
         pending, self._pending = self._pending, None
+        if pending is not None and pending.mark is not None:
+            return self._nonfinite_receiver(pending)
         if pending is None or pending.step is None:
-            return lambda sampled: None
+            return _ignore
         return lambda sampled: self._finish(pending, sampled)
 
     @_engine_boundary
@@ -254,17 +307,17 @@ class Recorder:
             return
         if pending.reason is None and TriggerEvent.EXCEPTION not in self.triggers.events:
             return
-        if pending.step is None:
-            if pending.phase != Phase.PREPARE or self.exhausted:
-                return
-            # It failed before its forward: the KV it would read is still intact, the runner
-            # holds its requests; what the failure kept from being prepared (the input ids)
-            # the replay prepares again.
-            pending.step = step_capture.capture_before_forward(
-                self.adapter, pending.scheduler_output, pending.index, "", self.kv, None, None,
-            )
+        if pending.step is None and self.exhausted:
+            return
+        trigger = pending.reason or TriggerEvent.EXCEPTION.value
         step = pending.step
-        step.trigger = pending.reason or TriggerEvent.EXCEPTION.value
+        if step is None:
+            # The forward reads the KV blocks a failure leaves intact: copied now. A step that
+            # failed before its forward is marked here; what the failure kept from being
+            # prepared (the input ids) the replay prepares again.
+            mark = pending.mark or self.adapter.mark(pending.scheduler_output, None, None)
+            step = self._capture_failed(pending, mark, trigger, error)
+        step.trigger = trigger
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
         step.error = {
             "type": type(error).__name__,
@@ -273,24 +326,117 @@ class Recorder:
             "phase": Phase(pending.phase).value,
         }
         self._count_bundle()
+        _copies_landed(step, pending.copies)
         self._persister.write_now(*self._destination(step))
+
+    def _capture_failed(self, pending: _PendingStep, mark: StepMark, trigger: str, error: BaseException) -> Step:
+        """The failed step from its mark: from the live cache and runner, or, where the failure
+        lost the device context, from host memory alone (a `--kv recompute` bundle)."""
+        if context_lost(error):
+            logger.warning("tracekit: the device context is lost (%s); the step is kept from host memory, "
+                           "its KV to be recomputed by the replay", type(error).__name__)
+            return step_capture.capture_without_device(self.adapter, mark, pending.index, trigger)
+        copy = self._new_copy(pending)
+        taken = step_capture.KVTaken.BEFORE_FORWARD if pending.mark is None else step_capture.KVTaken.AFTER_STEP
+        step = step_capture.capture(self.adapter, mark, pending.index, trigger, self.kv, copy, taken)
+        if pending.output is not None:
+            step_capture.capture_after_forward(self.adapter, step, pending.output, copy)
+            step_capture.capture_logits(step, pending.logits, copy)
+        copy.finish()
+        return step
+
+    def _nonfinite_receiver(self, pending: _PendingStep) -> Callable[[list[list[int]] | None], None]:
+        """At the end of an event-armed step: whether its outputs were finite. Read now when the
+        device has passed the check (it has when the runner synced the sampled ids: V1 without
+        async scheduling, and always on CPU); else the check is read with the sampled ids, and
+        the step's inputs and outputs are kept on the device until then."""
+        if pending.finite is None or self.exhausted:
+            return _ignore
+        if pending.finite.ready():
+            if self._finite(pending, pending.finite, pending.logits):
+                return _ignore
+            step = self._capture_nonfinite(pending, pending.mark, step_capture.KVMode(self.kv))
+            return lambda sampled: self._finish(pending, sampled, step)
+        mark = pending.mark
+        kept = dataclasses.replace(mark, input_ids=_device_clone(mark.input_ids), positions=_device_clone(mark.positions))
+        pending.output = _device_clone(hidden_states_of(pending.output))
+
+        self._deferred += 1
+
+        @_engine_boundary
+        def receive(self: "Recorder", sampled: Any) -> None:
+            self._deferred -= 1
+            preempted = self._preempted
+            if not self._deferred:
+                self._preempted = frozenset()
+            if self._finite(pending, pending.finite, pending.logits) or self.exhausted:
+                return
+            # The next step has been scheduled (and maybe run): it wrote only its own new slots,
+            # unless the scheduler preempted a request of this step and gave its blocks to another.
+            kv = step_capture.KVMode(self.kv)
+            if preempted & set(self.adapter.marked_req_ids(kept)):
+                kv = step_capture.KVMode.RECOMPUTE
+            step = self._capture_nonfinite(pending, kept, kv)
+            self._finish(pending, sampled, step)
+
+        return lambda sampled: receive(self, sampled)
+
+    def _finite(self, pending: _PendingStep, flag: DeviceFlag, logits: Any) -> bool:
+        """The check's answer; a "not finite" from the cheap check is confirmed element by element
+        (once: the answer is kept)."""
+        if pending.finite_confirmed is None:
+            pending.finite_confirmed = flag.value() or bool(all_finite(self._outputs_checked(pending, logits), exact=True))
+        return pending.finite_confirmed
+
+    def _capture_nonfinite(self, pending: _PendingStep, mark: StepMark, kv: step_capture.KVMode) -> Step:
+        copy = self._new_copy(pending)
+        step = step_capture.capture(self.adapter, mark, pending.index, TriggerEvent.NONFINITE.value, kv.value, copy,
+                                    step_capture.KVTaken.AFTER_STEP)
+        step_capture.capture_after_forward(self.adapter, step, pending.output, copy)
+        step_capture.capture_logits(step, pending.logits, copy)
+        copy.finish()  # the engine's stream goes on once the copies ran, its host at once
+        step.outputs.finite = False
+        return step
+
+    def _outputs_checked(self, pending: _PendingStep, logits: Any) -> list[Any]:
+        """The outputs the non-finite check reads: the real rows of the hidden states (padding
+        rows of a graph step are not the step's), and the logits."""
+        hidden = hidden_states_of(pending.output)
+        real = self.adapter.num_scheduled_tokens(pending.scheduler_output)
+        return [hidden[:real] if hidden is not None else None, logits]
+
+    def _new_copy(self, pending: _PendingStep) -> HostCopy:
+        """A batch of copies to host for this step, through pinned memory on a side stream
+        where the device has one; the step's bundle is written once they landed. The caller
+        finishes it in the same callback, so the engine's later work waits for the copies."""
+        copy = HostCopy(self._backend)
+        pending.copies.append(copy)
+        return copy
 
     # -- firing ------------------------------------------------------------------------------
 
     @_engine_boundary
-    def _finish(self, pending: _PendingStep, sampled: Any) -> None:
-        step = pending.step
+    def _finish(self, pending: _PendingStep, sampled: Any, fired: Step | None = None) -> None:
+        """The step's sampled ids are in: write its bundle if a trigger fired (`fired`: the
+        non-finite check already did)."""
+        step = fired or pending.step
         step_capture.capture_sampled(step, sampled)
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
-        finite = step_capture.outputs_finite(step)
-        reason = pending.reason
-        if reason is None and not finite and TriggerEvent.NONFINITE in self.triggers.events:
-            reason = TriggerEvent.NONFINITE.value
+        for copy in pending.copies:
+            copy.finish()
+        reason = pending.reason or (TriggerEvent.NONFINITE.value if fired is not None else None)
+        if fired is None:
+            for copy in pending.copies:  # the finite check below reads the copies
+                copy.wait()
+            finite = step_capture.outputs_finite(step)
+            if reason is None and not finite and TriggerEvent.NONFINITE in self.triggers.events:
+                reason = TriggerEvent.NONFINITE.value
         if reason is None:
             return
         step.trigger = reason
         self._count_bundle()
-        self._persister.submit(*self._destination(step))
+        copies = list(pending.copies)
+        self._persister.submit(*self._destination(step), ready=lambda: _copies_landed(step, copies))
 
     def _count_bundle(self) -> None:
         self.bundles_fired += 1
@@ -308,6 +454,24 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
+
+
+def _copies_landed(step: Step, copies: list[HostCopy]) -> None:
+    """Wait for the step's copies to host; note how long they held the device's side stream."""
+    for copy in copies:
+        copy.wait()
+    held = [copy.device_us for copy in copies if copy.device_us is not None]
+    if held:
+        step.timing.device_copy_us = sum(held)
+
+
+def _ignore(sampled: Any) -> None:
+    """The output receiver of a step that is not recorded."""
+
+
+def _device_clone(tensor: Any) -> Any:
+    """A copy on the tensor's own device (queued, no host sync), or None."""
+    return tensor.detach().clone() if tensor is not None else None
 
 
 def _stop_layers(pending: _PendingStep | None) -> Any:

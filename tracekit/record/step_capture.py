@@ -1,12 +1,16 @@
 """Copying one engine step to host memory, on the engine's critical path.
 
-This is the only part of recording the engine waits for: tensors are cloned to host and vLLM
-objects walked into plain data; compression and disk writes happen later on a background thread.
-The pre-forward part runs just before the model call, after vLLM applied the step's scheduler
-output (zeroed fresh blocks, CoW copies), so the KV blocks saved are exactly what the forward
-reads. Everything read off the engine is read through the runner's adapter.
+This is the only part of recording the engine waits for: tensors are copied to host (through a
+`HostCopy`: on a GPU, pinned memory on a side stream) and vLLM objects walked into plain data;
+compression and disk writes happen later on a background thread. A step is captured from its
+`StepMark`: for a step trigger just before the model call, after vLLM applied the step's
+scheduler output (zeroed fresh blocks), so the KV blocks saved are exactly what the forward
+reads; for an event trigger later in the same step, once it failed or its outputs proved not
+finite (`KVTaken.AFTER_STEP`). Everything read off the engine is read through the runner's
+adapter.
 """
 
+import dataclasses
 import time
 from enum import Enum
 from typing import Any
@@ -14,8 +18,10 @@ from typing import Any
 import torch
 
 from tracekit.format.schema import KVGroupSnapshot, KVSnapshot, Step, StepOutputs, StepTiming
+from tracekit.graphs.device import get_device_backend
+from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, hidden_states_of
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark, hidden_states_of
 
 
 class KVMode(str, Enum):
@@ -24,31 +30,49 @@ class KVMode(str, Enum):
     READ = "read"  # every block the forward reads: it replays exactly
     WRITTEN = "written"  # only those it writes
     NONE = "none"
+    # none: the replay rebuilds the KV the step reads by prefilling each request's recorded
+    # tokens (what a step leaves when its device context was lost and nothing could be read)
+    RECOMPUTE = "recompute"
 
 
 KV_MODES = tuple(mode.value for mode in KVMode)
+
+
+class KVTaken(str, Enum):
+    """When a bundle's `before` blocks were copied (`KVSnapshot.taken`)."""
+
+    BEFORE_FORWARD = "before_forward"
+    # After the step ran (an event trigger decides only then): the blocks the step reads are as
+    # they were, and the slots of its own new tokens hold what it wrote there, which the replayed
+    # forward writes again before it reads them.
+    AFTER_STEP = "after_step"
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", copy=True)
 
 
-def capture_before_forward(
+def capture(
     adapter: RunnerAdapter,
-    scheduler_output: Any,
+    mark: StepMark,
     index: int,
     trigger: str,
     kv_mode: str,
-    input_ids: torch.Tensor | None,
-    positions: torch.Tensor | None,
+    copy: HostCopy | None = None,
+    taken: KVTaken = KVTaken.BEFORE_FORWARD,
 ) -> Step:
-    """Everything the forward depends on, copied to host before it runs."""
+    """The marked step as a `Step`: its requests walked into plain data, its inputs and the KV
+    blocks `kv_mode` names copied to host through `copy` (by default at once). Before the forward
+    (a step trigger) or later in the same step (an event trigger), from what the mark kept."""
     started = time.perf_counter()
-    requests = adapter.request_states(scheduler_output, input_ids)
+    copier = copy or HostCopy(get_device_backend("cpu"))
+    input_ids, positions = mark.input_ids, mark.positions
+    requests = adapter.request_states(mark, input_ids)
+    mode = KVMode(kv_mode)
     groups = []
     for group_index, group in enumerate(adapter.kv_groups()):
         read, written = runner_state.blocks_read_and_written(requests, group_index, group.layout.block_size)
-        saved = {KVMode.READ: read, KVMode.WRITTEN: written, KVMode.NONE: []}[KVMode(kv_mode)]
+        saved = {KVMode.READ: read, KVMode.WRITTEN: written}.get(mode, [])
         groups.append(
             KVGroupSnapshot(
                 layer_names=group.layer_names,
@@ -56,43 +80,73 @@ def capture_before_forward(
                 read_block_ids=read,
                 written_block_ids=written,
                 saved_block_ids=saved,
-                before=runner_state.blocks_to_host(group, saved) if saved else {},
+                before=runner_state.blocks_to_host(group, saved, copier) if saved else {},
             )
         )
-    num_tokens = adapter.num_scheduled_tokens(scheduler_output)
+    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
     padded = int(input_ids.shape[0]) if input_ids is not None else num_tokens
     step = Step(
         index=index,
         trigger=trigger,
-        scheduler_output=adapter.scheduler_output_record(scheduler_output),
-        batch_order=adapter.batch_order(),
+        scheduler_output=adapter.scheduler_output_record(mark.scheduler_output),
+        batch_order=[request.req_id for request in requests],
         requests=requests,
-        input_ids=_to_host(input_ids) if input_ids is not None else None,
-        positions=_to_host(positions) if positions is not None else None,
-        kv=KVSnapshot(mode=KVMode(kv_mode).value, groups=groups),
-        graph=adapter.graph_dispatch(num_tokens, padded),
-        rng=adapter.rng_states(),
+        input_ids=copier.copy(input_ids) if input_ids is not None else None,
+        positions=copier.copy(positions) if positions is not None else None,
+        kv=KVSnapshot(mode=mode.value, groups=groups, taken=taken.value),
+        graph=adapter.graph_dispatch(num_tokens, padded, mark),
+        rng=dict(mark.rng),
         timing=StepTiming(),
     )
     step.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return step
 
 
-def capture_after_forward(adapter: RunnerAdapter, step: Step, output: Any) -> None:
+def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, trigger: str) -> Step:
+    """The marked step from host memory alone, for a device context that can no longer be read
+    (a device-side assert, an illegal address): its requests and their token ids, no KV blocks
+    (`--kv recompute`: the replay prefills the tokens to rebuild the KV), no inputs (the replay
+    prepares them again), the RNG states the mark copied, the dispatch without the attention
+    metadata's device tensors."""
+    requests = adapter.request_states(dataclasses.replace(mark, input_ids=None), None)
+    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
+    groups = []
+    for group_index, group in enumerate(adapter.kv_groups()):
+        read, written = runner_state.blocks_read_and_written(requests, group_index, group.layout.block_size)
+        groups.append(KVGroupSnapshot(group.layer_names, group.layout, read, written, []))
+    return Step(
+        index=index,
+        trigger=trigger,
+        scheduler_output=adapter.scheduler_output_record(mark.scheduler_output),
+        batch_order=[request.req_id for request in requests],
+        requests=requests,
+        input_ids=None,
+        positions=None,
+        kv=KVSnapshot(mode=KVMode.RECOMPUTE.value, groups=groups),
+        graph=adapter.graph_dispatch(num_tokens, num_tokens, mark, attention=False),
+        rng=dict(mark.rng),  # host tensors (a CUDA generator's state too)
+        timing=StepTiming(),
+    )
+
+
+def capture_after_forward(adapter: RunnerAdapter, step: Step, output: Any, copy: HostCopy | None = None) -> None:
     """The forward's output and the KV blocks it wrote."""
     started = time.perf_counter()
+    copier = copy or HostCopy(get_device_backend("cpu"))
     hidden_states = hidden_states_of(output)
-    step.outputs = StepOutputs(hidden_states=_to_host(hidden_states) if hidden_states is not None else None)
-    if step.kv.mode != KVMode.NONE:
+    step.outputs = StepOutputs(hidden_states=copier.copy(hidden_states) if hidden_states is not None else None)
+    if step.kv.mode not in (KVMode.NONE, KVMode.RECOMPUTE):
         for snapshot, group in zip(step.kv.groups, adapter.kv_groups()):
             if snapshot.written_block_ids:
-                snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids)
+                snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids, copier)
     step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
 
-def capture_logits(step: Step, logits: torch.Tensor | None) -> None:
+def capture_logits(step: Step, logits: torch.Tensor | None, copy: HostCopy | None = None) -> None:
     if step.outputs is not None and logits is not None:
-        step.outputs.logits = _to_host(logits)
+        started = time.perf_counter()
+        step.outputs.logits = copy.copy(logits) if copy is not None else _to_host(logits)
+        step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
 
 
 def capture_sampled(step: Step, sampled_token_ids: list[list[int]] | None) -> None:

@@ -3,8 +3,8 @@ non-finite outputs.
 
 Step and predicate triggers are decided before the forward from cheap batch facts, so an armed
 recorder that does not fire costs one comparison per step. Exception and non-finite triggers
-cannot know in advance: they copy each step's inputs and KV blocks to host before its forward
-(that is the price of having them armed), and keep the copy only when the step fails.
+cannot know in advance: each step leaves a cheap mark and a device-side finite check, and only a
+step that fails (or is not finite) is copied, then (`recorder.py` says how).
 
 Predicates are a tiny language, parsed here and never evaluated as Python:
 
@@ -116,10 +116,6 @@ class TriggerSet:
             self._predicate = parse_predicate(self.when)
         if self.steps is None and self.when is None and not self.events:
             raise UsageError("nothing to record: give --steps, --when or --on exception/nonfinite")
-
-    @property
-    def copies_every_step(self) -> bool:
-        return bool(self.events)
 
     def fires_before_forward(self, index: int, facts: Callable[[], BatchFacts]) -> str | None:
         """The reason this step is recorded, decided before its forward; None if it is not.

@@ -26,6 +26,7 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     tolerance: float = 0.0
     error_step: bool = False  # the recorded forward raised
+    kv_recomputed: bool = False  # the KV the step read was rebuilt by prefilling, not restored
     strict: bool = False  # exit 0 for a bit-exact replay only
     # The recorded per-layer outputs (`record --layers`) against this replay's eager forward.
     layer_checks: list[CheckedItem] = field(default_factory=list)
@@ -61,7 +62,7 @@ class ReplayResult:
     @property
     def verdict(self) -> Verdict:
         numeric = [d["field"] for d in self.environment_differences if d["affects_numerics"]]
-        return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step)
+        return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step, self.kv_recomputed)
 
     @property
     def exit_code(self) -> int:
@@ -79,6 +80,7 @@ class ReplayResult:
             "reproduced": self.reproduced,
             "bit_exact": self.bit_exact,
             "first_divergence": self.first_divergence,
+            "kv": "recomputed" if self.kv_recomputed else "restored",
             "tolerance_relative_rms": self.tolerance,
             "reference_mode": self.reference_mode,
             "checks": [item.to_plain() for item in self.checks],

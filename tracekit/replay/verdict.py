@@ -41,10 +41,19 @@ def decide(
     numeric_differences: list[str],
     tolerance: float = 0.0,
     error_step: bool = False,
+    kv_recomputed: bool = False,
 ) -> Verdict:
     """`items`: every check (step items and per-layer items; those that do not decide, the
     padding rows, are left out); `numeric_differences`: the environment fields that differ and
-    affect numerics; `error_step`: the recorded forward raised."""
+    affect numerics; `error_step`: the recorded forward raised; `kv_recomputed`: the KV the step
+    read was rebuilt by prefilling its tokens, not restored (the reason says so)."""
+    verdict = _decide(items, numeric_differences, tolerance, error_step)
+    if kv_recomputed:
+        verdict.reason += "; KV recomputed, not restored"
+    return verdict
+
+
+def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance: float, error_step: bool) -> Verdict:
     items = [item for item in items if item.decides]
     if error_step:
         if all(item.bit_exact for item in items):

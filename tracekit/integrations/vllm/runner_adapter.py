@@ -17,6 +17,7 @@ requests are added.
 """
 
 from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -31,6 +32,24 @@ from tracekit.integrations.vllm.method_patch import shadowed
 Shadows = list[tuple[Any, dict[str, Callable[[Callable], Callable]]]]
 
 
+@dataclass
+class StepMark:
+    """A step as it stood just before its forward, kept cheaply: references to what the rest of
+    the step leaves alone (the scheduler output, the live input buffers, the runner's request
+    objects and forward context) and copies of only what the step itself changes (the global RNG
+    states sampling draws from, seeded requests' generators, how many tokens each request knew).
+    `RunnerAdapter.request_states(mark)` and `graph_dispatch(mark)` read the step from it later in
+    the same step: after a failure, or once the step's outputs turned out not finite.
+
+    The live input buffers are the runner's: valid until the next step prepares its inputs."""
+
+    scheduler_output: Any
+    input_ids: torch.Tensor | None
+    positions: torch.Tensor | None
+    rng: dict[str, torch.Tensor]
+    kept: Any  # what the runner kind needs to read its requests back (`kind_mark`)
+
+
 class RunnerAdapter:
     """One model runner seen through tracekit's seam. Subclasses set `kind` and supply the
     methods marked "per runner kind"."""
@@ -42,7 +61,7 @@ class RunnerAdapter:
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
         "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
-        "compile_ranges_endpoints",
+        "compile_ranges_endpoints", "scheduler_config", "preempted_req_ids",
     })
 
     def __init__(self, runner: Any, release: Any):
@@ -81,13 +100,22 @@ class RunnerAdapter:
     def batch_order(self) -> list[str]:
         raise NotImplementedError
 
-    def request_states(self, scheduler_output: Any, input_ids: torch.Tensor | None) -> list[RequestState]:
-        """Each request of the step in batch order, with every token the forward reads as the
-        forward reads it (`input_ids`: the live input ids of the model call)."""
+    def kind_mark(self, scheduler_output: Any) -> Any:
+        """The runner kind's part of a `StepMark`: references to its request state and copies of
+        what the step's later phases change in it; cheap (no per-request work, no device read)."""
         raise NotImplementedError
 
-    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int) -> GraphDispatch:
-        """What the current step was dispatched to (read during its model call)."""
+    def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
+        """Each request of the marked step in batch order, as it stood before the forward, with
+        every token the forward reads as the forward reads it (`input_ids`: the input ids of
+        the model call, on host or device)."""
+        raise NotImplementedError
+
+    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int, mark: StepMark | None = None,
+                       attention: bool = True) -> GraphDispatch:
+        """What the marked step (by default: the current one, during its model call) was
+        dispatched to; `attention`: also summarise its attention metadata, which reads a few
+        device tensors."""
         raise NotImplementedError
 
     def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
@@ -98,6 +126,18 @@ class RunnerAdapter:
 
     def batch_order_after_execute(self) -> list[str]:
         raise NotImplementedError
+
+    def marked_req_ids(self, mark: StepMark) -> list[str]:
+        """The marked step's requests, in batch order."""
+        raise NotImplementedError
+
+    def preempted(self, scheduler_output: Any) -> frozenset[str]:
+        """The requests a scheduler output preempts (their KV blocks may go to other requests)."""
+        return frozenset(getattr(scheduler_output, "preempted_req_ids", None) or ())
+
+    def mark(self, scheduler_output: Any, input_ids: torch.Tensor | None, positions: torch.Tensor | None) -> StepMark:
+        """The step about to run its forward, kept cheaply (see `StepMark`)."""
+        return StepMark(scheduler_output, input_ids, positions, self.rng_states(), self.kind_mark(scheduler_output))
 
     # -- the step, observed ------------------------------------------------------------------
 
@@ -234,6 +274,11 @@ class RunnerAdapter:
 
     def kv_groups(self) -> list[runner_state.KVGroup]:
         return runner_state.kv_groups(self.runner)
+
+    @property
+    def max_tokens_per_step(self) -> int:
+        """The most tokens one step of this engine may schedule (`max_num_batched_tokens`)."""
+        return int(self.runner.scheduler_config.max_num_batched_tokens)
 
     def num_scheduled_tokens(self, scheduler_output: Any) -> int:
         return int(scheduler_output.total_num_scheduled_tokens)

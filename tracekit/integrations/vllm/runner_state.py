@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from tracekit.format.schema import GraphDispatch, KVLayout, RequestState
+from tracekit.graphs.device import get_device_backend
+from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm.serialize import to_plain
 
 
@@ -47,14 +49,15 @@ def kv_groups(runner: Any) -> list[KVGroup]:
     return groups
 
 
-def blocks_to_host(group: KVGroup, block_ids: list[int]) -> dict[str, torch.Tensor]:
+def blocks_to_host(group: KVGroup, block_ids: list[int], copy: HostCopy | None = None) -> dict[str, torch.Tensor]:
     """Each layer's rows `block_ids` (in that order, along the block dimension) as new host
-    tensors; index_select already copies, so only a device cache is copied again."""
-    index = torch.tensor(block_ids, dtype=torch.long, device=group.caches[0].device)
-    return {
-        name: cache.index_select(group.layout.block_dim, index).to("cpu")
-        for name, cache in zip(group.layer_names, group.caches)
-    }
+    tensors, through `copy` (on a GPU: pinned memory, a side stream; see `HostCopy`), or at once."""
+    copier = copy or HostCopy(get_device_backend("cpu"))
+    copied = {name: copier.gather(cache, group.layout.block_dim, block_ids)
+              for name, cache in zip(group.layer_names, group.caches)}
+    if copy is None:
+        copier.wait()
+    return copied
 
 
 def block_fingerprints(group: KVGroup) -> torch.Tensor:

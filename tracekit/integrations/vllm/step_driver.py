@@ -8,12 +8,15 @@ logprobs see what the engine saw). The runner then prepares the step and dispatc
 would any step (eager, compiled, or a CUDA graph of the padded size); just before the model
 call the recorded KV blocks are written at their block ids, the recorded padding rows of the
 inputs are put back and the global RNG state is restored. Afterwards the requests are finished
-in the runner, which is left able to serve.
+in the runner, which is left able to serve. A bundle that saved no KV blocks but asks for them
+to be recomputed (`--kv recompute`) first has its requests' recorded tokens prefilled into their
+block ids.
 
 The model call is handed to the caller as a `ForwardHandle`: it can run the exact forward
 again (each run restores KV, padding rows and RNG first), for timing and graph capture.
 """
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -145,6 +148,34 @@ class _ReplayObserver:
         pass
 
 
+# `KVSnapshot.mode` of a bundle that saved no blocks: the replay rebuilds them (`recompute_kv`).
+KV_RECOMPUTE = "recompute"
+
+
+def recompute_kv(adapter: Any, step: Step) -> None:
+    """Rebuild the KV blocks `step` reads by prefilling, through the runner, each request's
+    recorded tokens before the step (`[0, num_computed_tokens)`) into its recorded block ids: a
+    `--kv recompute` bundle saved none (its device context was lost when it was recorded). Each
+    request prefills alone, in pieces of at most the engine's token budget, greedily (its own
+    sampling, seeds included, is left for the step), and is finished after each piece."""
+    from vllm import SamplingParams
+
+    greedy = adapter.release.to_plain(SamplingParams(temperature=0.0, max_tokens=1), "recompute.sampling_params")
+    budget = adapter.max_tokens_per_step
+    for request in step.requests:
+        tokens = [*request.prompt_token_ids, *request.output_token_ids][: request.num_computed_tokens]
+        for start in range(0, len(tokens), budget):
+            piece = dataclasses.replace(
+                request, prompt_token_ids=tokens, output_token_ids=[], num_computed_tokens=start,
+                num_scheduled_tokens=min(budget, len(tokens) - start), sampling_params=greedy, runner_state={},
+            )
+            prefill = dataclasses.replace(step, requests=[piece], batch_order=[request.req_id])
+            try:
+                adapter.execute_and_sample(adapter.scheduler_output_for(prefill))
+            finally:
+                adapter.finish([request.req_id])
+
+
 class StepDriver:
     def __init__(self, adapter: Any, step: Step):
         reason = adapter.release.unsupported_in(step)
@@ -169,6 +200,9 @@ class StepDriver:
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
         observed = ObservedStep()
         adapter = self.adapter
+        if self.step.kv.mode == KV_RECOMPUTE:
+            with torch.inference_mode():
+                recompute_kv(adapter, self.step)
         model_call = self._model_call(observed, on_forward)
         with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(_ReplayObserver(observed), model_call):
             try:

@@ -11,6 +11,7 @@ id from the previous step's device tensor.
 """
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -19,7 +20,19 @@ from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.method_patch import shadowed
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
+
+
+@dataclass
+class _V1Mark:
+    """V1's part of a `StepMark` (see `V1Adapter.kind_mark`)."""
+
+    req_ids: list[str]
+    states: list[Any]  # the CachedRequestState of each, in batch order
+    num_computed: Any  # numpy copies, in batch order
+    num_known: Any  # prompt + output tokens each request had (`num_tokens_no_spec`)
+    generator_states: dict[int, torch.Tensor]  # batch row -> state, for seeded requests
+    context: Any  # the model call's ForwardContext (None outside one)
 
 
 class V1Adapter(RunnerAdapter):
@@ -30,7 +43,7 @@ class V1Adapter(RunnerAdapter):
         "num_prompt_tokens", "num_tokens_no_spec", "req_ids", "req_id_to_index", "generator", "prompt_token_ids",
         "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "cudagraph_runtime_mode",
         "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
-        "dispatch", "num_tokens",
+        "dispatch", "num_tokens", "generators",
     }
 
     @classmethod
@@ -59,45 +72,66 @@ class V1Adapter(RunnerAdapter):
 
     batch_order_after_execute = batch_order
 
-    def request_states(self, scheduler_output: Any, input_ids: torch.Tensor | None) -> list[RequestState]:
+    def kind_mark(self, scheduler_output: Any) -> "_V1Mark":
+        """The batch's request objects (the runner only appends to them), how many tokens each
+        knew (bookkeeping appends the sampled ones), seeded requests' generator states (sampling
+        advances them) and the forward context of the model call, if in one."""
+        batch, requests = self.runner.input_batch, self.runner.requests
+        req_ids = list(batch.req_ids)
+        num_reqs = len(req_ids)
+        generators = batch.generators
+        return _V1Mark(
+            req_ids=req_ids,
+            states=[requests[req_id] for req_id in req_ids],
+            num_computed=batch.num_computed_tokens_cpu[:num_reqs].copy(),
+            num_known=batch.num_tokens_no_spec[:num_reqs].copy(),
+            generator_states={index: generator.get_state() for index, generator in generators.items()} if generators else {},
+            context=_forward_context(),
+        )
+
+    def marked_req_ids(self, mark: StepMark) -> list[str]:
+        return list(mark.kept.req_ids)
+
+    def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
         """Per-request state in batch order, prompt and output tokens kept apart; an output
         still a placeholder (async scheduling) is taken from the input ids the forward reads."""
+        kept: _V1Mark = mark.kept
+        scheduled = mark.scheduler_output.num_scheduled_tokens
         states = []
-        batch = self.runner.input_batch
-        for req_id in batch.req_ids:
-            state = self.runner.requests[req_id]
-            index = batch.req_id_to_index[req_id]
-            generator = state.generator
+        for index, (req_id, state) in enumerate(zip(kept.req_ids, kept.states)):
+            prompt = list(state.prompt_token_ids or [])
+            outputs = state.output_token_ids
+            known = int(kept.num_known[index]) - len(prompt)  # what it had before this step's bookkeeping
+            generator_state = kept.generator_states.get(index)
             states.append(
                 RequestState(
                     req_id=req_id,
-                    prompt_token_ids=list(state.prompt_token_ids or []),
-                    output_token_ids=list(state.output_token_ids),
+                    prompt_token_ids=prompt,
+                    output_token_ids=list(outputs[:known] if 0 <= known <= len(outputs) else outputs),
                     block_ids=[list(ids) for ids in state.block_ids],
-                    num_computed_tokens=int(batch.num_computed_tokens_cpu[index]),
-                    num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
+                    num_computed_tokens=int(kept.num_computed[index]),
+                    num_scheduled_tokens=int(scheduled[req_id]),
                     sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
-                    runner_state={"generator_state": generator.get_state()} if generator is not None else {},
+                    runner_state={"generator_state": generator_state} if generator_state is not None else {},
                 )
             )
         fill_placeholders(states, input_ids)
         return states
 
-    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int) -> GraphDispatch:
-        """Read from the forward context the runner set for this model call (a step that failed
+    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int, mark: StepMark | None = None,
+                       attention: bool = True) -> GraphDispatch:
+        """Read from the forward context the runner set for the model call (a step that failed
         before its forward has none: it was dispatched to nothing)."""
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
-        if not is_forward_context_available():
+        context = (mark.kept if mark is not None else self.kind_mark(None)).context
+        if context is None:
             return runner_state.graph_dispatch(self.runner, num_tokens, "NONE", num_tokens_padded)
-        context = get_forward_context()
         return runner_state.graph_dispatch(
             self.runner,
             num_tokens,
             context.cudagraph_runtime_mode.name,
             num_tokens_padded,
             context.batch_descriptor,
-            context.attn_metadata,
+            context.attn_metadata if attention else None,
         )
 
     def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
@@ -132,6 +166,13 @@ class V1Adapter(RunnerAdapter):
             return wrapper
 
         return [(self.runner.input_batch, {"add_request": add_request})]
+
+
+def _forward_context() -> Any:
+    """The ForwardContext of the model call in progress (None outside one)."""
+    from vllm import forward_context
+
+    return forward_context.get_forward_context() if forward_context.is_forward_context_available() else None
 
 
 # What V1 under async scheduling holds in place of a sampled token the engine has not read yet.

@@ -18,6 +18,7 @@ replay that reads those buffers — for FULL graphs. Logits come from `model.com
 """
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -26,7 +27,17 @@ from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
+
+
+@dataclass
+class _V2Mark:
+    """V2's part of a `StepMark`: the step's own objects, which the next step replaces."""
+
+    input_batch: Any  # the step's InputBatch (None before it was built)
+    scheduled: list[str]  # req_ids in the scheduler's order
+    dispatched: Any  # the BatchExecutionDescriptor
+    attention: Any  # the attention metadata
 
 
 class V2Adapter(RunnerAdapter):
@@ -112,17 +123,21 @@ class V2Adapter(RunnerAdapter):
         for request in scheduler_output.scheduled_new_reqs:
             self._new_requests[request.req_id] = request
 
-    def _rows(self) -> list[tuple[int, str, int]]:
+    def kind_mark(self, scheduler_output: Any) -> _V2Mark:
+        return _V2Mark(self._input_batch, self._scheduled, self._dispatched, self._attention)
+
+    def _rows(self, kept: _V2Mark | None = None) -> list[tuple[int, str, int]]:
         """(batch row, req_id, slot) of the step's batch, in batch order; before the batch is
         built (a step that failed preparing it), in the scheduler's order."""
-        batch = self._input_batch
+        kept = kept or self.kind_mark(None)
+        batch = kept.input_batch
         if batch is None:
             slots = self.runner.req_states.req_id_to_index
-            return [(row, req_id, slots[req_id]) for row, req_id in enumerate(self._scheduled) if req_id in slots]
+            return [(row, req_id, slots[req_id]) for row, req_id in enumerate(kept.scheduled) if req_id in slots]
         return [(row, req_id, int(batch.idx_mapping_np[row])) for row, req_id in enumerate(batch.req_ids)]
 
-    def _num_computed_tokens(self, row: int, slot: int) -> int:
-        batch = self._input_batch
+    def _num_computed_tokens(self, kept: _V2Mark, row: int, slot: int) -> int:
+        batch = kept.input_batch
         if batch is None:
             return int(self.runner.req_states.num_computed_tokens_np[slot])
         return int(batch.num_computed_tokens_np[row])
@@ -145,19 +160,29 @@ class V2Adapter(RunnerAdapter):
     def batch_order_after_execute(self) -> list[str]:
         return list(self.runner.execute_model_state.input_batch.req_ids)
 
-    def request_states(self, scheduler_output: Any, input_ids: torch.Tensor | None) -> list[RequestState]:
-        runner = self.runner
+    def marked_req_ids(self, mark: StepMark) -> list[str]:
+        return [req_id for _, req_id, _ in self._rows(mark.kept)]
+
+    def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
+        """Each request's tokens as they stood before the step: its `prefill_len` tokens, or
+        through the tokens the step computes when it is past them (bookkeeping appends the
+        sampled token behind those)."""
+        runner, kept, scheduler_output = self.runner, mark.kept, mark.scheduler_output
         states, tables = runner.req_states, runner.block_tables
         sampling = runner.sampler.sampling_states if runner.sampler is not None else None
         result = []
-        for row, req_id, slot in self._rows():
-            prompt_len, total_len = int(states.prompt_len.np[slot]), int(states.total_len.gpu[slot])
+        for row, req_id, slot in self._rows(kept):
+            num_computed = self._num_computed_tokens(kept, row, slot)
+            before_step = max(int(states.prefill_len.np[slot]),
+                              num_computed + int(scheduler_output.num_scheduled_tokens[req_id]))
+            prompt_len = int(states.prompt_len.np[slot])
+            total_len = min(int(states.total_len.gpu[slot]), before_step)
             tokens = states.all_token_ids.gpu[slot, :total_len].tolist()
             new_request = self._new_requests.get(req_id)
             params = new_request.sampling_params if new_request is not None else None
-            kept = {"prefill_len": int(states.prefill_len.np[slot])}
+            runner_kept = {"prefill_len": int(states.prefill_len.np[slot])}
             if sampling is not None:
-                kept["seed"] = int(sampling.seeds.np[slot])
+                runner_kept["seed"] = int(sampling.seeds.np[slot])
             result.append(
                 RequestState(
                     req_id=req_id,
@@ -167,23 +192,25 @@ class V2Adapter(RunnerAdapter):
                         table.gpu[slot, : int(tables.num_blocks.np[group, slot])].tolist()
                         for group, table in enumerate(tables.block_tables)
                     ],
-                    num_computed_tokens=self._num_computed_tokens(row, slot),
+                    num_computed_tokens=num_computed,
                     num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
                     sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
-                    runner_state=kept,
+                    runner_state=runner_kept,
                 )
             )
         return result
 
-    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int) -> GraphDispatch:
-        descriptor = self._dispatched
+    def graph_dispatch(self, num_tokens: int, num_tokens_padded: int, mark: StepMark | None = None,
+                       attention: bool = True) -> GraphDispatch:
+        kept = mark.kept if mark is not None else self.kind_mark(None)
+        descriptor = kept.dispatched
         return runner_state.graph_dispatch(
             self.runner,
             num_tokens,
             descriptor.cg_mode.name if descriptor is not None else "NONE",
             num_tokens_padded,
             descriptor,
-            self._attention,
+            kept.attention if attention else None,
         )
 
     def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
