@@ -48,6 +48,7 @@ def test_recompute_bundle_says_the_kv_was_recomputed(always_on):
 def test_a_device_side_assert_leaves_a_recompute_bundle(tmp_path):
     finished = run([sys.executable, str(HERE / "engine_cuda_error.py"), str(tmp_path / "result.json"), str(tmp_path)],
                    runner="v1")
+    assert (tmp_path / "result.json").exists(), finished.explain()
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["raised"] and "device-side assert" in result["raised"], (result, finished.explain())
     assert result["failures"] == [], result
