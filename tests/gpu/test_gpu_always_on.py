@@ -46,13 +46,19 @@ def test_recompute_bundle_says_the_kv_was_recomputed(always_on):
 
 
 def test_a_device_side_assert_leaves_a_recompute_bundle(tmp_path):
+    """A poisoned CUDA context aborts the process at the next free of a CUDA tensor (c10 throws in
+    a destructor), which may come while vLLM unwinds the step, before the engine script reports:
+    what counts is the bundle the recorder wrote synchronously before that (H200, 2026-12-04: the
+    recorder saw the lost context, then the process aborted in such a free)."""
     finished = run([sys.executable, str(HERE / "engine_cuda_error.py"), str(tmp_path / "result.json"), str(tmp_path)],
                    runner="v1")
-    assert (tmp_path / "result.json").exists(), finished.explain()
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result["raised"] and "device-side assert" in result["raised"], (result, finished.explain())
-    assert result["failures"] == [], result
-    (path,) = result["written"]
+    assert "device-side assert" in finished.stderr or "device-side assert" in finished.stdout, finished.explain()
+    if (tmp_path / "result.json").exists():  # the script reached its report
+        result = json.loads((tmp_path / "result.json").read_text())
+        assert result["failures"] == [] and len(result["written"]) == 1, result
+    written = sorted(tmp_path.glob("lost*.zst"))
+    assert len(written) == 1, (written, finished.explain())
+    path = written[0]
     step = read_step(path)
     assert step.kv.mode == "recompute" and step.trigger == "exception" and step.input_ids is None
     assert "device-side assert" in step.error["message"]
