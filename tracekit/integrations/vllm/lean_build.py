@@ -28,11 +28,12 @@ import importlib
 import os
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.integrations.vllm import method_patch
 
 _builds: "weakref.WeakKeyDictionary[Any, EngineBuild]" = weakref.WeakKeyDictionary()
 
@@ -106,27 +107,17 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None, graphs: set[
 @contextmanager
 def _capturing_only(release: Any, graphs: set[tuple[str, int]], build: EngineBuild) -> Iterator[None]:
     """While the block builds an engine, its runner's `capture_model` captures `graphs` only."""
-    patched = []
-    for module_name, class_name in release.graph_capturers:
-        try:
-            runner_class = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError):
-            continue
-        original = vars(runner_class).get("capture_model")
-        if original is None:
-            continue
+    def narrow(runner: Any) -> None:
+        build.graphs_captured = release.keep_only_graphs(runner, lambda mode, size: (mode, size) in graphs)
 
-        def capture_model(runner: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            build.graphs_captured = release.keep_only_graphs(runner, lambda mode, size: (mode, size) in graphs)
-            return _original(runner, *args, **kwargs)
-
-        runner_class.capture_model = capture_model
-        patched.append((runner_class, original))
-    try:
+    with ExitStack() as stack:
+        for module_name, class_name in release.graph_capturers:
+            try:
+                runner_class = getattr(importlib.import_module(module_name), class_name)
+            except (ImportError, AttributeError):
+                continue
+            stack.enter_context(method_patch.class_calls_before(runner_class, "capture_model", narrow))
         yield
-    finally:
-        for runner_class, original in patched:
-            runner_class.capture_model = original
 
 
 @contextmanager

@@ -56,6 +56,27 @@ def call_shadowed(obj: Any, make_wrapper: Callable[[Callable], Callable]) -> Ite
         obj.__class__ = original_type
 
 
+@contextmanager
+def class_calls_before(cls: type, name: str, hook: Callable[[Any], None]) -> Iterator[None]:
+    """Within the block, every `instance.name(...)` of `cls` first runs `hook(instance)`; a
+    method `cls` does not define itself is left alone. For objects built inside the block (an
+    engine's runner), which have no instance to shadow yet; a failing hook fails the call."""
+    original = vars(cls).get(name)
+    if original is None:
+        yield
+        return
+
+    def with_hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        hook(self)
+        return original(self, *args, **kwargs)
+
+    setattr(cls, name, with_hook)
+    try:
+        yield
+    finally:
+        setattr(cls, name, original)
+
+
 def call_after(cls: type, name: str, hook: Callable[[Any], None]) -> None:
     """Make every later `instance.name(...)` of `cls` (and subclasses that call it) run
     `hook(instance)` once the original returns. Used by the vLLM plugin, which has no runner
