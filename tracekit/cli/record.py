@@ -8,6 +8,7 @@ arguments (`--enforce-eager`, `--max-num-batched-tokens 128`, ...), parsed by vL
 import click
 
 from tracekit.errors import UsageError
+from tracekit.format.schema import KV_MODES
 from tracekit.record.recorder import DEFAULT_MAX_BUNDLES
 
 DEFAULT_OUTPUT = "tracekit-bundle.zst"
@@ -24,7 +25,7 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
 @click.option("--when", default=None, help="Predicate: e.g. 'num_reqs>=2 and has_prefill', 'mixed'.")
 @click.option("--on", "events", multiple=True, type=click.Choice(["exception", "nonfinite"]),
               help="Record a step whose forward raises / whose outputs are not finite.")
-@click.option("--kv", type=click.Choice(["read", "written", "none", "recompute"]), default="read", show_default=True,
+@click.option("--kv", type=click.Choice(KV_MODES), default="read", show_default=True,
               help="KV blocks to save: all the forward reads, only those it writes, or none; recompute: none, "
                    "and the replay rebuilds them by prefilling the recorded tokens.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,

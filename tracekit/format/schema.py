@@ -14,6 +14,7 @@ produces, tagged with the vLLM version that wrote them.
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar
 
 from tracekit.errors import BundleError
@@ -184,11 +185,23 @@ class KVGroupSnapshot(SchemaRecord):
     nested: ClassVar[dict[str, Any]] = {"layout": KVLayout}
 
 
+class KVMode(str, Enum):
+    """Which KV blocks a bundle saves (`KVSnapshot.mode`)."""
+
+    READ = "read"  # every block the forward reads: it replays exactly
+    WRITTEN = "written"  # only those it writes
+    NONE = "none"
+    # none: the replay rebuilds the KV the step reads by prefilling each request's recorded
+    # tokens (what a step leaves when its device context was lost and nothing could be read)
+    RECOMPUTE = "recompute"
+
+
+KV_MODES = tuple(mode.value for mode in KVMode)
+
+
 @dataclass
 class KVSnapshot(SchemaRecord):
-    # "read" (all the forward depends on), "written", "none", or "recompute" (no blocks: the
-    # replay rebuilds the KV the step reads by prefilling each request's recorded tokens)
-    mode: str
+    mode: str  # a `KVMode`
     groups: list[KVGroupSnapshot] = field(default_factory=list)
     # When `before` was copied: "before_forward", or "after_step" (an event trigger decides only
     # once the step ran: the slots of the step's own new tokens hold what it wrote there)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import ParallelRank, Step
+from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, Step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
@@ -103,8 +103,8 @@ class Recorder:
         layers: bool = False,
         set_id: str | None = None,
     ):
-        if kv not in step_capture.KV_MODES:
-            raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(step_capture.KV_MODES)}")
+        if kv not in KV_MODES:
+            raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(KV_MODES)}")
         self.runner = runner
         try:
             self.adapter: RunnerAdapter | None = installed_release().adapter_for(runner)
@@ -336,14 +336,8 @@ class Recorder:
             logger.warning("tracekit: the device context is lost (%s); the step is kept from host memory, "
                            "its KV to be recomputed by the replay", type(error).__name__)
             return step_capture.capture_without_device(self.adapter, mark, pending.index, trigger)
-        copy = self._new_copy(pending)
         taken = step_capture.KVTaken.BEFORE_FORWARD if pending.mark is None else step_capture.KVTaken.AFTER_STEP
-        step = step_capture.capture(self.adapter, mark, pending.index, trigger, self.kv, copy, taken)
-        if pending.output is not None:
-            step_capture.capture_after_forward(self.adapter, step, pending.output, copy)
-            step_capture.capture_logits(step, pending.logits, copy)
-        copy.finish()
-        return step
+        return self._capture_marked(pending, mark, trigger, KVMode(self.kv), taken)
 
     def _nonfinite_receiver(self, pending: _PendingStep) -> Callable[[list[list[int]] | None], None]:
         """At the end of an event-armed step: whether its outputs were finite. Read now when the
@@ -355,7 +349,7 @@ class Recorder:
         if pending.finite.ready():
             if self._finite(pending, pending.finite, pending.logits):
                 return _ignore
-            step = self._capture_nonfinite(pending, pending.mark, step_capture.KVMode(self.kv))
+            step = self._capture_nonfinite(pending, pending.mark, KVMode(self.kv))
             return lambda sampled: self._finish(pending, sampled, step)
         mark = pending.mark
         kept = dataclasses.replace(mark, input_ids=_device_clone(mark.input_ids), positions=_device_clone(mark.positions))
@@ -373,9 +367,9 @@ class Recorder:
                 return
             # The next step has been scheduled (and maybe run): it wrote only its own new slots,
             # unless the scheduler preempted a request of this step and gave its blocks to another.
-            kv = step_capture.KVMode(self.kv)
+            kv = KVMode(self.kv)
             if preempted & set(self.adapter.marked_req_ids(kept)):
-                kv = step_capture.KVMode.RECOMPUTE
+                kv = KVMode.RECOMPUTE
             step = self._capture_nonfinite(pending, kept, kv)
             self._finish(pending, sampled, step)
 
@@ -388,14 +382,20 @@ class Recorder:
             pending.finite_confirmed = flag.value() or bool(all_finite(self._outputs_checked(pending, logits), exact=True))
         return pending.finite_confirmed
 
-    def _capture_nonfinite(self, pending: _PendingStep, mark: StepMark, kv: step_capture.KVMode) -> Step:
-        copy = self._new_copy(pending)
-        step = step_capture.capture(self.adapter, mark, pending.index, TriggerEvent.NONFINITE.value, kv.value, copy,
-                                    step_capture.KVTaken.AFTER_STEP)
-        step_capture.capture_after_forward(self.adapter, step, pending.output, copy)
-        step_capture.capture_logits(step, pending.logits, copy)
-        copy.finish()  # the engine's stream goes on once the copies ran, its host at once
+    def _capture_nonfinite(self, pending: _PendingStep, mark: StepMark, kv: KVMode) -> Step:
+        step = self._capture_marked(pending, mark, TriggerEvent.NONFINITE.value, kv, step_capture.KVTaken.AFTER_STEP)
         step.outputs.finite = False
+        return step
+
+    def _capture_marked(self, pending: _PendingStep, mark: StepMark, trigger: str, kv: KVMode,
+                        taken: step_capture.KVTaken) -> Step:
+        """An event-triggered step from its mark, with the forward's outputs where it got that far."""
+        copy = self._new_copy(pending)
+        step = step_capture.capture(self.adapter, mark, pending.index, trigger, kv.value, copy, taken)
+        if pending.output is not None:
+            step_capture.capture_after_forward(self.adapter, step, pending.output, copy)
+            step_capture.capture_logits(step, pending.logits, copy)
+        copy.finish()  # the engine's stream goes on once the copies ran, its host at once
         return step
 
     def _outputs_checked(self, pending: _PendingStep, logits: Any) -> list[Any]:

@@ -17,25 +17,10 @@ from typing import Any
 
 import torch
 
-from tracekit.format.schema import KVGroupSnapshot, KVSnapshot, Step, StepOutputs, StepTiming
-from tracekit.graphs.device import get_device_backend
+from tracekit.format.schema import KVGroupSnapshot, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark, hidden_states_of
-
-
-class KVMode(str, Enum):
-    """Which KV blocks a bundle saves."""
-
-    READ = "read"  # every block the forward reads: it replays exactly
-    WRITTEN = "written"  # only those it writes
-    NONE = "none"
-    # none: the replay rebuilds the KV the step reads by prefilling each request's recorded
-    # tokens (what a step leaves when its device context was lost and nothing could be read)
-    RECOMPUTE = "recompute"
-
-
-KV_MODES = tuple(mode.value for mode in KVMode)
 
 
 class KVTaken(str, Enum):
@@ -48,9 +33,6 @@ class KVTaken(str, Enum):
     AFTER_STEP = "after_step"
 
 
-def _to_host(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)
-
 
 def capture(
     adapter: RunnerAdapter,
@@ -58,14 +40,13 @@ def capture(
     index: int,
     trigger: str,
     kv_mode: str,
-    copy: HostCopy | None = None,
+    copy: HostCopy,
     taken: KVTaken = KVTaken.BEFORE_FORWARD,
 ) -> Step:
     """The marked step as a `Step`: its requests walked into plain data, its inputs and the KV
-    blocks `kv_mode` names copied to host through `copy` (by default at once). Before the forward
+    blocks `kv_mode` names copied to host through `copy`. Before the forward
     (a step trigger) or later in the same step (an event trigger), from what the mark kept."""
     started = time.perf_counter()
-    copier = copy or HostCopy(get_device_backend("cpu"))
     input_ids, positions = mark.input_ids, mark.positions
     requests = adapter.request_states(mark, input_ids)
     mode = KVMode(kv_mode)
@@ -80,7 +61,7 @@ def capture(
                 read_block_ids=read,
                 written_block_ids=written,
                 saved_block_ids=saved,
-                before=runner_state.blocks_to_host(group, saved, copier) if saved else {},
+                before=runner_state.blocks_to_host(group, saved, copy) if saved else {},
             )
         )
     num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
@@ -91,8 +72,8 @@ def capture(
         scheduler_output=adapter.scheduler_output_record(mark.scheduler_output),
         batch_order=[request.req_id for request in requests],
         requests=requests,
-        input_ids=copier.copy(input_ids) if input_ids is not None else None,
-        positions=copier.copy(positions) if positions is not None else None,
+        input_ids=copy.copy(input_ids) if input_ids is not None else None,
+        positions=copy.copy(positions) if positions is not None else None,
         kv=KVSnapshot(mode=mode.value, groups=groups, taken=taken.value),
         graph=adapter.graph_dispatch(num_tokens, padded, mark),
         rng=dict(mark.rng),
@@ -129,23 +110,22 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
     )
 
 
-def capture_after_forward(adapter: RunnerAdapter, step: Step, output: Any, copy: HostCopy | None = None) -> None:
+def capture_after_forward(adapter: RunnerAdapter, step: Step, output: Any, copy: HostCopy) -> None:
     """The forward's output and the KV blocks it wrote."""
     started = time.perf_counter()
-    copier = copy or HostCopy(get_device_backend("cpu"))
     hidden_states = hidden_states_of(output)
-    step.outputs = StepOutputs(hidden_states=copier.copy(hidden_states) if hidden_states is not None else None)
+    step.outputs = StepOutputs(hidden_states=copy.copy(hidden_states) if hidden_states is not None else None)
     if step.kv.mode not in (KVMode.NONE, KVMode.RECOMPUTE):
         for snapshot, group in zip(step.kv.groups, adapter.kv_groups()):
             if snapshot.written_block_ids:
-                snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids, copier)
+                snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids, copy)
     step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
 
-def capture_logits(step: Step, logits: torch.Tensor | None, copy: HostCopy | None = None) -> None:
+def capture_logits(step: Step, logits: torch.Tensor | None, copy: HostCopy) -> None:
     if step.outputs is not None and logits is not None:
         started = time.perf_counter()
-        step.outputs.logits = copy.copy(logits) if copy is not None else _to_host(logits)
+        step.outputs.logits = copy.copy(logits)
         step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
 
 

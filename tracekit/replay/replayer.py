@@ -12,13 +12,13 @@ from typing import Any
 from tracekit.environment import environment_differences
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.content import load_step
-from tracekit.format.schema import Step
+from tracekit.format.schema import KV_MODES, KVMode, Step
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import layer_capture, lean_build
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
-from tracekit.integrations.vllm.step_driver import KV_RECOMPUTE, ForwardHandle, StepDriver
+from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
 from tracekit.integrations.vllm.version import require_same_series
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_layers, check_step, padding_findings
@@ -28,9 +28,6 @@ from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
 
 __all__ = ["ReplayOptions", "ReplayResult", "replay"]
-
-# The `KVSnapshot.mode`s this replay knows how to put back.
-KV_MODES_REPLAYED = ("read", "written", "none", KV_RECOMPUTE)
 
 
 @dataclass
@@ -66,7 +63,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
     `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments."""
     options = options or ReplayOptions(**fields)
     content, recorded = load_step(bundle, options.step)
-    if recorded.kv.mode not in KV_MODES_REPLAYED:
+    if recorded.kv.mode not in KV_MODES:
         raise CannotRunHere(f"the bundle's KV mode {recorded.kv.mode!r} is not one this tracekit replays: upgrade tracekit")
     if content.parallel.multi_rank:
         raise UsageError(
@@ -175,7 +172,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         tolerance=options.tolerance,
         strict=options.strict,
         error_step=recorded.error is not None,
-        kv_recomputed=recorded.kv.mode == KV_RECOMPUTE,
+        kv_recomputed=recorded.kv.mode == KVMode.RECOMPUTE.value,
         layer_checks=check_layers(captured_layers, recorded_layers, options.tolerance) if recorded_layers else [],
         layers_bundle=(
             str(write_layers_bundle(options.layers_out, here, content.engine, recorded, captured_layers))
@@ -205,7 +202,7 @@ def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> 
 def _kv_notes(step: Step) -> list[str]:
     """Why a replay may not match before it runs: KV blocks the step read that the bundle lacks,
     or recomputed rather than restored."""
-    if step.kv.mode == KV_RECOMPUTE:
+    if step.kv.mode == KVMode.RECOMPUTE.value:
         return [
             "KV recomputed, not restored: the bundle saved no KV blocks (recorded with --kv recompute, or its "
             "device context was lost), so the replay rebuilt the blocks the step reads by prefilling its "

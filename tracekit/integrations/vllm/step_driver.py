@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from tracekit.errors import CannotRunHere
-from tracekit.format.schema import Step
+from tracekit.format.schema import KVMode, Step
 from tracekit.graphs.modes import ReplayMode
 from tracekit.integrations.seam import ObservedStep, Phase
 from tracekit.integrations.vllm import runner_state
@@ -148,10 +148,6 @@ class _ReplayObserver:
         pass
 
 
-# `KVSnapshot.mode` of a bundle that saved no blocks: the replay rebuilds them (`recompute_kv`).
-KV_RECOMPUTE = "recompute"
-
-
 def recompute_kv(adapter: Any, step: Step) -> None:
     """Rebuild the KV blocks `step` reads by prefilling, through the runner, each request's
     recorded tokens before the step (`[0, num_computed_tokens)`) into its recorded block ids: a
@@ -200,7 +196,7 @@ class StepDriver:
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
         observed = ObservedStep()
         adapter = self.adapter
-        if self.step.kv.mode == KV_RECOMPUTE:
+        if self.step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
                 recompute_kv(adapter, self.step)
         model_call = self._model_call(observed, on_forward)
