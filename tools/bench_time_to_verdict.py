@@ -20,9 +20,13 @@ to its exit:
   vllm          `LLM(**the bundle's engine arguments)` and one `generate` step of one token
   vllm+cache    the same with the release's lean environment (vLLM at its fastest start here)
 
-One round before them, not counted, fills the compile caches every variant would find on a
-machine that has replayed before. Engines run in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) on
-every side. Prints each variant's median and the ratios to vllm; target lean/vllm <= 0.5.
+Every side leaves with `os._exit` once it has its answer (a replay does; vLLM's engine shutdown
+and interpreter teardown are not part of starting it). One round before them, not counted, fills
+the compile caches every variant would find on a machine that has replayed before. Engines run
+in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) on every side. Prints each variant's median, the
+ratios to vllm (target lean/vllm <= 0.5), and where each variant's time went: importing torch and
+vLLM (the floor of any fresh process), building the engine, and the step with what follows it.
+`--logs DIR` keeps each variant's last output (vLLM's INFO log: compile and capture times).
 """
 
 import argparse
@@ -37,10 +41,18 @@ from pathlib import Path
 
 VARIANTS = ("lean", "full", "vllm", "vllm+cache")
 VLLM_ONE_STEP = """
-import json, sys
+import json, os, sys, time
+started = time.perf_counter()
 from vllm import LLM, SamplingParams
+import vllm.entrypoints.llm
+imported = time.perf_counter()
 llm = LLM(**json.loads(sys.argv[1]))
+built = time.perf_counter()
 llm.generate(["The capital of France is"], SamplingParams(max_tokens=1), use_tqdm=False)
+done = time.perf_counter()
+print("PHASES " + json.dumps({"import vLLM": imported - started, "engine": built - imported, "step": done - built}))
+sys.stdout.flush()
+os._exit(0)
 """
 
 
@@ -51,13 +63,33 @@ def environment(runner: str, extra: dict[str, str] | None = None) -> dict[str, s
     return env
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(argv[:4])}... failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return seconds
+def timed(argv: list[str], env: dict[str, str], log: Path | None = None) -> tuple[float, dict[str, float]]:
+    """Wall seconds from start to exit, and where they went (seconds by phase; "other" is the
+    rest: the interpreter, tracekit's and torch's imports, reading the bundle)."""
+    with tempfile.TemporaryDirectory() as folder:
+        json_out = Path(folder) / "replay.json"
+        is_replay = "replay" in argv
+        started = time.perf_counter()
+        done = subprocess.run([*argv, "--json", str(json_out)] if is_replay else argv, env=env,
+                              capture_output=True, text=True, timeout=1800)
+        seconds = time.perf_counter() - started
+        if log is not None:
+            log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(argv[:4])}... failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        if is_replay:
+            phases = replay_phases(json.loads(json_out.read_text().splitlines()[0]))
+        else:
+            line = next((line for line in done.stdout.splitlines() if line.startswith("PHASES ")), None)
+            phases = json.loads(line.removeprefix("PHASES ")) if line else {}
+    return seconds, {**phases, "other": seconds - sum(phases.values())}
+
+
+def replay_phases(record: dict) -> dict[str, float]:
+    build = record.get("engine_build") or {}
+    imports = build.get("import_seconds") or 0.0
+    built = build.get("seconds") or 0.0
+    return {"import vLLM": imports, "engine": built - imports, "step": record["seconds"] - built}
 
 
 def record(folder: Path, options: argparse.Namespace) -> Path:
@@ -77,6 +109,7 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=None, help="time this bundle instead of recording one")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma list of the variants to time (vllm always among them: the ratios' base)")
+    parser.add_argument("--logs", type=Path, default=None, help="keep each variant's last output in this folder")
     options = parser.parse_args()
     variants = tuple(v for v in VARIANTS if v in {*options.variants.split(","), "vllm"})
 
@@ -98,17 +131,26 @@ def main() -> None:
         "vllm": (one_step, environment(runner)),
         "vllm+cache": (one_step, environment(runner, installed_release().lean_env)),
     }
+    if options.logs:
+        options.logs.mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {variant: [] for variant in variants}
+    phases: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
     for round_index in range(options.rounds + 1):
         order = variants[round_index % len(variants):] + variants[:round_index % len(variants)]
         for variant in order:
-            seconds = timed(*commands[variant])
+            log = options.logs / f"{variant}.log" if options.logs else None
+            seconds, where = timed(*commands[variant], log=log)
             if round_index:  # the first round fills the caches
                 times[variant].append(seconds)
+                phases[variant].append(where)
         if round_index:
             print(f"round {round_index}: " + ", ".join(f"{v} {times[v][-1]:.1f} s" for v in variants), flush=True)
     medians = {variant: statistics.median(values) for variant, values in times.items()}
     print("median wall time, process start to exit: " + ", ".join(f"{v} {medians[v]:.1f} s" for v in variants))
+    for variant in variants:
+        names = list(phases[variant][0])
+        print(f"  {variant}: " + ", ".join(
+            f"{name} {statistics.median(where[name] for where in phases[variant]):.1f} s" for name in names))
     for variant in ("lean", "full"):
         if variant not in medians:
             continue
@@ -116,6 +158,11 @@ def main() -> None:
         print(f"{variant}/vllm {medians[variant] / medians['vllm']:.2f}x "
               f"(rounds {min(times[variant]) / max(times['vllm']):.2f}-{max(times[variant]) / min(times['vllm']):.2f}x)"
               + cached)
+    vllm_phases = phases["vllm"]
+    if vllm_phases and "import vLLM" in vllm_phases[0]:
+        floor = statistics.median(where["import vLLM"] + where["other"] for where in vllm_phases)
+        print(f"floor: a fresh process that imports torch and vLLM and builds nothing takes {floor:.1f} s, "
+              f"{floor / medians['vllm']:.2f}x of vllm")
 
 
 if __name__ == "__main__":

@@ -75,5 +75,6 @@ def test_report_names_the_engine_built():
             "built_for_this_step": True}
     assert describe_engine_build(lean).startswith("lean (captured FULL 8, PIECEWISE 8; --full-engine")
     assert describe_engine_build(lean).endswith("built in 12.3 s")
+    assert describe_engine_build({**lean, "import_seconds": 4.56}).endswith("built in 12.3 s (4.6 s of it importing vLLM)")
     assert describe_engine_build({**lean, "built_for_this_step": False}).endswith(", reused")
     assert describe_engine_build({"kind": "full", "seconds": 1.0}).startswith("full (as vLLM builds it")

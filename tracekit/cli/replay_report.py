@@ -39,7 +39,10 @@ def describe_engine_build(build: dict[str, Any]) -> str:
         what = f"lean ({graphs}{sizes}; --full-engine builds it as vLLM does)"
     if not build.get("built_for_this_step", True):
         return f"{what}, reused"
-    return f"{what}, built in {build['seconds']:.1f} s" if build.get("seconds") is not None else what
+    if build.get("seconds") is None:
+        return what
+    imports = f" ({build['import_seconds']:.1f} s of it importing vLLM)" if build.get("import_seconds") is not None else ""
+    return f"{what}, built in {build['seconds']:.1f} s{imports}"
 
 
 def print_differences(console: Console, environment_differences: list[dict[str, Any]], overrides: dict[str, Any]) -> None:

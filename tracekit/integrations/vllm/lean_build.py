@@ -50,6 +50,9 @@ class EngineBuild:
     compile_sizes: list[int] | None = None  # narrowed to these; None: as recorded
     env: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None
+    # Of `seconds`, the part spent importing vLLM's engine modules (the same for any way of
+    # starting an engine in a fresh process; what a lean build cannot cut).
+    import_seconds: float | None = None
 
     def to_plain(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class EngineBuild:
             "compile_sizes": self.compile_sizes,
             "env": self.env,
             "seconds": None if self.seconds is None else round(self.seconds, 3),
+            "import_seconds": None if self.import_seconds is None else round(self.import_seconds, 3),
         }
 
 
@@ -84,12 +88,14 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None, graphs: set[
     from tracekit.integrations.vllm.version import installed_release
 
     started = time.perf_counter()
+    release = installed_release()
+    capturers = _import_engine_modules(release)
+    imported = time.perf_counter() - started
     if graphs is None:
         llm = vllm_engine.build_llm(engine_args, runner_kind)
-        _builds[llm] = EngineBuild("full", seconds=time.perf_counter() - started)
+        _builds[llm] = EngineBuild("full", seconds=time.perf_counter() - started, import_seconds=imported)
         return llm
-    release = installed_release()
-    build = EngineBuild("lean", graphs_wanted=sorted(graphs))
+    build = EngineBuild("lean", graphs_wanted=sorted(graphs), import_seconds=imported)
     build.compile_sizes = narrowed_compile_sizes(engine_args, sizes)
     args = engine_args
     if build.compile_sizes is not None:
@@ -97,25 +103,36 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None, graphs: set[
                                                       "compile_sizes": build.compile_sizes}}
     build.env = {name: value for name, value in release.lean_env.items() if name not in os.environ}
     os.environ.update(build.env)
-    with _capturing_only(release, graphs, build), _collector_off_the_heap():
+    with _capturing_only(capturers, release, graphs, build), _collector_off_the_heap():
         llm = vllm_engine.build_llm(args, runner_kind)
     build.seconds = time.perf_counter() - started
     _builds[llm] = build
     return llm
 
 
+def _import_engine_modules(release: Any) -> list[type]:
+    """Import what building an engine imports (vLLM's entry point and model runners); returns the
+    runner classes that capture graphs."""
+    from vllm import LLM  # noqa: F401 - vLLM loads its entry point lazily, on first use
+
+    capturers = []
+    for module_name, class_name in release.graph_capturers:
+        try:
+            capturers.append(getattr(importlib.import_module(module_name), class_name))
+        except (ImportError, AttributeError):
+            continue
+    return capturers
+
+
 @contextmanager
-def _capturing_only(release: Any, graphs: set[tuple[str, int]], build: EngineBuild) -> Iterator[None]:
+def _capturing_only(capturers: list[type], release: Any, graphs: set[tuple[str, int]],
+                    build: EngineBuild) -> Iterator[None]:
     """While the block builds an engine, its runner's `capture_model` captures `graphs` only."""
     def narrow(runner: Any) -> None:
         build.graphs_captured = release.keep_only_graphs(runner, lambda mode, size: (mode, size) in graphs)
 
     with ExitStack() as stack:
-        for module_name, class_name in release.graph_capturers:
-            try:
-                runner_class = getattr(importlib.import_module(module_name), class_name)
-            except (ImportError, AttributeError):
-                continue
+        for runner_class in capturers:
             stack.enter_context(method_patch.class_calls_before(runner_class, "capture_model", narrow))
         yield
 
