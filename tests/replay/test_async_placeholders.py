@@ -29,3 +29,42 @@ def test_only_placeholders_at_the_computed_positions_are_filled():
     chunk = RequestState("b", [5, 6, 7, 8], [], [[1]], num_computed_tokens=1, num_scheduled_tokens=2)
     fill_placeholders([decode, chunk], torch.tensor([42, 6, 7, 0]))
     assert decode.output_token_ids == [9, 42] and chunk.prompt_token_ids == [5, 6, 7, 8]
+
+
+MIXED_ASYNC = ASYNC_DECODE.with_name("v1-bf16-mixed-nograph-async.zst")
+
+
+def test_a_recompute_replay_needs_every_token_before_the_step():
+    from tracekit.integrations.vllm.step_driver import unknown_tokens_to_recompute
+
+    _, step = load_step(MIXED_ASYNC, None)
+    decodes = [request for request in step.requests if request.output_token_ids[-1:] == [PLACEHOLDER_TOKEN]]
+    assert decodes  # each holds its first sampled id, and a placeholder for the one the step reads
+    # The placeholder is the step's input, which the bundle's input ids hold: nothing is missing.
+    assert unknown_tokens_to_recompute(step) == 0
+    # Kept from host memory alone (no input ids), the step's own token is missing too.
+    step.input_ids = None
+    assert unknown_tokens_to_recompute(step) == len(decodes)
+    # V1 under async scheduling, no penalties in the batch: every sampled id stays a placeholder.
+    for request in decodes:
+        request.output_token_ids[0] = PLACEHOLDER_TOKEN
+    assert unknown_tokens_to_recompute(step) == 2 * len(decodes)
+
+
+def test_a_recompute_bundle_without_its_token_ids_is_refused_before_any_engine(tmp_path):
+    import pytest
+
+    from tracekit.errors import BundleError
+    from tracekit.format.content import write_steps
+    from tracekit.format.schema import KVMode
+    from tracekit.replay.replayer import replay
+
+    content, step = load_step(MIXED_ASYNC, None)
+    step.kv.mode = KVMode.RECOMPUTE.value
+    for request in step.requests:
+        if request.output_token_ids:
+            request.output_token_ids[0] = PLACEHOLDER_TOKEN
+    bundle = write_steps(tmp_path / "recompute.zst", content.environment, content.engine, [step])
+    # Refused as bad input (exit 2) on a machine that could not build its engine either (vLLM 0.26).
+    with pytest.raises(BundleError, match=r"token ids before step \d+ are not in the bundle.*--kv restore"):
+        replay(bundle)

@@ -40,6 +40,7 @@ from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, Reg
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import layer_capture, ranks
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark, hidden_states_of
+from tracekit.integrations.vllm.step_driver import unknown_tokens_to_recompute
 from tracekit.integrations.vllm.version import installed_release
 from tracekit.record import step_capture
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
@@ -448,6 +449,11 @@ class Recorder:
 
     def _destination(self, step: Step) -> tuple[Path, Step, ParallelRank]:
         """This rank's bundle of the step, and the rank fields that tie it to the other ranks'."""
+        if step.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(step)):
+            logger.warning("tracekit: step %d is kept with its KV to be recomputed, but %d of the token ids its "
+                           "replay would prefill are placeholders in the runner (V1 under async scheduling): "
+                           "that replay will be refused", 
+                           step.index, unknown)
         path = self.output.path_for(step.index, self.rank.rank)
         parts = [
             os.path.relpath(self.output.path_for(step.index, rank), path.parent)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.environment import environment_differences
-from tracekit.errors import CannotRunHere, UsageError
+from tracekit.errors import BundleError, CannotRunHere, UsageError
 from tracekit.format.content import load_step
 from tracekit.format.schema import KV_MODES, KVMode, Step
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, expand_modes
@@ -18,7 +18,7 @@ from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import layer_capture, lean_build
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
-from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
+from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
 from tracekit.integrations.vllm.version import require_same_series
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_layers, check_step, padding_findings
@@ -69,6 +69,12 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         raise UsageError(
             f"{bundle} is rank {content.parallel.rank} of a {content.parallel.world_size}-rank step: "
             "replay it with tracekit.replay.multirank.replay_rank_set (the CLI does)"
+        )
+    if recorded.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(recorded)):
+        raise BundleError(
+            f"{bundle}: its KV is to be recomputed, but {unknown} of the token ids before step {recorded.index} "
+            "are not in the bundle (vLLM's V1 runner under async scheduling never holds the ids it sampled): "
+            "record with the KV (--kv restore), or on Model Runner V2, or with async scheduling off"
         )
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
     require_device_of(content.environment)

@@ -10,7 +10,8 @@ in the live engine. All on one engine, in this order (the last part leaves the e
              are not finite, and its bundle, copied at the step's end, holds the poisoned block,
              so its replay reproduces the NaNs bit for bit
   recompute  step 2 recorded with kv="recompute" (no KV saved), replayed: the replay prefills
-             the recorded tokens to rebuild the KV
+             the recorded tokens to rebuild the KV (refused, with the reason, where the bundle
+             lacks them: V1 under async scheduling on a GPU holds its sampled ids as placeholders)
   lost       armed on=("exception",), step 2's forward raises an error a lost CUDA context
              raises: the step is kept from host memory alone (a recompute bundle, no inputs)
 
@@ -24,6 +25,7 @@ import torch
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
 from recorder_behaviour import inject_into_forward
 
+from tracekit.errors import BundleError
 from tracekit.integrations.vllm.engine import adapter_of
 from tracekit.record.api import recording
 from tracekit.replay.replayer import replay
@@ -68,7 +70,7 @@ if __name__ == "__main__":
     # meets vLLM 0.32's "CPU Generator does not use offset" bug, test_record_crash_in_sampling.py)
     adapter = adapter_of(llm)
     runner = adapter.runner
-    result = {"unarmed": generate(llm), "step": STEP}
+    result = {"unarmed": generate(llm), "step": STEP, "runner": adapter.kind.value}
 
     with recording(llm, f"{work}/reference.zst", steps=str(STEP)) as recorder:
         result["reference_outputs"] = generate(llm)
@@ -120,7 +122,10 @@ if __name__ == "__main__":
     with recording(llm, f"{work}/recompute.zst", steps=str(STEP), kv="recompute") as recorder:
         generate(llm)
     result["recompute_written"] = [str(p) for p in recorder.written]
-    result["recompute_replay"] = replayed(recorder.written[0], llm)
+    try:
+        result["recompute_replay"] = replayed(recorder.written[0], llm)
+    except BundleError as refused:
+        result["recompute_replay"] = {"refused": str(refused)}
 
     with recording(llm, f"{work}/lost.zst", on=("exception",)) as recorder:
         inject_into_forward(runner.model, STEP + 1, error=RuntimeError(LOST_CONTEXT))

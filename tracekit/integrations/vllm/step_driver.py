@@ -148,6 +148,24 @@ class _ReplayObserver:
         pass
 
 
+def tokens_to_recompute(request: Any) -> list[int]:
+    """The token ids a `--kv recompute` replay prefills for `request`: all it had before the step."""
+    return [*request.prompt_token_ids, *request.output_token_ids][: request.num_computed_tokens]
+
+
+def unknown_tokens_to_recompute(step: Step) -> int:
+    """How many token ids a recompute replay of `step` needs that its bundle does not hold (ids
+    below 0): those it prefills, and the step's own where the bundle has no input ids (a step
+    kept from host memory). V1 under async scheduling (vLLM's default on a GPU) keeps every
+    sampled id as a placeholder (-1) in the runner; the real ids go to the engine alone, so a V1
+    recording holds only those its step reads, from the forward's input ids."""
+    unknown = 0
+    for request in step.requests:
+        needed = request.num_computed_tokens + (request.num_scheduled_tokens if step.input_ids is None else 0)
+        unknown += sum(1 for token in [*request.prompt_token_ids, *request.output_token_ids][:needed] if token < 0)
+    return unknown
+
+
 def recompute_kv(adapter: Any, step: Step) -> None:
     """Rebuild the KV blocks `step` reads by prefilling, through the runner, each request's
     recorded tokens before the step (`[0, num_computed_tokens)`) into its recorded block ids: a
@@ -159,7 +177,7 @@ def recompute_kv(adapter: Any, step: Step) -> None:
     greedy = adapter.release.to_plain(SamplingParams(temperature=0.0, max_tokens=1), "recompute.sampling_params")
     budget = adapter.max_tokens_per_step
     for request in step.requests:
-        tokens = [*request.prompt_token_ids, *request.output_token_ids][: request.num_computed_tokens]
+        tokens = tokens_to_recompute(request)
         for start in range(0, len(tokens), budget):
             piece = dataclasses.replace(
                 request, prompt_token_ids=tokens, output_token_ids=[], num_computed_tokens=start,
