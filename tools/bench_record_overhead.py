@@ -37,22 +37,11 @@ import statistics
 import tempfile
 import time
 
+from bench_presets import PRESETS, preset_engine_args
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-# Model shapes for `--preset` (hf_overrides over the embedded tiny Llama, weights `dummy`).
-PRESETS = {
-    "tiny": {},
-    "llama-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 8192},
-    "llama-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 8192, "vocab_size": 128256},
-}
-# Engine arguments a preset other than tiny runs with (over tracekit's CPU defaults: a KV cache
-# of 64 MiB, 8 sequences, float32); `--engine-args` goes over these.
-PRESET_ENGINE_ARGS = {"dtype": "bfloat16", "kv_cache_memory_bytes": 16 << 30, "max_model_len": 4096,
-                      "max_num_seqs": 64, "max_num_batched_tokens": 8192}
 
 
 def main() -> None:
@@ -79,11 +68,10 @@ def main() -> None:
     from tracekit.record.api import recording
     from tracekit.record.workload import DEFAULT_ENGINE_ARGS
 
-    overrides = {**PRESETS[options.preset], **json.loads(options.hf_overrides or "{}")}
     engine_args = {**DEFAULT_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": not options.compile,
-                   "max_num_batched_tokens": 512}
-    if overrides:
-        engine_args.update(hf_overrides=overrides, load_format="dummy", **PRESET_ENGINE_ARGS)
+                   "max_num_batched_tokens": 512,
+                   **preset_engine_args(options.preset, json.loads(options.hf_overrides or "{}"))}
+    overrides = engine_args.get("hf_overrides", {})
     engine_args.update(json.loads(options.engine_args or "{}"))
     llm = build_llm(engine_args)
     adapter = adapter_of(llm)

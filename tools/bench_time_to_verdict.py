@@ -7,11 +7,12 @@ Run by hand (not a test), on CPU:
 and on the GPU machine (vLLM 0.26, the kit of tools/gpu_run.sh installed):
 
     source .gpu-kit/install.sh env && PYTHONPATH=$PWD python3 tools/bench_time_to_verdict.py \
-        --rounds 3 --runner v2 --graphs --dtype bfloat16
+        --rounds 3 --runner v2 --graphs --dtype bfloat16 [--preset llama-8b]
 
 It records the built-in workload's first steps once (`tracekit record`, every step a bundle, with
-torch.compile; `--graphs`: with vLLM's CUDA graphs of its default capture sizes, else none) and
-takes the last step (a decode: a FULL graph where there are graphs), or `--bundle PATH`. Then, in
+torch.compile; `--graphs`: with vLLM's CUDA graphs of its default capture sizes, else none;
+`--preset`: a model of that size, tools/bench_presets.py) and takes the last decode step (a FULL
+graph where there are graphs), or `--bundle PATH`. Then, in
 rounds whose order is rotated from round to round, each a fresh process, wall clock from its start
 to its exit:
 
@@ -38,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_presets import PRESETS, preset_engine_args
 
 VARIANTS = ("lean", "full", "vllm", "vllm+cache")
 VLLM_ONE_STEP = """
@@ -93,11 +96,22 @@ def replay_phases(record: dict) -> dict[str, float]:
 
 
 def record(folder: Path, options: argparse.Namespace) -> Path:
+    """Record the workload's first steps; the last decode step (every request at one token), or
+    the last step where none is."""
+    from tracekit.format.content import load_step
+
     graphs = [] if options.graphs else ["--compilation-config", json.dumps({"cudagraph_mode": "NONE"})]
-    argv = [sys.executable, "-m", "tracekit", "record", "-o", str(folder / "step{step}.zst"), "--steps", "0:6",
-            "--max-tokens", "8", "--dtype", options.dtype, *graphs]
+    engine_args = [f"--{name.replace('_', '-')}={json.dumps(value) if isinstance(value, dict) else value}"
+                   for name, value in preset_engine_args(options.preset).items()]
+    dtype = [] if engine_args else ["--dtype", options.dtype]
+    argv = [sys.executable, "-m", "tracekit", "record", "-o", str(folder / "step{step}.zst"), "--steps", "0:12",
+            "--max-tokens", "8", *dtype, *graphs, *engine_args]
     timed(argv, environment(options.runner))
-    return max(folder.glob("step*.zst"), key=lambda path: int(path.stem.removeprefix("step")))
+    bundles = sorted(folder.glob("step*.zst"), key=lambda path: int(path.stem.removeprefix("step")))
+    decodes = [path for path in bundles
+               if all(request.num_scheduled_tokens == 1 and request.num_computed_tokens > 0
+                      for request in load_step(path)[1].requests)]
+    return (decodes or bundles)[-1]
 
 
 def main() -> None:
@@ -106,6 +120,8 @@ def main() -> None:
     parser.add_argument("--runner", choices=("v1", "v2"), default="v1")
     parser.add_argument("--graphs", action="store_true", help="record with vLLM's CUDA graphs (a GPU)")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                        help="model shapes over the embedded tiny Llama (dummy weights unless tiny; its dtype)")
     parser.add_argument("--bundle", type=Path, default=None, help="time this bundle instead of recording one")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma list of the variants to time (vllm always among them: the ratios' base)")

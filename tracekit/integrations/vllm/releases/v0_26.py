@@ -25,6 +25,8 @@ class Release(ReleaseBase):
     settings = (
         Setting("model", "model_config.model"),
         Setting("tokenizer", "model_config.tokenizer"),
+        # The config laid over the checkpoint's (a model's shapes, RoPE scaling): another model without it.
+        Setting("hf_overrides", "model_config.hf_overrides"),
         Setting("dtype", "model_config.dtype"),
         Setting("seed", "model_config.seed"),
         Setting("max_model_len", "model_config.max_model_len"),
