@@ -384,8 +384,11 @@ class Recorder:
         return pending.finite_confirmed
 
     def _capture_nonfinite(self, pending: _PendingStep, mark: StepMark, kv: KVMode) -> Step:
+        """The step whose outputs proved not finite, counted now: under async scheduling its
+        bundle is written when its sampled ids are read, after later steps have been checked."""
         step = self._capture_marked(pending, mark, TriggerEvent.NONFINITE.value, kv, step_capture.KVTaken.AFTER_STEP)
         step.outputs.finite = False
+        self._count_bundle()
         return step
 
     def _capture_marked(self, pending: _PendingStep, mark: StepMark, trigger: str, kv: KVMode,
@@ -435,7 +438,8 @@ class Recorder:
         if reason is None:
             return
         step.trigger = reason
-        self._count_bundle()
+        if fired is None:  # a non-finite step was counted when it was captured
+            self._count_bundle()
         copies = list(pending.copies)
         self._persister.submit(*self._destination(step), ready=lambda: _copies_landed(step, copies))
 

@@ -8,7 +8,9 @@ in the live engine. All on one engine, in this order (the last part leaves the e
   kv_nan     armed likewise; in step 2's forward, before the model runs, a KV block the step
              reads (not one it writes) is filled with NaN in the live cache: the step's outputs
              are not finite, and its bundle, copied at the step's end, holds the poisoned block,
-             so its replay reproduces the NaNs bit for bit
+             so its replay reproduces the NaNs bit for bit. Step 2 is every request's last: a
+             token sampled from NaN logits may be no token at all (Model Runner V2 on a GPU), and
+             the embedding of a next step would fail on the device
   recompute  step 2 recorded with kv="recompute" (no KV saved), replayed: the replay prefills
              the recorded tokens to rebuild the KV (refused, with the reason, where the bundle
              lacks them: V1 under async scheduling on a GPU holds its sampled ids as placeholders)
@@ -39,9 +41,9 @@ LOST_CONTEXT = "CUDA error: an illegal memory access was encountered"
 PROMPTS = [f"{prompt} {' and the story goes on' * 8}" for prompt in REPEATABLE_PROMPTS]
 
 
-def generate(llm):
+def generate(llm, max_tokens=MAX_TOKENS):
     llm.reset_prefix_cache()
-    return generate_token_ids(llm, PROMPTS, REPEATABLE_SAMPLING, MAX_TOKENS)
+    return generate_token_ids(llm, PROMPTS, REPEATABLE_SAMPLING, max_tokens)
 
 
 def first_block(adapter, scheduler_output):
@@ -102,7 +104,7 @@ if __name__ == "__main__":
             step_started = recorder.step_started
             recorder.step_started = lambda scheduler_output: (scheduled.append(scheduler_output),
                                                               step_started(scheduler_output))
-            generate(llm)
+            generate(llm, max_tokens=STEP + 1)  # step 0 samples each request's first token
     finally:
         del runner.model.forward
         poison_block(adapter, result["poisoned_block"], 0.0)
