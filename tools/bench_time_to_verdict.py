@@ -47,7 +47,6 @@ VLLM_ONE_STEP = """
 import json, os, sys, time
 started = time.perf_counter()
 from vllm import LLM, SamplingParams
-import vllm.entrypoints.llm
 imported = time.perf_counter()
 llm = LLM(**json.loads(sys.argv[1]))
 built = time.perf_counter()

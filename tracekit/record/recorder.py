@@ -453,17 +453,21 @@ class Recorder:
 
     def _destination(self, step: Step) -> tuple[Path, Step, ParallelRank]:
         """This rank's bundle of the step, and the rank fields that tie it to the other ranks'."""
-        if step.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(step)):
-            logger.warning("tracekit: step %d is kept with its KV to be recomputed, but %d of the token ids its "
-                           "replay would prefill are placeholders in the runner (V1 under async scheduling): "
-                           "that replay will be refused", 
-                           step.index, unknown)
+        _warn_if_not_recomputable(step)
         path = self.output.path_for(step.index, self.rank.rank)
         parts = [
             os.path.relpath(self.output.path_for(step.index, rank), path.parent)
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
+
+
+def _warn_if_not_recomputable(step: Step) -> None:
+    """Say so when a step is written with its KV to be recomputed but without the tokens that takes."""
+    if step.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(step)):
+        logger.warning("tracekit: step %d is kept with its KV to be recomputed, but %d of the token ids its replay "
+                       "would prefill are placeholders in the runner (V1 under async scheduling): that replay "
+                       "will be refused", step.index, unknown)
 
 
 def _copies_landed(step: Step, copies: list[HostCopy]) -> None:

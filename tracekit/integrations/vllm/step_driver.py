@@ -148,9 +148,10 @@ class _ReplayObserver:
         pass
 
 
-def tokens_to_recompute(request: Any) -> list[int]:
-    """The token ids a `--kv recompute` replay prefills for `request`: all it had before the step."""
-    return [*request.prompt_token_ids, *request.output_token_ids][: request.num_computed_tokens]
+def tokens_to_recompute(request: Any, count: int | None = None) -> list[int]:
+    """The token ids a `--kv recompute` replay prefills for `request`: all it had before the step
+    (or its first `count`)."""
+    return [*request.prompt_token_ids, *request.output_token_ids][: request.num_computed_tokens if count is None else count]
 
 
 def unknown_tokens_to_recompute(step: Step) -> int:
@@ -162,7 +163,7 @@ def unknown_tokens_to_recompute(step: Step) -> int:
     unknown = 0
     for request in step.requests:
         needed = request.num_computed_tokens + (request.num_scheduled_tokens if step.input_ids is None else 0)
-        unknown += sum(1 for token in [*request.prompt_token_ids, *request.output_token_ids][:needed] if token < 0)
+        unknown += sum(1 for token in tokens_to_recompute(request, needed) if token < 0)
     return unknown
 
 
