@@ -98,3 +98,50 @@ def test_another_graph_size_and_attention_split_are_named():
 def test_a_bundle_without_attention_metadata_compares_none():
     audited = dispatch.audit(_dispatch(attention=None), _dispatch())
     assert audited["attention_differences"] == []
+
+
+class _FlashAttentionMetadata:
+    """The fields of vLLM's FlashAttentionMetadata that its summary reads for FA3's scheduler."""
+
+    def __init__(self, seq_lens: list[int], scheduler_metadata: torch.Tensor):
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+        self.scheduler_metadata = scheduler_metadata
+
+
+def _fa3_scheduler_metadata(requests: int, vectors: int, padding: int) -> torch.Tensor:
+    """FA3's layout: `vectors` per-request vectors of round_up(requests, 4) entries, then the tile
+    counter; the live entries are a function of the request, the padding is `padding`."""
+    padded = -(-requests // 4) * 4
+    metadata = torch.full((vectors * padded + 1,), padding, dtype=torch.int32)
+    for vector in range(vectors):
+        metadata[vector * padded : vector * padded + requests] = torch.arange(requests) + 10 * vector
+    metadata[-1] = 0
+    return metadata
+
+
+def test_fa3_scheduler_padding_is_left_out_of_the_digest_and_live_entries_are_not():
+    from tracekit.integrations.vllm.runner_state import attention_summary
+
+    def summary(metadata: torch.Tensor) -> str:
+        return attention_summary({"layer": _FlashAttentionMetadata([7] * 6, metadata)})[
+            "_FlashAttentionMetadata"]["scheduler_metadata"]
+
+    # 6 requests pad to 8 per vector: 3 vectors and the counter are 3 * 8 + 1 = 25 entries, as the
+    # H200's PIECEWISE mixed step had; entries 6 and 7 of each vector are what the allocator left.
+    fresh, reused = _fa3_scheduler_metadata(6, 3, 0), _fa3_scheduler_metadata(6, 3, -123)
+    assert fresh.numel() == 3 * 8 + 1
+    assert summary(fresh) == summary(reused) and summary(fresh).startswith("int32[25]:live:")
+    moved = fresh.clone()
+    moved[8 + 2] += 1  # a live entry of the second vector: another split of the work
+    assert summary(moved) != summary(fresh)
+
+
+def test_a_digest_of_another_kind_is_compared_by_shape_alone():
+    def audited(recorded: str, here: str) -> list[str]:
+        return dispatch.audit(
+            _dispatch(attention={"FlashAttentionMetadata": {"scheduler_metadata": recorded}}),
+            _dispatch(attention={"FlashAttentionMetadata": {"scheduler_metadata": here}}))["attention_differences"]
+
+    assert audited("int32[25]:00ff00ff00ff00ff", "int32[25]:live:1234123412341234") == []
+    assert audited("int32[25]:00ff00ff00ff00ff", "int32[33]:live:1234123412341234") != []
+    assert audited("int32[25]:live:00ff00ff00ff00ff", "int32[25]:live:1234123412341234") != []

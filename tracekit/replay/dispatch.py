@@ -53,9 +53,21 @@ def _attention_differences(recorded: dict[str, Any] | None, here: dict[str, Any]
             continue
         lines.extend(
             f"attention {key}.{field}: recorded {before.get(field)!r}, here {after.get(field)!r}"
-            for field in sorted(set(before) | set(after)) if before.get(field) != after.get(field)
+            for field in sorted(set(before) | set(after)) if _differs(before.get(field), after.get(field))
         )
     return lines
+
+
+def _differs(recorded: Any, here: Any) -> bool:
+    """Whether a metadata field differs. A tensor is summarised as "dtype[shape]:digest", the
+    digest perhaps of a kind ("live:...", its live entries alone); digests of two kinds (a bundle
+    from a tracekit that digested the whole tensor) are not comparable, only the dtype and shape."""
+    if isinstance(recorded, str) and isinstance(here, str) and recorded != here:
+        recorded_shape, _, recorded_digest = recorded.partition(":")
+        here_shape, _, here_digest = here.partition(":")
+        if recorded_digest and here_digest and recorded_digest.rpartition(":")[0] != here_digest.rpartition(":")[0]:
+            return recorded_shape != here_shape
+    return recorded != here
 
 
 def same_graph(audited: dict[str, Any]) -> bool:

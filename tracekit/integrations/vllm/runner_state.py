@@ -149,9 +149,16 @@ def attention_summary(metadata: Any) -> dict[str, Any] | None:
     return summary
 
 
-def _metadata_fields(item: Any) -> dict[str, Any]:
-    import hashlib
+# FlashAttention 3's scheduler metadata: per-request vectors (splits, blocks, batch order, heads
+# in L2), each padded to a multiple of 4 requests, then the tile counter. The kernel that fills it
+# writes only the live requests' entries; the padding keeps whatever the allocator's block held
+# before, so two runs of the same step (a lean and a full engine) differ there. Only the live
+# entries are digested; the tensor that holds each one's request count is named here.
+_PADDED_PER_REQUEST = {"scheduler_metadata": "seq_lens", "prefix_scheduler_metadata": "prefix_kv_lens"}
+LIVE_DIGEST = "live:"  # marks a digest of the live entries alone
 
+
+def _metadata_fields(item: Any) -> dict[str, Any]:
     fields = vars(item) if hasattr(item, "__dict__") else {}
     plain: dict[str, Any] = {}
     for name, value in sorted(fields.items()):
@@ -160,12 +167,30 @@ def _metadata_fields(item: Any) -> dict[str, Any]:
         elif isinstance(value, torch.Tensor):
             shape = f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
             if name in _DIGESTED_ATTENTION_TENSORS and value.numel() <= 1 << 16:
-                raw = value.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
-                shape += ":" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+                shape += ":" + _digest(value, fields.get(_PADDED_PER_REQUEST.get(name, "")))
             plain[name] = shape
         elif isinstance(value, tuple) and all(isinstance(v, (int, bool)) for v in value):
             plain[name] = list(value)
     return plain
+
+
+def _digest(tensor: torch.Tensor, requests: Any) -> str:
+    """A short digest of `tensor`'s bytes; of its live entries alone where it is padded per
+    request (`requests`: the tensor holding one entry per request of the same call)."""
+    import hashlib
+
+    flat = tensor.detach().reshape(-1)
+    prefix = ""
+    if isinstance(requests, torch.Tensor) and requests.dim() == 1 and requests.numel() > 0:
+        live = requests.numel()
+        padded = -(-live // 4) * 4
+        vectors, counter = divmod(flat.numel(), padded)
+        if counter <= 1:  # the layout is as described above; else the whole tensor is digested
+            flat = torch.cat([flat[start : start + live] for start in range(0, vectors * padded, padded)]
+                             + [flat[vectors * padded :]])
+            prefix = LIVE_DIGEST
+    raw = flat.to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+    return prefix + hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 def graph_dispatch(runner: Any, num_tokens: int, runtime_mode: str, num_tokens_padded: int,
