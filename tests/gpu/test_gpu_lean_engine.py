@@ -37,7 +37,9 @@ def replay(bundle_paths, out, runner, *flags):
 
 
 def assert_bit_exact(record):
-    diverged = [check for check in record["checks"] if not check["bit_exact"]]
+    # Padding rows of a graph step are not the step's (their inputs are whatever the runner's
+    # buffers held): compared apart, they do not decide.
+    diverged = [check for check in record["checks"] if not check["bit_exact"] and check.get("decides", True)]
     assert record["bit_exact"] and not diverged, f"{record['bundle']} diverged: {diverged}"
 
 
