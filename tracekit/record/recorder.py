@@ -44,6 +44,7 @@ from tracekit.integrations.vllm.step_driver import unknown_tokens_to_recompute
 from tracekit.integrations.vllm.version import installed_release
 from tracekit.record import step_capture
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
+from tracekit.record.sampled_ids import SampledIds
 from tracekit.record.triggers import TriggerEvent, TriggerSet
 
 logger = logging.getLogger("tracekit.record")
@@ -134,6 +135,7 @@ class Recorder:
         self._backend: Any = None  # the runner's DeviceBackend, once armed
         self._deferred = 0  # steps whose non-finite check is read with their output, later
         self._preempted: frozenset[str] = frozenset()  # requests preempted since such a step
+        self._sampled: SampledIds | None = None  # where the runner keeps no sampled ids, once armed
 
     @property
     def written(self) -> list[Path]:
@@ -155,7 +157,8 @@ class Recorder:
     @property
     def tracking(self) -> bool:
         pending = self._pending
-        return pending is not None and (pending.step is not None or pending.mark is not None)
+        # (every step's sampled ids are read where the recorder keeps them: `SampledIds`)
+        return pending is not None and (pending.step is not None or pending.mark is not None or self._sampled is not None)
 
     def arm(self) -> "Recorder":
         """Shadow the runner's methods. A runner the recorder cannot arm on is logged and left
@@ -165,6 +168,7 @@ class Recorder:
                 raise self._adapter_error
             self._persister = BackgroundPersister(self.adapter.environment(), self.adapter.engine_config())
             self._backend = self.adapter.device_backend
+            self._sampled = None if self.adapter.sampled_ids_kept() else SampledIds()
             shadows = self.adapter.observe(self)
             shadows.__enter__()
             self._shadows = shadows
@@ -213,6 +217,9 @@ class Recorder:
         if self.exhausted:
             self._pending = None
             return
+        if self._sampled is not None:
+            self._sampled.keep_only(self.adapter.live_req_ids())
+            self._sampled.started(self.adapter.new_req_ids(scheduler_output))
         self._pending = _PendingStep(self.steps_seen, scheduler_output, time.perf_counter())
         self.steps_seen += 1
 
@@ -293,6 +300,27 @@ class Recorder:
             self._pending.phase = phase
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
+        receiver = self._step_receiver()
+        batch_order = self._batch_order_for_sampled_ids()
+        if batch_order is None:
+            return receiver
+
+        @_engine_boundary
+        def keep_sampled(self: "Recorder", sampled: Any) -> None:
+            if sampled is not None:
+                self._sampled.received(batch_order, sampled)
+
+        def receive(sampled: Any) -> None:
+            keep_sampled(self, sampled)
+            receiver(sampled)
+
+        return receive
+
+    @_engine_boundary
+    def _batch_order_for_sampled_ids(self) -> list[str] | None:
+        return self.adapter.batch_order_after_execute() if self._sampled is not None else None
+
+    def _step_receiver(self) -> Callable[[list[list[int]] | None], None]:
         pending, self._pending = self._pending, None
         if pending is not None and pending.mark is not None:
             return self._nonfinite_receiver(pending)
@@ -328,7 +356,7 @@ class Recorder:
         }
         self._count_bundle()
         _copies_landed(step, pending.copies)
-        self._persister.write_now(*self._destination(step))
+        self._persister.write_now(*self._destination(self._completed(step)))
 
     def _capture_failed(self, pending: _PendingStep, mark: StepMark, trigger: str, error: BaseException) -> Step:
         """The failed step from its mark: from the live cache and runner, or, where the failure
@@ -441,7 +469,7 @@ class Recorder:
         if fired is None:  # a non-finite step was counted when it was captured
             self._count_bundle()
         copies = list(pending.copies)
-        self._persister.submit(*self._destination(step), ready=lambda: _copies_landed(step, copies))
+        self._persister.submit(*self._destination(self._completed(step)), ready=lambda: _copies_landed(step, copies))
 
     def _count_bundle(self) -> None:
         self.bundles_fired += 1
@@ -451,9 +479,16 @@ class Recorder:
                 "later steps are not recorded", self.max_bundles,
             )
 
+    def _completed(self, step: Step) -> Step:
+        """The step as its bundle is written: with the sampled ids the recorder kept where the
+        runner holds placeholders; a warning where a recompute replay still lacks tokens."""
+        if self._sampled is not None:
+            self._sampled.fill(step.requests)
+        _warn_if_not_recomputable(step)
+        return step
+
     def _destination(self, step: Step) -> tuple[Path, Step, ParallelRank]:
         """This rank's bundle of the step, and the rank fields that tie it to the other ranks'."""
-        _warn_if_not_recomputable(step)
         path = self.output.path_for(step.index, self.rank.rank)
         parts = [
             os.path.relpath(self.output.path_for(step.index, rank), path.parent)
@@ -466,8 +501,8 @@ def _warn_if_not_recomputable(step: Step) -> None:
     """Say so when a step is written with its KV to be recomputed but without the tokens that takes."""
     if step.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(step)):
         logger.warning("tracekit: step %d is kept with its KV to be recomputed, but %d of the token ids its replay "
-                       "would prefill are placeholders in the runner (V1 under async scheduling): that replay "
-                       "will be refused", step.index, unknown)
+                       "would prefill are placeholders in the runner (V1 under async scheduling) that the recorder did "
+                       "not see sampled (requests that started before it was armed): that replay will be refused", step.index, unknown)
 
 
 def _copies_landed(step: Step, copies: list[HostCopy]) -> None:

@@ -73,8 +73,10 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
     if recorded.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(recorded)):
         raise BundleError(
             f"{bundle}: its KV is to be recomputed, but {unknown} of the token ids before step {recorded.index} "
-            "are not in the bundle (vLLM's V1 runner under async scheduling never holds the ids it sampled): "
-            "record with the KV (--kv restore), or on Model Runner V2, or with async scheduling off"
+            "are not in the bundle (vLLM's V1 runner under async scheduling never holds the ids it sampled; the "
+            "recorder keeps them only for requests it saw start, and tracekit before 2026-12-04 not at all): "
+            "record with the KV (--kv restore), or arm the recorder before the requests arrive, or on Model "
+            "Runner V2, or with async scheduling off"
         )
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
     require_device_of(content.environment)

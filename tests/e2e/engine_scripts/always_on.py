@@ -13,7 +13,8 @@ in the live engine. All on one engine, in this order (the last part leaves the e
              the embedding of a next step would fail on the device
   recompute  step 2 recorded with kv="recompute" (no KV saved), replayed: the replay prefills
              the recorded tokens to rebuild the KV (refused, with the reason, where the bundle
-             lacks them: V1 under async scheduling on a GPU holds its sampled ids as placeholders)
+             lacks them: a request that started before the recorder was armed, on V1 under async
+             scheduling, whose runner holds its sampled ids as placeholders)
   lost       armed on=("exception",), step 2's forward raises an error a lost CUDA context
              raises: the step is kept from host memory alone (a recompute bundle, no inputs)
 

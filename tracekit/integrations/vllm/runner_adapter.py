@@ -16,6 +16,7 @@ what the runner keeps per request (output tokens, generator states or seeds) as 
 requests are added.
 """
 
+from collections.abc import Container
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -89,6 +90,20 @@ class RunnerAdapter:
 
     def replay_shadows(self, step: Step) -> Shadows:
         """Shadows that put back what this runner keeps per request, as the step's requests are added."""
+        raise NotImplementedError
+
+    def sampled_ids_kept(self) -> bool:
+        """Whether the runner's request states hold the token ids it sampled (if not, the
+        recorder keeps them: `tracekit.record.sampled_ids`)."""
+        return True
+
+    def new_req_ids(self, scheduler_output: Any) -> list[str]:
+        """The requests a scheduler output starts."""
+        return [request.req_id for request in scheduler_output.scheduled_new_reqs]
+
+    def live_req_ids(self) -> Container[str]:
+        """The requests the runner holds state for (preempted ones too), before the next step's
+        scheduler output is applied."""
         raise NotImplementedError
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:

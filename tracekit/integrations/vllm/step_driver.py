@@ -159,7 +159,8 @@ def unknown_tokens_to_recompute(step: Step) -> int:
     below 0): those it prefills, and the step's own where the bundle has no input ids (a step
     kept from host memory). V1 under async scheduling (vLLM's default on a GPU) keeps every
     sampled id as a placeholder (-1) in the runner; the real ids go to the engine alone, so a V1
-    recording holds only those its step reads, from the forward's input ids."""
+    recording holds those its step reads, from the forward's input ids, and those the recorder
+    read from the outputs of the steps it saw (`tracekit.record.sampled_ids`)."""
     unknown = 0
     for request in step.requests:
         needed = request.num_computed_tokens + (request.num_scheduled_tokens if step.input_ids is None else 0)

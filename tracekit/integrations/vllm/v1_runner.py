@@ -70,6 +70,13 @@ class V1Adapter(RunnerAdapter):
     def batch_order(self) -> list[str]:
         return list(self.runner.input_batch.req_ids)
 
+    def sampled_ids_kept(self) -> bool:
+        """Not under async scheduling: every sampled id is a placeholder in the request states."""
+        return not self.runner.scheduler_config.async_scheduling
+
+    def live_req_ids(self) -> dict[str, Any]:
+        return self.runner.requests
+
     batch_order_after_execute = batch_order
 
     def kind_mark(self, scheduler_output: Any) -> "_V1Mark":
