@@ -480,9 +480,11 @@ class Recorder:
             )
 
     def _completed(self, step: Step) -> Step:
-        """The step as its bundle is written: with the sampled ids the recorder kept where the
-        runner holds placeholders; a warning where a recompute replay still lacks tokens."""
-        if self._sampled is not None:
+        """The step as its bundle is written. One whose KV is to be recomputed gets the sampled
+        ids the recorder kept where the runner holds placeholders (its replay prefills them); a
+        bundle with its KV keeps the request states as the runner held them, placeholders too, for
+        its replay to put back as they were; a warning where a recompute replay still lacks tokens."""
+        if self._sampled is not None and step.kv.mode == KVMode.RECOMPUTE.value:
             self._sampled.fill(step.requests)
         _warn_if_not_recomputable(step)
         return step
@@ -502,7 +504,8 @@ def _warn_if_not_recomputable(step: Step) -> None:
     if step.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(step)):
         logger.warning("tracekit: step %d is kept with its KV to be recomputed, but %d of the token ids its replay "
                        "would prefill are placeholders in the runner (V1 under async scheduling) that the recorder did "
-                       "not see sampled (requests that started before it was armed): that replay will be refused", step.index, unknown)
+                       "not see sampled (requests that started before it was armed): that replay will be refused",
+                       step.index, unknown)
 
 
 def _copies_landed(step: Step, copies: list[HostCopy]) -> None:

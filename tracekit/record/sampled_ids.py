@@ -5,7 +5,8 @@ token id as a placeholder (-1) in its request states: the real ids go to the eng
 each step's async output. A bundle written from those states lacks the tokens a `--kv recompute`
 replay prefills, and the replay refuses it. The recorder already reads every step's output as the
 engine reads it (no sync of its own), so it keeps the ids here, for the requests it saw start (it
-knows their outputs whole), and fills them into a bundle's request states before it is written.
+knows their outputs whole), and fills them into a recompute bundle's request states before it
+is written.
 """
 
 from collections.abc import Container, Iterable, Sequence
