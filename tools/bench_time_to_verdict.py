@@ -28,6 +28,9 @@ in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) on every side. Prints each varia
 ratios to vllm (target lean/vllm <= 0.5), and where each variant's time went: importing torch and
 vLLM (the floor of any fresh process), building the engine, and the step with what follows it.
 `--logs DIR` keeps each variant's last output (vLLM's INFO log: compile and capture times).
+`--cold`: every run starts with empty compile caches (vLLM's, Inductor's, Triton's), as the first
+replay of another team's bundle on this machine, or vLLM's first start of that engine, does; no
+round fills them first.
 """
 
 import argparse
@@ -63,6 +66,12 @@ def environment(runner: str, extra: dict[str, str] | None = None) -> dict[str, s
            "VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2" else "0", **(extra or {})}
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return env
+
+
+def cold_caches(folder: str) -> dict[str, str]:
+    """Empty compile caches under `folder`: vLLM's (torch.compile artifacts), Inductor's, Triton's."""
+    return {"VLLM_CACHE_ROOT": f"{folder}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor",
+            "TRITON_CACHE_DIR": f"{folder}/triton"}
 
 
 def timed(argv: list[str], env: dict[str, str], log: Path | None = None) -> tuple[float, dict[str, float]]:
@@ -125,6 +134,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma list of the variants to time (vllm always among them: the ratios' base)")
     parser.add_argument("--logs", type=Path, default=None, help="keep each variant's last output in this folder")
+    parser.add_argument("--cold", action="store_true", help="every run with empty compile caches (no warm-up round)")
     options = parser.parse_args()
     variants = tuple(v for v in VARIANTS if v in {*options.variants.split(","), "vllm"})
 
@@ -150,16 +160,20 @@ def main() -> None:
         options.logs.mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {variant: [] for variant in variants}
     phases: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
-    for round_index in range(options.rounds + 1):
+    warm_up = 0 if options.cold else 1  # a round, not counted, that fills the caches
+    for round_index in range(warm_up + options.rounds):
         order = variants[round_index % len(variants):] + variants[:round_index % len(variants)]
         for variant in order:
             log = options.logs / f"{variant}.log" if options.logs else None
-            seconds, where = timed(*commands[variant], log=log)
-            if round_index:  # the first round fills the caches
+            argv, env = commands[variant]
+            with tempfile.TemporaryDirectory(prefix="tracekit-ttv-cold-") as caches:
+                seconds, where = timed(argv, {**env, **cold_caches(caches)} if options.cold else env, log=log)
+            if round_index >= warm_up:
                 times[variant].append(seconds)
                 phases[variant].append(where)
-        if round_index:
-            print(f"round {round_index}: " + ", ".join(f"{v} {times[v][-1]:.1f} s" for v in variants), flush=True)
+        if round_index >= warm_up:
+            print(f"round {round_index - warm_up + 1}: " + ", ".join(f"{v} {times[v][-1]:.1f} s" for v in variants),
+                  flush=True)
     medians = {variant: statistics.median(values) for variant, values in times.items()}
     print("median wall time, process start to exit: " + ", ".join(f"{v} {medians[v]:.1f} s" for v in variants))
     for variant in variants:
