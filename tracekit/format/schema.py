@@ -104,9 +104,22 @@ class ModelInfo(SchemaRecord):
 
 
 @dataclass
+class KernelChoice(SchemaRecord):
+    """The launch configuration one autotuned Triton kernel of the recording process ran with
+    (`tracekit.graphs.kernel_choices`): `source_hash` names the kernel's source, `config` holds
+    its block sizes (`kwargs.XBLOCK`, ...) and launch parameters (`num_warps`, ...) as integers."""
+
+    kernel: str
+    source_hash: str
+    config: dict[str, int]
+    origin: str = ""  # "timed" (autotuned in that process) or "autotune_cache" (found in Inductor's cache)
+
+
+@dataclass
 class EngineConfig(SchemaRecord):
     """What is needed to rebuild the engine: vLLM `EngineArgs` values that differ from default,
-    the model, and the KV cache geometry the recorded block ids live in."""
+    the model, the KV cache geometry the recorded block ids live in, and the configurations its
+    compiled kernels were autotuned to."""
 
     vllm_version: str
     engine_args: dict[str, Any]
@@ -114,7 +127,8 @@ class EngineConfig(SchemaRecord):
     num_kv_blocks: int
     block_size: int
     runner: str = "v1"  # which vLLM model runner recorded the step: "v1" or "v2"
-    nested: ClassVar[dict[str, Any]] = {"model": ModelInfo}
+    kernel_choices: list[KernelChoice] = field(default_factory=list)
+    nested: ClassVar[dict[str, Any]] = {"model": ModelInfo, "kernel_choices": [KernelChoice]}
 
 
 @dataclass
