@@ -15,6 +15,9 @@
 #   command: bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --stash-extras
 # and the third runs the tests (a later call while the machine is warm carries [".gpu-kit/install.sh"]):
 #   bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh [PYTEST ARGS, e.g. -k v2-bf16-graphs]
+# On every change to tracekit/integrations, record, replay or graphs, the quick run, on a committed tree:
+#   bash tools/gpu_run.sh --quick $(git rev-parse HEAD)      (the hash written out: the GPU has no .git)
+# and commit the $OUT/last-run.json it writes as tests/gpu/last-run.json.
 # Results land in $OUT: pytest.log, junit.xml, every replay's JSON records (records.tgz), and a few
 # bundles that did not reproduce (bundles/; the rest stay on the GPU machine, /tmp/tracekit-gpu-tmp).
 set -uo pipefail
@@ -33,14 +36,32 @@ if [ "${1:-}" = "--stash-extras" ]; then  # beside the kit's own wheels: its `en
   mkdir -p /tmp/vllm-kit/wheels && cp .gpu-kit/extras/*.whl /tmp/vllm-kit/wheels/ && ls .gpu-kit/extras | wc -l
   exit $?
 fi
+quick=""
+if [ "${1:-}" = "--quick" ]; then   # --quick COMMIT: the run to make on every engine-facing change
+  quick=${2:?"--quick needs the commit the working tree is (git rev-parse HEAD, run here)"}; shift 2
+fi
 source .gpu-kit/install.sh env || exit 9
 OUT=${OUT:-/tmp/tracekit-gpu}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 TMP=/tmp/tracekit-gpu-tmp
-python3 -m pytest tests/gpu -v -rs -p no:cacheprovider --basetemp "$TMP" --junitxml "$OUT/junit.xml" "$@" \
+started=$(date +%s)
+if [ -n "$quick" ]; then
+  # V2 and V1 with vLLM's defaults, a float32 workload recorded twice, and the kernel choices
+  # alone (tests/gpu/test_gpu_quick.py, tests/graphs/test_gpu_kernel_choices.py): under 9 minutes.
+  export TRACEKIT_GPU_SUMMARY="$OUT/quick-summary.json"
+  rm -f "$TRACEKIT_GPU_SUMMARY"
+  set -- tests/gpu/test_gpu_quick.py tests/graphs/test_gpu_kernel_choices.py "$@"
+else
+  set -- tests/gpu "$@"
+fi
+python3 -m pytest -v -rs -p no:cacheprovider --basetemp "$TMP" --junitxml "$OUT/junit.xml" "$@" \
   2>&1 | tee "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
+if [ -n "$quick" ]; then
+  python3 tools/gpu_last_run.py --commit "$quick" --seconds $(( $(date +%s) - started )) --junit "$OUT/junit.xml" \
+    --summary "$OUT/quick-summary.json" --gpu "$OUT/gpu.txt" --out "$OUT/last-run.json"
+fi
 (cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | tar czf "$OUT/records.tgz" -T -)
 # The bundles whose replay was neither bit-exact nor a planned control come back too (at most 3).
 python3 - "$TMP" "$OUT/bundles" <<'PY'

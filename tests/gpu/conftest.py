@@ -11,7 +11,7 @@ import importlib.metadata
 import json
 
 import pytest
-from gpu_support import CONFIGS, RECORD_ENV, json_records, record_steps, tracekit
+from gpu_support import CONFIGS, RECORD_ENV, json_records, long_prompt_config, record_steps, release_has_v1, tracekit
 
 EXPECTED_SERIES = "0.26"
 
@@ -51,14 +51,26 @@ EXTRA_REQUESTS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def prompts_file(tmp_path_factory):
+# A prompt of ~1200 tokens (the tiny tokenizer's), chunked at a budget of 512 too.
+LONG_PROMPT = {"prompt": " ".join(["every engine step of a long prompt is a chunk"] * 56), "temperature": 0.0}
+
+
+def _write_prompts(path, extra):
     from tracekit.record.workload import BUILTIN_WORKLOAD
 
-    path = tmp_path_factory.mktemp("prompts") / "gpu-workload.jsonl"
-    lines = [{"prompt": request.prompt, **request.sampling} for request in BUILTIN_WORKLOAD] + EXTRA_REQUESTS
+    lines = [{"prompt": request.prompt, **request.sampling} for request in BUILTIN_WORKLOAD] + EXTRA_REQUESTS + extra
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory):
+    return _write_prompts(tmp_path_factory.mktemp("prompts") / "gpu-workload.jsonl", [])
+
+
+@pytest.fixture(scope="session")
+def long_prompts_file(tmp_path_factory):
+    return _write_prompts(tmp_path_factory.mktemp("prompts") / "gpu-workload-long.jsonl", [LONG_PROMPT])
 
 
 class Recording:
@@ -69,13 +81,16 @@ class Recording:
 
 
 @pytest.fixture(scope="session", params=sorted(CONFIGS))
-def recording(request, tmp_path_factory, prompts_file):
+def recording(request, tmp_path_factory, prompts_file, long_prompts_file):
     from negative_controls import make_negative_controls
 
     name = request.param
     runner, args = CONFIGS[name]
+    if runner == "v1" and not release_has_v1():
+        pytest.skip("this vLLM release has no Model Runner V1")
     folder = tmp_path_factory.mktemp(name)
-    steps = record_steps(folder, prompts_file, "0:60", 10, args, runner, RECORD_ENV.get(name))
+    prompts = long_prompts_file if long_prompt_config(name) else prompts_file
+    steps = record_steps(folder, prompts, "0:60", 10, args, runner, RECORD_ENV.get(name))
     extra = make_negative_controls(steps, folder / "controls", runner)
     result = folder / "replays.jsonl"
     replay = tracekit("replay", steps, *extra.values(), "--keep-going", "--iters", 20, "--samples", 5,

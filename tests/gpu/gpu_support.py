@@ -62,18 +62,54 @@ def checks_of(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {check["item"]: check for check in record["checks"]}
 
 
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+def tiny_config(name: str) -> list[str]:
+    """A second architecture shipped as a config alone (tests/models/NAME), its weights random
+    (`dummy`), with the embedded model's tokenizer."""
+    from tracekit.models import tiny_model_path
+
+    return ["--model", str(MODELS / name), "--tokenizer", tiny_model_path(), "--load-format", "dummy"]
+
+
+# Budgets of 512 tokens need a prompt long enough to be chunked at them (`LONG_PROMPT`).
+LONG = ["--max-model-len", "2048"]
+
 # Engine configurations, each recorded once and replayed in one process: (runner, engine args).
 CONFIGS = {
-    # vLLM 0.26's defaults on an H200: Model Runner V2, FULL_AND_PIECEWISE graphs, async scheduling.
+    # vLLM's defaults on an H200: Model Runner V2, FULL_AND_PIECEWISE graphs, async scheduling.
     "v2-bf16-graphs": ("v2", ["--dtype", "bfloat16", *GRAPHS]),
     "v1-bf16-graphs": ("v1", ["--dtype", "bfloat16", *GRAPHS]),
     "v1-bf16-graphs-sync": ("v1", ["--dtype", "bfloat16", "--no-async-scheduling", *GRAPHS]),
     "v2-fp32-graphs": ("v2", ["--dtype", "float32", *GRAPHS]),
     "v2-bf16-eager": ("v2", ["--dtype", "bfloat16", "--enforce-eager"]),
     "v1-fp32-eager": ("v1", ["--dtype", "float32", "--enforce-eager"]),
+    # vLLM's own capture sizes, and budgets whose prefill chunks run compiled without a graph
+    # or as PIECEWISE graphs of larger sizes.
+    "v2-bf16-defaults-128": ("v2", ["--dtype", "bfloat16", "--max-num-batched-tokens", "128"]),
+    "v1-bf16-defaults-128": ("v1", ["--dtype", "bfloat16", "--max-num-batched-tokens", "128"]),
+    "v2-bf16-defaults-512": ("v2", ["--dtype", "bfloat16", "--max-num-batched-tokens", "512", *LONG]),
+    "v1-bf16-defaults-512": ("v1", ["--dtype", "bfloat16", "--max-num-batched-tokens", "512", *LONG]),
+    "v2-fp32-defaults-512": ("v2", ["--dtype", "float32", "--max-num-batched-tokens", "512", *LONG]),
+    # A second architecture and an MoE, and an fp8 KV cache.
+    "v2-qwen2-bf16-graphs": ("v2", [*tiny_config("tiny-qwen2"), "--dtype", "bfloat16", *GRAPHS]),
+    "v2-mixtral-bf16-graphs": ("v2", [*tiny_config("tiny-mixtral"), "--dtype", "bfloat16", *GRAPHS]),
+    "v2-bf16-fp8kv-graphs": ("v2", ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8", *GRAPHS]),
 }
-# Environment of the recording engine only: the replay takes it from the bundle. Without
-# Inductor's deterministic mode each process picks some kernel configs by timing them, and two
-# recordings of the float32 compiled workload already differ from their first step (H200, vLLM
-# 0.26, 2026-12-03); with it, both recordings and every replay were bit-identical.
-RECORD_ENV = {"v2-fp32-graphs": {"TORCHINDUCTOR_DETERMINISTIC": "1"}}
+# Environment of the recording engine only: the replay takes it from the bundle. (The float32
+# compiled configurations record without Inductor's deterministic mode: each process then picks
+# some kernel configs by timing them, and the bundle carries the choices for the replay.)
+RECORD_ENV: dict[str, dict[str, str]] = {}
+
+
+def long_prompt_config(name: str) -> bool:
+    return "--max-model-len" in CONFIGS[name][1]
+
+
+def release_has_v1() -> bool:
+    """Whether the installed vLLM release still has Model Runner V1 (0.34 removed it)."""
+    from tracekit.integrations.seam import RunnerKind
+    from tracekit.integrations.vllm.version import installed_release
+
+    return any(adapter.kind == RunnerKind.V1 for adapter in installed_release().adapters)

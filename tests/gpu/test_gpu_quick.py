@@ -1,0 +1,107 @@
+"""The GPU run to make on every engine-facing change (`tools/gpu_run.sh --quick`): the GPU
+workload recorded with vLLM's defaults — its capture sizes, async scheduling, bf16, a token
+budget of 128 so the long prompt is prefilled in compiled chunks beside the others' decodes — on
+Model Runner V2 and on V1 (where the release has it), every step replayed in one fresh process
+and asserted bit-exact. And a float32 compiled workload, where Inductor's autotuning decides
+rounding, recorded twice (two processes, each timing its own kernels) and each recording
+replayed against its own bundle: bit-exact because the bundles carry the kernel choices
+(`tracekit.graphs.kernel_choices`), without Inductor's deterministic mode.
+
+A summary per configuration (steps, bit-exact, verdicts, seconds) is written where
+TRACEKIT_GPU_SUMMARY points; `tools/gpu_run.sh --quick` turns it into tests/gpu/last-run.json.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from gpu_support import bundles_by_step, json_records, read_step, record_steps, release_has_v1, tracekit
+
+pytestmark = pytest.mark.gpu
+
+BUDGET = ["--max-num-batched-tokens", "128"]
+# name: (runner, engine arguments, recordings). vLLM's capture sizes and async scheduling as they are.
+QUICK_CONFIGS = {
+    "v2-bf16-defaults-128": ("v2", ["--dtype", "bfloat16", *BUDGET], 1),
+    "v1-bf16-defaults-128": ("v1", ["--dtype", "bfloat16", *BUDGET], 1),
+    "v2-fp32-defaults-128": ("v2", ["--dtype", "float32", *BUDGET], 2),
+}
+STEPS, MAX_TOKENS = "0:40", 12
+
+
+def _summary_path() -> Path | None:
+    path = os.environ.get("TRACEKIT_GPU_SUMMARY")
+    return Path(path) if path else None
+
+
+def _add_to_summary(name: str, entry: dict) -> None:
+    path = _summary_path()
+    if path is None:
+        return
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary[name] = entry
+    path.write_text(json.dumps(summary, indent=1, sort_keys=True))
+
+
+def _decides(check: dict) -> bool:
+    return check.get("decides", True)
+
+
+@pytest.fixture(scope="module", params=sorted(QUICK_CONFIGS))
+def quick(request, tmp_path_factory, prompts_file):
+    """Each recording of the configuration, replayed in one fresh process of its own."""
+    name = request.param
+    runner, args, recordings = QUICK_CONFIGS[name]
+    if runner == "v1" and not release_has_v1():
+        pytest.skip("this vLLM release has no Model Runner V1")
+    started = time.perf_counter()
+    results = []
+    for index in range(recordings):
+        folder = tmp_path_factory.mktemp(f"{name}-{index}")
+        steps = record_steps(folder, prompts_file, STEPS, MAX_TOKENS, args, runner)
+        out = folder / "replays.jsonl"
+        replay = tracekit("replay", steps, "--keep-going", "--no-timing", "--json", out, runner=runner)
+        results.append((steps, json_records(out) if out.exists() else {}, replay))
+    seconds = time.perf_counter() - started
+    records = [record for _, by_bundle, _ in results for record in by_bundle.values()]
+    _add_to_summary(name, {
+        "runner": runner, "engine_args": args, "recordings": recordings,
+        "steps": sum(len(bundles_by_step(steps)) for steps, _, _ in results),
+        "bit_exact": sum(record["verdict"] == "bit_exact" for record in records),
+        "verdicts": sorted({record["verdict"] for record in records}),
+        "seconds": round(seconds, 1),
+    })
+    return name, results
+
+
+def test_every_step_replays_bit_exact(quick):
+    name, results = quick
+    for steps, records, replay in results:
+        bundles = bundles_by_step(steps)
+        assert len(bundles) >= 10, [path.name for path in bundles.values()]
+        for index, path in bundles.items():
+            record = records.get(str(path))
+            assert record is not None, f"{name} step {index} has no replay record\n{replay.explain()}"
+            diverged = [check["item"] for check in record["checks"] if not check["bit_exact"] and _decides(check)]
+            assert record["verdict"] == "bit_exact", (name, index, record["verdict"], diverged, record.get("notes"))
+
+
+def test_the_workload_ran_compiled_chunks_and_graphs(quick):
+    """What the configuration is for: prefill chunks run compiled without a graph or as
+    PIECEWISE graphs, decodes as FULL graphs (vLLM's default capture sizes)."""
+    name, results = quick
+    steps = [read_step(path) for path in bundles_by_step(results[0][0]).values()]
+    modes = {step.graph.runtime_mode for step in steps}
+    assert "FULL" in modes, (name, modes)
+    assert any(step.graph.num_tokens > 64 and step.graph.runtime_mode in ("NONE", "PIECEWISE") for step in steps), name
+
+
+def test_compiled_steps_carry_the_kernel_choices(quick):
+    name, results = quick
+    for steps, records, _ in results:
+        for path in bundles_by_step(steps).values():
+            record = records[str(path)]
+            kernels = record.get("kernel_choices") or {}
+            assert not kernels.get("other"), (name, path.name, kernels["other"])

@@ -1,0 +1,81 @@
+"""Write tests/gpu/last-run.json: what the last GPU run of tracekit ran on, and what it found.
+
+`tools/gpu_run.sh --quick COMMIT` calls this on the GPU machine, once per vLLM release it ran
+(one run a file, back in $OUT); here the runs of one commit are merged into the file committed
+with the change they checked. The before-stop check reads the commit it names (its first key)
+and says when engine-facing code changed after it.
+
+    python tools/gpu_last_run.py --commit C --seconds S --junit J --summary Q --gpu G --out RUN.json
+    python tools/gpu_last_run.py --merge RUN.json [RUN.json ...] --out tests/gpu/last-run.json
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+
+def test_counts(junit: Path) -> dict[str, int]:
+    """passed / failed / skipped, from pytest's JUnit XML."""
+    if not junit.exists():
+        return {}
+    root = ElementTree.parse(junit).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    total = sum(int(suite.get("tests", 0)) for suite in suites)
+    failed = sum(int(suite.get("failures", 0)) + int(suite.get("errors", 0)) for suite in suites)
+    skipped = sum(int(suite.get("skipped", 0)) for suite in suites)
+    return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped}
+
+
+def version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def merged(runs: list[dict]) -> dict:
+    """One file for the runs of one commit, by vLLM version."""
+    commits = {run["commit"] for run in runs}
+    if len(commits) != 1:
+        raise SystemExit(f"the runs are of different commits: {sorted(commits)}")
+    return {"commit": commits.pop(), "runs": {run["vllm"]: run for run in sorted(runs, key=lambda run: run["vllm"] or "")}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--merge", type=Path, nargs="+", help="runs of one commit to merge into --out")
+    parser.add_argument("--commit")
+    parser.add_argument("--seconds", type=float, help="device seconds the tests took")
+    parser.add_argument("--junit", type=Path)
+    parser.add_argument("--summary", type=Path)
+    parser.add_argument("--gpu", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.merge:
+        args.out.write_text(json.dumps(merged([json.loads(path.read_text()) for path in args.merge]), indent=1) + "\n")
+        return
+    if None in (args.commit, args.seconds, args.junit, args.summary, args.gpu):
+        parser.error("a run needs --commit --seconds --junit --summary --gpu")
+    summary = json.loads(args.summary.read_text()) if args.summary.exists() else {}
+    record = {
+        "commit": args.commit,
+        "ran_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": args.gpu.read_text().strip() if args.gpu.exists() else None,
+        "vllm": version("vllm"),
+        "torch": version("torch"),
+        "device_seconds": args.seconds,
+        "tests": test_counts(args.junit),
+        "configurations": {
+            name: {**entry, "bit_exact_of_total": f"{entry['bit_exact']}/{entry['steps']}"}
+            for name, entry in sorted(summary.items())
+        },
+    }
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
