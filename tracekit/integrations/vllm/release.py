@@ -17,6 +17,7 @@ from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.schema import EngineConfig, ModelInfo, Step
 from tracekit.integrations.seam import RUNNER_KINDS, RunnerKind
 from tracekit.integrations.vllm import serialize
+from tracekit.integrations.vllm.weights import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,8 +289,6 @@ class Release:
 
     def engine_config(self, adapter: Any) -> EngineConfig:
         """What a bundle needs to rebuild `adapter`'s engine elsewhere."""
-        from tracekit.integrations.vllm import engine
-
         runner = adapter.runner
         config = runner.vllm_config
         args = self.engine_args_from_config(config)
@@ -304,7 +303,7 @@ class Release:
             model=ModelInfo(
                 path=model_path,
                 architecture=architectures[0],
-                weights_fingerprint=engine.weights_fingerprint(model_path, args.get("load_format")),
+                weights_fingerprint=weights_fingerprint(model_path, args.get("load_format")),
             ),
             num_kv_blocks=int(runner.kv_cache_config.num_blocks),
             block_size=int(config.cache_config.block_size),

@@ -328,7 +328,7 @@ class RunnerAdapter:
 
         return ranks.rank_of(self.runner, set_id)
 
-    def settings(self) -> dict[str, Any]:
+    def engine_args(self) -> dict[str, Any]:
         """The engine arguments that rebuild an engine whose forward matches this one's."""
         return self.release.engine_args_from_config(self.runner.vllm_config)
 
