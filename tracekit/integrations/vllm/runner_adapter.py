@@ -25,9 +25,10 @@ import torch
 
 from tracekit.format.schema import EngineConfig, Environment, GraphDispatch, ParallelRank, RequestState, Step
 from tracekit.graphs.device import DeviceBackend, get_device_backend
-from tracekit.integrations.seam import BatchFacts, ModelCall, Phase, RunnerKind, StepObserver
+from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.method_patch import shadowed
+from tracekit.integrations.vllm.step_shadows import StepShadows
 
 # (object, {method name: wrapper factory}) pairs, shadowed together for a session.
 Shadows = list[tuple[Any, dict[str, Callable[[Callable], Callable]]]]
@@ -68,7 +69,6 @@ class RunnerAdapter:
     def __init__(self, runner: Any, release: Any):
         self.runner = runner
         self.release = release
-        self._logits_pending = False  # the next compute_logits of the step is its sampling logits
 
     # -- per runner kind ---------------------------------------------------------------------
 
@@ -157,73 +157,20 @@ class RunnerAdapter:
     # -- the step, observed ------------------------------------------------------------------
 
     def observe(self, observer: StepObserver, model_call: ModelCall | None = None) -> AbstractContextManager:
-        """Shadow the runner for a session reporting to `observer`. `model_call` (replay) takes
-        the place of every model call; by default the model runs, reported before and after."""
-        runner, adapter = self.runner, self
-
-        def execute_model(original: Callable) -> Callable:
-            def wrapper(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-                if kwargs.get("dummy_run") or scheduler_output.total_num_scheduled_tokens == 0:
-                    return original(scheduler_output, *args, **kwargs)
-                adapter.step_begins()
-                observer.step_started(scheduler_output)
-                result = reporting_failures(observer, original)(scheduler_output, *args, **kwargs)
-                if observer.tracking and result is not None:  # no sample_tokens follows this step
-                    observer.output_receiver()(None)
-                return result
-
-            return wrapper
-
-        def sample_tokens(original: Callable) -> Callable:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                output = reporting_failures(observer, original)(*args, **kwargs)
-                adapter._logits_pending = False
-                if not observer.tracking:
-                    return output
-                return adapter.release.when_output_ready(output, observer.output_receiver())
-
-            return wrapper
-
-        def bookkeeping(original: Callable) -> Callable:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.phase_entered(Phase.BOOKKEEPING)
-                return original(*args, **kwargs)
-
-            return wrapper
-
-        def compute_logits(original: Callable) -> Callable:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                logits = original(*args, **kwargs)
-                if adapter._logits_pending:  # the step's sampling logits (prompt logprobs come later)
-                    adapter._logits_pending = False
-                    observer.logits_computed(logits)
-                return logits
-
-            return wrapper
-
-        def observed_model_call(original: Callable) -> Callable:
-            if model_call is not None:
-                return lambda *args, **kwargs: model_call(original, args, kwargs)
-
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.before_forward(*adapter.forward_inputs(args, kwargs))
-                output = original(*args, **kwargs)
-                observer.after_forward(output)
-                return output
-
-            return wrapper
-
+        """Shadow the runner for a session reporting to `observer` (`StepShadows`). `model_call`
+        (replay) takes the place of every model call; by default the model runs, reported before
+        and after."""
+        step = StepShadows(self, observer, model_call)
         shadows: Shadows = [
-            (runner, {"execute_model": execute_model, "sample_tokens": sample_tokens,
-                      self.bookkeeping_method: bookkeeping}),
-            (runner.model, {"compute_logits": compute_logits}),
+            (self.runner, {"execute_model": step.execute_model, "sample_tokens": step.sample_tokens,
+                           self.bookkeeping_method: step.bookkeeping}),
+            (self.runner.model, {"compute_logits": step.compute_logits}),
             *self.kind_shadows(observer),
         ]
-        return _entered(shadows, self.model_call_shadows(observed_model_call))
+        return _entered(shadows, self.model_call_shadows(step.model_call))
 
     def step_begins(self) -> None:
-        """A new step (not a dummy run) starts: forget the last one's per-step facts."""
-        self._logits_pending = True
+        """A new step (not a dummy run) starts: forget the last one's per-step facts (none here)."""
 
     # -- replay ------------------------------------------------------------------------------
 
@@ -339,19 +286,6 @@ def hidden_states_of(output: Any) -> torch.Tensor | None:
     if isinstance(output, tuple):
         output = output[0]
     return output if isinstance(output, torch.Tensor) else None
-
-
-def reporting_failures(observer: StepObserver, original: Callable[..., Any]) -> Callable[..., Any]:
-    """`original`, reporting any exception it raises to the observer as the step's failure."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        except BaseException as error:
-            observer.step_failed(error)
-            raise
-
-    return call
 
 
 def _entered(shadows: Shadows, contexts: list[AbstractContextManager] = ()) -> ExitStack:
