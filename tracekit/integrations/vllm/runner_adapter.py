@@ -63,7 +63,7 @@ class RunnerAdapter:
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
         "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
-        "compile_ranges_endpoints", "scheduler_config", "preempted_req_ids",
+        "scheduler_config", "preempted_req_ids",
     })
 
     def __init__(self, runner: Any, release: Any):
@@ -131,6 +131,12 @@ class RunnerAdapter:
         """What the marked step (by default: the current one, during its model call) was
         dispatched to; `attention`: also summarise its attention metadata, which reads a few
         device tensors."""
+        raise NotImplementedError
+
+    def keep_only_graphs(self, keep: Callable[[str, int], bool]) -> list[tuple[str, int]]:
+        """Cut the runner's table of CUDA graphs, before its `capture_model`, to the (mode name,
+        padded size) pairs `keep` accepts: it captures those alone, and dispatches any other
+        batch without a graph. Returns the pairs kept (a lean replay engine: `lean_build`)."""
         raise NotImplementedError
 
     def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
@@ -230,9 +236,9 @@ class RunnerAdapter:
 
     @property
     def compile_range_ends(self) -> list[int]:
-        """The token counts where one of the engine's Inductor compile ranges ends and the next
-        compiled graph takes over (vLLM 0.32; none where the release has no compile ranges)."""
-        return sorted(int(end) for end in getattr(self.runner.compilation_config, "compile_ranges_endpoints", None) or [])
+        """The token counts where one of the engine's Inductor compile ranges ends (the release's
+        `compile_range_ends`)."""
+        return self.release.compile_range_ends(self.runner.compilation_config)
 
     def kv_groups(self) -> list[runner_state.KVGroup]:
         return runner_state.kv_groups(self.runner)
