@@ -253,3 +253,12 @@ def test_replay_and_the_environment_name_no_vllm_fact():
             if node.value in vocabulary or VLLM_VARIABLE.search(node.value):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value[:60]!r}")
     assert not found, "vLLM facts outside tracekit/integrations/vllm:\n" + "\n".join(found)
+
+
+def test_one_module_per_name():
+    """Two modules of one name read alike at an import site and in a traceback; each name is one module's."""
+    names: dict[str, list[str]] = {}
+    for path in SOURCES:
+        if path.name != "__init__.py":
+            names.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}

@@ -25,7 +25,7 @@ from tracekit.integrations.vllm.replay_engine import (
     require_layout_buildable,
     require_replayable_here,
 )
-from tracekit.replay import in_workers
+from tracekit.replay import replay_in_workers
 from tracekit.replay.checks import first_divergence
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.result import ReplayResult
@@ -133,8 +133,8 @@ def replay_rank_set(
                                             allow_weights_mismatch=allow_weights_mismatch, overrides=overrides))
     session = uuid.uuid4().hex
     try:
-        prepared = engine.on_every_worker(in_workers.prepare_replay, session, bundles)
-        outcomes = engine.on_every_worker(in_workers.run_replay, session, tolerance, runs)
+        prepared = engine.on_every_worker(replay_in_workers.prepare_replay, session, bundles)
+        outcomes = engine.on_every_worker(replay_in_workers.run_replay, session, tolerance, runs)
         engine.forget_cached_prefixes()
     finally:
         engine.release()

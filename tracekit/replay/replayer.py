@@ -136,7 +136,8 @@ def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any) -> ReplayEn
     runner_kind = opened.content.engine.runner
     if llm is not None:
         if options.engine_overrides or options.model:
-            raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
+            raise UsageError("engine overrides and --model shape an engine when it is built: pass them without llm, "
+                             "or build the llm with them")
         engine = engine_of(llm, runner_kind, needs_of(opened.step, options.modes))
     else:
         needs = None if options.full_engine else (options.engine_needs or needs_of(opened.step, options.modes))
