@@ -44,9 +44,8 @@ from tracekit.models import tiny_model_path
 
 __all__ = [
     "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
-    "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_layout_buildable", "require_recomputable",
-    "require_replayable_here",
-    "union_of", "worker_adapter", "worker_error",
+    "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_layout_buildable",
+    "require_recomputable", "require_replayable_here", "union_of", "worker_adapter", "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
