@@ -1,12 +1,19 @@
 """The house rules no review should have to enforce by eye:
 
 * each layer of `tracekit.LAYERS` imports only from its own layer and those below, lazy imports
-  (inside functions) included;
+  (inside functions) included, and no module imports itself back through others (the release
+  modules `releases/` loads with importlib included);
 * vLLM is imported only inside `tracekit/integrations/vllm/`, and the vLLM attributes tracekit
-  touches — listed by the release and adapter classes, vcrpy-style — are touched only there.
+  touches — listed by the release and adapter classes, vcrpy-style — are touched only there;
+* `tracekit/replay/` reaches vLLM through one seam (`integrations/vllm/replay_engine.py`), and
+  neither it nor the environment fingerprint names a vLLM fact (an engine argument, a graph mode,
+  a vLLM environment variable).
 """
 
 import ast
+import dataclasses
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -139,3 +146,119 @@ def test_each_release_module_is_registered_under_its_series(name):
 
     series = importlib.import_module(f"tracekit.integrations.vllm.releases.{name}").Release.series
     assert series == name.removeprefix("v").replace("_", ".") and series in SUPPORTED_SERIES
+
+
+MODULES = {_module_name(path): path for path in SOURCES}
+
+
+def _module_of(target: str) -> str | None:
+    """The tracekit module an import target names (`pkg.module.Name` -> `pkg.module`)."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _imported_modules(module: str) -> set[str]:
+    """The tracekit modules `module` imports, lazily too; `from pkg import submodule` imports the
+    submodule (its package's `__init__` runs first anyway, without importing back)."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.ImportFrom):
+            (_, base), *names = _imports(ast.Module(body=[node], type_ignores=[]), module)
+            submodules = [name for _, name in names if name in MODULES]
+            targets = submodules if len(submodules) == len(names) else [base, *submodules]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        found.update(name for name in map(_module_of, targets) if name is not None and name != module)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every tracekit module's imports, with the release modules `releases/__init__` loads by name."""
+    from tracekit.integrations.vllm import releases
+
+    graph = {module: _imported_modules(module) for module in MODULES}
+    graph[releases.__name__] |= {f"{releases.__name__}.{name}" for name in releases.RELEASE_MODULES}
+    return graph
+
+
+def test_no_module_imports_itself_back():
+    graph = _import_graph()
+    state: dict[str, str] = {}
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import loops:\n" + "\n".join(cycles)
+
+
+# What `tracekit/replay/` may import from the integrations: the seam to vLLM, and the torch-free
+# runner types both record and replay speak.
+REPLAY_SEAMS = {"tracekit.integrations.vllm.replay_engine", "tracekit.integrations.seam"}
+
+
+def test_replay_reaches_vllm_through_one_seam():
+    graph = _import_graph()
+    reached = sorted(
+        f"{module} imports {target}" for module in graph if module.startswith("tracekit.replay")
+        for target in graph[module] if target.startswith("tracekit.integrations") and target not in REPLAY_SEAMS
+    )
+    assert not reached, "tracekit/replay reaches the integrations past its seam:\n" + "\n".join(reached)
+
+
+def _vllm_vocabulary() -> set[str]:
+    """Names only vLLM gives meaning to: the engine arguments and compilation fields every
+    release records, the variable that picks its model runner, its graph runtime modes — less
+    the names tracekit's own schema and replay options also use for their own things."""
+    from tracekit.format import schema
+    from tracekit.integrations.vllm.lean_build import GRAPH_RUNTIME_MODES
+    from tracekit.integrations.vllm.releases import RELEASE_MODULES, release_for
+    from tracekit.replay.replayer import ReplayOptions
+
+    vocabulary = set(GRAPH_RUNTIME_MODES) | {"compilation_config"}
+    for module in RELEASE_MODULES:
+        support = release_for(module.removeprefix("v").replace("_", ".") + ".0")
+        vocabulary |= {setting.name for setting in support.settings} | set(support.compilation_fields)
+        vocabulary.add(support.runner_variable)
+    own = {item.name for item in dataclasses.fields(ReplayOptions)}
+    for _, cls in inspect.getmembers(schema, dataclasses.is_dataclass):
+        own |= {item.name for item in dataclasses.fields(cls)}
+    return vocabulary - own
+
+
+# A vLLM environment variable named in full (the bare family prefix `VLLM_` in the environment
+# fingerprint's list of prefixes it records names no variable).
+VLLM_VARIABLE = re.compile(r"\bVLLM_[A-Z0-9_]+")
+
+
+def test_replay_and_the_environment_name_no_vllm_fact():
+    vocabulary = _vllm_vocabulary()
+    found = []
+    for path in [*sorted((PACKAGE / "replay").rglob("*.py")), PACKAGE / "environment.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            if node.value in vocabulary or VLLM_VARIABLE.search(node.value):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value[:60]!r}")
+    assert not found, "vLLM facts outside tracekit/integrations/vllm:\n" + "\n".join(found)
+
+
+def test_one_module_per_name():
+    """Two modules of one name read alike at an import site and in a traceback; each name is one module's."""
+    names: dict[str, list[str]] = {}
+    for path in SOURCES:
+        if path.name != "__init__.py":
+            names.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}

@@ -189,7 +189,7 @@ def bench_case(tensors, directory: str, repeats: int) -> dict[str, tuple]:
 
 def bench_inspect(directory: str, gib: float) -> None:
     """What `tracekit inspect` reads (header, trailer, index, metadata) of a big bundle."""
-    from tracekit.cli.inspect import _summary
+    from tracekit.cli.inspect_command import _summary
 
     tensors = kv_tensors("kv-mix", torch.bfloat16, int(gib * 1024))
     path = os.path.join(directory, "bench-inspect.zst")

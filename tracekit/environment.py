@@ -23,8 +23,6 @@ RELEVANT_ENV_PREFIXES = (
 # were not among them.
 EARLIER_ENV_PREFIXES = tuple(prefix for prefix in RELEVANT_ENV_PREFIXES if prefix not in ("TORCHINDUCTOR_", "TRITON_"))
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-# Set by vLLM itself with a fresh random value in every process: never a difference that matters.
-PER_PROCESS_VARS = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
 
 # Fields whose difference makes bit-exactness unlikely; the rest are informational. The torch and
 # vLLM versions carry their build tags ("2.13.0+cpu"). `num_threads` counts on CPU only, where the
@@ -50,9 +48,10 @@ def numerics_relevant_env(name: str) -> bool:
 
 
 def current_environment(device: Any = None, attention_backend: str | None = None,
-                        vllm_version: str | None = None) -> Environment:
-    """This process's fingerprint; `attention_backend` and `vllm_version` come from the engine
-    (see `tracekit.integrations.vllm.platform_facts`)."""
+                        vllm_version: str | None = None, per_process_vars: tuple[str, ...] = ()) -> Environment:
+    """This process's fingerprint; `attention_backend`, `vllm_version` and the variables the engine
+    sets to a fresh value in every process (`per_process_vars`, never a difference that matters)
+    come from the engine (see `tracekit.integrations.vllm.platform_facts`)."""
     import torch
 
     device = torch.device(device or "cpu")
@@ -72,7 +71,7 @@ def current_environment(device: Any = None, attention_backend: str | None = None
             for name, value in sorted(os.environ.items())
             if name.startswith(RELEVANT_ENV_PREFIXES)
             and not any(marker in name for marker in SECRET_MARKERS)
-            and name not in PER_PROCESS_VARS
+            and name not in per_process_vars
         },
         env_prefixes=list(RELEVANT_ENV_PREFIXES),
     )

@@ -66,5 +66,5 @@ def test_a_recompute_bundle_without_its_token_ids_is_refused_before_any_engine(t
             request.output_token_ids[0] = PLACEHOLDER_TOKEN
     bundle = write_steps(tmp_path / "recompute.zst", content.environment, content.engine, [step])
     # Refused as bad input (exit 2) on a machine that could not build its engine either (vLLM 0.26).
-    with pytest.raises(BundleError, match=r"token ids before step \d+ are not in the bundle.*--kv restore"):
+    with pytest.raises(BundleError, match=r"token ids before step \d+ are not in the bundle.*--kv read"):
         replay(bundle)

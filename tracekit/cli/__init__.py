@@ -16,14 +16,14 @@ from tracekit import __version__
 from tracekit.errors import TracekitError
 
 SUBCOMMANDS = {
-    "diff": ("tracekit.cli.diff", "diff_command"),
-    "export": ("tracekit.cli.export", "export_command"),
-    "inspect": ("tracekit.cli.inspect", "inspect_command"),
-    "invariance": ("tracekit.cli.invariance", "invariance_command"),
-    "record": ("tracekit.cli.record", "record_command"),
-    "redact": ("tracekit.cli.redact", "redact_command"),
-    "replay": ("tracekit.cli.replay", "replay_command"),
-    "shrink": ("tracekit.cli.shrink", "shrink_command"),
+    "diff": ("tracekit.cli.diff_command", "diff_command"),
+    "export": ("tracekit.cli.export_command", "export_command"),
+    "inspect": ("tracekit.cli.inspect_command", "inspect_command"),
+    "invariance": ("tracekit.cli.invariance_command", "invariance_command"),
+    "record": ("tracekit.cli.record_command", "record_command"),
+    "redact": ("tracekit.cli.redact_command", "redact_command"),
+    "replay": ("tracekit.cli.replay_command", "replay_command"),
+    "shrink": ("tracekit.cli.shrink_command", "shrink_command"),
 }
 
 

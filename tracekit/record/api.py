@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from tracekit.errors import TracekitError
 from tracekit.integrations.vllm import workers
 from tracekit.integrations.vllm.engine import find_runner
-from tracekit.record import in_workers
+from tracekit.record import arm_in_workers
 from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, Recorder
 from tracekit.record.triggers import TriggerSet
 
@@ -65,13 +65,13 @@ def _recording_in_workers(llm: Any, output: str, *settings: Any) -> Iterator[Wor
     session = uuid.uuid4().hex
     remote = WorkerRecording()
     try:
-        workers.on_every_worker(llm, in_workers.arm_recorder, session, output, *settings)
+        workers.on_every_worker(llm, arm_in_workers.arm_recorder, session, output, *settings)
     except TracekitError:
-        workers.on_every_worker(llm, in_workers.disarm_recorder, session)  # ranks that did arm
+        workers.on_every_worker(llm, arm_in_workers.disarm_recorder, session)  # ranks that did arm
         raise
     try:
         yield remote
     finally:
-        for result in workers.on_every_worker(llm, in_workers.disarm_recorder, session):
+        for result in workers.on_every_worker(llm, arm_in_workers.disarm_recorder, session):
             remote.written.extend(Path(path) for path in result["written"])
             remote.failures.extend(result["failures"])

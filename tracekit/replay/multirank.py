@@ -1,8 +1,8 @@
 """Replaying one step of a multi-rank (tensor-parallel) engine: every rank, together.
 
 Given any rank's bundle, the set is found and checked whole (a missing rank or a part of another
-step: exit 2), the machine is checked (vLLM series, weights, enough cores or devices for the
-recorded layout; pipeline parallel, not supported yet: exit 3), and an engine with the
+step: exit 2), the machine is checked (device, vLLM series, enough cores or devices for the
+recorded layout; pipeline parallel, not supported yet; weights: exit 3), and an engine with the
 recorded parallel layout is built. Inside each worker its own rank's bundle is restored — KV
 blocks, RNG, request state — by the same `StepDriver` a single-rank replay uses, and the step runs
 on all ranks at once, so its collectives run as they did. Each rank is checked against its own
@@ -16,16 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.errors import EXIT_OK, CannotRunHere
-from tracekit.format.rankset import find_rank_set, read_part
-from tracekit.graphs.device import default_device
+from tracekit.errors import EXIT_OK
+from tracekit.format.rankset import find_rank_set
 from tracekit.graphs.timing import HOST_CLOCK, latency_summary
-from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm import ranks, workers
-from tracekit.integrations.vllm.version import require_same_series
-from tracekit.replay import in_workers
+from tracekit.integrations.vllm.replay_engine import (
+    EngineSpec,
+    build_replay_engine,
+    require_layout_buildable,
+    require_replayable_here,
+)
+from tracekit.replay import replay_in_workers
 from tracekit.replay.checks import first_divergence
-from tracekit.replay.engine import build_replay_engine, require_device_of
+from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.verdict import Verdict
 
@@ -106,7 +108,7 @@ class RankSetReplayResult:
 
 
 def replay_rank_set(
-    bundle: str | Path,
+    bundle: str | Path | OpenedBundle,
     *,
     model: str | None = None,
     allow_weights_mismatch: bool = False,
@@ -118,26 +120,24 @@ def replay_rank_set(
     strict: bool = False,
 ) -> RankSetReplayResult:
     """Replay the step `bundle` (any rank's part) belongs to, on every rank."""
-    rank_set = find_rank_set(bundle)
-    rank_set.require_complete()
-    content = read_part(bundle)
-    require_device_of(content.environment)
-    require_same_series(content.engine.vllm_version)
-    device_kind = default_device()
-    ranks.require_buildable(content.parallel, device_kind)
+    with OpenedBundle.of(bundle) as opened:
+        rank_set = find_rank_set(opened.path)  # reads the part's rank fields (and checks them)
+        rank_set.require_complete()
+        content = opened.content
     overrides = dict(engine_overrides or {})
-    if "tensor_parallel_size" in overrides or "pipeline_parallel_size" in overrides:
-        raise CannotRunHere("a multi-rank step replays with its recorded parallel layout only")
+    require_replayable_here(content)
+    require_layout_buildable(content.parallel, overrides)
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
     runs = iters * samples if timing else 0
-    llm = build_replay_engine(content.engine, model, allow_weights_mismatch, overrides, recorded=content.environment)
+    engine = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=model,
+                                            allow_weights_mismatch=allow_weights_mismatch, overrides=overrides))
     session = uuid.uuid4().hex
     try:
-        prepared = workers.on_every_worker(llm, in_workers.prepare_replay, session, bundles)
-        outcomes = workers.on_every_worker(llm, in_workers.run_replay, session, tolerance, runs)
-        vllm_engine.forget_cached_prefixes(llm)
+        prepared = engine.on_every_worker(replay_in_workers.prepare_replay, session, bundles)
+        outcomes = engine.on_every_worker(replay_in_workers.run_replay, session, tolerance, runs)
+        engine.forget_cached_prefixes()
     finally:
-        vllm_engine.release_llm(llm)
+        engine.release()
     step = content.steps[0]
     per_rank = [
         ReplayResult(
@@ -161,7 +161,7 @@ def replay_rank_set(
     ]
     slowest = np.max([outcome["times_us"] for outcome in outcomes], axis=0) if runs else None
     return RankSetReplayResult(
-        bundle=str(bundle),
+        bundle=str(opened.path),
         step_index=step.index,
         trigger=step.trigger,
         tensor_parallel_size=rank_set.tensor_parallel_size,

@@ -1,8 +1,14 @@
 """`replay(bundle)`: rebuild the engine a bundle describes, run its step, check it, time it.
 
+The replay runs in named stages, each a function with one job:
+
+    open -> check the machine -> engine -> run and compare -> time -> report
+
 The order matters for the exit codes a `git bisect run` relies on: the bundle is read and
-validated first (bad input: 2), then this machine is checked — device, vLLM series, weights —
-(cannot replay here: 3), and only then does the step run (did not reproduce: 1; reproduced: 0).
+validated first (bad input: 2), then this machine is checked — device, vLLM series, weights, the
+engine's KV layout — (cannot replay here: 3), and only then does the step run (did not
+reproduce: 1; reproduced: 0). Everything a stage asks of vLLM goes through one seam,
+`tracekit.integrations.vllm.replay_engine`.
 """
 
 from dataclasses import dataclass, field
@@ -10,20 +16,26 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.environment import environment_differences
-from tracekit.errors import BundleError, CannotRunHere, UsageError
-from tracekit.format.content import load_step
-from tracekit.format.schema import KV_MODES, KVMode, Step
-from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, expand_modes
+from tracekit.errors import CannotRunHere, UsageError
+from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
+from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
 from tracekit.graphs.profiling import trace_path
-from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm import layer_capture, lean_build
-from tracekit.integrations.vllm.platform_facts import kv_layout_difference
-from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
-from tracekit.integrations.vllm.version import require_same_series
+from tracekit.integrations.vllm.replay_engine import (
+    EngineNeeds,
+    EngineSpec,
+    ForwardHandle,
+    ReplayEngine,
+    StepDriver,
+    build_replay_engine,
+    engine_of,
+    needs_of,
+    require_recomputable,
+    require_replayable_here,
+)
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_layers, check_step, padding_findings
-from tracekit.replay.engine import EngineNeeds, build_replay_engine, needs_of, require_device_of
 from tracekit.replay.layers_bundle import write_layers_bundle
+from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
 
@@ -58,140 +70,137 @@ class ReplayOptions:
     engine_needs: EngineNeeds | None = None
 
 
-def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any = None, **fields: Any) -> ReplayResult:
+def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
+           **fields: Any) -> ReplayResult:
     """Replay one recorded step (options as a `ReplayOptions`, or its fields as keywords). Pass
-    `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments."""
+    `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments, and
+    an `OpenedBundle` for a bundle the caller opened already."""
     options = options or ReplayOptions(**fields)
-    content, recorded = load_step(bundle, options.step)
-    if recorded.kv.mode not in KV_MODES:
-        raise CannotRunHere(f"the bundle's KV mode {recorded.kv.mode!r} is not one this tracekit replays: upgrade tracekit")
+    opened = open_step(bundle, options)
+    check_machine(opened.content)
+    engine = engine_for(opened, options, llm)
+    here = engine.environment()
+    engine.require_kv_layout_of(opened.content.environment, here)
+    ran = run_and_compare(engine, opened, options)
+    if ran.own_engine_modes:
+        ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options))
+    return report(opened, options, engine, here, ran)
+
+
+# -- open ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OpenedStep:
+    """The step a replay runs, read and validated: the bundle (as named), its content, the step."""
+
+    bundle: str
+    content: BundleContent
+    step: Step
+    explicit_modes: list[str]  # the modes `--mode` names, expanded (none for reference timing)
+
+
+def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
+    """Read the bundle's step and refuse what no machine could replay (bad input or usage: 2; a
+    KV mode of a newer tracekit: 3)."""
+    opened = OpenedBundle.of(bundle)
+    name = str(opened.path)
+    content, step = opened.content, opened.load_step(options.step)
+    if step.kv.mode not in KV_MODES:
+        raise CannotRunHere(f"the bundle's KV mode {step.kv.mode!r} is not one this tracekit replays: upgrade tracekit")
     if content.parallel.multi_rank:
         raise UsageError(
-            f"{bundle} is rank {content.parallel.rank} of a {content.parallel.world_size}-rank step: "
+            f"{name} is rank {content.parallel.rank} of a {content.parallel.world_size}-rank step: "
             "replay it with tracekit.replay.multirank.replay_rank_set (the CLI does)"
         )
-    if recorded.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(recorded)):
-        raise BundleError(
-            f"{bundle}: its KV is to be recomputed, but {unknown} of the token ids before step {recorded.index} "
-            "are not in the bundle (vLLM's V1 runner under async scheduling never holds the ids it sampled; the "
-            "recorder keeps them only for requests it saw start, and tracekit before 2026-12-04 not at all): "
-            "record with the KV (--kv restore), or arm the recorder before the requests arrive, or on Model "
-            "Runner V2, or with async scheduling off"
-        )
+    if step.kv.mode == KVMode.RECOMPUTE.value:
+        require_recomputable(name, step)
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
-    require_device_of(content.environment)
-    release = require_same_series(content.engine.vllm_version)
-    if llm is not None and (options.engine_overrides or options.model):
-        raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
-    built = llm is None
-    if built:
-        lean = None if options.full_engine else (options.engine_needs or needs_of(recorded, options.modes))
-        llm = build_replay_engine(content.engine, options.model, options.allow_weights_mismatch, options.engine_overrides,
-                                  recorded=content.environment, lean=lean)
-    engine_build = lean_build.build_of(llm)
-    if not built and engine_build is not None and engine_build.kind == "lean":
-        missing = needs_of(recorded, options.modes).graphs - set(engine_build.graphs_wanted)
-        if missing:
-            raise UsageError(
-                f"the engine passed in is lean, built without the graphs this step needs ({sorted(missing)}): "
-                "build it with ReplayOptions(engine_needs=...) covering every step it replays, or full_engine=True"
-            )
-    adapter = vllm_engine.adapter_of(llm)
-    if adapter.kind != content.engine.runner:
-        variable, value = next(iter(release.runner_env(content.engine.runner).items()))
-        raise UsageError(
-            f"the bundle was recorded on vLLM's {content.engine.runner.upper()} model runner; the engine "
-            f"passed in runs {adapter.kind.value.upper()}: build it with {variable}={value}"
-        )
-    # Read after the engine is built: vLLM sets some variables of its own in every process.
-    here = adapter.environment()
-    layout_problem = kv_layout_difference(content.environment.attention_backend, here.attention_backend)
-    if layout_problem is not None:
-        raise CannotRunHere(layout_problem)
-    ours = {**vllm_engine.IN_PROCESS_ENV, **release.runner_env(content.engine.runner),
-            **(engine_build.env if engine_build is not None else {})}
-    differences = [
-        {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
-        for name, before, now, numeric in environment_differences(content.environment, here)
-        if not (name.startswith("env ") and ours.get(name.removeprefix("env ")) == now)  # tracekit's own settings
-    ]
-    reference_mode = adapter.reference_mode
-    requested = [reference_mode] if options.modes == "reference" else explicit_modes
+    return OpenedStep(name, content, step, explicit_modes)
+
+
+# -- check the machine -----------------------------------------------------------------------------------
+
+
+def check_machine(content: BundleContent) -> None:
+    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of (device, vLLM series)."""
+    require_replayable_here(content)
+
+
+# -- engine ----------------------------------------------------------------------------------------------
+
+
+def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any) -> ReplayEngine:
+    """The engine the step runs on: `llm` if the caller passed one (it must fit the step), else
+    built from the recording, lean unless `options.full_engine`."""
+    runner_kind = opened.content.engine.runner
+    if llm is not None:
+        if options.engine_overrides or options.model:
+            raise UsageError("engine overrides and --model shape an engine when it is built: pass them without llm, "
+                             "or build the llm with them")
+        engine = engine_of(llm, runner_kind, needs_of(opened.step, options.modes))
+    else:
+        needs = None if options.full_engine else (options.engine_needs or needs_of(opened.step, options.modes))
+        engine = build_replay_engine(EngineSpec(
+            opened.content.engine, recorded=opened.content.environment, model=options.model,
+            allow_weights_mismatch=options.allow_weights_mismatch, overrides=options.engine_overrides, needs=needs,
+        ))
+    engine.require_runner_kind()
+    return engine
+
+
+# -- run and compare ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepRun:
+    """What running the step gave: its checks, what the runner did, the modes timed on its engine."""
+
+    reference_mode: str  # the mode the engine ran the forward in
+    own_engine_modes: list[str]  # the modes still to time, each on an engine of its own
+    checks: list[CheckedItem] = field(default_factory=list)
+    observed: Any = None  # the ObservedStep (None for a step recorded because it raised)
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)
+    captured_layers: dict[str, Any] = field(default_factory=dict)
+
+
+def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOptions) -> StepRun:
+    """Run the step through the engine's runner, compare it with the recording, and time on the
+    way (`on_forward`) the modes that run on this engine."""
+    step = opened.step
+    requested = [engine.reference_mode] if options.modes == "reference" else opened.explicit_modes
     # Graph modes need an engine of their own (vLLM's graphs off, or tracekit's piecewise
     # backend); where the device has no graphs, measure_mode reports why they cannot run, and
     # the piecewise engine still compiles its pieces for the per-piece divergence probe.
-    has_graphs = adapter.device_backend.has_graphs
-    own_engine_modes = [m for m in requested if m in OWN_ENGINE_MODES and (has_graphs or m == "piecewise")]
-    measured: dict[str, dict[str, Any]] = {}
-    recorded_layers = recorded.outputs.layers if recorded.outputs is not None else {}
-    captured_layers: dict[str, Any] = {}
+    own_engine_modes = [m for m in requested if m in OWN_ENGINE_MODES and (engine.has_graphs or m == "piecewise")]
+    recorded_layers = step.outputs.layers if step.outputs is not None else {}
+    ran = StepRun(engine.reference_mode, own_engine_modes)
 
     def on_forward(handle: ForwardHandle) -> None:
         if options.layers_out is not None or recorded_layers:
-            capture = layer_capture.capture_eager_forward(adapter.model, handle)
+            capture = engine.capture_layers(handle)
             if capture.failure is not None:
                 raise CannotRunHere(f"per-layer capture failed: {capture.failure}")
-            captured_layers.update(capture.outputs)
+            ran.captured_layers.update(capture.outputs)
         for mode in requested:
-            if mode in (ReplayMode.COMPILED.value, ReplayMode.COMPILED_NO_GRAPH.value) and reference_mode == "eager":
-                measured[mode] = {"mode": mode, "available": False, "reason": (
-                    "the engine runs without torch.compile (compilation mode NONE); "
-                    "record with compilation enabled to time it compiled")}
+            reason = engine.unavailable_reason(mode)
+            if reason is not None:
+                ran.measured[mode] = {"mode": mode, "available": False, "reason": reason}
             elif mode not in own_engine_modes:
-                measured[mode] = measure(mode, handle, recorded, options.iters, options.samples, options.warmup_s,
-                                         trace_to=trace_path(options.profile_prefix, mode))
+                ran.measured[mode] = measure(mode, handle, step, options.iters, options.samples, options.warmup_s,
+                                             trace_to=trace_path(options.profile_prefix, mode))
 
-    driver = StepDriver(adapter, recorded)
-    observed = None
+    driver = engine.driver(step)
     try:
-        if recorded.error is not None:
-            checks = [_replay_failing_step(driver, recorded.error)]
+        if step.error is not None:
+            ran.checks = [_replay_failing_step(driver, step.error)]
         else:
             wants_forward = requested or options.layers_out is not None or recorded_layers
-            observed = driver.run(on_forward if wants_forward else None)
-            checks = check_step(observed, recorded, options.tolerance)
+            ran.observed = driver.run(on_forward if wants_forward else None)
+            ran.checks = check_step(ran.observed, step, options.tolerance)
     finally:
-        vllm_engine.forget_cached_prefixes(llm)
-    if own_engine_modes:
-        engine_args = adapter.settings()
-        vllm_engine.release_llm(llm)
-        llm = None
-        for mode in own_engine_modes:
-            measured[mode] = measure_in_own_engine(
-                mode, engine_args, content.engine.runner, recorded, options.iters, options.samples,
-                options.warmup_s, trace_path(options.profile_prefix, mode), has_graphs=has_graphs,
-            )
-    recorded_timing = recorded.timing.to_plain()
-    audited = dispatch_audit.audit(recorded.graph, observed.dispatch) if observed is not None else {}
-    notes = (_kv_notes(recorded) + _dispatch_notes(audited) + _autotuning_notes(content, reference_mode, checks)
-             + compare_with_recorded(measured, recorded_timing))
-    return ReplayResult(
-        bundle=str(bundle),
-        step_index=recorded.index,
-        trigger=recorded.trigger,
-        reference_mode=reference_mode,
-        checks=checks,
-        modes=measured,
-        recorded_timing=recorded_timing,
-        replay_forward_us=observed.forward_us if observed is not None else None,
-        environment_differences=differences,
-        overrides=dict(options.engine_overrides),
-        notes=notes,
-        tolerance=options.tolerance,
-        strict=options.strict,
-        error_step=recorded.error is not None,
-        kv_recomputed=recorded.kv.mode == KVMode.RECOMPUTE.value,
-        layer_checks=check_layers(captured_layers, recorded_layers, options.tolerance) if recorded_layers else [],
-        layers_bundle=(
-            str(write_layers_bundle(options.layers_out, here, content.engine, recorded, captured_layers))
-            if options.layers_out is not None and recorded.error is None else None
-        ),
-        dispatch=audited,
-        padding_findings=padding_findings(observed, recorded) if observed is not None else [],
-        mode_agreement=mode_agreement(measured),
-        engine_build={**engine_build.to_plain(), "built_for_this_step": built} if engine_build is not None else None,
-        llm=llm,
-    )
+        engine.forget_cached_prefixes()
+    return ran
 
 
 def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> CheckedItem:
@@ -205,6 +214,75 @@ def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> 
         same = driver.step.raised_as_recorded(error)
         return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
     return CheckedItem("error", False, False, {"raised": None, "problem": "the step did not raise", **recorded})
+
+
+# -- time ------------------------------------------------------------------------------------------------------
+
+
+def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[str],
+                        options: ReplayOptions) -> dict[str, dict[str, Any]]:
+    """Time the modes that need an engine of their own, one after the other; the replay engine
+    is released first (its engine arguments, read back, rebuild each)."""
+    engine_args, has_graphs = engine.engine_args(), engine.has_graphs
+    engine.release()
+    return {
+        mode: measure_in_own_engine(mode, opened.content.engine, engine_args, opened.step, options.iters,
+                                    options.samples, options.warmup_s, trace_path(options.profile_prefix, mode),
+                                    has_graphs=has_graphs)
+        for mode in modes
+    }
+
+
+# -- report ----------------------------------------------------------------------------------------------------
+
+
+def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, here: Any, ran: StepRun) -> ReplayResult:
+    """The replay's result: checks, dispatch audit, timings beside the recorded one, the
+    environment's differences from the recording, notes, and the per-layer bundle if asked."""
+    step, content, observed = opened.step, opened.content, ran.observed
+    recorded_timing = step.timing.to_plain()
+    audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed is not None else {}
+    notes = (_kv_notes(step) + _dispatch_notes(audited) + _autotuning_notes(content, ran.reference_mode, ran.checks)
+             + compare_with_recorded(ran.measured, recorded_timing))
+    build = engine.build
+    return ReplayResult(
+        bundle=opened.bundle,
+        step_index=step.index,
+        trigger=step.trigger,
+        reference_mode=ran.reference_mode,
+        checks=ran.checks,
+        modes=ran.measured,
+        recorded_timing=recorded_timing,
+        replay_forward_us=observed.forward_us if observed is not None else None,
+        environment_differences=_environment_differences(content, here, engine.set_in_process),
+        overrides=dict(options.engine_overrides),
+        notes=notes,
+        tolerance=options.tolerance,
+        strict=options.strict,
+        error_step=step.error is not None,
+        kv_recomputed=step.kv.mode == KVMode.RECOMPUTE.value,
+        layer_checks=check_layers(ran.captured_layers, step.outputs.layers, options.tolerance)
+        if step.outputs is not None and step.outputs.layers else [],
+        layers_bundle=(
+            str(write_layers_bundle(options.layers_out, here, content.engine, step, ran.captured_layers))
+            if options.layers_out is not None and step.error is None else None
+        ),
+        dispatch=audited,
+        padding_findings=padding_findings(observed, step) if observed is not None else [],
+        mode_agreement=mode_agreement(ran.measured),
+        engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
+        llm=engine.llm,
+    )
+
+
+def _environment_differences(content: BundleContent, here: Any, set_by_tracekit: dict[str, str]) -> list[dict[str, Any]]:
+    """Every difference between the recording machine and this one, less the variables tracekit
+    itself set here to build the engine."""
+    return [
+        {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
+        for name, before, now, numeric in environment_differences(content.environment, here)
+        if not (name.startswith("env ") and set_by_tracekit.get(name.removeprefix("env ")) == now)
+    ]
 
 
 def _kv_notes(step: Step) -> list[str]:
@@ -248,4 +326,3 @@ def _dispatch_notes(audited: dict[str, Any]) -> list[str]:
         "the replay could not run the step through the recorded dispatch: "
         + "; ".join(line for line in audited["differences"] if line.split(":")[0] in dispatch_audit.STEP_FIELDS)
     ]
-

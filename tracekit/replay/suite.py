@@ -5,7 +5,7 @@ are read first (metadata only), grouped by the engine they need — the recorded
 with the model named by its weights' fingerprint rather than its path, and the vLLM version —
 and each group replays on one engine (`replay(bundle, llm=previous.llm)`), released before the
 next group's is built. That engine is lean unless `full_engine`: it holds what every step of its
-group needs (`tracekit.replay.engine.EngineNeeds`, their union).
+group needs (`EngineNeeds`, their union).
 
 Every bundle gets a record with a verdict and an exit code; the suite's exit code is the worst
 of them, in the order of `EXIT_SEVERITY`.
@@ -30,7 +30,7 @@ from tracekit.errors import (
 )
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
-from tracekit.replay.engine import EngineNeeds, needs_of, union_of
+from tracekit.integrations.vllm.replay_engine import EngineNeeds, engine_key, needs_of, release_llm, union_of
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
 
@@ -38,9 +38,6 @@ from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
 # replay that crashed (the step's fate is unknown) next; a bad bundle or argument (the suite
 # itself needs fixing) over a bundle this machine cannot run.
 EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED, EXIT_NOT_REPRODUCED)
-
-# The engine argument that names the weights' location, which may differ between machines.
-_MODEL_PATH_ARGS = ("model", "tokenizer")
 
 
 def verdict_of(result: ReplayResult) -> str:
@@ -115,21 +112,6 @@ class SuiteOutcome:
         return worst_exit_code([record.exit_code for record in self.records])
 
 
-def engine_key(content: BundleContent) -> str:
-    """Bundles with equal keys replay on one engine (the same vLLM, model runner kind, weights and
-    engine arguments)."""
-    args = dict(content.engine.engine_args)
-    fingerprint = content.engine.model.weights_fingerprint
-    if fingerprint is not None:  # the same weights found at another path are the same engine
-        for name in _MODEL_PATH_ARGS:
-            args.pop(name, None)
-    return json.dumps(
-        {"vllm": content.engine.vllm_version, "runner": content.engine.runner, "weights": fingerprint,
-         "engine_args": args},
-        sort_keys=True, default=str,
-    )
-
-
 def run_suite(
     bundles: Sequence[Path],
     *,
@@ -142,8 +124,6 @@ def run_suite(
     """Replay every bundle; `replay_options` go to `replay` (model and engine overrides apply to
     every engine built). Without `keep_going`, stop at the first bundle that does not exit 0.
     `on_start(position, bundle, building_engine)` and `on_done(record)` report progress."""
-    from tracekit.integrations.vllm.engine import release_llm
-
     names = dict(zip(bundles, unique_names(bundles)))
     records: list[SuiteRecord] = []
     groups: dict[str, list[Path]] = {}
@@ -201,8 +181,6 @@ def _replay_one(
 ) -> tuple[SuiteRecord, Any, TracekitError | None, bool]:
     """Replay one bundle on `llm` (None: build one). Returns its record, the engine for the next
     bundle of the group, the error that keeps the group from an engine, and whether it built one."""
-    from tracekit.integrations.vllm.engine import release_llm
-
     building = llm is None
     options = dict(replay_options)
     if not building:  # model and overrides shaped the engine when it was built

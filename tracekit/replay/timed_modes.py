@@ -15,10 +15,11 @@ note says so.
 from pathlib import Path
 from typing import Any
 
-from tracekit.format.schema import Step
+from tracekit.format.schema import EngineConfig, Step
+from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, measure_mode
-from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver
+from tracekit.integrations.vllm.replay_engine import EngineSpec, ForwardHandle, build_replay_engine
 
 
 def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
@@ -46,7 +47,7 @@ def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, sample
 
 
 def measure_in_own_engine(
-    mode: str, engine_args: dict[str, Any], runner_kind: str, recorded: Step, iters: int, samples: int,
+    mode: str, engine: EngineConfig, engine_args: dict[str, Any], recorded: Step, iters: int, samples: int,
     warmup_s: float, trace_to: Path | None = None, has_graphs: bool = True,
 ) -> dict[str, Any]:
     """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
@@ -54,11 +55,9 @@ def measure_in_own_engine(
     step's token count (vLLM does not pad without its graphs), so the step itself replays a graph;
     then one more forward under the divergence probe, every piece against its eager FX module.
     Without graphs (CPU) the pieces are only compiled (Inductor, once for any size): the mode is
-    not timed, but the probe still says which piece the compiler changed."""
+    not timed, but the probe still says which piece the compiler changed. `engine_args`: those of
+    the replay engine this one follows, read back from it."""
     from tracekit.graphs import divergence
-    from tracekit.graphs.capture_table import CaptureTable
-    from tracekit.integrations.vllm import engine as vllm_engine
-    from tracekit.integrations.vllm import graph_backend
 
     dispatch = recorded.graph
     if has_graphs:
@@ -70,14 +69,11 @@ def measure_in_own_engine(
         )
     else:  # each piece compiled once, for the symbolic token count (its "general" form)
         table = CaptureTable(mode="none", capture_sizes=(), compile_sizes=())
-    compilation = {**engine_args.get("compilation_config", {}), **graph_backend.compilation_config_for(mode, table)}
-    # An eager recording's enforce_eager would switch the piecewise backend's compilation off.
-    eager = {"enforce_eager": False} if mode == "piecewise" else {}
-    llm = vllm_engine.build_llm({**engine_args, **eager, "compilation_config": compilation}, runner_kind)
+    own = build_replay_engine(EngineSpec(engine, timing_mode=mode, engine_args=engine_args, table=table))
     report: dict[str, Any] = {}
     try:
         def time_it(handle: ForwardHandle) -> None:
-            backend = graph_backend.built_backends[-1] if mode == "piecewise" and graph_backend.built_backends else None
+            backend = own.piecewise_backend() if mode == "piecewise" else None
             report.update(measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend,
                                   trace_to=trace_to))
             if backend is not None:
@@ -88,9 +84,9 @@ def measure_in_own_engine(
                     "pieces_compiled_with": "inductor", "pieces_captured": has_graphs, **probed.to_plain(),
                 }
 
-        StepDriver(vllm_engine.adapter_of(llm), recorded).run(time_it)
+        own.driver(recorded).run(time_it)
     finally:
-        vllm_engine.release_llm(llm)
+        own.release()
     return report
 
 

@@ -124,27 +124,32 @@ class EngineReplayer(StepReplayer):
         self.allow_weights_mismatch = allow_weights_mismatch
         self.workdir = workdir
 
-    def adapter(self) -> Any:
-        from tracekit.integrations.vllm import engine as vllm_engine
-        from tracekit.integrations.vllm.version import require_same_series
-        from tracekit.replay.engine import build_replay_engine, require_device_of
+    def engine(self) -> Any:
+        """The replay engine (a `tracekit.integrations.vllm.replay_engine.ReplayEngine`), built on
+        first use; a fresh view of it, with a fresh runner adapter, for every trial."""
+        from tracekit.integrations.vllm.replay_engine import (
+            EngineSpec,
+            build_replay_engine,
+            engine_of,
+            require_replayable_here,
+        )
 
+        content = self.content
         if self.llm is None:
-            require_device_of(self.content.environment)
-            require_same_series(self.content.engine.vllm_version)
-            self.llm = build_replay_engine(self.content.engine, self.model, self.allow_weights_mismatch,
-                                           recorded=self.content.environment)
-        return vllm_engine.adapter_of(self.llm)
+            require_replayable_here(content)
+            self.llm = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=self.model,
+                                                      allow_weights_mismatch=self.allow_weights_mismatch)).llm
+        return engine_of(self.llm, content.engine.runner)
+
+    def adapter(self) -> Any:
+        return self.engine().adapter
 
     def run(self, step: Step, on_forward: Any) -> Any:
-        from tracekit.integrations.vllm import engine as vllm_engine
-        from tracekit.integrations.vllm.step_driver import StepDriver
-
-        driver = StepDriver(self.adapter(), step)
+        engine = self.engine()
         try:
-            return driver.run(on_forward)
+            return engine.driver(step).run(on_forward)
         finally:
-            vllm_engine.forget_cached_prefixes(self.llm)
+            engine.forget_cached_prefixes()
 
     def engine_mode(self) -> str:
         return self.adapter().reference_mode

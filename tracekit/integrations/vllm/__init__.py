@@ -15,7 +15,12 @@ the V2 GPU runner), so recording and replaying code talks to vLLM only through t
                     the attention metadata's summary
   step_driver.py    driving one recorded step through a rebuilt runner, repeatably
   serialize.py      vLLM objects <-> plain data, field by field, no pickle
-  engine.py         building in-process engines, reaching their runner, naming their weights
+  engine.py         building in-process engines (`build_llm`, the one place an LLM is made),
+                    reaching their runner
+  weights.py        naming a model's weights by their bytes
+  replay_engine.py  the one seam `tracekit.replay` reaches vLLM through: a replay engine (lean,
+                    full, or one for a timing mode), its adapter, a step driver, machine checks
+  lean_build.py     building a replay engine with only what its steps need
   method_patch.py   shadowing a runner's methods (and calls) for one armed session
   ranks.py          a runner's place in a multi-rank engine, the layouts this machine can build
   workers.py        the transport that runs tracekit's functions in every worker process

@@ -1,20 +1,19 @@
-"""Building in-process vLLM engines, reaching their model runner, and naming their weights.
+"""Building in-process vLLM engines and reaching their model runner.
 
 A bundle must rebuild the engine that recorded it on another machine: the recorder reads the
 settings that shape the forward back out of the live `VllmConfig` (the release's
 `engine_args_from_config`: this works for an `LLM` the user built, for `tracekit record` and for
 `vllm serve` alike), and a replay builds an `LLM` from them here, with its engine core in this
-process so that its model runner can be driven.
+process so that its model runner can be driven. `build_llm` is the one place an `LLM` is made.
 """
 
-import hashlib
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.integrations.vllm import ranks
+from tracekit.integrations.vllm.version import installed_release
 
 # In-process engine core: the model runner lives in this process and can be reached.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -60,8 +59,6 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> An
     ranks.default_cpu_thread_binding(world_size)
     ranks.keep_multicast_off(world_size)
     if runner_kind is not None:
-        from tracekit.integrations.vllm.version import installed_release
-
         release = installed_release()
         os.environ.update(release.runner_env(runner_kind))
         release.require_buildable(runner_kind)
@@ -90,27 +87,6 @@ def find_runner(llm: Any) -> Any:
             "through the vLLM plugin (TRACEKIT_RECORD_OUTPUT=... vllm serve ...)"
         )
     return runner
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-def weights_fingerprint(model_path: str, load_format: str | None) -> str | None:
-    """A hash over the weight files' names and bytes, plus config.json; None where the weights
-    are not a local folder (a hub id resolved elsewhere)."""
-    if load_format == "dummy":
-        return "dummy"
-    root = Path(model_path)
-    if not root.is_dir():
-        return None
-    digest = hashlib.blake2b(digest_size=16)
-    files = sorted(p for p in root.rglob("*") if p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
-    for path in files:
-        digest.update(str(path.relative_to(root)).encode() + b"\0")
-        with path.open("rb") as stream:
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(chunk)
-    return "blake2b-128:" + digest.hexdigest()
 
 
 def parse_engine_cli_args(argv: list[str]) -> dict[str, Any]:
@@ -154,8 +130,6 @@ def generate(llm: Any, prompts: list[str | list[int]], sampling: list[dict[str, 
 
 def adapter_of(llm: Any) -> Any:
     """The installed release's adapter for the model runner of an in-process `LLM`."""
-    from tracekit.integrations.vllm.version import installed_release
-
     return installed_release().adapter_for(find_runner(llm))
 
 

@@ -26,16 +26,56 @@ What a build kept is remembered per engine (`build_of`), for the replay's report
 import gc
 import importlib
 import os
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.integrations.vllm import engine as vllm_engine
+from tracekit.format.schema import Step
+from tracekit.graphs.modes import ReplayMode, expand_modes
 from tracekit.integrations.vllm import method_patch
+from tracekit.integrations.vllm.engine import build_llm
+from tracekit.integrations.vllm.version import installed_release
 
 _builds: "weakref.WeakKeyDictionary[Any, EngineBuild]" = weakref.WeakKeyDictionary()
+
+# The graph modes of vLLM's dispatch a step can have run in.
+GRAPH_RUNTIME_MODES = ("FULL", "PIECEWISE")
+
+
+@dataclass(frozen=True)
+class EngineNeeds:
+    """What the steps replayed on one engine need of it, for a lean build: the CUDA graphs
+    ((vLLM graph mode, padded size) pairs) and the padded token counts their forwards run at."""
+
+    graphs: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+    sizes: frozenset[int] = field(default_factory=frozenset)
+
+    def __or__(self, other: "EngineNeeds") -> "EngineNeeds":
+        return EngineNeeds(self.graphs | other.graphs, self.sizes | other.sizes)
+
+
+def needs_of(step: Step, modes: str | None = None) -> EngineNeeds:
+    """The graph the step was dispatched to, and the PIECEWISE graph of its size where `modes`
+    (a `--mode` value) times it in vLLM's PIECEWISE graphs too (`vllm-piecewise`, `all`)."""
+    dispatch = step.graph
+    descriptor = dispatch.batch_descriptor if isinstance(dispatch.batch_descriptor, dict) else {}
+    size = int(descriptor.get("num_tokens") or dispatch.num_tokens_padded or dispatch.num_tokens)  # the graph's key
+    graphs = set()
+    if dispatch.runtime_mode in GRAPH_RUNTIME_MODES:
+        graphs.add((dispatch.runtime_mode, size))
+        if modes not in (None, "reference") and ReplayMode.VLLM_PIECEWISE.value in expand_modes(modes):
+            graphs.add(("PIECEWISE", size))
+    return EngineNeeds(frozenset(graphs), frozenset({size}))
+
+
+def union_of(needs: Iterable[EngineNeeds]) -> EngineNeeds:
+    total = EngineNeeds()
+    for each in needs:
+        total |= each
+    return total
 
 
 @dataclass
@@ -79,34 +119,30 @@ def narrowed_compile_sizes(engine_args: dict[str, Any], sizes: set[int]) -> list
     return kept if len(kept) < len(recorded) else None
 
 
-def build_llm(engine_args: dict[str, Any], runner_kind: str | None, graphs: set[tuple[str, int]] | None,
-              sizes: set[int]) -> Any:
-    """Build the engine: lean, capturing only `graphs` ((mode name, padded size) pairs) and
-    compiling only the compile sizes in `sizes`; or, with `graphs` None, as vLLM builds it."""
-    import time
-
-    from tracekit.integrations.vllm.version import installed_release
-
+def build(engine_args: dict[str, Any], runner_kind: str | None, needs: EngineNeeds | None) -> Any:
+    """Build the engine: lean, capturing only the graphs `needs` names and compiling only the
+    compile sizes its steps run at; or, with `needs` None, as vLLM builds it."""
     started = time.perf_counter()
     release = installed_release()
     capturers = _import_engine_modules(release)
     imported = time.perf_counter() - started
-    if graphs is None:
-        llm = vllm_engine.build_llm(engine_args, runner_kind)
+    if needs is None:
+        llm = build_llm(engine_args, runner_kind)
         _builds[llm] = EngineBuild("full", seconds=time.perf_counter() - started, import_seconds=imported)
         return llm
-    build = EngineBuild("lean", graphs_wanted=sorted(graphs), import_seconds=imported)
-    build.compile_sizes = narrowed_compile_sizes(engine_args, sizes)
+    graphs = set(needs.graphs)
+    made = EngineBuild("lean", graphs_wanted=sorted(graphs), import_seconds=imported)
+    made.compile_sizes = narrowed_compile_sizes(engine_args, set(needs.sizes))
     args = engine_args
-    if build.compile_sizes is not None:
+    if made.compile_sizes is not None:
         args = {**engine_args, "compilation_config": {**engine_args["compilation_config"],
-                                                      "compile_sizes": build.compile_sizes}}
-    build.env = {name: value for name, value in release.lean_env.items() if name not in os.environ}
-    os.environ.update(build.env)
-    with _capturing_only(capturers, release, graphs, build), _collector_off_the_heap():
-        llm = vllm_engine.build_llm(args, runner_kind)
-    build.seconds = time.perf_counter() - started
-    _builds[llm] = build
+                                                      "compile_sizes": made.compile_sizes}}
+    made.env = {name: value for name, value in release.lean_env.items() if name not in os.environ}
+    os.environ.update(made.env)
+    with _capturing_only(capturers, release, graphs, made), _collector_off_the_heap():
+        llm = build_llm(args, runner_kind)
+    made.seconds = time.perf_counter() - started
+    _builds[llm] = made
     return llm
 
 
@@ -129,7 +165,8 @@ def _capturing_only(capturers: list[type], release: Any, graphs: set[tuple[str, 
                     build: EngineBuild) -> Iterator[None]:
     """While the block builds an engine, its runner's `capture_model` captures `graphs` only."""
     def narrow(runner: Any) -> None:
-        build.graphs_captured = release.keep_only_graphs(runner, lambda mode, size: (mode, size) in graphs)
+        adapter = release.adapter_for(runner)
+        build.graphs_captured = adapter.keep_only_graphs(lambda mode, size: (mode, size) in graphs)
 
     with ExitStack() as stack:
         for runner_class in capturers:

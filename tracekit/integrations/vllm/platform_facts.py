@@ -16,6 +16,8 @@ from tracekit.format.schema import Environment
 
 # CPU attention kernel ISAs whose KV cache block layout is their own.
 _OWN_KV_LAYOUT = ("amx",)
+# Set by vLLM itself with a fresh random value in every process: never a difference that matters.
+PER_PROCESS_VARS = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
 
 
 def attention_backend(runner: Any) -> str | None:
@@ -54,4 +56,5 @@ def kv_layout_difference(recorded: str | None, here: str | None) -> str | None:
 
 def runner_environment(runner: Any, vllm_version: str | None) -> Environment:
     """This machine's fingerprint as seen from a live runner (device and attention backend)."""
-    return current_environment(runner.device, attention_backend=attention_backend(runner), vllm_version=vllm_version)
+    return current_environment(runner.device, attention_backend=attention_backend(runner), vllm_version=vllm_version,
+                               per_process_vars=PER_PROCESS_VARS)

@@ -17,6 +17,7 @@ from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.schema import EngineConfig, ModelInfo, Step
 from tracekit.integrations.seam import RUNNER_KINDS, RunnerKind
 from tracekit.integrations.vllm import serialize
+from tracekit.integrations.vllm.weights import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +67,7 @@ class Release:
         "compilation_config", "vllm_config", "kv_cache_config", "num_blocks", "block_size", "hf_config",
         "architectures", "mode", "cudagraph_mode", "compile_or_warm_up_model", "model_runner", "get_output",
         "sampled_token_ids", "make_empty", "finished_req_ids", "scheduled_spec_decode_tokens", "mm_features",
-        "lora_request", "prompt_embeds", "num_common_prefix_blocks", "capture_model", "cudagraph_dispatcher",
-        "cudagraph_keys", "cudagraph_manager", "_capture_descs", "_candidates", "cg_mode", "num_tokens",
+        "lora_request", "prompt_embeds", "num_common_prefix_blocks", "capture_model", "compile_ranges_endpoints",
     })
 
     def __init__(self, version: str):
@@ -118,30 +118,11 @@ class Release:
                 continue
             call_after(worker_class, "compile_or_warm_up_model", lambda worker: callback(worker.model_runner))
 
-    def keep_only_graphs(self, runner: Any, keep: Callable[[str, int], bool]) -> list[tuple[str, int]]:
-        """Cut a runner's table of CUDA graphs, before its `capture_model`, to the (mode name,
-        padded size) pairs `keep` accepts: it captures those alone, and dispatches any other
-        batch without a graph. Returns the pairs kept."""
-        kept = []
-        dispatcher = getattr(runner, "cudagraph_dispatcher", None)
-        manager = getattr(runner, "cudagraph_manager", None)
-        if dispatcher is not None:  # V1: the captured keys are the ones it dispatches to
-            for mode, keys in dispatcher.cudagraph_keys.items():
-                for key in list(keys):
-                    if keep(mode.name, key.num_tokens):
-                        kept.append((mode.name, key.num_tokens))
-                    else:
-                        keys.discard(key)
-        elif manager is not None:  # V2: the descriptors to capture, and each token count's candidates
-            for mode, descs in list(manager._capture_descs.items()):
-                descs[:] = [desc for desc in descs if keep(desc.cg_mode.name, desc.num_tokens)]
-                kept.extend((desc.cg_mode.name, desc.num_tokens) for desc in descs)
-                if not descs:
-                    del manager._capture_descs[mode]
-            candidates = {key: [desc for desc in descs if keep(desc.cg_mode.name, desc.num_tokens)]
-                          for key, descs in manager._candidates.items()}
-            manager._candidates = {key: descs for key, descs in candidates.items() if descs}
-        return sorted(set(kept))
+    def compile_range_ends(self, compilation_config: Any) -> list[int]:
+        """The token counts where one of the engine's Inductor compile ranges ends and the next
+        compiled graph takes over. Compile ranges came with vLLM 0.32 (its `CompilationConfig`
+        lists their ends); a series without them has none, read as no ends at all."""
+        return sorted(int(end) for end in getattr(compilation_config, "compile_ranges_endpoints", None) or [])
 
     # -- outputs -----------------------------------------------------------------------------
 
@@ -288,8 +269,6 @@ class Release:
 
     def engine_config(self, adapter: Any) -> EngineConfig:
         """What a bundle needs to rebuild `adapter`'s engine elsewhere."""
-        from tracekit.integrations.vllm import engine
-
         runner = adapter.runner
         config = runner.vllm_config
         args = self.engine_args_from_config(config)
@@ -304,7 +283,7 @@ class Release:
             model=ModelInfo(
                 path=model_path,
                 architecture=architectures[0],
-                weights_fingerprint=engine.weights_fingerprint(model_path, args.get("load_format")),
+                weights_fingerprint=weights_fingerprint(model_path, args.get("load_format")),
             ),
             num_kv_blocks=int(runner.kv_cache_config.num_blocks),
             block_size=int(config.cache_config.block_size),

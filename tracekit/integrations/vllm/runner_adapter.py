@@ -25,9 +25,10 @@ import torch
 
 from tracekit.format.schema import EngineConfig, Environment, GraphDispatch, ParallelRank, RequestState, Step
 from tracekit.graphs.device import DeviceBackend, get_device_backend
-from tracekit.integrations.seam import BatchFacts, ModelCall, Phase, RunnerKind, StepObserver
+from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.method_patch import shadowed
+from tracekit.integrations.vllm.step_shadows import StepShadows
 
 # (object, {method name: wrapper factory}) pairs, shadowed together for a session.
 Shadows = list[tuple[Any, dict[str, Callable[[Callable], Callable]]]]
@@ -62,13 +63,12 @@ class RunnerAdapter:
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
         "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
-        "compile_ranges_endpoints", "scheduler_config", "preempted_req_ids",
+        "scheduler_config", "preempted_req_ids",
     })
 
     def __init__(self, runner: Any, release: Any):
         self.runner = runner
         self.release = release
-        self._logits_pending = False  # the next compute_logits of the step is its sampling logits
 
     # -- per runner kind ---------------------------------------------------------------------
 
@@ -133,6 +133,12 @@ class RunnerAdapter:
         device tensors."""
         raise NotImplementedError
 
+    def keep_only_graphs(self, keep: Callable[[str, int], bool]) -> list[tuple[str, int]]:
+        """Cut the runner's table of CUDA graphs, before its `capture_model`, to the (mode name,
+        padded size) pairs `keep` accepts: it captures those alone, and dispatches any other
+        batch without a graph. Returns the pairs kept (a lean replay engine: `lean_build`)."""
+        raise NotImplementedError
+
     def piecewise_graph_key(self, num_tokens_padded: int, context: Any) -> Any:
         """The key of vLLM's own PIECEWISE graph of `num_tokens_padded` tokens, captured by this
         engine, under which the step's model call (its forward `context`) can replay those graphs
@@ -157,73 +163,20 @@ class RunnerAdapter:
     # -- the step, observed ------------------------------------------------------------------
 
     def observe(self, observer: StepObserver, model_call: ModelCall | None = None) -> AbstractContextManager:
-        """Shadow the runner for a session reporting to `observer`. `model_call` (replay) takes
-        the place of every model call; by default the model runs, reported before and after."""
-        runner, adapter = self.runner, self
-
-        def execute_model(original: Callable) -> Callable:
-            def wrapper(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-                if kwargs.get("dummy_run") or scheduler_output.total_num_scheduled_tokens == 0:
-                    return original(scheduler_output, *args, **kwargs)
-                adapter.step_begins()
-                observer.step_started(scheduler_output)
-                result = reporting_failures(observer, original)(scheduler_output, *args, **kwargs)
-                if observer.tracking and result is not None:  # no sample_tokens follows this step
-                    observer.output_receiver()(None)
-                return result
-
-            return wrapper
-
-        def sample_tokens(original: Callable) -> Callable:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                output = reporting_failures(observer, original)(*args, **kwargs)
-                adapter._logits_pending = False
-                if not observer.tracking:
-                    return output
-                return adapter.release.when_output_ready(output, observer.output_receiver())
-
-            return wrapper
-
-        def bookkeeping(original: Callable) -> Callable:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.phase_entered(Phase.BOOKKEEPING)
-                return original(*args, **kwargs)
-
-            return wrapper
-
-        def compute_logits(original: Callable) -> Callable:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                logits = original(*args, **kwargs)
-                if adapter._logits_pending:  # the step's sampling logits (prompt logprobs come later)
-                    adapter._logits_pending = False
-                    observer.logits_computed(logits)
-                return logits
-
-            return wrapper
-
-        def observed_model_call(original: Callable) -> Callable:
-            if model_call is not None:
-                return lambda *args, **kwargs: model_call(original, args, kwargs)
-
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                observer.before_forward(*adapter.forward_inputs(args, kwargs))
-                output = original(*args, **kwargs)
-                observer.after_forward(output)
-                return output
-
-            return wrapper
-
+        """Shadow the runner for a session reporting to `observer` (`StepShadows`). `model_call`
+        (replay) takes the place of every model call; by default the model runs, reported before
+        and after."""
+        step = StepShadows(self, observer, model_call)
         shadows: Shadows = [
-            (runner, {"execute_model": execute_model, "sample_tokens": sample_tokens,
-                      self.bookkeeping_method: bookkeeping}),
-            (runner.model, {"compute_logits": compute_logits}),
+            (self.runner, {"execute_model": step.execute_model, "sample_tokens": step.sample_tokens,
+                           self.bookkeeping_method: step.bookkeeping}),
+            (self.runner.model, {"compute_logits": step.compute_logits}),
             *self.kind_shadows(observer),
         ]
-        return _entered(shadows, self.model_call_shadows(observed_model_call))
+        return _entered(shadows, self.model_call_shadows(step.model_call))
 
     def step_begins(self) -> None:
-        """A new step (not a dummy run) starts: forget the last one's per-step facts."""
-        self._logits_pending = True
+        """A new step (not a dummy run) starts: forget the last one's per-step facts (none here)."""
 
     # -- replay ------------------------------------------------------------------------------
 
@@ -283,9 +236,9 @@ class RunnerAdapter:
 
     @property
     def compile_range_ends(self) -> list[int]:
-        """The token counts where one of the engine's Inductor compile ranges ends and the next
-        compiled graph takes over (vLLM 0.32; none where the release has no compile ranges)."""
-        return sorted(int(end) for end in getattr(self.runner.compilation_config, "compile_ranges_endpoints", None) or [])
+        """The token counts where one of the engine's Inductor compile ranges ends (the release's
+        `compile_range_ends`)."""
+        return self.release.compile_range_ends(self.runner.compilation_config)
 
     def kv_groups(self) -> list[runner_state.KVGroup]:
         return runner_state.kv_groups(self.runner)
@@ -328,7 +281,7 @@ class RunnerAdapter:
 
         return ranks.rank_of(self.runner, set_id)
 
-    def settings(self) -> dict[str, Any]:
+    def engine_args(self) -> dict[str, Any]:
         """The engine arguments that rebuild an engine whose forward matches this one's."""
         return self.release.engine_args_from_config(self.runner.vllm_config)
 
@@ -339,19 +292,6 @@ def hidden_states_of(output: Any) -> torch.Tensor | None:
     if isinstance(output, tuple):
         output = output[0]
     return output if isinstance(output, torch.Tensor) else None
-
-
-def reporting_failures(observer: StepObserver, original: Callable[..., Any]) -> Callable[..., Any]:
-    """`original`, reporting any exception it raises to the observer as the step's failure."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        except BaseException as error:
-            observer.step_failed(error)
-            raise
-
-    return call
 
 
 def _entered(shadows: Shadows, contexts: list[AbstractContextManager] = ()) -> ExitStack:

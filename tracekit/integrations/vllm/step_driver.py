@@ -196,7 +196,7 @@ class StepDriver:
     def __init__(self, adapter: Any, step: Step):
         reason = adapter.release.unsupported_in(step)
         if reason is not None:
-            raise CannotRunHere(f"replaying {reason} is not supported yet")
+            raise CannotRunHere(f"replaying {reason} is not supported yet: record a step without them")
         self.adapter = adapter
         self.runner = adapter.runner
         self.step = step
@@ -204,13 +204,14 @@ class StepDriver:
         if len(self.groups) != len(step.kv.groups):
             raise CannotRunHere(
                 f"the rebuilt engine has {len(self.groups)} KV cache group(s); the bundle has "
-                f"{len(step.kv.groups)}"
+                f"{len(step.kv.groups)}: replay on the recorded model, without engine arguments that change it"
             )
         for live, recorded in zip(self.groups, step.kv.groups):
             if live.layer_names != recorded.layer_names or live.layout.shape != recorded.layout.shape:
                 raise CannotRunHere(
                     f"KV cache layout differs: bundle {recorded.layout.shape} for "
-                    f"{recorded.layer_names[:1]}..., engine {live.layout.shape} for {live.layer_names[:1]}..."
+                    f"{recorded.layer_names[:1]}..., engine {live.layout.shape} for {live.layer_names[:1]}...: "
+                    "replay on the recorded model, without engine arguments that change its KV cache"
                 )
 
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:

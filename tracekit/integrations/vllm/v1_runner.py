@@ -43,7 +43,7 @@ class V1Adapter(RunnerAdapter):
         "num_prompt_tokens", "num_tokens_no_spec", "req_ids", "req_id_to_index", "generator", "prompt_token_ids",
         "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "cudagraph_runtime_mode",
         "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
-        "dispatch", "num_tokens", "generators",
+        "dispatch", "num_tokens", "generators", "cudagraph_keys",
     }
 
     @classmethod
@@ -152,6 +152,21 @@ class V1Adapter(RunnerAdapter):
 
         mode, key = dispatcher.dispatch(num_tokens_padded, valid_modes={CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE})
         return key if mode == CUDAGraphMode.PIECEWISE and key.num_tokens == num_tokens_padded else None
+
+    def keep_only_graphs(self, keep: Callable[[str, int], bool]) -> list[tuple[str, int]]:
+        """The graph dispatcher's keys are the graphs `capture_model` captures and the ones it
+        dispatches to (a runner without a dispatcher captures none)."""
+        dispatcher = getattr(self.runner, "cudagraph_dispatcher", None)
+        if dispatcher is None:
+            return []
+        kept = []
+        for mode, keys in dispatcher.cudagraph_keys.items():
+            for key in list(keys):
+                if keep(mode.name, key.num_tokens):
+                    kept.append((mode.name, key.num_tokens))
+                else:
+                    keys.discard(key)
+        return sorted(set(kept))
 
     def replay_shadows(self, step: Step) -> Shadows:
         """Put back each request's recorded output tokens and generator state as the runner

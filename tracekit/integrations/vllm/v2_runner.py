@@ -50,7 +50,7 @@ class V2Adapter(RunnerAdapter):
         "idx_mapping_np", "num_computed_tokens_np", "prefill_len_np", "num_reqs", "input_ids", "positions", "cg_mode",
         "scheduled_new_reqs", "preempted_req_ids", "finished_req_ids", "num_blocks", "gpu", "np", "copy_to_uva",
         "input_batch", "req_ids", "num_scheduled_tokens", "sampling_params", "add_request", "prepare_attn",
-        "cudagraph_runtime_mode", "batch_descriptor",
+        "cudagraph_runtime_mode", "batch_descriptor", "_capture_descs", "_candidates", "num_tokens",
     }
 
     def __init__(self, runner: Any, release: Any):
@@ -221,6 +221,23 @@ class V2Adapter(RunnerAdapter):
         if context is None or context.cudagraph_runtime_mode != CUDAGraphMode.PIECEWISE:
             return None
         return context.batch_descriptor
+
+    def keep_only_graphs(self, keep: Callable[[str, int], bool]) -> list[tuple[str, int]]:
+        """The graph manager's descriptors to capture, and each token count's candidates for
+        dispatch (a runner without a graph manager captures none)."""
+        manager = self.runner.cudagraph_manager
+        if manager is None:
+            return []
+        kept = []
+        for mode, descs in list(manager._capture_descs.items()):
+            descs[:] = [desc for desc in descs if keep(desc.cg_mode.name, desc.num_tokens)]
+            kept.extend((desc.cg_mode.name, desc.num_tokens) for desc in descs)
+            if not descs:
+                del manager._capture_descs[mode]
+        candidates = {key: [desc for desc in descs if keep(desc.cg_mode.name, desc.num_tokens)]
+                      for key, descs in manager._candidates.items()}
+        manager._candidates = {key: descs for key, descs in candidates.items() if descs}
+        return sorted(set(kept))
 
     def replay_shadows(self, step: Step) -> Shadows:
         """Put back each request's seed as the sampler adds it, and its `prefill_len` before

@@ -7,7 +7,7 @@ sends a function to every worker, calls it as `fn(worker, *args)` there and retu
 worker's result in rank order. The calls are sequenced with the engine's own steps, so a
 function sent to arm a recorder runs at the same step on every rank, and a replayed step runs
 on all ranks at once (its collectives need them all). The functions sent live with their use
-cases (`tracekit.record.in_workers`, `tracekit.replay.in_workers`); they report a
+cases (`tracekit.record.arm_in_workers`, `tracekit.replay.replay_in_workers`); they report a
 `TracekitError` as `reported(error)`, which `on_every_worker` raises again here.
 """
 

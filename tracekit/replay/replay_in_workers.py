@@ -1,5 +1,5 @@
 """Replaying one rank's part of a multi-rank step inside its worker process (sent there through
-`tracekit.integrations.vllm.workers.on_every_worker`).
+`ReplayEngine.on_every_worker`).
 
 A replay is prepared on every rank first (bundle read, runner checked) and run only when every
 rank is ready: one rank failing alone inside the forward would leave the others waiting in a
@@ -12,9 +12,7 @@ from typing import Any
 from tracekit.environment import environment_differences
 from tracekit.errors import CannotRunHere, TracekitError, UsageError
 from tracekit.format.content import load_step
-from tracekit.integrations.vllm.step_driver import StepDriver
-from tracekit.integrations.vllm.version import installed_release
-from tracekit.integrations.vllm.workers import reported, runner_of
+from tracekit.integrations.vllm.replay_engine import StepDriver, worker_adapter, worker_error
 from tracekit.replay.checks import check_step
 
 # Worker-process state, keyed by the session id the driver made.
@@ -24,7 +22,7 @@ _prepared: dict[str, StepDriver] = {}
 def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, Any]:
     """Read this rank's bundle and check it fits this rank's runner; nothing runs yet."""
     try:
-        adapter = installed_release().adapter_for(runner_of(worker))
+        adapter = worker_adapter(worker)
         rank = adapter.parallel_rank().rank
         content, step = load_step(bundles[rank], None)
         if content.parallel.rank != rank:
@@ -33,7 +31,7 @@ def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, A
             raise CannotRunHere("replaying a multi-rank step whose forward raised is not supported yet")
         driver = StepDriver(adapter, step)
     except TracekitError as error:
-        return reported(error)
+        return worker_error(error)
     _prepared[session] = driver
     differences = [
         {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}

@@ -59,8 +59,8 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     recorded one."""
     from tracekit.bundles import find_bundles, unique_names
     from tracekit.cli.isolation import crash_record, run_isolated
-    from tracekit.format.rankset import is_multi_rank
     from tracekit.outputs import require_parent
+    from tracekit.replay.opened import OpenedBundle
 
     specs, engine_argv = _split_arguments([*arguments, *ctx.args])
     if iters < 1 or samples < 1:
@@ -77,14 +77,16 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     bundles = find_bundles(specs)
     if layers_out and len(bundles) > 1:
         raise UsageError("--layers writes one bundle's per-layer outputs: replay one bundle with it")
-    multi_rank = any(is_multi_rank(bundle) for bundle in bundles)
-    if multi_rank:
-        if len(bundles) > 1:
-            raise UsageError("a multi-rank step replays on its own: name one rank's bundle "
-                             "(tracekit replay step3.rank0.zst), the other ranks' are found from it")
-        if profile_dir or plot_path or layers_out or modes not in ("reference", None) and not no_timing:
-            raise CannotRunHere("a multi-rank step is checked and timed as the engine ran it only "
-                                "(no --mode other than reference, --profile, --plot or --layers yet)")
+    # One bundle is read here once, and its replay takes it from here; of many, each is looked
+    # at and let go (a suite reads each again when its turn comes).
+    single = OpenedBundle(bundles[0]) if len(bundles) == 1 else None
+    multi_rank = single.multi_rank if single is not None else any(_multi_rank(bundle) for bundle in bundles)
+    refusal = _rank_set_refusal(len(bundles), profile_dir or plot_path or layers_out
+                                or modes not in ("reference", None) and not no_timing) if multi_rank else None
+    if refusal is not None:
+        if single is not None:
+            single.close()
+        raise refusal
     options = dict(
         step=step,
         model=model,
@@ -107,14 +109,18 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
         def work(progress, todo=tuple(left)):
             engine_overrides = _engine_overrides(engine_argv)
             if multi_rank:
-                return _replay_rank_set(todo[0], engine_overrides, progress, report_stream, options)
-            if len(bundles) == 1:
-                return _replay_single(todo[0], names[todo[0]], profile, {**options, "engine_overrides": engine_overrides},
+                return _replay_rank_set(single, engine_overrides, progress, report_stream, options)
+            if single is not None:
+                return _replay_single(single, names[todo[0]], profile, {**options, "engine_overrides": engine_overrides},
                                       progress, report_stream)
             return _replay_suite(list(todo), keep_going, profile, {**options, "engine_overrides": engine_overrides},
                                  progress, report_stream)
 
-        outcome = run_isolated(work)
+        try:
+            outcome = run_isolated(work)
+        finally:
+            if single is not None:
+                single.close()
         records.extend(outcome.records)
         exit_codes.append(outcome.exit_code)
         if outcome.died_on is None:
@@ -142,6 +148,24 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     sys.exit(worst_exit_code(exit_codes))
 
 
+def _rank_set_refusal(num_bundles: int, asks_beyond_reference: bool) -> Exception | None:
+    """Why a multi-rank step cannot be replayed as asked (None: it can)."""
+    if num_bundles > 1:
+        return UsageError("a multi-rank step replays on its own: name one rank's bundle "
+                          "(tracekit replay step3.rank0.zst), the other ranks' are found from it")
+    if asks_beyond_reference:
+        return CannotRunHere("a multi-rank step is checked and timed as the engine ran it only "
+                             "(no --mode other than reference, --profile, --plot or --layers yet)")
+    return None
+
+
+def _multi_rank(bundle: Path) -> bool:
+    from tracekit.replay.opened import OpenedBundle
+
+    with OpenedBundle(bundle) as opened:
+        return opened.multi_rank
+
+
 def _engine_overrides(engine_argv: list[str]) -> dict:
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
 
@@ -157,22 +181,22 @@ def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
     return specs, engine_argv
 
 
-def _replay_single(bundle: Path, name: str, profile: Path | None, options: dict, progress, stream) -> int:
-    """One bundle: the detailed report; its refusals stay one line with their own exit code, and a
-    failure inside vLLM or the device is reported as a crash (exit 4)."""
+def _replay_single(opened, name: str, profile: Path | None, options: dict, progress, stream) -> int:
+    """One bundle (an `OpenedBundle`): the detailed report; its refusals stay one line with their
+    own exit code, and a failure inside vLLM or the device is reported as a crash (exit 4)."""
     from tracekit.cli.isolation import print_crash
     from tracekit.cli.replay_report import print_report
     from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
-    from tracekit.format.content import read_step_facts
     from tracekit.replay.replayer import replay
     from tracekit.replay.suite import SuiteRecord, record_of
     from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
-    facts = read_step_facts(bundle, options.get("step"))
+    bundle = opened.path
+    facts = opened.facts(options.get("step"))
     progress.started(str(bundle), **facts)
     started = time.perf_counter()
     try:
-        result = replay(bundle, profile_prefix=profile / name if profile else None, **options)
+        result = replay(opened, profile_prefix=profile / name if profile else None, **options)
     except TracekitError as error:  # refused: one line (printed by the caller), and its record
         verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
         progress.finished({**SuiteRecord(str(bundle), name, verdict.value, error.exit_code, error=str(error)).to_plain(),
@@ -210,14 +234,15 @@ def _replay_suite(bundles: list[Path], keep_going: bool, profile: Path | None, o
     return outcome.exit_code
 
 
-def _replay_rank_set(bundle: Path, engine_overrides: dict, progress, stream, options: dict) -> int:
-    """Every rank of one multi-rank step: the per-rank report, one JSON record, its exit code."""
+def _replay_rank_set(opened, engine_overrides: dict, progress, stream, options: dict) -> int:
+    """Every rank of one multi-rank step (any rank's `OpenedBundle`): the per-rank report, one
+    JSON record, its exit code."""
     from tracekit.cli.rank_set_report import print_rank_set_report
     from tracekit.replay.multirank import replay_rank_set
 
-    progress.started(str(bundle))
+    progress.started(str(opened.path))
     result = replay_rank_set(
-        bundle, engine_overrides=engine_overrides, model=options["model"],
+        opened, engine_overrides=engine_overrides, model=options["model"],
         allow_weights_mismatch=options["allow_weights_mismatch"], timing=options["modes"] is not None,
         iters=options["iters"], samples=options["samples"], tolerance=options["tolerance"], strict=options["strict"],
     )

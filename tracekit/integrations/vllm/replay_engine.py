@@ -1,0 +1,320 @@
+"""The one seam between `tracekit.replay` and vLLM: building, checking and driving a replay engine.
+
+A replay needs a few things of vLLM — whether this machine can rebuild a bundle's engine at all,
+that engine (lean or full, or one of its own for a timing mode), its runner's adapter, a driver
+for the recorded step, and what tracekit itself set in this process on the way (so that those
+variables are not reported as differences from the recording). `tracekit.replay` imports this
+module and no other vLLM-facing one (`tests/test_layering.py` holds it to that), so a feature
+that changes what a replay asks of vLLM — more recorded inputs for `sample_tokens`, a drafter's
+forward, a window of steps on one engine — changes this module and what it wraps, not the
+replay's stages.
+
+`build_replay_engine(spec)` builds; `engine_of(llm, ...)` takes an engine a caller already holds.
+Both return a `ReplayEngine`.
+"""
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError
+from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
+from tracekit.graphs.capture_table import CaptureTable
+from tracekit.graphs.device import default_device
+from tracekit.graphs.modes import ReplayMode
+from tracekit.integrations.vllm import graph_backend, lean_build, ranks, workers
+from tracekit.integrations.vllm.engine import (
+    IN_PROCESS_ENV,
+    adapter_of,
+    apply_recorded_determinism,
+    build_llm,
+    forget_cached_prefixes,
+    release_llm,
+)
+from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager_forward
+from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
+from tracekit.integrations.vllm.platform_facts import kv_layout_difference
+from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
+from tracekit.integrations.vllm.version import installed_release, require_same_series
+from tracekit.integrations.vllm.weights import weights_fingerprint
+from tracekit.models import tiny_model_path
+
+__all__ = [
+    "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
+    "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_layout_buildable",
+    "require_recomputable", "require_replayable_here", "union_of", "worker_adapter", "worker_error",
+]
+
+# The replay modes that run the engine's compiled code.
+_COMPILED_FORMS = (ReplayMode.COMPILED.value, ReplayMode.COMPILED_NO_GRAPH.value)
+# The engine arguments that set a multi-rank engine's parallel layout.
+_LAYOUT_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
+# The engine arguments that name the weights' location, which may differ between machines.
+_MODEL_PATH_ARGS = ("model", "tokenizer")
+
+
+# -- before any engine: is the bundle one vLLM here can replay --------------------------------------
+
+
+def require_recomputable(bundle: str | Path, step: Step) -> None:
+    """Refuse (bad input) a `--kv recompute` bundle that lacks token ids its replay must prefill."""
+    unknown = unknown_tokens_to_recompute(step)
+    if unknown:
+        raise BundleError(
+            f"{bundle}: its KV is to be recomputed, but {unknown} of the token ids before step {step.index} are not "
+            "in the bundle (vLLM's V1 runner under async scheduling holds placeholders for them): record with "
+            "--kv read, or arm the recorder before the requests arrive, or record on Model Runner V2 or with async "
+            "scheduling off"
+        )
+
+
+def require_replayable_here(content: BundleContent) -> None:
+    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of: recorded on another
+    kind of device, or by another vLLM series."""
+    _require_device_of(content.environment)
+    require_same_series(content.engine.vllm_version)
+
+
+def require_layout_buildable(parallel: ParallelRank, overrides: Mapping[str, Any]) -> None:
+    """Refuse (exit 3) a rank set's parallel layout this machine cannot build, or one the engine
+    arguments would change."""
+    ranks.require_buildable(parallel, default_device())
+    if any(name in overrides for name in _LAYOUT_ARGS):
+        raise CannotRunHere("a multi-rank step replays with its recorded parallel layout only: "
+                            "drop the parallel-size engine arguments")
+
+
+def _require_device_of(recorded: Environment) -> None:
+    """A bundle recorded on a kind of device this machine lacks: its KV caches, kernels and
+    graphs exist only there."""
+    here = default_device()
+    if recorded.device_kind != here:
+        name = f" ({recorded.device_name})" if recorded.device_name else ""
+        engine = "a CPU engine" if here == "cpu" else f"a {here} engine"
+        raise CannotRunHere(
+            f"the bundle was recorded on a {recorded.device_kind} device{name}, and vLLM here builds {engine}, "
+            f"whose KV cache, kernels and graphs differ: replay it on a {recorded.device_kind} machine"
+        )
+
+
+# -- the engine --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which replay engine to build.
+
+    The recorded one: `engine` with the weights found here (`model`, checked against the recorded
+    fingerprint unless `allow_weights_mismatch`), the user's `overrides` on top, in the
+    deterministic modes `recorded` (the recording's environment) ran in; lean with what `needs`
+    names, or as vLLM builds it where `needs` is None.
+
+    Or, with `timing_mode` ("graph", "piecewise"), the engine such a mode runs in: `engine_args`
+    (read back from the replay engine it follows) with vLLM's graphs off and the compilation that
+    mode needs (`table`: the capture sizes tracekit's backends capture).
+    """
+
+    engine: EngineConfig
+    recorded: Environment | None = None
+    model: str | None = None
+    allow_weights_mismatch: bool = False
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    needs: EngineNeeds | None = None
+    timing_mode: str | None = None
+    engine_args: Mapping[str, Any] | None = None
+    table: CaptureTable | None = None
+
+
+def build_replay_engine(spec: EngineSpec) -> "ReplayEngine":
+    """The engine `spec` describes, built here (weights not found or not the recorded ones, a
+    runner kind vLLM here cannot build, engine arguments vLLM refuses: exit 3)."""
+    if spec.timing_mode is not None:
+        llm = build_llm(_timing_mode_args(spec), spec.engine.runner)
+        return ReplayEngine(llm, spec.engine.runner, build=None, built_here=True)
+    args = replay_engine_args(spec.engine, spec.model, spec.allow_weights_mismatch, dict(spec.overrides))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if spec.recorded is not None:
+        apply_recorded_determinism(spec.recorded.env_vars)
+    llm = lean_build.build(args, spec.engine.runner, spec.needs)
+    return ReplayEngine(llm, spec.engine.runner, build=lean_build.build_of(llm), built_here=True)
+
+
+def engine_of(llm: Any, runner_kind: str, needs: EngineNeeds | None = None) -> "ReplayEngine":
+    """An engine a caller built (or a previous replay's), for steps of `runner_kind`; refused
+    (usage) where it was built lean without graphs the step `needs`."""
+    build = lean_build.build_of(llm)
+    if needs is not None and build is not None and build.kind == "lean":
+        missing = needs.graphs - set(build.graphs_wanted)
+        if missing:
+            raise UsageError(
+                f"the engine passed in is lean, built without the graphs this step needs ({sorted(missing)}): "
+                "build it with ReplayOptions(engine_needs=...) covering every step it replays, or full_engine=True"
+            )
+    return ReplayEngine(llm, runner_kind, build=build, built_here=False)
+
+
+def engine_key(content: BundleContent) -> str:
+    """Bundles with equal keys replay on one engine (the same vLLM, model runner kind, weights and
+    engine arguments)."""
+    args = dict(content.engine.engine_args)
+    fingerprint = content.engine.model.weights_fingerprint
+    if fingerprint is not None:  # the same weights found at another path are the same engine
+        for name in _MODEL_PATH_ARGS:
+            args.pop(name, None)
+    return json.dumps(
+        {"vllm": content.engine.vllm_version, "runner": content.engine.runner, "weights": fingerprint,
+         "engine_args": args},
+        sort_keys=True, default=str,
+    )
+
+
+def replay_engine_args(engine: EngineConfig, model: str | None, allow_weights_mismatch: bool,
+                       overrides: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments of the replay engine: recorded, weights resolved, overrides on top."""
+    args = dict(engine.engine_args)
+    args["model"] = _resolve_model(engine, model, allow_weights_mismatch)
+    if args.get("tokenizer") == engine.model.path:
+        args["tokenizer"] = args["model"]
+    if overrides.get("enforce_eager"):
+        args["compilation_config"] = {**args.get("compilation_config", {}), "mode": graph_backend.NO_COMPILATION}
+    return {**args, **overrides}
+
+
+def _resolve_model(engine: EngineConfig, model: str | None, allow_weights_mismatch: bool) -> str:
+    """Where the weights are here, checked against the recorded fingerprint (exit 3 if not)."""
+    recorded = engine.model
+    load_format = engine.engine_args.get("load_format")
+    if model is None:
+        model = recorded.path
+        if not Path(model).exists() and recorded.weights_fingerprint == weights_fingerprint(tiny_model_path(), load_format):
+            model = tiny_model_path()  # recorded on another machine with tracekit's embedded model
+    if recorded.weights_fingerprint is None or allow_weights_mismatch:
+        return model
+    if not Path(model).exists():
+        raise CannotRunHere(f"model weights not found at {model}; pass --model PATH")
+    here = weights_fingerprint(model, load_format)
+    if here != recorded.weights_fingerprint:
+        raise CannotRunHere(
+            f"weights at {model} differ from the recorded ones ({here} vs {recorded.weights_fingerprint}); "
+            "pass --allow-weights-mismatch to replay anyway"
+        )
+    return model
+
+
+def _timing_mode_args(spec: EngineSpec) -> dict[str, Any]:
+    """The replay engine's arguments with the compilation `spec.timing_mode` runs in."""
+    args = dict(spec.engine_args or {})
+    compilation = {**args.get("compilation_config", {}),
+                   **graph_backend.compilation_config_for(spec.timing_mode, spec.table)}
+    # An eager recording's enforce_eager would switch the piecewise backend's compilation off.
+    eager = {"enforce_eager": False} if spec.timing_mode == "piecewise" else {}
+    return {**args, **eager, "compilation_config": compilation}
+
+
+class ReplayEngine:
+    """A replay engine and what a replay asks of it: its runner's adapter, a driver for a recorded
+    step, this machine's environment as the engine sees it, and the variables tracekit set in this
+    process to build it (`set_in_process`)."""
+
+    def __init__(self, llm: Any, runner_kind: str, build: EngineBuild | None, built_here: bool):
+        self.llm = llm
+        self.runner_kind = runner_kind
+        self.build = build  # None: an engine tracekit did not build (or one for a timing mode)
+        self.built_here = built_here
+        self._adapter: Any = None
+
+    @property
+    def adapter(self) -> Any:
+        """The adapter of the engine's model runner (one rank, in this process: a multi-rank
+        engine's runners are reached through `on_every_worker`)."""
+        if self._adapter is None:
+            self._adapter = adapter_of(self.llm)
+        return self._adapter
+
+    def require_runner_kind(self) -> None:
+        """Refuse (usage) an engine whose runner is not of the kind the step was recorded on."""
+        kind = self.adapter.kind
+        if kind != self.runner_kind:
+            variable, value = next(iter(installed_release().runner_env(self.runner_kind).items()))
+            raise UsageError(
+                f"the bundle was recorded on vLLM's {self.runner_kind.upper()} model runner; the engine passed in "
+                f"runs {kind.value.upper()}: build it with {variable}={value}"
+            )
+
+    @property
+    def set_in_process(self) -> dict[str, str]:
+        """The environment variables tracekit set in this process to build the engine."""
+        release = installed_release()
+        return {**IN_PROCESS_ENV, **release.runner_env(self.runner_kind), **(self.build.env if self.build else {})}
+
+    @property
+    def reference_mode(self) -> str:
+        """The mode the engine runs a forward in: "compiled", or "eager" without torch.compile."""
+        return self.adapter.reference_mode
+
+    @property
+    def has_graphs(self) -> bool:
+        return self.adapter.device_backend.has_graphs
+
+    def environment(self) -> Environment:
+        """This machine's fingerprint, read after the engine was built (vLLM sets variables of its own)."""
+        return self.adapter.environment()
+
+    def require_kv_layout_of(self, recorded: Environment, here: Environment) -> None:
+        """Refuse (exit 3) KV blocks recorded in a layout this engine's attention backend does not read."""
+        problem = kv_layout_difference(recorded.attention_backend, here.attention_backend)
+        if problem is not None:
+            raise CannotRunHere(problem)
+
+    def unavailable_reason(self, mode: str) -> str | None:
+        """Why this engine cannot time `mode`, a compiled form, at all (None: it may)."""
+        if self.reference_mode == ReplayMode.EAGER.value and mode in _COMPILED_FORMS:
+            return ("the engine runs without torch.compile (compilation mode NONE); "
+                    "record with compilation enabled to time it compiled")
+        return None
+
+    def driver(self, step: Step) -> StepDriver:
+        """A driver of `step` through this engine's runner (refused where the step does not fit it)."""
+        return StepDriver(self.adapter, step)
+
+    def capture_layers(self, handle: ForwardHandle) -> LayerCapture:
+        """Every watched layer's output of one eager run of the step's forward."""
+        return capture_eager_forward(self.adapter.model, handle)
+
+    def piecewise_backend(self) -> Any:
+        """The piecewise graph backend tracekit's "piecewise" timing mode compiled the model with
+        (the newest one of this process), or None."""
+        return graph_backend.built_backends[-1] if graph_backend.built_backends else None
+
+    def engine_args(self) -> dict[str, Any]:
+        """The engine arguments that rebuild an engine whose forward matches this one's."""
+        return self.adapter.engine_args()
+
+    def on_every_worker(self, function: Callable, *args: Any) -> list[Any]:
+        """`function(worker, *args)` in every worker process, results in rank order."""
+        return workers.on_every_worker(self.llm, function, *args)
+
+    def forget_cached_prefixes(self) -> None:
+        """Forget cached prefixes, so that the next replayed step finds no blocks it did not restore."""
+        forget_cached_prefixes(self.llm)
+
+    def release(self) -> None:
+        """Shut the engine down and give its memory back, before another is built."""
+        llm, self.llm, self._adapter = self.llm, None, None
+        release_llm(llm)
+
+
+# -- inside a worker process of a multi-rank engine -------------------------------------------------
+
+
+def worker_adapter(worker: Any) -> Any:
+    """The adapter of a vLLM worker's model runner (this process's rank of a multi-rank engine)."""
+    return installed_release().adapter_for(workers.runner_of(worker))
+
+
+def worker_error(error: TracekitError) -> dict[str, Any]:
+    """A worker's refusal, as `ReplayEngine.on_every_worker` raises it again in the driver."""
+    return workers.reported(error)

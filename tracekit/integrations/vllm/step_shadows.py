@@ -1,0 +1,94 @@
+"""The shadows that follow a step through a model runner and report it to a `StepObserver`.
+
+`RunnerAdapter.observe` lays one `StepShadows` over a runner for a session (a recorder's, or a
+replayed step's). Each method below wraps one runner or model method, in the order a step runs
+them: `execute_model` (the step starts; a failure anywhere in it is reported), the model call
+(the forward, reported before and after; in a replay, the driver's own call in its place),
+`compute_logits` (the step's sampling logits), `sample_tokens` (its sampled ids reach the
+observer when the engine reads them) and the runner's bookkeeping. Where each method lives on
+the runner is the adapter's business (`RunnerAdapter.observe`, `model_call_shadows`).
+"""
+
+from typing import Any, Callable
+
+from tracekit.integrations.seam import ModelCall, Phase, StepObserver
+
+
+class StepShadows:
+    """One session's wrappers: each takes the method it shadows and returns what runs instead."""
+
+    def __init__(self, adapter: Any, observer: StepObserver, replay_call: ModelCall | None = None):
+        self.adapter = adapter
+        self.observer = observer
+        self.replay_call = replay_call  # takes the place of every model call (a replay)
+        self.logits_pending = False  # the next compute_logits of the step is its sampling logits
+
+    def execute_model(self, original: Callable) -> Callable:
+        """A step starts (not a dummy run); a step that ends here (no `sample_tokens` follows)
+        has no sampled ids."""
+        def wrapper(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("dummy_run") or scheduler_output.total_num_scheduled_tokens == 0:
+                return original(scheduler_output, *args, **kwargs)
+            self.adapter.step_begins()
+            self.logits_pending = True
+            self.observer.step_started(scheduler_output)
+            result = self._reporting_failures(original)(scheduler_output, *args, **kwargs)
+            if self.observer.tracking and result is not None:
+                self.observer.output_receiver()(None)
+            return result
+
+        return wrapper
+
+    def model_call(self, original: Callable) -> Callable:
+        """The forward: reported with its inputs before and its output after, or replaced."""
+        if self.replay_call is not None:
+            return lambda *args, **kwargs: self.replay_call(original, args, kwargs)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.observer.before_forward(*self.adapter.forward_inputs(args, kwargs))
+            output = original(*args, **kwargs)
+            self.observer.after_forward(output)
+            return output
+
+        return wrapper
+
+    def compute_logits(self, original: Callable) -> Callable:
+        """The step's first logits are its sampling logits (prompt logprobs come later)."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            logits = original(*args, **kwargs)
+            if self.logits_pending:
+                self.logits_pending = False
+                self.observer.logits_computed(logits)
+            return logits
+
+        return wrapper
+
+    def sample_tokens(self, original: Callable) -> Callable:
+        """Sampling; the observer takes the sampled ids when `sample_tokens`' output holds them."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            output = self._reporting_failures(original)(*args, **kwargs)
+            self.logits_pending = False
+            if not self.observer.tracking:
+                return output
+            return self.adapter.release.when_output_ready(output, self.observer.output_receiver())
+
+        return wrapper
+
+    def bookkeeping(self, original: Callable) -> Callable:
+        """The runner updates its request states with the sampled ids."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.observer.phase_entered(Phase.BOOKKEEPING)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    def _reporting_failures(self, original: Callable) -> Callable:
+        """`original`, reporting any exception it raises to the observer as the step's failure."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as error:
+                self.observer.step_failed(error)
+                raise
+
+        return call

@@ -1,0 +1,291 @@
+"""How the recorder captures one step: one strategy per capture kind, behind one interface.
+
+A step trigger (`--steps`, `--when`) knows before the forward that the step fires: `CopiedStep`
+copies the step then, and its outputs as they come. An event trigger (`--on exception`,
+`--on nonfinite`) knows only later, and is meant to stay armed in a serving engine: `MarkedStep`
+copies nothing in advance, keeps a `StepMark` (references, the RNG states, a few numbers per
+request), checks the outputs for NaN/inf on the device, and copies the step only if it fails or
+its outputs are not finite.
+
+The recorder picks the kind when the step reaches its forward and then calls, in step order,
+`after_forward`, `logits_computed`, and at the step's end either `receiver()` (what takes its
+sampled ids) or, for a failure, `failed(trigger, error)` (the step to write, or None); `stop()`
+lets go of anything hooked for the step. A kind never writes a bundle itself: it hands the
+recorder a step (`Recorder.submit`).
+"""
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from tracekit.format.schema import KVMode, Step
+from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
+from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
+from tracekit.integrations.seam import Phase
+from tracekit.integrations.vllm import layer_capture
+from tracekit.integrations.vllm.runner_adapter import StepMark, hidden_states_of
+from tracekit.record import step_capture
+from tracekit.record.step_capture import KVTaken
+from tracekit.record.triggers import TriggerEvent, TriggerSet
+
+logger = logging.getLogger("tracekit.record")
+
+Receiver = Callable[[list[list[int]] | None], None]
+
+
+@dataclass
+class PendingStep:
+    """The step in progress since `step_started`, whatever captures it."""
+
+    index: int
+    scheduler_output: Any
+    started: float
+    reason: str | None = None  # the step trigger that fired before the forward, if one did
+    forward_seen: bool = False
+    phase: Phase = Phase.PREPARE
+    capture: "StepCapture | None" = None  # picked at the forward; None: nothing may fire for it
+    copies: list[HostCopy] = field(default_factory=list)  # the step's copies to host
+
+
+class Recording(Protocol):
+    """What a capture kind uses of the recorder that picked it (`tracekit.record.recorder.Recorder`)."""
+
+    adapter: Any
+    triggers: TriggerSet
+    kv: str  # the --kv mode
+    layers: bool  # also store every layer's output (eager engines)
+    backend: Any  # the runner's DeviceBackend
+    head_start_us: float  # of the next recorded forward's timer
+    exhausted: bool  # no more bundles this session
+
+    def guarded(self, function: Callable, name: str | None = None) -> Callable: ...
+
+    def new_copy(self, pending: PendingStep) -> HostCopy: ...
+
+    def end_step(self, pending: PendingStep, step: Step, sampled: Any) -> None: ...
+
+    def submit(self, pending: PendingStep, step: Step, trigger: str) -> None: ...
+
+    def count_bundle(self) -> None: ...
+
+    def deferral_started(self) -> None: ...
+
+    def deferral_ended(self) -> frozenset[str]: ...
+
+
+
+class StepCapture:
+    """The interface: what a capture kind does at each point of the step it was picked for."""
+
+    def __init__(self, recorder: Recording, pending: PendingStep):
+        self.recorder = recorder
+        self.pending = pending
+
+    def after_forward(self, output: Any) -> None:
+        """The model call returned `output`."""
+
+    def logits_computed(self, logits: Any) -> None:
+        """The step's sampling logits are computed (sampling may change them in place next)."""
+
+    def receiver(self) -> Receiver:
+        """`sample_tokens` returned: what takes the step's sampled ids (maybe after the next step started)."""
+        return ignore
+
+    def failed(self, trigger: str, error: BaseException) -> Step | None:
+        """The step a failure in one of its phases leaves to write (None: none)."""
+        return None
+
+    def stop(self) -> None:
+        """Let go of whatever was hooked for the step."""
+
+
+class CopiedStep(StepCapture):
+    """A step trigger fired: the step is copied just before its forward (inputs and the KV
+    blocks it reads), its forward timed, its outputs copied as they come."""
+
+    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool):
+        super().__init__(recorder, pending)
+        adapter = recorder.adapter
+        copy = recorder.new_copy(pending)
+        self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy)
+        copy.finish()  # the forward, which writes KV, runs after the copy
+        self.step.timing.first_of_its_size = first_of_its_size
+        self.layers = layer_capture.LayerCapture(adapter.model).__enter__() if recorder.layers else None
+        self.cpu_started = time.process_time()
+        self.forward_timer: RegionTimer | None = RegionTimer(adapter.device_backend, recorder.head_start_us)
+
+    def after_forward(self, output: Any) -> None:
+        if self.forward_timer is None:  # a later model call of the same step
+            return
+        recorder, pending, step = self.recorder, self.pending, self.step
+        timer, self.forward_timer = self.forward_timer, None
+        measured = timer.stop()
+        step.timing.forward_us, step.timing.forward_timer = measured.us, measured.timer
+        step.timing.forward_cpu_us = (time.process_time() - self.cpu_started) * 1e6
+        # The next recorded forward's head start covers twice this one's host issue.
+        recorder.head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
+        layers = self._stop_layers()
+        copy = recorder.new_copy(pending)
+        step_capture.capture_after_forward(recorder.adapter, step, output, copy)
+        copy.finish()  # before the next forward writes the blocks (async outputs are read later)
+        if layers is not None and layers.failure is None:
+            step.outputs.layers = layers.outputs
+        pending.phase = Phase.LOGITS
+
+    def logits_computed(self, logits: Any) -> None:
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_logits(self.step, logits, copy)
+        copy.finish()
+
+    def receiver(self) -> Receiver:
+        recorder, pending, step = self.recorder, self.pending, self.step
+
+        def finish(sampled: Any) -> None:
+            recorder.end_step(pending, step, sampled)
+            for copy in pending.copies:  # the finite check below reads the copies
+                copy.wait()
+            step_capture.outputs_finite(step)
+            recorder.count_bundle()
+            recorder.submit(pending, step, pending.reason)
+
+        return recorder.guarded(finish, "finish")
+
+    def failed(self, trigger: str, error: BaseException) -> Step | None:
+        return self.step  # taken intact before the forward
+
+    def stop(self) -> None:
+        self._stop_layers()
+
+    def _stop_layers(self) -> Any:
+        """Remove the step's layer hooks, if any; returns the capture."""
+        layers, self.layers = self.layers, None
+        if layers is not None:
+            layers.__exit__(None, None, None)
+        return layers
+
+
+class MarkedStep(StepCapture):
+    """Event triggers: the step is only marked; it is copied at a failure (the KV blocks it read
+    are intact in the live cache: a step writes only the slots of its new tokens) or once its
+    outputs proved not finite. `mark` None: a step that failed before its forward, marked at
+    the failure (`taken`: its KV is as before the forward)."""
+
+    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark | None,
+                 taken: KVTaken = KVTaken.AFTER_STEP):
+        super().__init__(recorder, pending)
+        self.mark = mark
+        self.taken = taken
+        self.output: Any = None  # the forward's output (a reference: the runner's until the next forward)
+        # the sampling logits, copied on the device (sampling changes them in place) where the
+        # non-finite check is not known finite when they are computed
+        self.logits: Any = None
+        self.finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
+        self.finite_confirmed: bool | None = None  # its answer, once read
+
+    def after_forward(self, output: Any) -> None:
+        self.output, self.pending.phase = output, Phase.LOGITS
+
+    def logits_computed(self, logits: Any) -> None:
+        recorder = self.recorder
+        if TriggerEvent.NONFINITE not in recorder.triggers.events:
+            return
+        flag = DeviceFlag(all_finite(self._outputs_checked(logits)), recorder.backend)
+        if flag.ready() and self._finite(flag, logits):  # known at once (CPU): nothing to keep
+            return
+        self.finite = flag  # else read at the step's end, without a sync of its own
+        # A copy on the device: sampling changes the logits in place (temperature, penalties)
+        self.logits = device_clone(logits)
+
+    def receiver(self) -> Receiver:
+        """Whether the outputs were finite. Read now when the device has passed the check (it
+        has when the runner synced the sampled ids: V1 without async scheduling, and always on
+        CPU); else the check is read with the sampled ids, and the step's inputs and outputs are
+        kept on the device until then."""
+        recorder = self.recorder
+        if self.finite is None or recorder.exhausted:
+            return ignore
+        if self.finite.ready():
+            if self._finite(self.finite, self.logits):
+                return ignore
+            step = self._capture_nonfinite(self.mark, KVMode(recorder.kv))
+            return recorder.guarded(lambda sampled: self._write(step, sampled), "finish")
+        mark = self.mark
+        kept = dataclasses.replace(mark, input_ids=device_clone(mark.input_ids), positions=device_clone(mark.positions))
+        self.output = device_clone(hidden_states_of(self.output))
+        recorder.deferral_started()
+
+        def receive(sampled: Any) -> None:
+            preempted = recorder.deferral_ended()
+            if self._finite(self.finite, self.logits) or recorder.exhausted:
+                return
+            # The next step has been scheduled (and maybe run): it wrote only its own new slots,
+            # unless the scheduler preempted a request of this step and gave its blocks to another.
+            kv = KVMode(recorder.kv)
+            if preempted & set(recorder.adapter.marked_req_ids(kept)):
+                kv = KVMode.RECOMPUTE
+            self._write(self._capture_nonfinite(kept, kv), sampled)
+
+        return recorder.guarded(receive)
+
+    def failed(self, trigger: str, error: BaseException) -> Step | None:
+        """The failed step from its mark: from the live cache and runner, or, where the failure
+        lost the device context, from host memory alone (a `--kv recompute` bundle)."""
+        recorder, pending = self.recorder, self.pending
+        if recorder.exhausted:
+            return None
+        # A step that failed before its forward is marked here; what the failure kept from being
+        # prepared (the input ids) the replay prepares again.
+        mark = self.mark or recorder.adapter.mark(pending.scheduler_output, None, None)
+        if context_lost(error):
+            logger.warning("tracekit: the device context is lost (%s); the step is kept from host memory, "
+                           "its KV to be recomputed by the replay", type(error).__name__)
+            return step_capture.capture_without_device(recorder.adapter, mark, pending.index, trigger)
+        return self._capture(mark, trigger, KVMode(recorder.kv), self.taken)
+
+    def _write(self, step: Step, sampled: Any) -> None:
+        self.recorder.end_step(self.pending, step, sampled)
+        self.recorder.submit(self.pending, step, TriggerEvent.NONFINITE.value)
+
+    def _finite(self, flag: DeviceFlag, logits: Any) -> bool:
+        """The check's answer; a "not finite" from the cheap check is confirmed element by element
+        (once: the answer is kept)."""
+        if self.finite_confirmed is None:
+            self.finite_confirmed = flag.value() or bool(all_finite(self._outputs_checked(logits), exact=True))
+        return self.finite_confirmed
+
+    def _capture_nonfinite(self, mark: StepMark, kv: KVMode) -> Step:
+        """The step whose outputs proved not finite, counted now: under async scheduling its
+        bundle is written when its sampled ids are read, after later steps have been checked."""
+        step = self._capture(mark, TriggerEvent.NONFINITE.value, kv, KVTaken.AFTER_STEP)
+        step.outputs.finite = False
+        self.recorder.count_bundle()
+        return step
+
+    def _capture(self, mark: StepMark, trigger: str, kv: KVMode, taken: KVTaken) -> Step:
+        """The step from `mark`, with the forward's outputs where it got that far."""
+        recorder = self.recorder
+        copy = recorder.new_copy(self.pending)
+        step = step_capture.capture(recorder.adapter, mark, self.pending.index, trigger, kv.value, copy, taken)
+        if self.output is not None:
+            step_capture.capture_after_forward(recorder.adapter, step, self.output, copy)
+            step_capture.capture_logits(step, self.logits, copy)
+        copy.finish()  # the engine's stream goes on once the copies ran, its host at once
+        return step
+
+    def _outputs_checked(self, logits: Any) -> list[Any]:
+        """The outputs the non-finite check reads: the real rows of the hidden states (padding
+        rows of a graph step are not the step's), and the logits."""
+        hidden = hidden_states_of(self.output)
+        real = self.recorder.adapter.num_scheduled_tokens(self.pending.scheduler_output)
+        return [hidden[:real] if hidden is not None else None, logits]
+
+
+def ignore(sampled: Any) -> None:
+    """The output receiver of a step that is not recorded."""
+
+
+def device_clone(tensor: Any) -> Any:
+    """A copy on the tensor's own device (queued, no host sync), or None."""
+    return tensor.detach().clone() if tensor is not None else None

@@ -1,0 +1,98 @@
+"""A bundle to replay, opened once and handed down from the command line to the replay.
+
+`tracekit replay` must know, before it forks the process that does the work, whether a bundle
+is one rank's part of a multi-rank step; the work then needs the step it reports on and, to run
+it, the step's tensors. An `OpenedBundle` reads the metadata when it is opened and keeps the file
+open, so the replay loads the step's tensors from the same open file (reads at offsets: a forked
+child reads it as well as its parent). A bundle that cannot be opened or read keeps the error,
+raised where the replay reports on its bundle, as its own replay would have raised it (bad
+input, exit 2).
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import BundleError, TracekitError, UsageError
+from tracekit.format import open_bundle
+from tracekit.format.rankset import check_parallel
+from tracekit.format.schema import BundleContent, Step
+
+
+class OpenedBundle:
+    """One bundle: its content (metadata only) read at once, one step's tensors on demand."""
+
+    def __init__(self, path: str | Path):
+        self.path = path
+        self._reader: Any = None
+        self._content: BundleContent | None = None
+        self._error: BaseException | None = None
+        try:
+            self._reader = open_bundle(path)
+            self._content = BundleContent.from_plain(self._reader.metadata)
+        except (TracekitError, OSError) as error:
+            self._error = error
+            self.close()
+
+    @classmethod
+    def of(cls, bundle: "str | Path | OpenedBundle") -> "OpenedBundle":
+        return bundle if isinstance(bundle, OpenedBundle) else cls(bundle)
+
+    def __enter__(self) -> "OpenedBundle":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let the file go (the content stays; a step loaded later opens it again)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
+    @property
+    def content(self) -> BundleContent:
+        """The bundle's content, metadata only (raises what opening it raised)."""
+        if self._error is not None:
+            raise self._error
+        return self._content
+
+    @property
+    def multi_rank(self) -> bool:
+        """Whether it is one rank's part of a multi-rank step (a bundle that cannot be read, or
+        whose rank fields are damaged, is not: its own replay says what is wrong with it)."""
+        if self._error is not None:
+            return False
+        parallel = self._content.parallel
+        try:
+            check_parallel(parallel, os.path.basename(str(self.path)))
+        except BundleError:
+            return False
+        return parallel.multi_rank and len(self._content.steps) == 1
+
+    def facts(self, index: int | None = None) -> dict[str, Any]:
+        """{"step", "trigger"} of the step a replay would run, from metadata alone (empty when the
+        bundle cannot be read or lacks that step: its replay says why)."""
+        if self._error is not None:
+            return {}
+        for recorded in self._content.steps:
+            if index is None or recorded.index == index:
+                return {"step": recorded.index, "trigger": recorded.trigger}
+        return {}
+
+    def load_step(self, index: int | None = None) -> Step:
+        """The step of engine step index `index` (the first by default) with its tensors loaded;
+        the file is let go afterwards. A bundle without that step is a `UsageError`."""
+        content = self.content
+        indices = [step.index for step in content.steps]
+        if not indices:
+            raise UsageError(f"bundle {self.path} holds no recorded step")
+        if index is not None and index not in indices:
+            raise UsageError(f"bundle {self.path} has no step {index} (it has {', '.join(map(str, indices))})")
+        position = 0 if index is None else indices.index(index)
+        reader = self._reader or open_bundle(self.path)
+        try:
+            return Step.from_plain(reader.resolve(reader.metadata["steps"][position], to="torch"))
+        finally:
+            reader.close()
+            self._reader = None
