@@ -12,7 +12,7 @@ from typing import Any
 from tracekit.environment import environment_differences
 from tracekit.errors import BundleError, CannotRunHere, UsageError
 from tracekit.format.content import load_step
-from tracekit.format.schema import KV_MODES, KVMode, Step
+from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm import engine as vllm_engine
@@ -27,7 +27,7 @@ from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
 
-__all__ = ["ReplayOptions", "ReplayResult", "replay"]
+__all__ = ["PreparedReplay", "ReplayOptions", "ReplayResult", "prepare_replay", "replay"]
 
 
 @dataclass
@@ -58,10 +58,22 @@ class ReplayOptions:
     engine_needs: EngineNeeds | None = None
 
 
-def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any = None, **fields: Any) -> ReplayResult:
-    """Replay one recorded step (options as a `ReplayOptions`, or its fields as keywords). Pass
-    `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments."""
-    options = options or ReplayOptions(**fields)
+@dataclass
+class PreparedReplay:
+    """What a replay has read and checked before it builds anything (`prepare_replay`)."""
+
+    content: BundleContent
+    recorded: Step  # the step to replay, its tensors loaded
+    release: Any  # the installed vLLM release, of the recorded series
+    explicit_modes: list[str]  # the modes asked for by name (none for reference or no timing)
+    lean: EngineNeeds | None  # what a lean engine must hold; None: build it as vLLM does
+
+
+def prepare_replay(bundle: str | Path, options: ReplayOptions) -> PreparedReplay:
+    """Every check a replay makes before it builds an engine, in its order: the bundle's
+    content and step (bad input: 2), a KV mode, rank and token ids it can replay, this
+    machine's device kind and vLLM series (cannot replay here: 3). `replay` starts with it;
+    tools/fuzz_bundle.py runs it alone, on hostile bundles, to stop where vLLM takes over."""
     content, recorded = load_step(bundle, options.step)
     if recorded.kv.mode not in KV_MODES:
         raise CannotRunHere(f"the bundle's KV mode {recorded.kv.mode!r} is not one this tracekit replays: upgrade tracekit")
@@ -81,13 +93,22 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
     require_device_of(content.environment)
     release = require_same_series(content.engine.vllm_version)
+    lean = None if options.full_engine else (options.engine_needs or needs_of(recorded, options.modes))
+    return PreparedReplay(content, recorded, release, explicit_modes, lean)
+
+
+def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any = None, **fields: Any) -> ReplayResult:
+    """Replay one recorded step (options as a `ReplayOptions`, or its fields as keywords). Pass
+    `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments."""
+    options = options or ReplayOptions(**fields)
+    prepared = prepare_replay(bundle, options)
+    content, recorded, release = prepared.content, prepared.recorded, prepared.release
     if llm is not None and (options.engine_overrides or options.model):
         raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
     built = llm is None
     if built:
-        lean = None if options.full_engine else (options.engine_needs or needs_of(recorded, options.modes))
         llm = build_replay_engine(content.engine, options.model, options.allow_weights_mismatch, options.engine_overrides,
-                                  recorded=content.environment, lean=lean)
+                                  recorded=content.environment, lean=prepared.lean)
     engine_build = lean_build.build_of(llm)
     if not built and engine_build is not None and engine_build.kind == "lean":
         missing = needs_of(recorded, options.modes).graphs - set(engine_build.graphs_wanted)
@@ -116,7 +137,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         if not (name.startswith("env ") and ours.get(name.removeprefix("env ")) == now)  # tracekit's own settings
     ]
     reference_mode = adapter.reference_mode
-    requested = [reference_mode] if options.modes == "reference" else explicit_modes
+    requested = [reference_mode] if options.modes == "reference" else prepared.explicit_modes
     # Graph modes need an engine of their own (vLLM's graphs off, or tracekit's piecewise
     # backend); where the device has no graphs, measure_mode reports why they cannot run, and
     # the piecewise engine still compiles its pieces for the per-piece divergence probe.
