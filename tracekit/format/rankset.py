@@ -70,25 +70,10 @@ class RankSet:
         }
 
 
-def check_parallel(parallel: ParallelRank, where: str) -> None:
-    """The rank fields of an untrusted bundle agree with each other (BundleError if not); their
-    types and ranges were checked with the content."""
-    if parallel.tensor_parallel_size * parallel.pipeline_parallel_size != parallel.world_size:
-        raise BundleError(
-            f"bundle content: {where}.parallel: TP {parallel.tensor_parallel_size} x PP "
-            f"{parallel.pipeline_parallel_size} is not the world size {parallel.world_size}"
-        )
-    if parallel.rank >= parallel.world_size:
-        raise BundleError(f"bundle content: {where}.parallel.rank {parallel.rank} is not below the world size")
-    if len(parallel.parts) > parallel.world_size:
-        raise BundleError(f"bundle content: {where}.parallel.parts should be at most one path per rank")
-
-
 def read_part(path: str | Path) -> BundleContent:
-    """A bundle's content (metadata only), its rank fields checked."""
+    """A bundle's content (metadata only; its rank fields are checked with it)."""
     with open_bundle(path) as reader:
         content = BundleContent.from_plain(reader.metadata)
-    check_parallel(content.parallel, os.path.basename(str(path)))
     if len(content.steps) != 1 and content.parallel.multi_rank:
         raise BundleError(f"{path}: a rank's bundle holds exactly one step, this one holds {len(content.steps)}")
     return content

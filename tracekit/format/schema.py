@@ -77,7 +77,14 @@ class SchemaRecord:
         if missing:
             raise BundleError(f"bundle content: {where} lacks required field(s) {', '.join(missing)}")
         extras = {key: value for key, value in data.items() if key not in fields}
-        return cls(**values, extras=extras)
+        record = cls(**values, extras=extras)
+        record.check_values(where)
+        return record
+
+    def check_values(self, where: str) -> None:
+        """Rules between fields that no annotation can state, checked once a record of a
+        bundle is built (a `BundleError` naming `where` if one breaks): the values a replay
+        would otherwise index or size with, later, inside vLLM."""
 
 
 @dataclass
@@ -179,6 +186,10 @@ class KVLayout(SchemaRecord):
     block_dim: Count
     num_blocks: Count
     block_size: Size
+
+    def check_values(self, where: str) -> None:
+        if self.block_dim >= len(self.shape):
+            raise BundleError(f"bundle content: {where}.block_dim {self.block_dim} is no dimension of shape {self.shape}")
 
 
 @dataclass
@@ -342,6 +353,17 @@ class ParallelRank(SchemaRecord):
     def multi_rank(self) -> bool:
         return self.world_size != 1
 
+    def check_values(self, where: str) -> None:
+        if self.tensor_parallel_size * self.pipeline_parallel_size != self.world_size:
+            raise BundleError(
+                f"bundle content: {where}: TP {self.tensor_parallel_size} x PP {self.pipeline_parallel_size} "
+                f"is not the world size {self.world_size}"
+            )
+        if self.rank >= self.world_size:
+            raise BundleError(f"bundle content: {where}.rank {self.rank} is not below the world size {self.world_size}")
+        if len(self.parts) > self.world_size:
+            raise BundleError(f"bundle content: {where}.parts should be at most one path per rank")
+
 
 @dataclass
 class BundleContent(SchemaRecord):
@@ -359,6 +381,19 @@ class BundleContent(SchemaRecord):
     @classmethod
     def from_plain(cls, data: Any, where: str = "") -> "BundleContent":
         return super().from_plain(data, where or "bundle")
+
+    def check_values(self, where: str) -> None:
+        """Every block id a step names is a block of the recorded KV cache (a replay restores
+        and reads those blocks at those ids)."""
+        blocks = self.engine.num_kv_blocks
+        for number, step in enumerate(self.steps):
+            named = [(f"requests[{i}].block_ids", ids) for i, request in enumerate(step.requests) for ids in request.block_ids]
+            named += [(f"kv.groups[{i}].{name}", getattr(group, name)) for i, group in enumerate(step.kv.groups)
+                      for name in ("read_block_ids", "written_block_ids", "saved_block_ids")]
+            for place, ids in named:
+                if ids and max(ids) >= blocks:
+                    raise BundleError(f"bundle content: {where}.steps[{number}].{place} holds block {max(ids)}, "
+                                      f"beyond the {blocks} KV blocks of bundle.engine.num_kv_blocks")
 
     @classmethod
     def claimed_by(cls, metadata: Any) -> bool:
