@@ -817,7 +817,8 @@ def fuzz(args) -> dict[str, int]:
     with tempfile.TemporaryDirectory(prefix="tracekit-fuzz-") as seed_dir:
         write_seeds(Path(seed_dir))
         workers = [Worker(args, seed_dir) for _ in range(args.jobs)]
-        next_case, done, deadline = args.first_case, 0, time.monotonic() + args.seconds
+        started = time.monotonic()
+        next_case, done, deadline = args.first_case, 0, started + args.seconds
         idle = list(workers)
 
         def record(case: int, outcome: str) -> None:
@@ -869,7 +870,8 @@ def fuzz(args) -> dict[str, int]:
         finally:
             for w in workers:
                 w.stop()
-    print(f"{done} cases (numbers {args.first_case}..{next_case - 1}, seed {args.seed})")
+    print(f"{done} cases in {time.monotonic() - started:.0f} s (numbers {args.first_case}..{next_case - 1}, "
+          f"seed {args.seed}, {args.jobs} worker(s))")
     for name in CLASSES:
         print(f"  {name:<16}{counts[name]:>9}" + (f"   e.g. --case {bad_cases[name][0]}" if name in bad_cases else ""))
     with_content = sum(command_counts[REPLAY].values())

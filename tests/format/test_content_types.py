@@ -4,6 +4,8 @@ wrong types is refused in one line naming the field (exit 2) before any command 
 
 import copy
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,16 @@ def test_output_token_ids_given_an_int_are_refused_in_one_line_by_every_command(
     assert str(refused.value) == expected.removeprefix("tracekit: error: ").strip()
     code, _, _ = _run("diff", "--json", bundle, SAMPLE)  # compares plain metadata, tensors equal
     assert code == 0
+
+
+def test_replay_refuses_the_issue_bundle_in_one_line_before_building_anything(tmp_path):
+    """What `git bisect run tracekit replay` reads: exit 2 (bad input), not 1 (not reproduced)."""
+    bundle = rewrite_bundle(SAMPLE, tmp_path / "int.zst",
+                            lambda metadata, tensors: metadata["steps"][0]["requests"][0].update(output_token_ids=2147483647))
+    finished = subprocess.run([str(Path(sys.executable).with_name("tracekit")), "replay", "--no-timing", str(bundle)],
+                              capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 2, finished.stderr
+    assert finished.stderr == f"tracekit: error: bundle content: {ISSUE_FIELD} should be a list, not an int (2147483647)\n"
 
 
 @pytest.fixture(scope="module")
