@@ -1,10 +1,11 @@
-"""Fuzz the bundle reader: mutated bundles through the public API and `tracekit inspect --verify`.
+"""Fuzz the bundle reader and every command that reads metadata, with mutated bundles.
 
     python tools/fuzz_bundle.py --seconds 60 [--jobs 2] [--cases N] [--seed S] [--save DIR]
     python tools/fuzz_bundle.py --case 1234 [--seed S]      # re-run one case here, with its traceback
 
-Every case is one seed bundle (a few small ones written here, plus the v1 golden file) with
-1-3 mutations, chosen and parameterized by a random generator seeded with the case number:
+Every case is one seed bundle (a few small ones written here, the v1 golden file, a real
+recording, and that recording in schema version 2 with every optional part filled in) with 1-3
+mutations, chosen and parameterized by a random generator seeded with the case number:
 
 * damage, not re-signed: bit flips, overwritten runs, truncation, junk inserted or appended,
   equal-size frames swapped or copied over each other;
@@ -17,7 +18,14 @@ Every case is one seed bundle (a few small ones written here, plus the v1 golden
   frames hidden between data frames, bytes appended to a frame inside its indexed extent
   (junk, a zstd magic, an empty zstd frame), and crafted metadata (nesting thousands deep,
   10^4-10^6 `$tensor` references, megabytes of empty maps, extension types, markup and ANSI
-  escapes in strings).
+  escapes in strings);
+* metadata retyped, re-signed (issue 33: an int where `output_token_ids` belongs passed the
+  reader and crashed `tracekit inspect`): 1-4 nodes of the metadata tree — half of them map
+  entries (the schema's fields and vLLM's), half any node (a token id in its list) — given a
+  value of another msgpack type (int, float, str, bool, nil, list, map, bin; int32, int64 and
+  uint64 edges, NaN and infinities, strings the schema's string fields switch on, hostile text),
+  a tensor reference (to another tensor, or not a reference), wrapped in a list or map,
+  unwrapped to an element, or its number made huge or negative; or deleted, or given a sibling.
 
 Why a custom structural mutator, not Hypothesis or atheris: the reader's interesting failures
 sit behind hashes (sha256 of the index, CRC-32 and checksums of frames), so blind byte
@@ -41,10 +49,17 @@ Each case is classified (a case lands in the first class that applies):
                      the frame's indexed extent
   bad-header         opened although a header field docs/FORMAT.md names has another type, or
                      the header nests deeper than the cap (64)
-  cli-crash          `tracekit inspect --verify` (run on every other case; as a table on every
-                     fourth of those, else --json, every other one with --full) exited other
-                     than 0/2, printed a traceback,
-                     more than one error line, or an unescaped control character from the bundle
+  cli-crash          a command misbehaved: it exited with a code outside its contract, raised
+                     anything but tracekit's one-line error, printed a traceback, more than one
+                     error line, or an unescaped control character from the bundle.
+                     `tracekit inspect --verify` runs on every other case (as a table on every
+                     fourth of those, else --json, every other one with --full); on every bundle
+                     the reader accepts whose metadata holds recorded content, every command
+                     that reads metadata runs, in this process through click's test runner:
+                     `inspect` (table), `inspect --json --full`, `diff --json` against its seed,
+                     `export --shapes -o -`, and `replay --no-timing` up to the engine build
+                     (the functions the command calls, `checked_before_engine` last: it stops where
+                     vLLM would take over)
   memory             MemoryError escaped, or the worker died (the RLIMIT_AS cap or a signal)
   timeout            the case used more than --timeout CPU seconds, or ran 6x that long on the
                      clock (the worker is then killed)
@@ -53,7 +68,10 @@ Each case is classified (a case lands in the first class that applies):
 Times are the worker's CPU time (user + system, all its threads), not the clock's: on a shared
 machine the clock says more about the neighbours than about the reader.
 
-Exit status 1 when any class other than refused/read/slow has a case.
+The counts end with how each command ended on the bundles holding recorded content (exit
+codes; for the replay, the error class or `reached the engine build`) and the number of
+tracebacks (foreign + cli-crash). Exit status 1 when any class other than refused/read/slow has
+a case.
 """
 
 import argparse
@@ -77,6 +95,7 @@ import zstandard
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "traces" / "golden-v1.zst"
+RECORDED = REPO / "traces" / "tiny-llama-mixed-step.zst"  # a real recording (schema version 1, V1 runner)
 FINE = ("refused", "read", "slow")
 CLASSES = ("refused", "read", "foreign", "different-data", "inconsistent", "hidden-bytes", "bad-header", "cli-crash",
            "memory", "timeout", "slow")
@@ -89,8 +108,11 @@ HOSTILE_TEXT = ["[/]", "[bold red]x[/]", "\x1b[2J\x1b[31mred", "\u202eevil", "a\
 
 def write_seeds(directory: Path) -> list[Path]:
     """Small bundles covering the reader's paths: shuffled multi-chunk tensors, plain ones,
-    numpy-less dtypes, a step-schema bundle for inspect's tables, hostile names; and golden v1."""
+    numpy-less dtypes, a step-schema bundle for inspect's tables, hostile names; golden v1; a
+    real recording, and the same in schema version 2 with every optional part filled in (runner
+    state of both runner kinds, rank fields, derivations, an error, per-layer outputs)."""
     from tracekit.format import BundleWriter
+    from tracekit.format.rewrite import rewrite_bundle
 
     rng = np.random.default_rng(0)
     seeds = []
@@ -127,12 +149,41 @@ def write_seeds(directory: Path) -> list[Path]:
         writer.set_metadata({text: text for text in HOSTILE_TEXT})
     seeds.append(path)
     seeds.append(GOLDEN)
+    seeds.append(RECORDED)
+    seeds.append(rewrite_bundle(RECORDED, directory / "recorded-v2.zst", filled_in_schema_2))
     return seeds
+
+
+def filled_in_schema_2(metadata: dict, tensors: dict) -> None:
+    """A recording's metadata as schema version 2 writes it, with the optional parts set."""
+    metadata["schema_version"] = 2
+    step = metadata["steps"][0]
+    for number, request in enumerate(step["requests"]):
+        generator_state = request.pop("generator_state", None)
+        request["runner_state"] = {"generator_state": generator_state} if generator_state else {}
+        if number == 0:  # V2 keeps these
+            request["runner_state"].update(seed=12345, prefill_len=len(request["prompt_token_ids"]))
+    metadata["parallel"] = {"world_size": 1, "rank": 0, "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+                            "tp_rank": 0, "pp_rank": 0, "set_id": "session", "parts": ["recorded-v2.zst"]}
+    metadata["derivations"] = [{"kind": "redact", "tool": "tracekit", "neutral_token_id": 0, "removed": ["prompts"],
+                                "steps": [{"history_kept": {"0": ["penalties"]}}], "env_vars_removed": ["X"]},
+                               {"kind": "shrink", "from": {"file": "a.zst", "sha256": "00"}, "property": "diverged"}]
+    metadata["environment"].update(attention_backend="CPU_ATTN/vec", num_threads=2, env_prefixes=["VLLM_"])
+    step["error"] = {"type": "RuntimeError", "message": "boom", "traceback": "...", "phase": "forward"}
+    step["timing"].update(forward_timer="perf_counter", device_copy_us=1.5, first_of_its_size=True)
+    step["outputs"]["layers"] = {"model.norm": step["outputs"]["hidden_states"]}
+    step["kv"]["taken"] = "before_forward"
 
 
 def seed_paths(directory: Path) -> list[Path]:
     """The seeds write_seeds() wrote, in its order (a case number picks among them)."""
-    return [directory / "mixed.zst", directory / "step.zst", directory / "names.zst", GOLDEN]
+    return [directory / "mixed.zst", directory / "step.zst", directory / "names.zst", GOLDEN, RECORDED,
+            directory / "recorded-v2.zst"]
+
+
+# How often a case starts from each seed (write_seeds' order): the bundles holding recorded
+# content more often, as the metadata mutations aim at its schema.
+SEED_WEIGHTS = (1, 2, 1, 1, 3, 3)
 
 
 # ---------------------------------------------------------------------------- mutations
@@ -191,6 +242,71 @@ def nodes(value, path=()):
         found.append((value, key))
         found.extend(nodes(child))
     return found
+
+
+# Values of every msgpack type, hostile ones of each: issue 33's ints where lists belong
+# (2147483647, -2147483647, 274877906944), the edges of int32/int64/uint64, floats that are no
+# numbers, strings the schema's string fields might switch on, containers of the wrong element.
+RETYPED = {
+    "int": [0, 1, -1, 2147483647, -2147483647, 274877906944, 2**31, -2**31 - 1, 2**63 - 1, -2**63, 2**64 - 1],
+    "float": [0.0, 1.5, -1.5, float("nan"), float("inf"), float("-inf"), 1e308, -0.0],
+    "str": ["", "0", "1", "x", "none", "read", "recompute", "v2", "FULL", "cuda", "0.32.0", "99.0", *HOSTILE_TEXT],
+    "bool": [True, False],
+    "nil": [None],
+    "list": [[], [0], [1, 2, 3], [-1] * 5, ["a"], [None], [[1]], [[]], [{}], [2**63 - 1], [1.5], [True]],
+    "map": [{}, {"a": 1}, {"$tensor": 5}, {1: 2}, {"": None}, {"num_tokens": "x"}, {"seed": 2**64 - 1}],
+    "bin": [b"", b"\0\1"],
+}
+
+
+def retyped(value, rng: random.Random, names: list[str]):
+    """`value` replaced by one of another type (or a hostile one of its own): a scalar, a
+    container, a tensor reference, itself wrapped or unwrapped, or its number made huge or
+    negative."""
+    choice = rng.randrange(12)
+    if choice < 8:
+        return rng.choice(RETYPED[rng.choice(list(RETYPED))])
+    if choice == 8:
+        return rng.choice([{"$tensor": rng.choice(names or ["x"])}, {"$tensor": "steps/0/rng/cpu"}])
+    if choice == 9:
+        return rng.choice([[value], {"k": value}, {"$tensor": value} if isinstance(value, str) else [[value]]])
+    if choice == 10:  # unwrapped: a list's element or a map's value in place of the container
+        items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else []
+        return rng.choice(items) if items else rng.choice(RETYPED["nil"] + RETYPED["list"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return rng.choice(RETYPED["int"])
+    return rng.choice([-value, value + 1, value - 1, -1, value + 2**31, value * 2**40, value * 2**62, 2**63 - value])
+
+
+def retype_metadata(metadata, rng: random.Random, names: list[str]):
+    """The metadata with 1-4 of its nodes retyped, deleted, or given a hostile sibling. Half the
+    picks are among map entries (the schema's fields and vLLM's), half among every node (a token
+    id in a list, a list in a list)."""
+    if not isinstance(metadata, (dict, list)):
+        return retyped(metadata, rng, names)
+    targets = nodes(metadata)
+    fields = [(container, key) for container, key in targets if isinstance(container, dict)]
+    for _ in range(rng.choice([1, 1, 1, 2, 4])):
+        container, key = rng.choice(fields if fields and rng.random() < 0.5 else targets)
+        choice = rng.random()
+        if isinstance(container, dict) and choice < 0.1:
+            container.pop(key, None)
+        elif isinstance(container, dict) and choice < 0.15:
+            container[rng.choice(["added_later", "$type", "extras", 7])] = retyped(container.get(key), rng, names)
+        else:
+            container[key] = retyped(container[key], rng, names)
+    return metadata
+
+
+def resign_metadata(frames: list[bytes], entries: list[list], index, content: bytes) -> None:
+    """Put `content` (a packed {"metadata": ...}) in the metadata frame, every hash redone."""
+    frame = zstandard.ZstdCompressor(write_checksum=True).compress(content)
+    frames[-1] = frame
+    entry = entries[-1]
+    entry[2], entry[3] = len(content), zlib.crc32(frame)
+    if len(entry) > 4:
+        entry[4] = int.from_bytes(frame[-4:], "little")
+    index["metadata"]["sha256"] = hashlib.sha256(content).digest()
 
 
 def crafted_metadata(rng: random.Random, names: list[str]) -> bytes:
@@ -314,6 +430,10 @@ def padded(frame: bytes, rng: random.Random) -> bytes:
                                empty, frame[:4], b"\x50\x2a\x4d\x18\0\0\0\0"])
 
 
+METADATA_RETYPE_KINDS = 13  # of 30 mutation kinds, for a parsed bundle: the metadata's types
+RETYPED_METADATA_BYTES = 1 << 20  # metadata larger than this (a crafted bomb) is not retyped
+
+
 def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, bool]:
     """(mutated bytes, whether the mutations were only damage, so any accepted read must give
     the intact bytes)."""
@@ -330,7 +450,7 @@ def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, bool]:
 def mutate_once(data: bytes, damage_only: bool, rng: random.Random) -> tuple[bytes, bool]:
     """One mutation, chosen and parameterized by `rng` (see the module docstring)."""
     parsed = parse(data)
-    kind = rng.randrange(17 if parsed else 6)
+    kind = rng.randrange(17 + METADATA_RETYPE_KINDS if parsed else 6)
     if kind == 0:
         flipped = bytearray(data)
         for _ in range(rng.choice([1, 1, 2, 8])):
@@ -404,14 +524,13 @@ def mutate_once(data: bytes, damage_only: bool, rng: random.Random) -> tuple[byt
             junk = zstandard.ZstdCompressor(write_checksum=True).compress(b"hidden" * rng.randrange(1, 100))
             hidden = {rng.randrange(len(frames) + 1): rng.choice([junk, b"\0" * 13, frames[0]])}
         elif kind in (12, 13):  # crafted metadata, re-signed
-            content = crafted_metadata(rng, names)
-            frame = zstandard.ZstdCompressor(write_checksum=True).compress(content)
-            frames[-1] = frame
-            entry = entries[-1]
-            entry[2], entry[3] = len(content), zlib.crc32(frame)
-            if len(entry) > 4:
-                entry[4] = int.from_bytes(frame[-4:], "little")
-            index["metadata"]["sha256"] = hashlib.sha256(content).digest()
+            resign_metadata(frames, entries, index, crafted_metadata(rng, names))
+        elif kind >= 17:  # the metadata's own nodes retyped, re-signed
+            if max(entries[-1][2], zstandard.frame_content_size(frames[-1])) > RETYPED_METADATA_BYTES:
+                raise ValueError("a metadata bomb an earlier mutation crafted: not unpacked here")
+            wrapper = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(frames[-1]), raw=False, strict_map_key=False)
+            wrapper["metadata"] = retype_metadata(wrapper["metadata"], rng, names)
+            resign_metadata(frames, entries, index, msgpack.packb(wrapper, use_bin_type=True))
         try:
             data = assemble(header, frames, index, entries, hidden)
         except Exception:  # an edit msgpack cannot pack (a float NaN key, ...): keep the old bytes
@@ -521,41 +640,129 @@ def check_api(path: Path, intact: dict[str, bytes], damage_only: bool) -> str:
 
 def check_cli(path: Path, table: bool, full: bool = False) -> str | None:
     """None if `tracekit inspect --verify` behaved; else what went wrong."""
+    args = ["inspect", "--verify", str(path)] + ([] if table else ["--json", "--full"] if full else ["--json"])
+    return run_command(args, (0, 2))[1]
+
+
+def run_command(args: list[str], exit_codes: tuple[int, ...]) -> tuple[str, str | None]:
+    """Run `tracekit ARGS` in this process: (how it ended, for the counts: `exit N`; what went
+    wrong, None if it behaved: an exit code outside `exit_codes`, an exception other than
+    tracekit's one-line error, an error that is not one line, a control character printed)."""
     from click.testing import CliRunner
 
     from tracekit.cli import main
 
-    args = ["inspect", "--verify", str(path)] + ([] if table else ["--json", "--full"] if full else ["--json"])
     result = CliRunner().invoke(main, args, terminal_width=100)
-    if result.exit_code not in (0, 2):
-        return f"exit {result.exit_code}: {result.exception!r}"
-    if result.exit_code == 2:
+    if result.exit_code not in exit_codes or not isinstance(result.exception, (SystemExit, type(None))):
+        return "crash", f"exit {result.exit_code}: {result.exception!r}"
+    if result.exit_code in (2, 3):
         lines = result.stderr.splitlines()
         if len(lines) != 1 or not lines[0].startswith("tracekit: error: ") or "Traceback" in result.stderr:
-            return f"error output {result.stderr[:200]!r}"
+            return "crash", f"error output {result.stderr[:200]!r}"
     if any(char in result.output for char in "\x1b\u202e\x00"):
-        return "unescaped control character in the output"
-    return None
+        return "crash", "unescaped control character in the output"
+    return f"exit {result.exit_code}", None
 
 
-def run_case(case: int, base_seed: int, seeds: list[Path], intact: dict, workdir: Path) -> str:
+# The commands that read a bundle's metadata, with the exit codes each may end with, run on every
+# bundle the reader accepts whose metadata holds recorded content; BUNDLE is the case's bundle,
+# SEED the bundle it was mutated from.
+BUNDLE, SEED = "{bundle}", "{seed}"
+COMMANDS = {
+    "inspect": (["inspect", BUNDLE], (0, 2)),
+    "inspect --json --full": (["inspect", "--json", "--full", BUNDLE], (0, 2)),
+    "diff": (["diff", "--json", BUNDLE, SEED], (0, 1, 2)),
+    "export --shapes": (["export", "--shapes", "-o", "-", BUNDLE], (0, 2)),
+}
+REPLAY = "replay --no-timing, to the engine build"
+
+
+def replay_until_engine_build(path: Path) -> tuple[str, str | None]:
+    """What `tracekit replay --no-timing BUNDLE` does before it builds an engine, by the functions
+    it calls (tracekit.cli.replay_command): the bundle opened once; for one rank's part of a
+    multi-rank step, finding its set; else the step's facts for its report, then every check of
+    `replay` up to the engine build (`tracekit.replay.replayer.checked_before_engine`). (how it
+    ended: `reached the engine build`, or the error class refusing it; what went wrong: an
+    exception other than tracekit's errors, or an error message of more than one line)."""
+    from tracekit.errors import TracekitError
+    from tracekit.format.rankset import find_rank_set
+    from tracekit.replay.opened import OpenedBundle
+    from tracekit.replay.replayer import ReplayOptions, checked_before_engine
+
+    try:
+        with OpenedBundle(path) as opened:
+            if opened.multi_rank:
+                find_rank_set(path).require_complete()
+                return "found a whole rank set", None
+            opened.facts(None)
+            checked_before_engine(opened, ReplayOptions(modes=None))
+    except TracekitError as error:
+        if "\n" in str(error):
+            return "crash", f"a {type(error).__name__} of several lines: {str(error)[:200]!r}"
+        return type(error).__name__, None
+    except Exception as error:
+        return "crash", f"{type(error).__name__}: {error}"
+    return "reached the engine build", None
+
+
+def check_commands(path: Path, seed: Path) -> tuple[dict[str, str], list[str]]:
+    """Every command that reads metadata, on one accepted bundle: ({command: how it ended},
+    [what went wrong])."""
+    outcomes, problems = {}, []
+    for name, (args, exit_codes) in COMMANDS.items():
+        outcome, problem = run_command([arg.format(bundle=path, seed=seed) for arg in args], exit_codes)
+        outcomes[name] = outcome
+        if problem:
+            problems.append(f"{name}: {problem}")
+    outcomes[REPLAY], problem = replay_until_engine_build(path)
+    if problem:
+        problems.append(f"{REPLAY}: {problem}")
+    return outcomes, problems
+
+
+def holds_content(path: Path) -> bool:
+    """Whether the bundle's metadata reads and is meant as recorded content."""
+    from tracekit.errors import BundleError
+    from tracekit.format import open_bundle
+    from tracekit.format.schema import BundleContent
+
+    try:
+        with open_bundle(path) as reader:
+            return BundleContent.claimed_by(reader.metadata)
+    except BundleError:
+        return False
+
+
+def case_bundle(case: int, base_seed: int, seeds: list[Path]) -> tuple[Path, bytes, bool]:
+    """(the seed, the mutated bytes, whether the mutations were damage only) of case `case`."""
     rng = random.Random(base_seed * 1_000_003 + case)
-    seed = rng.choice(seeds)
-    data, damage_only = mutate(seed.read_bytes(), rng)
+    seed = rng.choices(seeds, SEED_WEIGHTS)[0]
+    return (seed, *mutate(seed.read_bytes(), rng))
+
+
+def run_case(case: int, base_seed: int, seeds: list[Path], intact: dict, workdir: Path) -> tuple[str, dict[str, str]]:
+    """(the case's class, {command: how it ended} when the commands ran)."""
+    seed, data, damage_only = case_bundle(case, base_seed, seeds)
     path = workdir / f"case-{case % 64}.zst"
     path.write_bytes(data)
     outcome = check_api(path, intact[seed], damage_only)
+    commands = {}
+    if outcome == "read" and holds_content(path):
+        commands, problems = check_commands(path, seed)
+        if problems:
+            return "cli-crash", commands
     if outcome in ("refused", "read") and case % 2 == 0:  # the CLI repeats the API's work: every other case
         problem = check_cli(path, table=case % 8 == 0, full=case % 4 == 2)
         if problem:
-            return "cli-crash"
-    return outcome
+            return "cli-crash", commands
+    return outcome, commands
 
 
 # ---------------------------------------------------------------------------- processes
 
 def worker(base_seed: int, seed_dir: str, memory_cap: int) -> None:
-    """Reads case numbers on stdin, writes '<case> <class> <seconds>' lines on stdout."""
+    """Reads case numbers on stdin, writes '<case> <class> <seconds> <command>=<ending>|...'
+    lines on stdout (command endings with spaces as underscores)."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
     seeds = seed_paths(Path(seed_dir))
     intact = {seed: intact_tensors(seed) for seed in seeds}
@@ -564,13 +771,15 @@ def worker(base_seed: int, seed_dir: str, memory_cap: int) -> None:
     for line in sys.stdin:
         case = int(line)
         start = cpu_seconds()
+        commands = {}
         try:
-            outcome = run_case(case, base_seed, seeds, intact, workdir)
+            outcome, commands = run_case(case, base_seed, seeds, intact, workdir)
         except MemoryError:
             outcome = "memory"
         except Exception:
             outcome = "foreign"
-        sys.stdout.write(f"{case} {outcome} {cpu_seconds() - start:.3f}\n")
+        endings = "|".join(f"{name}={ending}" for name, ending in commands.items()).replace(" ", "_")
+        sys.stdout.write(f"{case} {outcome} {cpu_seconds() - start:.3f} {endings or '-'}\n")
         sys.stdout.flush()
 
 
@@ -602,13 +811,15 @@ class Worker:
 
 def fuzz(args) -> dict[str, int]:
     counts = dict.fromkeys(CLASSES, 0)
+    command_counts: dict[str, dict[str, int]] = {name: {} for name in [*COMMANDS, REPLAY]}
     if args.save:
         Path(args.save).mkdir(parents=True, exist_ok=True)
     bad_cases: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory(prefix="tracekit-fuzz-") as seed_dir:
         write_seeds(Path(seed_dir))
         workers = [Worker(args, seed_dir) for _ in range(args.jobs)]
-        next_case, done, deadline = args.first_case, 0, time.monotonic() + args.seconds
+        started = time.monotonic()
+        next_case, done, deadline = args.first_case, 0, started + args.seconds
         idle = list(workers)
 
         def record(case: int, outcome: str) -> None:
@@ -636,7 +847,10 @@ def fuzz(args) -> dict[str, int]:
                     if w.process.stdout in ready:
                         line = w.process.stdout.readline()
                         if line:
-                            case, outcome, seconds = line.split()
+                            case, outcome, seconds, endings = line.split()
+                            for entry in endings.split("|") if endings != "-" else []:
+                                name, ending = entry.replace("_", " ").split("=")
+                                command_counts[name][ending] = command_counts[name].get(ending, 0) + 1
                             if outcome in ("refused", "read") and float(seconds) > args.timeout:
                                 outcome = "timeout"
                             elif outcome in ("refused", "read") and float(seconds) > args.slow:
@@ -657,9 +871,15 @@ def fuzz(args) -> dict[str, int]:
         finally:
             for w in workers:
                 w.stop()
-    print(f"{done} cases (numbers {args.first_case}..{next_case - 1}, seed {args.seed})")
+    print(f"{done} cases in {time.monotonic() - started:.0f} s (numbers {args.first_case}..{next_case - 1}, "
+          f"seed {args.seed}, {args.jobs} worker(s))")
     for name in CLASSES:
         print(f"  {name:<16}{counts[name]:>9}" + (f"   e.g. --case {bad_cases[name][0]}" if name in bad_cases else ""))
+    with_content = sum(command_counts[REPLAY].values())
+    print(f"commands run on the {with_content} accepted bundles holding recorded content (how they ended):")
+    for name, endings in command_counts.items():
+        print(f"  {name}: " + (", ".join(f"{ending} {count}" for ending, count in sorted(endings.items())) or "none"))
+    print(f"tracebacks {counts['foreign'] + counts['cli-crash']}")
     return counts
 
 
@@ -668,9 +888,7 @@ def replay_case(args) -> None:
     with tempfile.TemporaryDirectory(prefix="tracekit-fuzz-") as seed_dir:
         seeds = write_seeds(Path(seed_dir))
         intact = {seed: intact_tensors(seed) for seed in seeds}
-        rng = random.Random(args.seed * 1_000_003 + args.case)
-        seed = rng.choice(seeds)
-        data, damage_only = mutate(seed.read_bytes(), rng)
+        seed, data, damage_only = case_bundle(args.case, args.seed, seeds)
         path = Path(seed_dir) / "case.zst"
         path.write_bytes(data)
         if args.save:
@@ -683,6 +901,10 @@ def replay_case(args) -> None:
             traceback.print_exc()
         print("cli:", check_cli(path, table=True) or "ok", "/", check_cli(path, table=False) or "ok", "/",
               check_cli(path, table=False, full=True) or "ok")
+        if holds_content(path):
+            for name, (command_args, exit_codes) in COMMANDS.items():
+                print(f"{name}:", run_command([arg.format(bundle=path, seed=seed) for arg in command_args], exit_codes))
+            print(f"{REPLAY}:", replay_until_engine_build(path))
 
 
 def main():

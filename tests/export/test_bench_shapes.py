@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.errors import BundleError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, GraphDispatch, KVSnapshot, RequestState, Step
 from tracekit.integrations.vllm.bench_shapes import ShapeCase, render_json, render_yaml, step_requests
@@ -86,7 +85,7 @@ def synthetic_step():
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_every_request_kind_reads_back_through_vllms_parser(vllm_shapes, tmp_path, suffix):
-    entries = step_requests(synthetic_step(), "synthetic")
+    entries = step_requests(synthetic_step())
     path = tmp_path / f"cases{suffix}"
     render = render_yaml if suffix == ".yaml" else render_json
     path.write_text(render([ShapeCase("synthetic", entries, "a synthetic step")], ["--model m"]))
@@ -133,8 +132,26 @@ def test_export_refuses_bad_requests_with_one_line(tmp_path):
     assert not (tmp_path / "c.yaml").exists()
 
 
-def test_a_stranger_bundle_with_a_bad_token_count_is_refused():
+def test_a_stranger_bundle_with_a_bad_token_count_is_refused(tmp_path):
+    from tracekit.format.rewrite import rewrite_bundle
+
+    def many(metadata, tensors):
+        metadata["steps"][0]["requests"][0]["num_scheduled_tokens"] = "many"
+
+    stranger = rewrite_bundle(SAMPLE, tmp_path / "stranger.zst", many)
+    finished = subprocess.run([TRACEKIT, "export", "--shapes", str(stranger), "-o", "-"], capture_output=True, text=True,
+                              timeout=60)
+    assert finished.returncode == 2 and finished.stderr.count("\n") == 1
+    assert "bundle.steps[0].requests[0].num_scheduled_tokens should be an int, not a str ('many')" in finished.stderr
+
+
+def test_a_scheduler_output_of_another_shape_says_nothing_about_the_requests():
+    """The scheduler output is vLLM's object as stored: ids that are no strings (a stranger's
+    bundle) are not taken for requests, rather than crash the export."""
     step = synthetic_step()
-    step.requests[0].num_scheduled_tokens = "many"
-    with pytest.raises(BundleError, match="bad num_scheduled_tokens"):
-        step_requests(step, "stranger")
+    step.scheduler_output = {"scheduled_new_reqs": [{"req_id": ["fresh"]}],
+                             "scheduled_cached_reqs": {"resumed_req_ids": {"$set": [["resumed"], {}]}}}
+    def scheduled(entries):
+        return sum(entry.get("count", 1) for entry in entries)
+
+    assert scheduled(step_requests(step)) == scheduled(step_requests(synthetic_step())) == 7

@@ -77,7 +77,7 @@ def test_bad_rank_fields_are_bad_input(tmp_path, field, value):
     def damage(metadata, tensors):
         metadata["parallel"][field] = value
 
-    with pytest.raises(BundleError, match=r"bad\.zst\.parallel"):
+    with pytest.raises(BundleError, match=r"bundle content: bundle\.parallel"):
         read_part(rewrite_bundle(rank0, tmp_path / "bad.zst", damage))
 
 

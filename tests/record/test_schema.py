@@ -45,7 +45,8 @@ def test_missing_optional_fields_take_defaults():
         (lambda c: c.update(engine=[1]), "bundle.engine should be a map"),
         (lambda c: c["engine"].pop("model"), "EngineConfig|bundle.engine lacks required field"),
         (lambda c: c.update(steps=[7]), r"bundle.steps\[0\] should be a map"),
-        (lambda c: c.update(schema_version="1"), "bad schema_version"),
+        (lambda c: c.update(schema_version="1"), "bundle.schema_version should be an int, not a str"),
+        (lambda c: c.update(schema_version=0), "bundle.schema_version should be from 1 to"),
     ],
 )
 def test_malformed_content_is_refused_with_its_place(mutate, where):

@@ -24,17 +24,9 @@ from tracekit.format.untrusted import is_tensor_ref
 MAX_TABLE_ROWS = 200
 
 
-def _length(value) -> int | None:
-    """len() of a list from the bundle; None when the bundle put something else there."""
-    return len(value) if isinstance(value, list) else None
-
-
-def _number(value) -> float | None:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _listed(value) -> list:
-    """A list from the bundle, or nothing when it put something else there."""
+    """A list from a part of the bundle the schema leaves open, or nothing when it holds
+    something else there."""
     return value if isinstance(value, list) else []
 
 
@@ -66,11 +58,10 @@ def _summary(reader, full: bool = False) -> dict:
         ],
     }
     metadata = reader.metadata  # a damaged metadata frame raises here
-    try:
-        content = BundleContent.from_plain(metadata)
-    except BundleError as error:
-        summary["content"] = f"not a recorded engine step ({error})"
+    if not BundleContent.claimed_by(metadata):
+        summary["content"] = "not a recorded engine step (its metadata holds none of the content's fields)"
         return summary
+    content = BundleContent.from_plain(metadata)  # a recorded step of wrong types or values raises here
     environment, model = content.environment, content.engine.model
     summary["environment"] = {
         key: getattr(environment, key)
@@ -82,8 +73,8 @@ def _summary(reader, full: bool = False) -> dict:
     if full:
         summary["content"] = _tensor_summaries(metadata, {info.name: info for info in reader.tensor_infos()})
     summary["created_at"] = content.created_at
-    summary["derivations"] = _listed(content.derivations)
-    summary["redacted"] = any(entry.get("kind") == "redact" for entry in summary["derivations"] if isinstance(entry, dict))
+    summary["derivations"] = content.derivations
+    summary["redacted"] = any(entry.get("kind") == "redact" for entry in content.derivations)
     if content.parallel.multi_rank:
         summary["rank_set"] = {"this_rank": content.parallel.rank, **find_rank_set(reader.path).to_plain()}
     summary["steps"] = [
@@ -93,9 +84,9 @@ def _summary(reader, full: bool = False) -> dict:
             "requests": [
                 {"req_id": request.req_id, "num_scheduled_tokens": request.num_scheduled_tokens,
                  "num_computed_tokens": request.num_computed_tokens,
-                 "num_prompt_tokens": _length(request.prompt_token_ids),
-                 "num_output_tokens": _length(request.output_token_ids),
-                 "phase": _phase(request)}
+                 "num_prompt_tokens": len(request.prompt_token_ids),
+                 "num_output_tokens": len(request.output_token_ids),
+                 "phase": "prefill" if request.is_prefill else "decode"}
                 for request in step.requests
             ],
             "dispatch": {
@@ -105,31 +96,23 @@ def _summary(reader, full: bool = False) -> dict:
             },
             "kv": {
                 "mode": step.kv.mode,
-                "blocks_read": sum(_length(group.read_block_ids) or 0 for group in step.kv.groups),
-                "blocks_written": sum(_length(group.written_block_ids) or 0 for group in step.kv.groups),
-                "blocks_saved": sum(_length(group.saved_block_ids) or 0 for group in step.kv.groups),
+                "blocks_read": sum(len(group.read_block_ids) for group in step.kv.groups),
+                "blocks_written": sum(len(group.written_block_ids) for group in step.kv.groups),
+                "blocks_saved": sum(len(group.saved_block_ids) for group in step.kv.groups),
             },
-            "timing_us": {"forward": _number(step.timing.forward_us), "step": _number(step.timing.step_us)},
+            "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
-            "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if isinstance(step.error, dict) else None,
+            "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if step.error is not None else None,
         }
         for step in content.steps
     ]
     return summary
 
 
-def _phase(request) -> str:
-    if _length(request.prompt_token_ids) is None or _number(request.num_computed_tokens) is None:
-        return "?"
-    return "prefill" if request.is_prefill else "decode"
-
-
-def derivation_lines(derivations: list) -> list[str]:
+def derivation_lines(derivations: list[dict]) -> list[str]:
     """One line per thing done to the recorded bundle (`tracekit shrink`, `tracekit redact`)."""
     lines = []
-    for entry in _listed(derivations):
-        if not isinstance(entry, dict):
-            continue
+    for entry in derivations:
         if entry.get("kind") == "shrink":
             source = entry.get("from") if isinstance(entry.get("from"), dict) else {}
             lines.append(

@@ -54,6 +54,21 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flat_metadata(metadata: Any) -> dict[str, Any]:
+    """{dotted path: value} of a bundle's metadata, each recorded step by its position
+    (`steps.0.kv.mode`); whatever a stranger's bundle holds (metadata that is no map, steps that
+    are no list) is one value at its place."""
+    if not isinstance(metadata, dict):
+        return {"": metadata}
+    steps = metadata.get("steps")
+    if not isinstance(steps, list):
+        return _flatten(metadata, "", {})
+    flat = _flatten({key: value for key, value in metadata.items() if key != "steps"}, "", {})
+    for index, step in enumerate(steps):
+        _flatten(step, f"steps.{index}", flat)
+    return flat
+
+
 # Per-recording facts that always differ and say nothing about the numbers.
 _VOLATILE = ("created_at", "steps.0.timing")
 
@@ -72,12 +87,7 @@ def diff_bundles(first: str | Path, second: str | Path) -> BundleDiff:
                                        b.read_tensor(name, to="bytes"), info_b.dtype, info_b.shape)
             result.tensors.append({"name": name, **comparison})
         result.only_in_second = sorted(names_b - set(names_a))
-        flat_a = _flatten({k: v for k, v in a.metadata.items() if k != "steps"}, "", {})
-        flat_b = _flatten({k: v for k, v in b.metadata.items() if k != "steps"}, "", {})
-        steps_a, steps_b = a.metadata.get("steps") or [], b.metadata.get("steps") or []
-        for index, (step_a, step_b) in enumerate(zip(steps_a, steps_b)):
-            _flatten(step_a, f"steps.{index}", flat_a)
-            _flatten(step_b, f"steps.{index}", flat_b)
+        flat_a, flat_b = _flat_metadata(a.metadata), _flat_metadata(b.metadata)
     for key in sorted(set(flat_a) | set(flat_b)):
         if key.startswith(_VOLATILE) or flat_a.get(key) == flat_b.get(key):
             continue

@@ -18,7 +18,6 @@ from tracekit.errors import BundleError
 from tracekit.format.reader import open_bundle
 from tracekit.format.schema import BundleContent, ParallelRank
 
-MAX_WORLD_SIZE = 4096
 MAX_FOLDER_SCAN = 256  # bundles of a part's folder read when looking for renamed siblings
 
 
@@ -71,34 +70,10 @@ class RankSet:
         }
 
 
-def check_parallel(parallel: ParallelRank, where: str) -> None:
-    """The rank fields of an untrusted bundle, type- and range-checked (BundleError if not)."""
-    numbers = ("world_size", "rank", "tensor_parallel_size", "pipeline_parallel_size", "tp_rank", "pp_rank")
-    for name in numbers:
-        value = getattr(parallel, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise BundleError(f"bundle content: {where}.parallel.{name} should be a whole number, found {value!r}")
-    if not 1 <= parallel.world_size <= MAX_WORLD_SIZE:
-        raise BundleError(f"bundle content: {where}.parallel.world_size {parallel.world_size} is out of range")
-    if parallel.tensor_parallel_size * parallel.pipeline_parallel_size != parallel.world_size:
-        raise BundleError(
-            f"bundle content: {where}.parallel: TP {parallel.tensor_parallel_size} x PP "
-            f"{parallel.pipeline_parallel_size} is not the world size {parallel.world_size}"
-        )
-    if parallel.rank >= parallel.world_size:
-        raise BundleError(f"bundle content: {where}.parallel.rank {parallel.rank} is not below the world size")
-    if parallel.set_id is not None and not isinstance(parallel.set_id, str):
-        raise BundleError(f"bundle content: {where}.parallel.set_id should be text")
-    parts = parallel.parts
-    if not isinstance(parts, list) or len(parts) > parallel.world_size or not all(isinstance(p, str) for p in parts):
-        raise BundleError(f"bundle content: {where}.parallel.parts should be at most one path per rank")
-
-
 def read_part(path: str | Path) -> BundleContent:
-    """A bundle's content (metadata only), its rank fields checked."""
+    """A bundle's content (metadata only; its rank fields are checked with it)."""
     with open_bundle(path) as reader:
         content = BundleContent.from_plain(reader.metadata)
-    check_parallel(content.parallel, os.path.basename(str(path)))
     if len(content.steps) != 1 and content.parallel.multi_rank:
         raise BundleError(f"{path}: a rank's bundle holds exactly one step, this one holds {len(content.steps)}")
     return content
@@ -180,12 +155,3 @@ def _folder_bundles(folder: Path, exclude: Path) -> list[Path]:
         return []
     candidates = [folder / name for name in names if name != exclude.name]
     return candidates[:MAX_FOLDER_SCAN]
-
-
-def is_multi_rank(bundle: str | Path) -> bool:
-    """Whether `bundle` is one rank's part of a multi-rank step (a bundle that cannot be read is
-    not: its own replay says what is wrong with it)."""
-    try:
-        return read_part(bundle).parallel.multi_rank
-    except (BundleError, OSError):
-        return False

@@ -34,7 +34,7 @@ from tracekit.format.layout import (
     TRAILER_PAYLOAD,
     UNCOMMITTED_TRAILER_MAGIC,
 )
-from tracekit.format.untrusted import Refused, check_plain, is_tensor_ref, unpack_bounded
+from tracekit.format.untrusted import KIND_NAMES, Refused, check_plain, is_tensor_ref, kind_of, unpack_bounded
 
 
 @dataclass
@@ -157,7 +157,7 @@ class BundleReader:
         for key, kind in HEADER_FIELDS.items():
             value = self.header.get(key)
             if key in self.header and type(value) is not kind:
-                raise self._damaged("header", f"field {key!r} is {_kind_of(value)}, not {_KIND_NAMES[kind]}")
+                raise self._damaged("header", f"field {key!r} is {kind_of(value)}, not {KIND_NAMES[kind]}")
 
     def _read_index_checking_version(self) -> Index:
         """The index, once the header's versions allow reading it. A newer bundle is refused,
@@ -385,15 +385,6 @@ class BundleReader:
             return value
 
         return load(obj)
-
-
-_KIND_NAMES = {str: "a str", int: "an int", float: "a float", bool: "a bool", bytes: "a bin", list: "a list",
-               dict: "a map", type(None): "nil"}
-
-
-def _kind_of(value) -> str:
-    """What msgpack type `value` came from, for a message."""
-    return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
 def _prefetch(fd: int, info: TensorInfo) -> None:

@@ -4,7 +4,10 @@ The container (header, frames, index) is versioned by the format version; this s
 content inside the metadata map, versioned by `SCHEMA_VERSION`. Every record converts to and
 from plain msgpack data. Readers are lenient in one direction only: fields a newer tracekit
 added are kept in `extras` (and written back unchanged), fields an older one lacked take their
-defaults. Wrong types in a stranger's bundle raise `BundleError`, never a crash later on.
+defaults. Every field's annotation is its type in the file, checked when a record is built
+from plain data (`tracekit.format.typecheck`: one generic walk, containers included), so wrong
+types or out-of-range numbers in a stranger's bundle raise one `BundleError` line naming their
+place, never a crash later on.
 
 Tensor-valued fields hold a `torch.Tensor` while recording, a `{"$tensor": name}` reference in
 the file, and whatever `BundleReader.resolve` loads when replaying. vLLM objects (the scheduler
@@ -15,22 +18,31 @@ produces, tagged with the vLLM version that wrote them.
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, TypedDict
 
 from tracekit.errors import BundleError
+from tracekit.format.typecheck import INT64_MAX, Range, Tensor, convert, record_fields, wrong_type
 
 # 2: each request's runner-specific state in one map, `RequestState.runner_state` (version 1 kept
 # V1's `generator_state` and V2's `seed` and `prefill_len` beside the common fields; readers move
 # them into the map).
 SCHEMA_VERSION = 2
 
+# vLLM holds token ids, token counts and block ids as int32.
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+Count = Annotated[int, Range(0, INT32_MAX)]  # of tokens, blocks, warm-ups, threads, steps
+Size = Annotated[int, Range(1, INT32_MAX)]  # a divisor: tokens per KV block
+TokenId = Annotated[int, Range(INT32_MIN, INT32_MAX)]  # below 0: a placeholder (V1 under async scheduling)
+BlockId = Annotated[int, Range(0, INT32_MAX)]
+MAX_WORLD_SIZE = 4096  # ranks of one multi-rank engine
+Ranks = Annotated[int, Range(1, MAX_WORLD_SIZE)]
+Rank = Annotated[int, Range(0, MAX_WORLD_SIZE - 1)]
+
 
 @dataclass
 class SchemaRecord:
-    """Base: plain-data conversion that keeps unknown fields and checks nested types."""
+    """Base: plain-data conversion that keeps unknown fields and checks every field's type."""
 
-    # field name -> record class (a single record) or [record class] (a list of them)
-    nested: ClassVar[dict[str, Any]] = {}
     extras: dict[str, Any] = field(default_factory=dict, kw_only=True)
 
     def to_plain(self) -> dict[str, Any]:
@@ -48,31 +60,31 @@ class SchemaRecord:
 
     @classmethod
     def from_plain(cls, data: Any, where: str = "") -> "SchemaRecord":
+        """The record of a plain map, each known field checked against its annotation (in
+        declared order, so the first problem named is always the same); `where` is its place."""
         where = where or cls.__name__
-        if not isinstance(data, dict):
-            raise BundleError(f"bundle content: {where} should be a map, found {type(data).__name__}")
-        known = {item.name for item in dataclasses.fields(cls)} - {"extras"}
-        values: dict[str, Any] = {}
-        for name in known & data.keys():
-            value = data[name]
-            kind = cls.nested.get(name)
-            if isinstance(kind, list):
-                if not isinstance(value, list):
-                    raise BundleError(f"bundle content: {where}.{name} should be a list")
-                value = [kind[0].from_plain(v, f"{where}.{name}[{i}]") for i, v in enumerate(value)]
-            elif kind is not None and value is not None:
-                value = kind.from_plain(value, f"{where}.{name}")
-            values[name] = value
+        if type(data) is not dict:
+            raise wrong_type(where, cls, data)
+        fields = record_fields(cls)
+        values = {name: convert(data[name], annotation, f"{where}.{name}")
+                  for name, annotation in fields.items() if name in data}
         missing = [
             item.name
             for item in dataclasses.fields(cls)
-            if item.name in known and item.name not in values
+            if item.name in fields and item.name not in values
             and item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
         ]
         if missing:
             raise BundleError(f"bundle content: {where} lacks required field(s) {', '.join(missing)}")
-        extras = {key: value for key, value in data.items() if key not in known}
-        return cls(**values, extras=extras)
+        extras = {key: value for key, value in data.items() if key not in fields}
+        record = cls(**values, extras=extras)
+        record.check_values(where)
+        return record
+
+    def check_values(self, where: str) -> None:
+        """Rules between fields that no annotation can state, checked once a record of a
+        bundle is built (a `BundleError` naming `where` if one breaks): the values a replay
+        would otherwise index or size with, later, inside vLLM."""
 
 
 @dataclass
@@ -89,7 +101,7 @@ class Environment(SchemaRecord):
     cpu_isa: str | None = None  # e.g. "avx512_bf16" / "avx2"
     gpu_capability: str | None = None  # e.g. "sm_90"
     attention_backend: str | None = None  # vLLM's attention backend(s), e.g. "CPU_ATTN"
-    num_threads: int | None = None  # torch intra-op threads (CPU reductions may split by them)
+    num_threads: Count | None = None  # torch intra-op threads (CPU reductions may split by them)
     env_vars: dict[str, str] = field(default_factory=dict)  # VLLM_*, TRACEKIT_*, CUDA_* ...
     # The name prefixes whose variables `env_vars` holds (None: a bundle from before the field,
     # which recorded fewer): a variable outside them was not looked at, so it is unknown.
@@ -106,12 +118,13 @@ class ModelInfo(SchemaRecord):
 @dataclass
 class KernelChoice(SchemaRecord):
     """The launch configuration one autotuned Triton kernel of the recording process ran with
-    (`tracekit.graphs.kernel_choices`): `source_hash` names the kernel's source, `config` holds
-    its block sizes (`kwargs.XBLOCK`, ...) and launch parameters (`num_warps`, ...) as integers."""
+    (`tracekit.graphs.kernel_choices`): `source_hash` is Inductor's lookup hash of the kernel
+    (its size hints and source), `config` its block sizes (`XBLOCK`, ...), `num_warps` and
+    `num_stages`."""
 
     kernel: str
     source_hash: str
-    config: dict[str, int]
+    config: dict[str, Count]
     origin: str = ""  # "timed" (autotuned in that process) or "autotune_cache" (found in Inductor's cache)
 
 
@@ -124,11 +137,19 @@ class EngineConfig(SchemaRecord):
     vllm_version: str
     engine_args: dict[str, Any]
     model: ModelInfo
-    num_kv_blocks: int
-    block_size: int
+    num_kv_blocks: Count
+    block_size: Size
     runner: str = "v1"  # which vLLM model runner recorded the step: "v1" or "v2"
     kernel_choices: list[KernelChoice] = field(default_factory=list)
-    nested: ClassVar[dict[str, Any]] = {"model": ModelInfo, "kernel_choices": [KernelChoice]}
+
+
+class RunnerState(TypedDict, total=False):
+    """What only the recording runner kind keeps per request, by name (other names are kept as
+    they are: a newer tracekit may keep more)."""
+
+    generator_state: Tensor  # V1: a seeded request's torch.Generator state
+    seed: int  # V2: its sampling seed (drawn at random when the request set none)
+    prefill_len: Count  # V2: the tokens the runner was given when the request was added
 
 
 @dataclass
@@ -136,16 +157,13 @@ class RequestState(SchemaRecord):
     """The runner's view of one request at the recorded step (batch order is `Step.batch_order`)."""
 
     req_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    block_ids: list[list[int]]  # one list per KV cache group
-    num_computed_tokens: int
-    num_scheduled_tokens: int
-    sampling_params: dict[str, Any] | None = None
-    # What only the recording runner kind keeps per request, by name: V1 "generator_state" (the
-    # tensor of a seeded request's torch.Generator); V2 "seed" (drawn at random when unseeded)
-    # and "prefill_len" (tokens the runner was given when the request was added).
-    runner_state: dict[str, Any] = field(default_factory=dict)
+    prompt_token_ids: list[TokenId]
+    output_token_ids: list[TokenId]
+    block_ids: list[list[BlockId]]  # one list per KV cache group
+    num_computed_tokens: Count
+    num_scheduled_tokens: Count
+    sampling_params: dict[str, Any] | None = None  # a tagged vLLM SamplingParams
+    runner_state: RunnerState = field(default_factory=dict)
 
     # Schema version 1 kept these beside the common fields.
     _VERSION_1_RUNNER_FIELDS: ClassVar[tuple[str, ...]] = ("generator_state", "seed", "prefill_len")
@@ -156,15 +174,15 @@ class RequestState(SchemaRecord):
 
     @classmethod
     def from_plain(cls, data: Any, where: str = "") -> "RequestState":
-        if isinstance(data, dict) and any(name in data for name in cls._VERSION_1_RUNNER_FIELDS):
+        """Schema version 1's runner fields moved into `runner_state` (a runner state that is
+        not a map is left for the type check to refuse), then read as any record."""
+        if type(data) is dict and any(name in data for name in cls._VERSION_1_RUNNER_FIELDS):
             data = dict(data)
             moved = {name: data.pop(name) for name in cls._VERSION_1_RUNNER_FIELDS if name in data}
-            kept = data.get("runner_state") if isinstance(data.get("runner_state"), dict) else {}
-            data["runner_state"] = {**{k: v for k, v in moved.items() if v is not None}, **kept}
-        state = super().from_plain(data, where or "RequestState")
-        if not isinstance(state.runner_state, dict):
-            raise BundleError(f"bundle content: {where or 'RequestState'}.runner_state should be a map")
-        return state
+            kept = data.get("runner_state", {})
+            if type(kept) is dict:
+                data["runner_state"] = {**{k: v for k, v in moved.items() if v is not None}, **kept}
+        return super().from_plain(data, where)
 
 
 def is_prefill(num_computed_tokens: int, num_prompt_tokens: int, num_output_tokens: int) -> bool:
@@ -178,11 +196,15 @@ def is_prefill(num_computed_tokens: int, num_prompt_tokens: int, num_output_toke
 class KVLayout(SchemaRecord):
     """How one layer's KV cache tensor is laid out: blocks are slices along `block_dim`."""
 
-    shape: list[int]
+    shape: list[Count]
     dtype: str
-    block_dim: int
-    num_blocks: int
-    block_size: int
+    block_dim: Count
+    num_blocks: Count
+    block_size: Size
+
+    def check_values(self, where: str) -> None:
+        if self.block_dim >= len(self.shape):
+            raise BundleError(f"bundle content: {where}.block_dim {self.block_dim} is no dimension of shape {self.shape}")
 
 
 @dataclass
@@ -191,12 +213,11 @@ class KVGroupSnapshot(SchemaRecord):
 
     layer_names: list[str]
     layout: KVLayout
-    read_block_ids: list[int]
-    written_block_ids: list[int]
-    saved_block_ids: list[int]  # the rows of every `before` tensor, in this order
-    before: dict[str, Any] = field(default_factory=dict)  # layer -> tensor, pre-forward
-    after: dict[str, Any] = field(default_factory=dict)  # layer -> tensor of written blocks
-    nested: ClassVar[dict[str, Any]] = {"layout": KVLayout}
+    read_block_ids: list[BlockId]
+    written_block_ids: list[BlockId]
+    saved_block_ids: list[BlockId]  # the rows of every `before` tensor, in this order
+    before: dict[str, Tensor] = field(default_factory=dict)  # layer -> tensor, pre-forward
+    after: dict[str, Tensor] = field(default_factory=dict)  # layer -> tensor of written blocks
 
 
 class KVMode(str, Enum):
@@ -215,12 +236,19 @@ KV_MODES = tuple(mode.value for mode in KVMode)
 
 @dataclass
 class KVSnapshot(SchemaRecord):
-    mode: str  # a `KVMode`
+    # A `KVMode`: any str is read (a replay refuses a mode it does not know by name, exit 3)
+    mode: str
     groups: list[KVGroupSnapshot] = field(default_factory=list)
     # When `before` was copied: "before_forward", or "after_step" (an event trigger decides only
     # once the step ran: the slots of the step's own new tokens hold what it wrote there)
     taken: str = "before_forward"
-    nested: ClassVar[dict[str, Any]] = {"groups": [KVGroupSnapshot]}
+
+
+class BatchDescriptor(TypedDict, total=False):
+    """The runner's tagged batch descriptor (vLLM's `BatchDescriptor`, or V2's
+    `BatchExecutionDescriptor`): the one field tracekit reads; the others are vLLM's, kept."""
+
+    num_tokens: Count  # the dispatcher's key: the graph's padded size
 
 
 @dataclass
@@ -230,15 +258,15 @@ class GraphDispatch(SchemaRecord):
 
     compilation_mode: str
     cudagraph_mode: str
-    capture_sizes: list[int] = field(default_factory=list)
-    compile_sizes: list[int] = field(default_factory=list)
-    max_capture_size: int | None = None
-    num_warmups: int | None = None
+    capture_sizes: list[Count] = field(default_factory=list)
+    compile_sizes: list[Count] = field(default_factory=list)
+    max_capture_size: Count | None = None
+    num_warmups: Count | None = None
     splitting_ops: list[str] = field(default_factory=list)
     runtime_mode: str = "NONE"
-    num_tokens: int = 0  # the tokens scheduled: the step's real rows
-    num_tokens_padded: int = 0  # the rows the forward ran (a graph's padded size); the rest is padding
-    batch_descriptor: dict[str, Any] | None = None
+    num_tokens: Count = 0  # the tokens scheduled: the step's real rows
+    num_tokens_padded: Count = 0  # the rows the forward ran (a graph's padded size); the rest is padding
+    batch_descriptor: BatchDescriptor | None = None
     # What the attention metadata builder decided, per metadata object (its class: plain fields,
     # tensor shapes, digests of the tensors that split the kernels' work).
     attention: dict[str, Any] | None = None
@@ -248,10 +276,10 @@ class GraphDispatch(SchemaRecord):
 class StepOutputs(SchemaRecord):
     # `tracekit record --layers`: module name -> output tensor, in forward order (first in the
     # file so that a diff meets them before the final hidden states they lead to).
-    layers: dict[str, Any] = field(default_factory=dict)
-    hidden_states: Any = None  # tensor [num_tokens_padded, hidden]
-    logits: Any = None  # tensor [num_sampled, vocab]
-    sampled_token_ids: list[list[int]] | None = None  # per request, batch order
+    layers: dict[str, Tensor] = field(default_factory=dict)
+    hidden_states: Tensor | None = None  # [num_tokens_padded, hidden]
+    logits: Tensor | None = None  # [num_sampled, vocab]
+    sampled_token_ids: list[list[TokenId]] | None = None  # per request, batch order
     finite: bool = True
 
 
@@ -275,30 +303,31 @@ class StepTiming(SchemaRecord):
     first_of_its_size: bool | None = None
 
 
+class StepError(TypedDict, total=False):
+    """How a recorded step raised."""
+
+    type: str
+    message: str
+    traceback: str
+    phase: str  # where: "prepare", "forward", "logits", "sampling" or "bookkeeping"
+
+
 @dataclass
 class Step(SchemaRecord):
-    index: int  # the engine step (count of non-empty forwards since arming, from 0)
+    index: Count  # the engine step (count of non-empty forwards since arming, from 0)
     trigger: str  # what fired: "steps 3", "when num_reqs>=2", "exception", "nonfinite"
-    scheduler_output: dict[str, Any]
+    scheduler_output: dict[str, Any]  # a tagged vLLM SchedulerOutput
     batch_order: list[str]
     requests: list[RequestState]
-    input_ids: Any  # tensor, as fed to the model (padded)
-    positions: Any  # tensor
+    # As fed to the model (padded); None for a step that failed before its inputs were prepared
+    input_ids: Tensor | None
+    positions: Tensor | None
     kv: KVSnapshot
     graph: GraphDispatch
-    rng: dict[str, Any] = field(default_factory=dict)  # "cpu": global generator state tensor
+    rng: dict[str, Tensor] = field(default_factory=dict)  # "cpu": global generator state tensor
     outputs: StepOutputs | None = None  # None when the forward raised
     timing: StepTiming = field(default_factory=StepTiming)
-    # {"type", "message", "traceback", "phase"} if the step raised; phase is where: "prepare",
-    # "forward", "logits", "sampling" or "bookkeeping"
-    error: dict[str, Any] | None = None
-    nested: ClassVar[dict[str, Any]] = {
-        "requests": [RequestState],
-        "kv": KVSnapshot,
-        "graph": GraphDispatch,
-        "outputs": StepOutputs,
-        "timing": StepTiming,
-    }
+    error: StepError | None = None  # if the step raised
 
     def request(self, req_id: str) -> RequestState:
         """The recorded state of request `req_id` (a `BundleError` when the step has none)."""
@@ -325,12 +354,12 @@ class ParallelRank(SchemaRecord):
     ties it to the other ranks' bundles of the same step. A single-rank engine's bundle (and any
     bundle older than this record) has the defaults: world size 1, rank 0."""
 
-    world_size: int = 1
-    rank: int = 0  # pp_rank * tensor_parallel_size + tp_rank
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    tp_rank: int = 0
-    pp_rank: int = 0
+    world_size: Ranks = 1
+    rank: Rank = 0  # pp_rank * tensor_parallel_size + tp_rank
+    tensor_parallel_size: Ranks = 1
+    pipeline_parallel_size: Ranks = 1
+    tp_rank: Rank = 0
+    pp_rank: Rank = 0
     set_id: str | None = None  # shared by every rank's bundles of one recording session
     parts: list[str] = field(default_factory=list)  # every rank's bundle of this step, by rank,
     # relative to this bundle's folder
@@ -338,6 +367,17 @@ class ParallelRank(SchemaRecord):
     @property
     def multi_rank(self) -> bool:
         return self.world_size != 1
+
+    def check_values(self, where: str) -> None:
+        if self.tensor_parallel_size * self.pipeline_parallel_size != self.world_size:
+            raise BundleError(
+                f"bundle content: {where}: TP {self.tensor_parallel_size} x PP {self.pipeline_parallel_size} "
+                f"is not the world size {self.world_size}"
+            )
+        if self.rank >= self.world_size:
+            raise BundleError(f"bundle content: {where}.rank {self.rank} is not below the world size {self.world_size}")
+        if len(self.parts) > self.world_size:
+            raise BundleError(f"bundle content: {where}.parts should be at most one path per rank")
 
 
 @dataclass
@@ -347,23 +387,31 @@ class BundleContent(SchemaRecord):
     environment: Environment
     engine: EngineConfig
     steps: list[Step]
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Annotated[int, Range(1, INT64_MAX)] = SCHEMA_VERSION
     created_at: str = ""  # ISO 8601, UTC
     parallel: ParallelRank = field(default_factory=ParallelRank)
     # what was done to the recorded bundle, oldest first: {"kind": "shrink" | "redact", ...}
     derivations: list[dict[str, Any]] = field(default_factory=list)
-    nested: ClassVar[dict[str, Any]] = {
-        "environment": Environment,
-        "engine": EngineConfig,
-        "steps": [Step],
-        "parallel": ParallelRank,
-    }
 
     @classmethod
     def from_plain(cls, data: Any, where: str = "") -> "BundleContent":
-        content = super().from_plain(data, where or "bundle")
-        if not isinstance(content.schema_version, int) or content.schema_version < 1:
-            raise BundleError(f"bundle content: bad schema_version {content.schema_version!r}")
-        if content.parallel is None:
-            content.parallel = ParallelRank()
-        return content
+        return super().from_plain(data, where or "bundle")
+
+    def check_values(self, where: str) -> None:
+        """Every block id a step names is a block of the recorded KV cache (a replay restores
+        and reads those blocks at those ids)."""
+        blocks = self.engine.num_kv_blocks
+        for number, step in enumerate(self.steps):
+            named = [(f"requests[{i}].block_ids", ids) for i, request in enumerate(step.requests) for ids in request.block_ids]
+            named += [(f"kv.groups[{i}].{name}", getattr(group, name)) for i, group in enumerate(step.kv.groups)
+                      for name in ("read_block_ids", "written_block_ids", "saved_block_ids")]
+            for place, ids in named:
+                if ids and max(ids) >= blocks:
+                    raise BundleError(f"bundle content: {where}.steps[{number}].{place} holds block {max(ids)}, "
+                                      f"beyond the {blocks} KV blocks of bundle.engine.num_kv_blocks")
+
+    @classmethod
+    def claimed_by(cls, metadata: Any) -> bool:
+        """Whether a bundle's metadata is meant as recorded content (a map holding any of its
+        fields): a problem in it is then a bad bundle, not a bundle of other data."""
+        return type(metadata) is dict and any(name in metadata for name in record_fields(cls))

@@ -59,6 +59,15 @@ def is_tensor_ref(value) -> bool:
     return type(value) is dict and len(value) == 1 and isinstance(value.get("$tensor"), str)
 
 
+KIND_NAMES = {str: "a str", int: "an int", float: "a float", bool: "a bool", bytes: "a bin", list: "a list",
+              dict: "a map", type(None): "nil"}
+
+
+def kind_of(value) -> str:
+    """What msgpack type `value` came from, for a message."""
+    return KIND_NAMES.get(type(value), type(value).__name__)
+
+
 def check_plain(obj) -> set[str]:
     """Check nesting depth, the numbers of maps/arrays and their entries, and the number of
     tensor references against the metadata caps; return the names referenced. Walks one

@@ -9,13 +9,11 @@ raised where the replay reports on its bundle, as its own replay would have rais
 input, exit 2).
 """
 
-import os
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import BundleError, TracekitError, UsageError
+from tracekit.errors import TracekitError, UsageError
 from tracekit.format import open_bundle
-from tracekit.format.rankset import check_parallel
 from tracekit.format.schema import BundleContent, Step
 
 
@@ -59,16 +57,11 @@ class OpenedBundle:
 
     @property
     def multi_rank(self) -> bool:
-        """Whether it is one rank's part of a multi-rank step (a bundle that cannot be read, or
-        whose rank fields are damaged, is not: its own replay says what is wrong with it)."""
+        """Whether it is one rank's part of a multi-rank step (a bundle that cannot be read, its
+        rank fields damaged among them, is not: its own replay says what is wrong with it)."""
         if self._error is not None:
             return False
-        parallel = self._content.parallel
-        try:
-            check_parallel(parallel, os.path.basename(str(self.path)))
-        except BundleError:
-            return False
-        return parallel.multi_rank and len(self._content.steps) == 1
+        return self._content.parallel.multi_rank and len(self._content.steps) == 1
 
     def facts(self, index: int | None = None) -> dict[str, Any]:
         """{"step", "trigger"} of the step a replay would run, from metadata alone (empty when the

@@ -76,8 +76,7 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments, and
     an `OpenedBundle` for a bundle the caller opened already."""
     options = options or ReplayOptions(**fields)
-    opened = open_step(bundle, options)
-    check_machine(opened.content)
+    opened = checked_before_engine(bundle, options)
     engine = engine_for(opened, options, llm)
     here = engine.environment()
     engine.require_kv_layout_of(opened.content.environment, here)
@@ -125,6 +124,18 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
 def check_machine(content: BundleContent) -> None:
     """Refuse (exit 3) a bundle this machine cannot rebuild the engine of (device, vLLM series)."""
     require_replayable_here(content)
+
+
+def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
+    """Every check a replay makes before it builds an engine, in its order: the bundle's step
+    (bad input: 2), this machine (cannot replay here: 3), what a lean engine must hold for it.
+    `replay` starts with it; tools/fuzz_bundle.py runs it alone on hostile bundles, to stop where
+    vLLM takes over."""
+    opened = open_step(bundle, options)
+    check_machine(opened.content)
+    if not options.full_engine and options.engine_needs is None:
+        needs_of(opened.step, options.modes)
+    return opened
 
 
 # -- engine ----------------------------------------------------------------------------------------------
