@@ -68,3 +68,43 @@ def test_a_recompute_bundle_without_its_token_ids_is_refused_before_any_engine(t
     # Refused as bad input (exit 2) on a machine that could not build its engine either (vLLM 0.26).
     with pytest.raises(BundleError, match=r"token ids before step \d+ are not in the bundle.*--kv read"):
         replay(bundle)
+
+
+FIXTURES = sorted(ASYNC_DECODE.parent.glob("*.zst"))
+
+
+def test_every_h200_fixture_reads_the_ids_its_request_states_hold():
+    """The input ids a replay builds (each request's tokens at its scheduled positions, the
+    runner's placeholders left to it) are the ids the recorded forward read: V1 under async
+    scheduling, decode and mixed steps, graphs and none."""
+    for path in FIXTURES:
+        _, step = load_step(path, None)
+        assert step.input_ids_disagreement() is None, path.name
+
+
+def _decode_whose_state_says_another_token(tmp_path: Path) -> Path:
+    """The H200 async decode step with one request's newest token — the one its forward reads —
+    held as a real id other than the one read: what a replay of a recording made when the
+    request states missed the async outputs would build (it read other ids than the engine)."""
+    from tracekit.format.rewrite import rewrite_bundle
+
+    def edit(metadata, tensors):
+        request = metadata["steps"][0]["requests"][0]
+        read = int(tensors["steps/0/input_ids"][0])
+        request["output_token_ids"][-1] = (read + 420) % 512
+
+    return rewrite_bundle(ASYNC_DECODE, tmp_path / "disagrees.zst", edit)
+
+
+def test_a_bundle_whose_states_disagree_with_its_input_ids_is_refused_before_any_engine(tmp_path):
+    import subprocess
+    import sys
+
+    bundle = _decode_whose_state_says_another_token(tmp_path)
+    _, step = load_step(bundle, None)
+    assert "where the recorded forward read" in step.input_ids_disagreement()
+    done = subprocess.run([sys.executable, "-m", "tracekit", "replay", str(bundle), "--no-timing"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])  # bad input, not "cannot run here" (3)
+    message = done.stderr.strip().splitlines()[-1]
+    assert "holds token" in message and "position 18" in message and "Traceback" not in done.stderr

@@ -1,6 +1,7 @@
 """The deterministic modes a recording engine ran in are the replay engine's too, and a compiled
-GPU step that parts in float items only, recorded without Inductor's deterministic mode, gets a
-note saying why (Inductor's per-process autotuning: measured on the H200, tests/gpu)."""
+step that parts in float items only gets a note naming the kernels that did not run with their
+recorded autotuned configuration (Inductor's per-process autotuning: measured on the H200,
+tests/gpu), or saying that every kernel did."""
 
 import os
 import sys
@@ -8,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tracekit.format.schema import KernelChoice
 from tracekit.integrations.vllm.engine import DETERMINISM_VARIABLES, apply_recorded_determinism
 from tracekit.replay.checks import CheckedItem
-from tracekit.replay.replayer import _autotuning_notes
+from tracekit.replay.replayer import _kernel_choice_notes
 
 
 @pytest.fixture
@@ -36,24 +38,43 @@ def test_recorded_deterministic_modes_are_set_and_this_process_wins(clean_env, m
     assert apply_recorded_determinism({}) == []
 
 
-def _content(device_kind="cuda", **env):
-    return SimpleNamespace(environment=SimpleNamespace(device_kind=device_kind, env_vars=env))
+CHOICE = KernelChoice("triton_red_fused_0", "ab" * 32, {"XBLOCK": 8, "num_warps": 4, "num_stages": 1})
+
+
+def _content(*choices):
+    return SimpleNamespace(engine=SimpleNamespace(kernel_choices=list(choices)))
 
 
 FLOAT_PARTED = [CheckedItem("input_ids", True, True, {}), CheckedItem("logits", False, False, {}, "float32")]
+OTHER = "triton_red_fused_0: XBLOCK=16,num_warps=4,num_stages=1 here, XBLOCK=8,num_warps=4,num_stages=1 recorded"
 
 
-def test_a_compiled_gpu_step_parting_in_floats_only_says_why():
-    (note,) = _autotuning_notes(_content(), "compiled", FLOAT_PARTED)
-    assert "TORCHINDUCTOR_DETERMINISTIC=1" in note
+def test_a_kernel_that_ran_otherwise_is_named_with_both_configurations():
+    (note,) = _kernel_choice_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
+                                   {"same": [], "other": [OTHER], "unrecorded": []})
+    assert OTHER in note
 
 
-@pytest.mark.parametrize("content, mode, checks", [
-    (_content(TORCHINDUCTOR_DETERMINISTIC="1"), "compiled", FLOAT_PARTED),  # recorded deterministic
-    (_content(), "eager", FLOAT_PARTED),  # no Inductor
-    (_content("cpu"), "compiled", FLOAT_PARTED),  # Inductor's CPU code is not autotuned by timing
-    (_content(), "compiled", [CheckedItem("sampled_token_ids", False, False, {}), *FLOAT_PARTED]),  # ids parted
-    (_content(), "compiled", [CheckedItem("logits", False, False, {}, "float32", decides=False)]),  # padding only
+def test_kernels_autotuned_without_a_recorded_choice_are_named():
+    (note,) = _kernel_choice_notes(_content(), "compiled", FLOAT_PARTED,
+                                   {"same": [], "other": [], "unrecorded": ["triton_per_fused_1"]})
+    assert "no choice recorded: triton_per_fused_1" in note
+
+
+def test_kernels_that_all_ran_as_recorded_are_ruled_out():
+    (note,) = _kernel_choice_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
+                                   {"same": ["triton_red_fused_0"], "other": [], "unrecorded": []})
+    assert "every one of the 1 autotuned kernels ran with its recorded configuration" in note
+
+
+NAMED = {"same": [], "other": [OTHER], "unrecorded": []}
+
+
+@pytest.mark.parametrize("mode, checks, kernels", [
+    ("eager", FLOAT_PARTED, NAMED),  # no Inductor
+    ("compiled", [CheckedItem("sampled_token_ids", False, False, {}), *FLOAT_PARTED], NAMED),  # ids parted
+    ("compiled", [CheckedItem("logits", False, False, {}, "float32", decides=False)], NAMED),  # padding only
+    ("compiled", FLOAT_PARTED, {"same": [], "other": [], "unrecorded": []}),  # no kernels, none recorded (CPU)
 ])
-def test_no_note_where_autotuning_does_not_explain_it(content, mode, checks):
-    assert _autotuning_notes(content, mode, checks) == []
+def test_no_note_where_kernel_choices_do_not_explain_it(mode, checks, kernels):
+    assert _kernel_choice_notes(_content(), mode, checks, kernels) == []

@@ -64,3 +64,23 @@ def test_one_engine_for_the_same_weights_at_another_path_not_for_other_arguments
     hub_key = engine_key(content)
     content.engine.engine_args["model"] = "/other"
     assert engine_key(content) != hub_key
+
+
+def test_bundles_share_an_engine_only_where_their_kernel_choices_agree():
+    """Two recordings of one engine whose autotuning chose differently need two engines (a kernel
+    is built once, under one lookup table); bundles of one recording, some of whose kernels
+    were not launched yet when an early step was written, share one."""
+    from tracekit.format.schema import KernelChoice
+    from tracekit.replay.suite import _engine_with_kernels, _kernels_of
+
+    def choice(digest, xblock):
+        return KernelChoice(f"k{digest}", digest * 64, {"XBLOCK": xblock, "num_warps": 4, "num_stages": 1})
+
+    engines = {}
+    first = _engine_with_kernels("e", [choice("a", 8)], engines)
+    later = _engine_with_kernels("e", [choice("a", 8), choice("b", 16)], engines)
+    other = _engine_with_kernels("e", [choice("a", 32)], engines)
+    assert first == later != other
+    assert [c.config["XBLOCK"] for c in _kernels_of(first, engines)] == [8, 16]
+    assert [c.config["XBLOCK"] for c in _kernels_of(other, engines)] == [32]
+    assert _engine_with_kernels("f", [], engines) != first

@@ -347,6 +347,33 @@ class Step(SchemaRecord):
         ran at) are padding."""
         return self.graph.num_tokens or sum(request.num_scheduled_tokens for request in self.requests)
 
+    def input_ids_disagreement(self) -> str | None:
+        """Where the request states say another token than the recorded forward read, if anywhere.
+        A replay rebuilds the runner's requests from their states, so its forward reads their
+        tokens: a bundle whose states and input ids disagree cannot replay the step, whatever
+        the engine does. The forward's rows are each request's scheduled tokens, in batch
+        order; a position the states hold as a placeholder (an id below 0: V1 under async
+        scheduling) or not at all (a draft token) is the runner's to fill, and not compared.
+        Needs the input ids loaded; None where they agree or there are none."""
+        if not hasattr(self.input_ids, "tolist") or len(self.input_ids.shape) != 1:
+            return None
+        read = self.input_ids.tolist()
+        by_id = {request.req_id: request for request in self.requests}
+        row = 0
+        for req_id in self.batch_order:
+            request = by_id.get(req_id)
+            if request is None:
+                return None  # (a bundle without a request's state is refused where it is replayed)
+            known = [*request.prompt_token_ids, *request.output_token_ids]
+            for position in range(request.num_computed_tokens, request.num_computed_tokens + request.num_scheduled_tokens):
+                if row >= len(read):
+                    return f"its input ids hold {len(read)} rows, fewer than the requests' scheduled tokens"
+                if position < len(known) and known[position] >= 0 and known[position] != read[row]:
+                    return (f"request {req_id!r} holds token {known[position]} at position {position}, where the "
+                            f"recorded forward read {read[row]} (row {row})")
+                row += 1
+        return None
+
 
 @dataclass
 class ParallelRank(SchemaRecord):

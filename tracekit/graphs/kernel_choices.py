@@ -173,6 +173,15 @@ def choices_applied(choices: list[KernelChoice]) -> Iterator[None]:
         inductor_config.autotune_lookup_table = previous
 
 
+def merged_if_consistent(kept: dict[str, KernelChoice], more: list[KernelChoice]) -> bool:
+    """Add `more` to `kept` (by lookup hash) unless one of its kernels has another configuration
+    there: bundles whose choices agree can share an engine, whose kernels are built once."""
+    if any(choice.source_hash in kept and kept[choice.source_hash].config != choice.config for choice in more):
+        return False
+    kept.update((choice.source_hash, choice) for choice in more)
+    return True
+
+
 def compare(recorded: list[KernelChoice], here: list[KernelChoice]) -> dict[str, list[str]]:
     """Kernel by kernel, how this process's launched configurations stand against the recorded
     ones: `same`, `other` (the kernel ran with another configuration: `name: here vs recorded`),

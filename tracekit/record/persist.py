@@ -6,6 +6,7 @@ value that cannot be stored, a bug — is logged once and leaves nothing at the 
 bundle writer's temporary file is removed); it never reaches the engine.
 """
 
+import dataclasses
 import logging
 import os
 import queue
@@ -16,6 +17,7 @@ from typing import Any, Callable
 from tracekit.errors import UsageError
 from tracekit.format.content import write_steps
 from tracekit.format.schema import EngineConfig, Environment, ParallelRank, Step
+from tracekit.graphs.kernel_choices import launched_choices
 from tracekit.outputs import require_parent
 
 logger = logging.getLogger("tracekit.record")
@@ -60,14 +62,24 @@ def _with_rank(template: str) -> str:
 
 
 class BackgroundPersister:
-    """One writer thread with a queue; `close()` waits for every submitted bundle."""
+    """One writer thread with a queue; `close()` waits for every submitted bundle.
 
-    def __init__(self, environment: Environment, engine: EngineConfig):
+    A write that fails, or the thread dying, is reported to `on_failure(reason)` as it happens
+    (on the thread it happened on), so the recorder stops at once rather than at the engine's
+    next step, which may never come. Each bundle's engine record gets the kernel choices of the
+    process as they are when it is written (`kernel_choices.launched_choices`: read here, off the
+    engine's thread; a kernel is autotuned at its first launch, which may be the step's own)."""
+
+    def __init__(self, environment: Environment, engine: EngineConfig,
+                 on_failure: Callable[[str], None] | None = None):
         self.environment = environment
         self.engine = engine
         self.written: list[Path] = []
         self.failures: list[str] = []
+        self._on_failure = on_failure
         self._queue: queue.Queue = queue.Queue()
+        self._idle = threading.Condition()
+        self._pending = 0  # submitted and not yet written (or failed)
         self._thread = threading.Thread(target=self._run, name="tracekit-writer", daemon=True)
         self._thread.start()
 
@@ -77,33 +89,53 @@ class BackgroundPersister:
         landed: on a GPU they run on a side stream while the engine goes on)."""
         if not self._thread.is_alive():
             raise RuntimeError(f"the writer thread is gone ({self.failures[-1] if self.failures else 'no reason'})")
+        with self._idle:
+            self._pending += 1
         self._queue.put((path, step, parallel, ready))
 
     def write_now(self, path: Path, step: Step, parallel: ParallelRank | None = None) -> None:
         """Synchronous write, for a step whose forward raised: the engine may be going down."""
         self._write(path, step, parallel)
 
+    def wait_idle(self) -> None:
+        """Until every bundle submitted so far is written, or failed, or the thread is gone."""
+        with self._idle:
+            while self._pending and self._thread.is_alive():
+                self._idle.wait(0.05)  # (a dying thread notifies before it is gone)
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
 
     def _run(self) -> None:
-        try:
-            while (item := self._queue.get()) is not None:
-                path, step, parallel, ready = item
+        while (item := self._queue.get()) is not None:
+            path, step, parallel, ready = item
+            try:
                 if ready is not None:
                     ready()
                 self._write(path, step, parallel)
-        except BaseException as error:  # the thread ends; the next submit says so to the recorder
-            self.failures.append(f"the writer thread died: {type(error).__name__}: {error}")
-            logger.error("tracekit: %s", self.failures[-1])
+            except BaseException as error:  # the thread ends; the recorder is told before anyone waiting
+                self._failed(f"the writer thread died: {type(error).__name__}: {error}")
+                return
+            finally:
+                self._done_one()
+
+    def _done_one(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
 
     def _write(self, path: Path, step: Step, parallel: ParallelRank | None) -> None:
         try:
-            self.written.append(write_steps(path, self.environment, self.engine, [step], parallel))
+            engine = dataclasses.replace(self.engine, kernel_choices=launched_choices())
+            self.written.append(write_steps(path, self.environment, engine, [step], parallel))
             logger.info("tracekit: recorded step %d (%s) to %s", step.index, step.trigger, path)
         except Exception as error:  # never let recording harm the engine
-            message = f"could not write {path}: {type(error).__name__}: {error}"
-            if not self.failures:
-                logger.error("tracekit: %s; recording stops, the engine goes on unrecorded", message)
-            self.failures.append(message)
+            self._failed(f"could not write {path}: {type(error).__name__}: {error}")
+
+    def _failed(self, message: str) -> None:
+        if not self.failures:
+            logger.error("tracekit: %s; recording stops, the engine goes on unrecorded", message)
+        self.failures.append(message)
+        if self._on_failure is not None:
+            self._on_failure(message)

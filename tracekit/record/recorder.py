@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import os
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -104,6 +105,9 @@ class Recorder:
         self._deferred = 0  # steps whose non-finite check is read with their output, later
         self._preempted: frozenset[str] = frozenset()  # requests preempted since such a step
         self._sampled: SampledIds | None = None  # where the runner keeps no sampled ids, once armed
+        # Held by each engine callback and by giving up: a failure on the writer thread disarms
+        # the recorder between two callbacks (re-entrant: a callback may give up itself).
+        self._callback_lock = threading.RLock()
 
     @property
     def written(self) -> list[Path]:
@@ -134,7 +138,8 @@ class Recorder:
         try:
             if self.adapter is None:
                 raise self._adapter_error
-            self._persister = BackgroundPersister(self.adapter.environment(), self.adapter.engine_config())
+            self._persister = BackgroundPersister(self.adapter.environment(), self.adapter.engine_config(),
+                                                  on_failure=self._writing_failed)
             self.backend = self.adapter.device_backend
             self._sampled = None if self.adapter.sampled_ids_kept() else SampledIds()
             shadows = self.adapter.observe(self)
@@ -159,26 +164,35 @@ class Recorder:
     def __exit__(self, *exc_info: Any) -> None:
         self.disarm()
 
+    def wait_for_writes(self) -> None:
+        """Until every bundle submitted so far is written (or failed: then the recorder has
+        disarmed itself)."""
+        if self._persister is not None:
+            self._persister.wait_idle()
+
     def _give_up(self, reason: str, logged: bool = False) -> None:
         """Log once, stop recording, leave the engine as if never armed."""
-        if not logged:
-            self._failures.append(reason)
-            logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
-        _stop_capture(self._pending)
-        shadows, self._shadows, self._pending = self._shadows, None, None
-        if shadows is not None:
-            try:
-                shadows.__exit__(None, None, None)
-            except Exception as error:  # pragma: no cover - removing instance attributes
-                logger.error("tracekit: could not remove the runner shadows: %s", error)
+        with self._callback_lock:
+            if not logged:
+                self._failures.append(reason)
+                logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
+            _stop_capture(self._pending)
+            shadows, self._shadows, self._pending = self._shadows, None, None
+            if shadows is not None:
+                try:
+                    shadows.__exit__(None, None, None)
+                except Exception as error:  # pragma: no cover - removing instance attributes
+                    logger.error("tracekit: could not remove the runner shadows: %s", error)
+
+    def _writing_failed(self, reason: str) -> None:
+        """The writer could not write a bundle, or died (on its thread, or the engine's for a
+        failed step's bundle): stop now, between two of the engine's calls into the recorder."""
+        self._give_up(reason, logged=True)
 
     # -- StepObserver: the adapter calls these from inside the engine's step -------------------
 
     @_engine_boundary
     def step_started(self, scheduler_output: Any) -> None:
-        if self._persister.failures:  # a write failed on the writer thread: stop here, once
-            self._give_up(self._persister.failures[0], logged=True)
-            return
         self.adapter.scheduler_output_seen(scheduler_output)
         if self._deferred:  # a step whose check is read later: its KV blocks stay its own unless preempted
             self._preempted |= self.adapter.preempted(scheduler_output)
@@ -285,13 +299,14 @@ class Recorder:
         name = (name or function.__name__).strip("_")
 
         def call(*args: Any) -> Any:
-            if self._shadows is None:
-                return None
-            try:
-                return function(*args)
-            except Exception as error:
-                self._give_up(f"{name}: {type(error).__name__}: {error}")
-                return None
+            with self._callback_lock:  # the writer thread gives up between callbacks, never inside one
+                if self._shadows is None:
+                    return None
+                try:
+                    return function(*args)
+                except Exception as error:
+                    self._give_up(f"{name}: {type(error).__name__}: {error}")
+                    return None
 
         return call
 

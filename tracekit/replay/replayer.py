@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.environment import environment_differences
-from tracekit.errors import CannotRunHere, UsageError
-from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
+from tracekit.errors import BundleError, CannotRunHere, UsageError
+from tracekit.format.schema import KV_MODES, BundleContent, KernelChoice, KVMode, Step
+from tracekit.graphs import kernel_choices
 from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm.replay_engine import (
@@ -68,6 +69,7 @@ class ReplayOptions:
     profile_prefix: str | Path | None = None
     full_engine: bool = False
     engine_needs: EngineNeeds | None = None
+    kernel_choices: list[KernelChoice] | None = None
 
 
 def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
@@ -77,10 +79,14 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     an `OpenedBundle` for a bundle the caller opened already."""
     options = options or ReplayOptions(**fields)
     opened = checked_before_engine(bundle, options)
-    engine = engine_for(opened, options, llm)
-    here = engine.environment()
-    engine.require_kv_layout_of(opened.content.environment, here)
-    ran = run_and_compare(engine, opened, options)
+    choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
+    # Inductor's kernels are built with the engine and autotuned at their first launch: both
+    # happen under the recorded choices.
+    with kernel_choices.choices_applied(choices):
+        engine = engine_for(opened, options, llm)
+        here = engine.environment()
+        engine.require_kv_layout_of(opened.content.environment, here)
+        ran = run_and_compare(engine, opened, options)
     if ran.own_engine_modes:
         ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options))
     return report(opened, options, engine, here, ran)
@@ -114,6 +120,10 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
         )
     if step.kv.mode == KVMode.RECOMPUTE.value:
         require_recomputable(name, step)
+    disagreement = step.input_ids_disagreement()
+    if disagreement is not None:
+        raise BundleError(f"{name}: step {step.index}: {disagreement}, so no replay can read what it read: the "
+                          "recording is inconsistent (a tracekit fault: record the step again with this tracekit)")
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
     return OpenedStep(name, content, step, explicit_modes)
 
@@ -253,7 +263,9 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     step, content, observed = opened.step, opened.content, ran.observed
     recorded_timing = step.timing.to_plain()
     audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed is not None else {}
-    notes = (_kv_notes(step) + _dispatch_notes(audited) + _autotuning_notes(content, ran.reference_mode, ran.checks)
+    kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices())
+    notes = (_kv_notes(step) + _dispatch_notes(audited)
+             + _kernel_choice_notes(content, ran.reference_mode, ran.checks, kernels)
              + compare_with_recorded(ran.measured, recorded_timing))
     build = engine.build
     return ReplayResult(
@@ -282,6 +294,7 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
         padding_findings=padding_findings(observed, step) if observed is not None else [],
         mode_agreement=mode_agreement(ran.measured),
         engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
+        kernel_choices=kernels,
         llm=engine.llm,
     )
 
@@ -314,20 +327,27 @@ def _kv_notes(step: Step) -> list[str]:
     ]
 
 
-def _autotuning_notes(content: Any, reference_mode: str, checks: list[CheckedItem]) -> list[str]:
-    """Why a compiled step may part by float rounding alone: the recording engine's Inductor chose
-    kernel configs by timing them, which no other process repeats."""
+def _kernel_choice_notes(content: BundleContent, reference_mode: str, checks: list[CheckedItem],
+                         kernels: dict[str, list[str]]) -> list[str]:
+    """Where a compiled step parted by float rounding alone, what Inductor's autotuning had to
+    do with it, kernel by kernel: kernels that ran with other configurations than recorded, or
+    were autotuned here with none recorded, are named; where every kernel ran as recorded, the
+    kernels' configurations are ruled out."""
     deciding = [check for check in checks if check.decides]
-    if (reference_mode != "compiled" or content.environment.device_kind == "cpu" or all(check.bit_exact for check in deciding)
-            or any(not check.bit_exact and check.float_dtype is None for check in deciding)
-            or content.environment.env_vars.get("TORCHINDUCTOR_DETERMINISTIC") == "1"):
+    if (reference_mode != "compiled" or all(check.bit_exact for check in deciding)
+            or any(not check.bit_exact and check.float_dtype is None for check in deciding)):
         return []
-    return [
-        "only float items parted, in a compiled step of an engine that let Inductor pick kernel configs by "
-        "timing them in each process, which changes float rounding: two runs of such an engine part alike "
-        "(seen with float32 on an H200). Record with TORCHINDUCTOR_DETERMINISTIC=1 to replay compiled steps "
-        "bit-exact (the replay sets it from the bundle)"
-    ]
+    if kernels.get("other") or kernels.get("unrecorded"):
+        named = [f"ran with another configuration than recorded: {'; '.join(kernels['other'])}"] if kernels.get("other") else []
+        if kernels.get("unrecorded"):
+            named.append(f"autotuned here, no choice recorded: {', '.join(kernels['unrecorded'])}")
+        return ["only float items parted, in a compiled step, and Inductor's kernels did not all run as recorded "
+                "(a reduction's block sizes decide its rounding): " + "; ".join(named)]
+    if content.engine.kernel_choices:
+        return [f"only float items parted, in a compiled step, though every one of the "
+                f"{len(kernels.get('same', []))} autotuned kernels ran with its recorded configuration: "
+                "the rounding difference lies elsewhere (see dispatch and environment differences)"]
+    return []
 
 
 def _dispatch_notes(audited: dict[str, Any]) -> list[str]:

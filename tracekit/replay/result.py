@@ -40,6 +40,9 @@ class ReplayResult:
     # How the engine it ran on was built (`lean_build.EngineBuild`: lean or full, what it
     # captured), and whether this replay built it; None for an engine tracekit did not build.
     engine_build: dict[str, Any] | None = None
+    # The autotuned Triton kernels of this process against the bundle's kernel choices
+    # (`kernel_choices.compare`: same, other, unrecorded).
+    kernel_choices: dict[str, list[str]] = field(default_factory=dict)
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 
     @property
@@ -97,4 +100,5 @@ class ReplayResult:
             "overrides": self.overrides,
             "notes": self.notes,
             "engine_build": self.engine_build,
+            "kernel_choices": self.kernel_choices,
         }

@@ -29,7 +29,8 @@ from tracekit.errors import (
     one_line,
 )
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent
+from tracekit.format.schema import BundleContent, KernelChoice
+from tracekit.graphs.kernel_choices import merged_if_consistent
 from tracekit.integrations.vllm.replay_engine import EngineNeeds, engine_key, needs_of, release_llm, union_of
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
@@ -128,6 +129,7 @@ def run_suite(
     records: list[SuiteRecord] = []
     groups: dict[str, list[Path]] = {}
     needs: dict[str, list[EngineNeeds]] = {}
+    choices: dict[str, list[dict[str, KernelChoice]]] = {}  # engine key -> each engine's kernel choices
     for bundle in bundles:
         try:
             with open_bundle(bundle) as reader:
@@ -141,10 +143,11 @@ def run_suite(
                                        error="holds no recorded step"))
             on_done(records[-1])
             continue
-        groups.setdefault(engine_key(content), []).append(bundle)
+        key = _engine_with_kernels(engine_key(content), content.engine.kernel_choices, choices)
+        groups.setdefault(key, []).append(bundle)
         step = next((s for s in content.steps if replay_options.get("step") in (None, s.index)), None)
         if step is not None:  # a bundle without the step is refused by its replay
-            needs.setdefault(engine_key(content), []).append(needs_of(step, replay_options.get("modes")))
+            needs.setdefault(key, []).append(needs_of(step, replay_options.get("modes")))
     queue = [bundle for group in groups.values() for bundle in group]
     if any(record.exit_code != EXIT_OK for record in records) and not keep_going:
         return SuiteOutcome(records, [str(bundle) for bundle in queue], 0)
@@ -152,7 +155,8 @@ def run_suite(
     engines_built = 0
     for key, group in groups.items():
         llm, engine_error = None, None
-        group_options = {**replay_options, "engine_needs": union_of(needs.get(key, []))}
+        group_options = {**replay_options, "engine_needs": union_of(needs.get(key, [])),
+                         "kernel_choices": _kernels_of(key, choices)}
         try:
             for bundle in group:
                 queue.remove(bundle)
@@ -174,6 +178,22 @@ def run_suite(
             if llm is not None:
                 release_llm(llm)
     return SuiteOutcome(records, [], engines_built)
+
+
+def _engine_with_kernels(key: str, recorded: list[KernelChoice], choices: dict[str, list[dict[str, KernelChoice]]]) -> str:
+    """The engine of `key` whose kernel choices agree with `recorded` (a new one where none
+    does: its kernels are built under another lookup table), as `key#N`."""
+    engines = choices.setdefault(key, [])
+    for index, kept in enumerate(engines):
+        if merged_if_consistent(kept, recorded):
+            return f"{key}#{index}"
+    engines.append({choice.source_hash: choice for choice in recorded})
+    return f"{key}#{len(engines) - 1}"
+
+
+def _kernels_of(group: str, choices: dict[str, list[dict[str, KernelChoice]]]) -> list[KernelChoice]:
+    key, _, index = group.rpartition("#")
+    return sorted(choices[key][int(index)].values(), key=lambda choice: choice.source_hash)
 
 
 def _replay_one(

@@ -95,6 +95,7 @@ if __name__ == "__main__":
         folder.mkdir()
         with fault(), recording(llm, f"{folder}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
             outputs = generate(llm, sampling)
+            recorder.wait_for_writes()  # a write fails, or the writer dies, on its own thread
             still_armed = recorder.armed
         result[name] = {
             "outputs": outputs,
