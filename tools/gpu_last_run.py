@@ -11,6 +11,7 @@ and says when engine-facing code changed after it.
 
 import argparse
 import datetime
+import importlib
 import importlib.metadata
 import json
 import xml.etree.ElementTree as ElementTree
@@ -30,18 +31,31 @@ def test_counts(junit: Path) -> dict[str, int]:
 
 
 def version(package: str) -> str | None:
+    """The package's version as it imports (a kit on PYTHONPATH may carry no metadata)."""
     try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        return str(importlib.import_module(package).__version__)
+    except Exception:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
 
 
 def merged(runs: list[dict]) -> dict:
-    """One file for the runs of one commit, by vLLM version."""
+    """One file for the runs of one commit, by vLLM version; the calls one run was split over
+    (`-k`) joined: their configurations, test counts and device seconds added up."""
     commits = {run["commit"] for run in runs}
     if len(commits) != 1:
         raise SystemExit(f"the runs are of different commits: {sorted(commits)}")
-    return {"commit": commits.pop(), "runs": {run["vllm"]: run for run in sorted(runs, key=lambda run: run["vllm"] or "")}}
+    by_version: dict[str, dict] = {}
+    for run in sorted(runs, key=lambda run: run["ran_at"]):
+        joined = by_version.setdefault(run["vllm"], {**run, "configurations": {}, "tests": {}, "device_seconds": 0})
+        joined["configurations"].update(run["configurations"])
+        for name, count in run["tests"].items():
+            joined["tests"][name] = joined["tests"].get(name, 0) + count
+        joined["device_seconds"] += run["device_seconds"]
+        joined["ran_at"] = run["ran_at"]
+    return {"commit": commits.pop(), "runs": dict(sorted(by_version.items()))}
 
 
 def main() -> None:

@@ -49,8 +49,9 @@ started=$(date +%s)
 if [ -n "$quick" ]; then
   # V2 and V1 with vLLM's defaults, a float32 workload recorded twice, and the kernel choices
   # alone (tests/gpu/test_gpu_quick.py, tests/graphs/test_gpu_kernel_choices.py): under 9 minutes.
+  # (a run may be split over calls with -k: each call's configurations come back in its own
+  # last-run.json, and tools/gpu_last_run.py --merge joins the calls' files here)
   export TRACEKIT_GPU_SUMMARY="$OUT/quick-summary.json"
-  rm -f "$TRACEKIT_GPU_SUMMARY"
   set -- tests/gpu/test_gpu_quick.py tests/graphs/test_gpu_kernel_choices.py "$@"
 else
   set -- tests/gpu "$@"
