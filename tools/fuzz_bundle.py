@@ -71,7 +71,9 @@ machine the clock says more about the neighbours than about the reader.
 The counts end with how each command ended on the bundles holding recorded content (exit
 codes; for the replay, the error class or `reached the engine build`) and the number of
 tracebacks (foreign + cli-crash). Exit status 1 when any class other than refused/read/slow has
-a case.
+a case. The last long campaign (2026-12-04, `--cases 100000 --seed 33 --jobs 2`, 4,223 s on 2
+shared cores): 55,147 read, 44,853 refused, every other class 0; the commands ran on 34,358
+bundles holding recorded content; 0 tracebacks (docs/FORMAT-RATIONALE.md has the details).
 """
 
 import argparse
