@@ -29,6 +29,7 @@ from tracekit.integrations.vllm.replay_engine import (
     build_replay_engine,
     engine_of,
     needs_of,
+    require_drafting_known,
     require_recomputable,
     require_replayable_here,
 )
@@ -114,6 +115,7 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
         )
     if step.kv.mode == KVMode.RECOMPUTE.value:
         require_recomputable(name, step)
+    require_drafting_known(name, content, step, options.engine_overrides)
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
     return OpenedStep(name, content, step, explicit_modes)
 
