@@ -147,11 +147,15 @@ class CopiedStep(StepCapture):
         copy.finish()
 
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
+        if self.step.spec_decode is None:
+            return
         copy = self.recorder.new_copy(self.pending)
         step_capture.capture_drafter_pass(self.step, inputs, output, copy)
         copy.finish()  # before the drafter's next call writes its buffers again
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
+        if self.step.spec_decode is None:  # the engine decodes one token a step
+            return
         copy = self.recorder.new_copy(self.pending)
         step_capture.capture_proposals(self.step, read(), copy)
         copy.finish()

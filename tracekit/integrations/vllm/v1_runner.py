@@ -231,11 +231,15 @@ def _add_draft_probs(states: list[RequestState], draft_probs: tuple[Any, list[st
 
 
 def _restore_draft_probs(runner: Any, step: Step) -> None:
-    """Give the runner the recorded draft probabilities of the step's requests, where its
-    rejection sampler reads them (probabilistic drafting)."""
+    """Give the runner what the recorded step's rejection sampler read of the drafter's
+    probabilities (probabilistic drafting), or nothing where it read none: not what an earlier
+    step of the replay engine left."""
+    if spec_decode.speculative_config(runner) is None:
+        return
     rows = [(request.req_id, request.runner_state.get("draft_probs")) for request in step.requests]
     rows = [(req_id, probs) for req_id, probs in rows if probs is not None]
     if not rows:
+        runner._draft_probs, runner._draft_prob_req_ids = None, None
         return
     width = max(probs.shape[0] for _, probs in rows)
     stacked = torch.zeros((len(rows), width, rows[0][1].shape[-1]), dtype=rows[0][1].dtype, device=runner.device)
