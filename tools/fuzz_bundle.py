@@ -112,7 +112,8 @@ def write_seeds(directory: Path) -> list[Path]:
     """Small bundles covering the reader's paths: shuffled multi-chunk tensors, plain ones,
     numpy-less dtypes, a step-schema bundle for inspect's tables, hostile names; golden v1; a
     real recording, and the same in schema version 2 with every optional part filled in (runner
-    state of both runner kinds, rank fields, derivations, an error, per-layer outputs)."""
+    state of both runner kinds, rank fields, derivations, an error, per-layer outputs,
+    speculative decoding)."""
     from tracekit.format import BundleWriter
     from tracekit.format.rewrite import rewrite_bundle
 
@@ -175,6 +176,17 @@ def filled_in_schema_2(metadata: dict, tensors: dict) -> None:
     step["timing"].update(forward_timer="perf_counter", device_copy_us=1.5, first_of_its_size=True)
     step["outputs"]["layers"] = {"model.norm": step["outputs"]["hidden_states"]}
     step["kv"]["taken"] = "before_forward"
+    # speculative decoding: a request's drafts, the drafter's calls and proposals, the draft model
+    hidden = step["outputs"]["hidden_states"]
+    step["requests"][0]["draft_token_ids"] = [5, 6]
+    step["requests"][0]["runner_state"]["draft_probs"] = hidden
+    step["spec_decode"] = {"method": "eagle", "num_speculative_tokens": 2, "proposals": step["input_ids"],
+                           "drafter_calls": [{"input_ids": step["input_ids"], "positions": step["positions"],
+                                        "hidden_states_in": hidden, "hidden_states": hidden}],
+                           "padded_drafter_batch": True}
+    metadata["engine"]["draft_model"] = {"path": "/nowhere/draft", "architecture": "EagleLlamaForCausalLM",
+                                         "weights_fingerprint": "dummy"}
+    metadata["engine"]["engine_args"]["speculative_config"] = {"method": "eagle", "num_speculative_tokens": 2}
 
 
 def seed_paths(directory: Path) -> list[Path]:

@@ -46,9 +46,9 @@ def test_inspect_json_reads_only_metadata_and_index(step_bundle, monkeypatch):
     assert summary["environment"]["vllm_version"] == "0.32.0"
     assert summary["steps"][0]["requests"] == [
         {"req_id": "a", "num_scheduled_tokens": 8, "num_computed_tokens": 0, "num_prompt_tokens": 8,
-         "num_output_tokens": 0, "phase": "prefill"},
+         "num_output_tokens": 0, "num_draft_tokens": 0, "phase": "prefill"},
         {"req_id": "b", "num_scheduled_tokens": 1, "num_computed_tokens": 8, "num_prompt_tokens": 8,
-         "num_output_tokens": 1, "phase": "decode"},
+         "num_output_tokens": 1, "num_draft_tokens": 0, "phase": "decode"},
     ]
     assert summary["steps"][0]["dispatch"]["runtime_mode"] == "NONE"
     assert summary["steps"][0]["kv"]["mode"] in ("read", "written", "none")

@@ -70,6 +70,9 @@ def _summary(reader, full: bool = False) -> dict:
     }
     summary["numerics"] = numerics_summary(environment)
     summary["model"] = {"path": model.path, "architecture": model.architecture, "runner": content.engine.runner}
+    draft = content.engine.draft_model
+    if draft is not None:
+        summary["draft_model"] = {"path": draft.path, "architecture": draft.architecture}
     if full:
         summary["content"] = _tensor_summaries(metadata, {info.name: info for info in reader.tensor_infos()})
     summary["created_at"] = content.created_at
@@ -86,9 +89,11 @@ def _summary(reader, full: bool = False) -> dict:
                  "num_computed_tokens": request.num_computed_tokens,
                  "num_prompt_tokens": len(request.prompt_token_ids),
                  "num_output_tokens": len(request.output_token_ids),
+                 "num_draft_tokens": len(request.draft_token_ids),
                  "phase": "prefill" if request.is_prefill else "decode"}
                 for request in step.requests
             ],
+            "spec_decode": _spec_decode_summary(step),
             "dispatch": {
                 "compilation_mode": step.graph.compilation_mode, "cudagraph_mode": step.graph.cudagraph_mode,
                 "runtime_mode": step.graph.runtime_mode, "num_tokens": step.graph.num_tokens,
@@ -107,6 +112,22 @@ def _summary(reader, full: bool = False) -> dict:
         for step in content.steps
     ]
     return summary
+
+
+def _spec_decode_summary(step) -> dict | None:
+    """Speculative decoding in the step: the method, drafts verified and accepted (the sampled ids
+    of a drafted request are its accepted drafts and one token more), the drafter's model calls."""
+    record = step.spec_decode
+    if record is None:
+        return None
+    sampled = step.outputs.sampled_token_ids if step.outputs is not None else None
+    drafted = [(row, request) for row, request in enumerate(step.requests) if request.draft_token_ids]
+    accepted = None
+    if sampled is not None and all(row < len(sampled) for row, _ in drafted):
+        accepted = sum(max(len(sampled[row]) - 1, 0) for row, _ in drafted)
+    return {"method": record.method, "num_speculative_tokens": record.num_speculative_tokens,
+            "drafts": sum(len(request.draft_token_ids) for _, request in drafted), "accepted": accepted,
+            "drafter_calls": len(record.drafter_calls), "proposals": record.proposals is not None}
 
 
 def derivation_lines(derivations: list[dict]) -> list[str]:
@@ -170,6 +191,9 @@ def _print_table(summary: dict, verify_report) -> None:
             f"model: {inert(summary['model']['path'])} ({inert(summary['model']['architecture'])}), "
             f"recorded on vLLM's {inert(str(summary['model']['runner']).upper())} model runner"
         )
+        if "draft_model" in summary:
+            console.print(f"draft model (speculative decoding): {inert(summary['draft_model']['path'])} "
+                          f"({inert(summary['draft_model']['architecture'])})")
         for line in derivation_lines(summary["derivations"]):
             console.print(inert(line))
         if "rank_set" in summary:
@@ -177,11 +201,12 @@ def _print_table(summary: dict, verify_report) -> None:
         console.print(f"steps: {len(summary['steps'])}")
         for step in summary["steps"][:MAX_TABLE_ROWS]:
             table = Table(title=f"step {inert(step['index'])} (trigger: {inert(step['trigger'])})", title_justify="left")
-            for column in ("request", "scheduled", "computed", "prompt", "output", "phase"):
+            for column in ("request", "scheduled", "computed", "prompt", "output", "drafts", "phase"):
                 table.add_column(column, justify="left" if column in ("request", "phase") else "right")
             for request in step["requests"][:MAX_TABLE_ROWS]:
                 table.add_row(*(inert(request[key]) for key in (
-                    "req_id", "num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens", "num_output_tokens", "phase")))
+                    "req_id", "num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens", "num_output_tokens",
+                    "num_draft_tokens", "phase")))
             console.print(table)
             _print_omitted(console, "requests", len(step["requests"]))
             dispatch = {key: inert(value) for key, value in step["dispatch"].items()}
@@ -195,6 +220,14 @@ def _print_table(summary: dict, verify_report) -> None:
                 f"  kv: {kv['blocks_read']} blocks read, {kv['blocks_written']} written, "
                 f"{kv['blocks_saved']} saved (mode {kv['mode']})"
             )
+            if step["spec_decode"] is not None:
+                spec = {key: inert(value) for key, value in step["spec_decode"].items()}
+                accepted = "" if step["spec_decode"]["accepted"] is None else f", {spec['accepted']} accepted"
+                console.print(
+                    f"  speculative decoding ({spec['method']}, {spec['num_speculative_tokens']} drafts a step): "
+                    f"{spec['drafts']} drafts verified{accepted}; drafter model calls recorded: {spec['drafter_calls']}"
+                    + ("" if step["spec_decode"]["proposals"] else "; its proposals were not recorded")
+                )
             if timing["forward"] is not None and timing["step"] is not None:
                 console.print(f"  forward {timing['forward'] / 1000:.3f} ms, step {timing['step'] / 1000:.3f} ms in the engine")
             if step["outputs_finite"] is False:

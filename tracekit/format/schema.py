@@ -141,6 +141,7 @@ class EngineConfig(SchemaRecord):
     block_size: Size
     runner: str = "v1"  # which vLLM model runner recorded the step: "v1" or "v2"
     kernel_choices: list[KernelChoice] = field(default_factory=list)
+    draft_model: ModelInfo | None = None  # a speculative decoding engine's draft model (EAGLE, ...)
 
 
 class RunnerState(TypedDict, total=False):
@@ -150,6 +151,10 @@ class RunnerState(TypedDict, total=False):
     generator_state: Tensor  # V1: a seeded request's torch.Generator state
     seed: int  # V2: its sampling seed (drawn at random when the request set none)
     prefill_len: Count  # V2: the tokens the runner was given when the request was added
+    # Probabilistic drafting: what the rejection sampler reads of the request's drafts,
+    # [drafts, vocab]: V1 the drafter's probabilities, V2 its logits (before temperature)
+    draft_probs: Tensor
+    draft_logits: Tensor
 
 
 @dataclass
@@ -164,6 +169,9 @@ class RequestState(SchemaRecord):
     num_scheduled_tokens: Count
     sampling_params: dict[str, Any] | None = None  # a tagged vLLM SamplingParams
     runner_state: RunnerState = field(default_factory=dict)
+    # Speculative decoding: the draft tokens this step verifies after the request's last sampled
+    # token (the last `len` of its scheduled tokens), as the forward read them.
+    draft_token_ids: list[TokenId] = field(default_factory=list)
 
     # Schema version 1 kept these beside the common fields.
     _VERSION_1_RUNNER_FIELDS: ClassVar[tuple[str, ...]] = ("generator_state", "seed", "prefill_len")
@@ -183,6 +191,22 @@ class RequestState(SchemaRecord):
             if type(kept) is dict:
                 data["runner_state"] = {**{k: v for k, v in moved.items() if v is not None}, **kept}
         return super().from_plain(data, where)
+
+
+def token_runs(requests: list[RequestState]) -> list[range]:
+    """Each request's run of a step's token rows: requests in batch order, each one's scheduled
+    tokens a run of the flattened inputs."""
+    runs, offset = [], 0
+    for request in requests:
+        runs.append(range(offset, offset + request.num_scheduled_tokens))
+        offset += request.num_scheduled_tokens
+    return runs
+
+
+def draft_rows(run: range, num_drafts: int) -> range:
+    """The rows of a drafted request's run that hold its drafts: the last `num_drafts`, after its
+    last sampled token."""
+    return range(run.stop - num_drafts, run.stop)
 
 
 def is_prefill(num_computed_tokens: int, num_prompt_tokens: int, num_output_tokens: int) -> bool:
@@ -303,6 +327,34 @@ class StepTiming(SchemaRecord):
     first_of_its_size: bool | None = None
 
 
+@dataclass
+class DrafterPass(SchemaRecord):
+    """One model call of a speculative drafter (EAGLE, ...) in the recorded step: what it read and
+    what it returned, as the call saw them (padded where the drafter runs at a graph's size; the
+    rows that are the step's: `Step.drafter_rows`)."""
+
+    input_ids: Tensor | None = None
+    positions: Tensor | None = None
+    hidden_states_in: Tensor | None = None  # the target's hidden states it read (EAGLE3: combined)
+    hidden_states: Tensor | None = None  # its output
+
+
+@dataclass
+class SpecDecodeRecord(SchemaRecord):
+    """Speculative decoding in the recorded step (the drafts each request verifies are in its
+    `RequestState.draft_token_ids`): the method, and what the drafter did in this step."""
+
+    method: str  # vLLM's speculative method: "ngram", "eagle", "eagle3", ...
+    num_speculative_tokens: Count
+    # [requests in batch order, proposed]: the drafts the drafter proposed in this step for the
+    # next, -1 where it proposed fewer; None when not taken (a failed step, an event trigger's)
+    proposals: Tensor | None = None
+    drafter_calls: list[DrafterPass] = field(default_factory=list)  # its model calls, in order
+    # The drafter's first call reads the target's rows, a rejected draft's slot included (vLLM's
+    # default); False: only each request's accepted tokens (`disable_padded_drafter_batch`).
+    padded_drafter_batch: bool = True
+
+
 class StepError(TypedDict, total=False):
     """How a recorded step raised."""
 
@@ -328,6 +380,7 @@ class Step(SchemaRecord):
     outputs: StepOutputs | None = None  # None when the forward raised
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised
+    spec_decode: SpecDecodeRecord | None = None  # the engine decodes speculatively
 
     def request(self, req_id: str) -> RequestState:
         """The recorded state of request `req_id` (a `BundleError` when the step has none)."""
@@ -347,32 +400,59 @@ class Step(SchemaRecord):
         ran at) are padding."""
         return self.graph.num_tokens or sum(request.num_scheduled_tokens for request in self.requests)
 
+    def request_rows(self) -> dict[str, range]:
+        """Each request's run of the step's token rows (batch order)."""
+        requests = [self.request(req_id) for req_id in self.batch_order]
+        return dict(zip(self.batch_order, token_runs(requests)))
+
+    def drafts_in(self, input_ids: list[int]) -> dict[str, list[int]]:
+        """The draft tokens each drafted request's rows of `input_ids` hold."""
+        return {
+            req_id: [int(input_ids[row]) for row in draft_rows(run, len(self.request(req_id).draft_token_ids))]
+            for req_id, run in self.request_rows().items() if self.request(req_id).draft_token_ids
+        }
+
+    def drafter_rows(self, call: int) -> list[int]:
+        """The rows of the drafter's `call`-th model call that hold the step's tokens; the others
+        are a graph's padding or, in the first call of a padded drafter batch, the slots of
+        rejected drafts (vLLM fills them with whatever its buffers held, and never samples them).
+        The first call reads each request's run of the target's rows, of a drafted request its
+        last sampled token and accepted drafts only (its sampled ids are those and one more);
+        later calls one row a request."""
+        if call > 0:
+            return list(range(len(self.batch_order)))
+        sampled = self.outputs.sampled_token_ids if self.outputs is not None else None
+        padded = self.spec_decode is None or self.spec_decode.padded_drafter_batch
+        requests = [self.request(req_id) for req_id in self.batch_order]
+        rows: list[int] = []
+        for index, (request, run) in enumerate(zip(requests, token_runs(requests))):
+            used = len(run)
+            if request.draft_token_ids and sampled is not None and index < len(sampled):
+                used = min(max(len(sampled[index]), 1), len(run))
+            start = run.start if padded else len(rows)
+            rows.extend(range(start, start + used))
+        return rows
     def input_ids_disagreement(self) -> str | None:
         """Where the request states say another token than the recorded forward read, if anywhere.
         A replay rebuilds the runner's requests from their states, so its forward reads their
         tokens: a bundle whose states and input ids disagree cannot replay the step, whatever
-        the engine does. The forward's rows are each request's scheduled tokens, in batch
-        order; a position the states hold as a placeholder (an id below 0: V1 under async
-        scheduling) or not at all (a draft token) is the runner's to fill, and not compared.
-        Needs the input ids loaded; None where they agree or there are none."""
+        the engine does. A position the states hold as a placeholder (an id below 0: V1 under
+        async scheduling) or not at all (a draft token) is the runner's to fill, and not
+        compared. Needs the input ids loaded; None where they agree or there are none."""
         if not hasattr(self.input_ids, "tolist") or len(self.input_ids.shape) != 1:
             return None
         read = self.input_ids.tolist()
-        by_id = {request.req_id: request for request in self.requests}
-        row = 0
-        for req_id in self.batch_order:
-            request = by_id.get(req_id)
-            if request is None:
-                return None  # (a bundle without a request's state is refused where it is replayed)
+        for req_id, run in self.request_rows().items():
+            if run.stop > len(read):
+                return f"its input ids hold {len(read)} rows, fewer than the requests' scheduled tokens"
+            request = self.request(req_id)
             known = [*request.prompt_token_ids, *request.output_token_ids]
-            for position in range(request.num_computed_tokens, request.num_computed_tokens + request.num_scheduled_tokens):
-                if row >= len(read):
-                    return f"its input ids hold {len(read)} rows, fewer than the requests' scheduled tokens"
-                if position < len(known) and known[position] >= 0 and known[position] != read[row]:
+            for position, row in zip(range(request.num_computed_tokens, len(known)), run):
+                if known[position] >= 0 and known[position] != read[row]:
                     return (f"request {req_id!r} holds token {known[position]} at position {position}, where the "
                             f"recorded forward read {read[row]} (row {row})")
-                row += 1
         return None
+
 
 
 @dataclass

@@ -68,7 +68,10 @@ class StepObserver(Protocol):
     the model reads; `after_forward` just after it, with its output. `output_receiver()` is
     called once `sample_tokens` has returned: it detaches the step from the observer (the next
     step may start before an async output is read) and returns the function that takes its
-    sampled ids.
+    sampled ids. Under speculative decoding the drafter runs inside `sample_tokens`: each call of
+    its model is reported (`drafter_called`, keyword inputs and output), and just before
+    `output_receiver()` `drafts_proposed` gets a function that reads its proposals (an observer
+    that does not keep them does not call it).
     """
 
     tracking: bool
@@ -82,6 +85,10 @@ class StepObserver(Protocol):
     def logits_computed(self, logits: Any) -> None: ...
 
     def phase_entered(self, phase: Phase) -> None: ...
+
+    def drafter_called(self, inputs: dict[str, Any], output: Any) -> None: ...
+
+    def drafts_proposed(self, read: Callable[[], Any]) -> None: ...
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]: ...
 
@@ -103,6 +110,9 @@ class ObservedStep:
     kv_changed_elsewhere: list[list[int]] = field(default_factory=list)
     forward_us: float | None = None  # the checked (first) forward
     dispatch: Any = None  # the GraphDispatch this replay's engine chose for the step
+    # speculative decoding: the drafter's proposals ([requests, proposed]) and its model calls
+    proposals: Any = None
+    drafter_calls: list[Any] = field(default_factory=list)  # DrafterPass records
 
 
 # The replay driver's stand-in for the runner's model call: (original, args, kwargs) -> output.

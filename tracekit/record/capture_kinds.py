@@ -25,7 +25,8 @@ from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import layer_capture
-from tracekit.integrations.vllm.runner_adapter import StepMark, hidden_states_of
+from tracekit.integrations.vllm.runner_adapter import StepMark
+from tracekit.integrations.vllm.runner_state import hidden_states_of
 from tracekit.record import step_capture
 from tracekit.record.step_capture import KVTaken
 from tracekit.record.triggers import TriggerEvent, TriggerSet
@@ -89,6 +90,12 @@ class StepCapture:
     def logits_computed(self, logits: Any) -> None:
         """The step's sampling logits are computed (sampling may change them in place next)."""
 
+    def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
+        """The speculative drafter's model was called (inside `sample_tokens`)."""
+
+    def drafts_proposed(self, read: Callable[[], Any]) -> None:
+        """`sample_tokens` returned: `read()` gives the drafter's proposals for the next step."""
+
     def receiver(self) -> Receiver:
         """`sample_tokens` returned: what takes the step's sampled ids (maybe after the next step started)."""
         return ignore
@@ -137,6 +144,20 @@ class CopiedStep(StepCapture):
     def logits_computed(self, logits: Any) -> None:
         copy = self.recorder.new_copy(self.pending)
         step_capture.capture_logits(self.step, logits, copy)
+        copy.finish()
+
+    def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
+        if self.step.spec_decode is None:
+            return
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_drafter_pass(self.step, inputs, output, copy)
+        copy.finish()  # before the drafter's next call writes its buffers again
+
+    def drafts_proposed(self, read: Callable[[], Any]) -> None:
+        if self.step.spec_decode is None:  # the engine decodes one token a step
+            return
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_proposals(self.step, read(), copy)
         copy.finish()
 
     def receiver(self) -> Receiver:

@@ -240,6 +240,18 @@ class Recorder:
             pending.capture.logits_computed(logits)
 
     @_engine_boundary
+    def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
+        pending = self._pending
+        if pending is not None and pending.capture is not None:
+            pending.capture.drafter_called(inputs, output)
+
+    @_engine_boundary
+    def drafts_proposed(self, read: Callable[[], Any]) -> None:
+        pending = self._pending
+        if pending is not None and pending.capture is not None:
+            pending.capture.drafts_proposed(read)
+
+    @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
         if self._pending is not None:
             self._pending.phase = phase

@@ -19,8 +19,9 @@ import torch
 
 from tracekit.format.schema import KVGroupSnapshot, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.graphs.host_copy import HostCopy
-from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark, hidden_states_of
+from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark
+from tracekit.integrations.vllm.runner_state import hidden_states_of
 
 
 class KVTaken(str, Enum):
@@ -49,6 +50,9 @@ def capture(
     started = time.perf_counter()
     input_ids, positions = mark.input_ids, mark.positions
     requests = adapter.request_states(mark, input_ids)
+    for request in requests:  # what the runner keeps on the device (probabilistic drafting's draft probabilities)
+        request.runner_state = {name: copy.copy(value) if isinstance(value, torch.Tensor) and value.device.type != "cpu"
+                                else value for name, value in request.runner_state.items()}
     mode = KVMode(kv_mode)
     groups = []
     for group_index, group in enumerate(adapter.kv_groups()):
@@ -78,6 +82,7 @@ def capture(
         graph=adapter.graph_dispatch(num_tokens, padded, mark),
         rng=dict(mark.rng),
         timing=StepTiming(),
+        spec_decode=adapter.spec_decode_record(),
     )
     step.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return step
@@ -107,6 +112,7 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
         graph=adapter.graph_dispatch(num_tokens, num_tokens, mark, attention=False),
         rng=dict(mark.rng),  # host tensors (a CUDA generator's state too)
         timing=StepTiming(),
+        spec_decode=adapter.spec_decode_record(),
     )
 
 
@@ -127,6 +133,19 @@ def capture_logits(step: Step, logits: torch.Tensor | None, copy: HostCopy) -> N
         started = time.perf_counter()
         step.outputs.logits = copy.copy(logits)
         step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
+
+
+def capture_drafter_pass(step: Step, inputs: dict[str, Any], output: Any, copy: HostCopy) -> None:
+    """One call of the speculative drafter's model: its inputs and output, copied to host (the
+    rows that are the step's: `Step.drafter_rows`)."""
+    if step.spec_decode is not None:
+        step.spec_decode.drafter_calls.append(spec_decode.drafter_pass(inputs, output, copy.copy))
+
+
+def capture_proposals(step: Step, proposals: torch.Tensor | None, copy: HostCopy) -> None:
+    """The drafter's proposals for the next step, copied to host."""
+    if step.spec_decode is not None and proposals is not None:
+        step.spec_decode.proposals = copy.copy(proposals)
 
 
 def capture_sampled(step: Step, sampled_token_ids: list[list[int]] | None) -> None:

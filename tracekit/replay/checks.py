@@ -155,6 +155,7 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> li
     """Every comparable item, in forward order; tolerance is a relative RMS for float tensors."""
     items = [
         _exact_item("batch_order", observed.batch_order, step.batch_order),
+        _drafts_item(observed, step),
         *_row_items("input_ids", observed.input_ids, step.input_ids, step, 0.0),
         *_row_items("positions", observed.positions, step.positions, step, 0.0),
     ]
@@ -173,8 +174,101 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> li
     if outputs is not None:
         items.extend(_row_items("hidden_states", observed.hidden_states, outputs.hidden_states, step, tolerance))
         items.append(_tensor_item("logits", observed.logits, outputs.logits, tolerance))
+        items.append(_accepted_item(observed, step))
         items.append(_sampled_item(observed, step))
+    items.extend(_drafter_items(observed, step, tolerance))
     return [item for item in items if item is not None]
+
+
+# -- speculative decoding ---------------------------------------------------------------------
+
+# Drafters whose proposals depend on what they kept from earlier requests (suffix decoding's tree
+# of past outputs, a user's class), which no bundle holds: their proposals are shown, not decisive.
+STATEFUL_DRAFTERS = frozenset({"suffix", "custom_class"})
+
+
+def _drafts_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
+    """The drafts the replayed forward verified (its input ids at each drafted request's draft
+    rows) against those the recorded forward verified (the recorded input ids there)."""
+    if not any(request.draft_token_ids for request in step.requests):
+        return None
+    expected = (step.drafts_in(step.input_ids.tolist()) if step.input_ids is not None
+                else {request.req_id: request.draft_token_ids for request in step.requests if request.draft_token_ids})
+    actual = step.drafts_in(observed.input_ids.tolist()) if observed.input_ids is not None else {}
+    return _per_request_item("spec_decode/drafts", actual, expected)
+
+
+def _accepted_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
+    """How many drafts the rejection sampler accepted per drafted request (its sampled ids are the
+    accepted drafts and one token more): its decision, apart from the token it then drew."""
+    recorded = step.outputs.sampled_token_ids
+    if recorded is None or not any(request.draft_token_ids for request in step.requests):
+        return None
+    replayed = observed.sampled_token_ids or []
+
+    def accepted(sampled: list[list[int]]) -> dict[str, int]:
+        return {req_id: max(len(ids) - 1, 0) for req_id, ids in zip(step.batch_order, sampled)
+                if step.request(req_id).draft_token_ids}
+
+    return _per_request_item("spec_decode/accepted", accepted(replayed), accepted(recorded))
+
+
+def _chosen_rows_items(name: str, actual: Any, expected: Any, rows: list[int], tolerance: float) -> list[CheckedItem | None]:
+    """`rows` of a tensor as `name` (they decide), its other rows as `name/padding` (they do not)."""
+    if expected is None or expected.dim() == 0 or actual is None or actual.shape[:1] != expected.shape[:1] \
+            or (rows and max(rows) >= expected.shape[0]):
+        return [_tensor_item(name, actual, expected, tolerance)]
+    chosen = torch.tensor(rows, dtype=torch.long)
+    others = torch.tensor(sorted(set(range(expected.shape[0])) - set(rows)), dtype=torch.long)
+    items = [_tensor_item(name, actual.index_select(0, chosen), expected.index_select(0, chosen), tolerance)]
+    if len(others):
+        padding = _tensor_item(name + PADDING, actual.index_select(0, others), expected.index_select(0, others), tolerance)
+        padding.decides = False
+        padding.details["rows"] = others.tolist()
+        items.append(padding)
+    return items
+
+
+def _per_request_item(name: str, actual: dict[str, Any], expected: dict[str, Any]) -> CheckedItem:
+    """A discrete per-request item; the requests that differ are named with both values."""
+    same = actual == expected
+    details: dict[str, Any] = {}
+    if not same:
+        details["requests_moved"] = {
+            req_id: {"recorded": value, "replayed": actual.get(req_id)}
+            for req_id, value in expected.items() if actual.get(req_id) != value
+        }
+    return CheckedItem(name, same, same, details)
+
+
+def _drafter_items(observed: ObservedStep, step: Step, tolerance: float) -> list[CheckedItem | None]:
+    """The drafter's model calls (inputs, the target hidden states it read, outputs; real rows
+    decide) and its proposals for the next step."""
+    record = step.spec_decode
+    if record is None or step.outputs is None:
+        return []
+    items: list[CheckedItem | None] = []
+    for index, recorded in enumerate(record.drafter_calls):
+        here = observed.drafter_calls[index] if index < len(observed.drafter_calls) else None
+        rows = step.drafter_rows(index)
+        for field_name in ("input_ids", "positions", "hidden_states_in", "hidden_states"):
+            expected = getattr(recorded, field_name)
+            actual = getattr(here, field_name) if here is not None else None
+            tolerance_here = tolerance if field_name.startswith("hidden") else 0.0
+            items.extend(_chosen_rows_items(f"drafter/{index}/{field_name}", actual, expected, rows, tolerance_here))
+    if record.proposals is not None:
+        actual = observed.proposals.to(torch.int64) if observed.proposals is not None else None
+        item = _tensor_item("spec_decode/proposals", actual, record.proposals.to(torch.int64), 0.0)
+        if not item.bit_exact and actual is not None and actual.shape == record.proposals.shape:
+            item.details["requests_moved"] = [
+                req_id for req_id, here, there in zip(step.batch_order, actual, record.proposals.to(torch.int64))
+                if not torch.equal(here, there)
+            ]
+        if record.method in STATEFUL_DRAFTERS:
+            item.decides = False
+            item.details["why_not_deciding"] = f"the {record.method} drafter proposes from state kept across requests"
+        items.append(item)
+    return items
 
 
 def padding_findings(observed: ObservedStep, step: Step) -> list[str]:

@@ -30,6 +30,7 @@ from tracekit.integrations.vllm.replay_engine import (
     build_replay_engine,
     engine_of,
     needs_of,
+    require_drafting_known,
     require_recomputable,
     require_replayable_here,
 )
@@ -120,6 +121,7 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
         )
     if step.kv.mode == KVMode.RECOMPUTE.value:
         require_recomputable(name, step)
+    require_drafting_known(name, content, step, options.engine_overrides)
     disagreement = step.input_ids_disagreement()
     if disagreement is not None:
         raise BundleError(f"{name}: step {step.index}: {disagreement}, so no replay can read what it read: the "

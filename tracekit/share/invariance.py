@@ -343,6 +343,9 @@ def check_invariance(
         raise CannotRunHere("a multi-rank step's variants are not supported yet: its ranks run one batch together")
     if recorded.error is not None:
         raise UsageError(f"{bundle} holds a step whose forward raised: it has no outputs to compare across batches")
+    if any(request.draft_token_ids for request in recorded.requests):
+        raise UsageError(f"{bundle} holds a step that verifies draft tokens (speculative decoding): its variants are "
+                         "not supported yet (a drafted request has a logits row per draft); pick a step without drafts")
     args = content.engine.engine_args
     replayer = EngineReplayer(content, llm, model, allow_weights_mismatch)
     adapter = replayer.adapter()

@@ -75,6 +75,8 @@ def step_running(step: Step, pairs: list[tuple[RequestState, RequestState]], inp
         ),
         outputs=None,
         timing=StepTiming(),
+        # what the drafter did after sampling is an output too
+        spec_decode=dataclasses.replace(step.spec_decode, proposals=None, drafter_calls=[]) if step.spec_decode else None,
         extras=dict(step.extras),
     )
 

@@ -214,17 +214,25 @@ class Release:
         from vllm.v1.core.sched.output import CachedRequestData
 
         scheduled = {req_id: step.request(req_id).num_scheduled_tokens for req_id in step.batch_order}
-        return self.scheduler_output(
+        output = self.scheduler_output(
             scheduled_new_reqs=[self.new_request(step, req_id) for req_id in step.batch_order],
             scheduled_cached_reqs=CachedRequestData.make_empty(),
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=self.scheduled_drafts(step),
             scheduled_encoder_inputs={},
             num_common_prefix_blocks=self.common_prefix_blocks(step),
             finished_req_ids=set(),
             free_encoder_mm_hashes=[],
         )
+        # how many drafts the drafter proposes after this step (the engine's k, or a dynamic one)
+        output.num_spec_tokens_to_schedule = int(step.scheduler_output.get("num_spec_tokens_to_schedule") or 0)
+        return output
+
+    def scheduled_drafts(self, step: Step) -> dict[str, list[int]]:
+        """The draft tokens each request verifies in the step, as its scheduler output carries them
+        (V1 reads the ids from there; Model Runner V2 only their number)."""
+        return {request.req_id: list(request.draft_token_ids) for request in step.requests if request.draft_token_ids}
 
     def common_prefix_blocks(self, step: Step) -> list[int]:
         """Cascade attention's shared prefix per KV group, as recorded (0 where it was not)."""
@@ -244,8 +252,6 @@ class Release:
     def unsupported_in(self, step: Step) -> str | None:
         """What in a recorded step this tracekit cannot replay yet, in words (None: nothing)."""
         plain = step.scheduler_output
-        if plain.get("scheduled_spec_decode_tokens"):
-            return "speculative decoding steps"
         for request in plain.get("scheduled_new_reqs", []):
             if request.get("mm_features") or request.get("lora_request") or request.get("prompt_embeds") is not None:
                 return "multimodal, LoRA or prompt-embeds requests"
@@ -265,7 +271,43 @@ class Release:
             **{name: _plain_setting(getattr(compilation, name)) for name in self.compilation_fields
                if hasattr(compilation, name)},
         }
+        args["speculative_config"] = self.speculative_settings(vllm_config)
         return {name: value for name, value in args.items() if value is not None}
+
+    def speculative_settings(self, vllm_config: Any) -> dict[str, Any] | None:
+        """The engine's speculative decoding as `EngineArgs.speculative_config` takes it (None
+        without). Only the fields that differ from vLLM's defaults: the others are derived, and
+        some of their derived values are not valid inputs (0 for an unused `prompt_lookup_min`)."""
+        config = getattr(vllm_config, "speculative_config", None)
+        if config is None:
+            return None
+        defaults = {item.name: item.default for item in dataclasses.fields(config)}
+        settings = {}
+        for name in self.speculative_fields:
+            value, default = getattr(config, name, None), defaults.get(name)
+            plain_default = isinstance(default, (bool, int, float, str))
+            if value is None or (plain_default and value == default) or (not plain_default and value == 0):
+                continue
+            settings[name] = _plain_setting(value)
+        if isinstance(settings.get("model"), str) and Path(settings["model"]).is_dir():
+            settings["model"] = str(Path(settings["model"]).resolve())
+        load_config = getattr(config, "draft_load_config", None)
+        if load_config is not None:
+            settings["draft_load_config"] = {"load_format": _plain_setting(load_config.load_format)}
+        return settings
+
+    def draft_model(self, vllm_config: Any) -> ModelInfo | None:
+        """A speculative decoding engine's draft model, where it has one of its own (EAGLE, ...;
+        ngram has none)."""
+        config = getattr(vllm_config, "speculative_config", None)
+        draft = getattr(config, "draft_model_config", None) if config is not None else None
+        if draft is None or not Path(str(config.model)).is_dir():
+            return None
+        path = str(Path(config.model).resolve())
+        load_config = getattr(config, "draft_load_config", None) or vllm_config.load_config
+        architectures = getattr(draft.hf_config, "architectures", None) or [None]
+        return ModelInfo(path=path, architecture=architectures[0],
+                         weights_fingerprint=weights_fingerprint(path, _plain_setting(load_config.load_format)))
 
     def engine_config(self, adapter: Any) -> EngineConfig:
         """What a bundle needs to rebuild `adapter`'s engine elsewhere."""
@@ -288,6 +330,7 @@ class Release:
             num_kv_blocks=int(runner.kv_cache_config.num_blocks),
             block_size=int(config.cache_config.block_size),
             runner=adapter.kind.value,
+            draft_model=self.draft_model(config),
         )
 
 

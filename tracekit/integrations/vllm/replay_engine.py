@@ -44,8 +44,9 @@ from tracekit.models import tiny_model_path
 
 __all__ = [
     "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
-    "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_layout_buildable",
-    "require_recomputable", "require_replayable_here", "union_of", "worker_adapter", "worker_error",
+    "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_drafting_known",
+    "require_layout_buildable", "require_recomputable", "require_replayable_here", "union_of", "worker_adapter",
+    "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
@@ -54,6 +55,8 @@ _COMPILED_FORMS = (ReplayMode.COMPILED.value, ReplayMode.COMPILED_NO_GRAPH.value
 _LAYOUT_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
 # The engine arguments that name the weights' location, which may differ between machines.
 _MODEL_PATH_ARGS = ("model", "tokenizer")
+# The engine argument that configures speculative decoding (its draft model among it).
+_SPECULATIVE_ARG = "speculative_config"
 
 
 # -- before any engine: is the bundle one vLLM here can replay --------------------------------------
@@ -68,6 +71,20 @@ def require_recomputable(bundle: str | Path, step: Step) -> None:
             "in the bundle (vLLM's V1 runner under async scheduling holds placeholders for them): record with "
             "--kv read, or arm the recorder before the requests arrive, or record on Model Runner V2 or with async "
             "scheduling off"
+        )
+
+
+def require_drafting_known(bundle: str | Path, content: BundleContent, step: Step, overrides: Mapping[str, Any]) -> None:
+    """Refuse (usage) a step that verifies draft tokens when the bundle does not say how its engine
+    drafted (recorded before tracekit kept the speculative decoding config) and no engine argument
+    says it either: its replay would build an engine without a drafter."""
+    drafted = any(request.draft_token_ids for request in step.requests) or bool(
+        step.scheduler_output.get("scheduled_spec_decode_tokens"))
+    if drafted and _SPECULATIVE_ARG not in content.engine.engine_args and _SPECULATIVE_ARG not in overrides:
+        raise UsageError(
+            f"{bundle}: step {step.index} verifies draft tokens (speculative decoding), and the bundle does not record "
+            "how its engine drafted (a tracekit before speculative decoding was supported): pass it, e.g. "
+            "--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'"
         )
 
 
@@ -178,6 +195,8 @@ def replay_engine_args(engine: EngineConfig, model: str | None, allow_weights_mi
     args["model"] = _resolve_model(engine, model, allow_weights_mismatch)
     if args.get("tokenizer") == engine.model.path:
         args["tokenizer"] = args["model"]
+    if engine.draft_model is not None and _SPECULATIVE_ARG not in overrides:
+        _require_draft_weights(engine, allow_weights_mismatch)
     if overrides.get("enforce_eager"):
         args["compilation_config"] = {**args.get("compilation_config", {}), "mode": graph_backend.NO_COMPILATION}
     return {**args, **overrides}
@@ -202,6 +221,30 @@ def _resolve_model(engine: EngineConfig, model: str | None, allow_weights_mismat
             "pass --allow-weights-mismatch to replay anyway"
         )
     return model
+
+
+def _require_draft_weights(engine: EngineConfig, allow_weights_mismatch: bool) -> None:
+    """The recorded draft model (speculative decoding) is where it was and holds the recorded
+    weights (exit 3 if not)."""
+    recorded = engine.draft_model
+    if recorded.weights_fingerprint is None or allow_weights_mismatch:
+        return
+    speculative = _mapping(engine.engine_args.get(_SPECULATIVE_ARG))
+    fix = f"pass --speculative-config with its \"model\" where it is here (recorded: {speculative})"
+    if not Path(recorded.path).exists():
+        raise CannotRunHere(f"the draft model (speculative decoding) is not at {recorded.path}: {fix}")
+    load_format = _mapping(speculative.get("draft_load_config")).get("load_format") or engine.engine_args.get("load_format")
+    here = weights_fingerprint(recorded.path, load_format if isinstance(load_format, str) else None)
+    if here != recorded.weights_fingerprint:
+        raise CannotRunHere(
+            f"draft model weights at {recorded.path} differ from the recorded ones ({here} vs "
+            f"{recorded.weights_fingerprint}): pass --allow-weights-mismatch to replay anyway, or {fix}"
+        )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """An engine argument that should be a map (a bundle is untrusted: anything else is none)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _timing_mode_args(spec: EngineSpec) -> dict[str, Any]:

@@ -23,11 +23,19 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from tracekit.format.schema import EngineConfig, Environment, GraphDispatch, ParallelRank, RequestState, Step
+from tracekit.format.schema import (
+    EngineConfig,
+    Environment,
+    GraphDispatch,
+    ParallelRank,
+    RequestState,
+    SpecDecodeRecord,
+    Step,
+)
 from tracekit.graphs.device import DeviceBackend, get_device_backend
 from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepObserver
-from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.method_patch import shadowed
+from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
 from tracekit.integrations.vllm.step_shadows import StepShadows
 
 # (object, {method name: wrapper factory}) pairs, shadowed together for a session.
@@ -96,6 +104,16 @@ class RunnerAdapter:
         """Whether the runner's request states hold the token ids it sampled (if not, the
         recorder keeps them: `tracekit.record.sampled_ids`)."""
         return True
+
+    def proposals(self) -> torch.Tensor | None:
+        """Speculative decoding: the drafts the drafter proposed in the step that just sampled,
+        `[requests in batch order, proposed]` (-1 where fewer; maybe on the device). None without."""
+        return None
+
+    def drafter_model(self) -> Any:
+        """The speculative drafter's model (EAGLE, ...), whose calls a step's drafter makes; None
+        where the engine has none (ngram drafts without a model)."""
+        return None
 
     def new_req_ids(self, scheduler_output: Any) -> list[str]:
         """The requests a scheduler output starts."""
@@ -173,7 +191,11 @@ class RunnerAdapter:
             (self.runner.model, {"compute_logits": step.compute_logits}),
             *self.kind_shadows(observer),
         ]
-        return _entered(shadows, self.model_call_shadows(step.model_call))
+        contexts = self.model_call_shadows(step.model_call)
+        drafter = self.drafter_model()
+        if drafter is not None:
+            contexts.append(call_shadowed(drafter, step.drafter_call))
+        return _entered(shadows, contexts)
 
     def step_begins(self) -> None:
         """A new step (not a dummy run) starts: forget the last one's per-step facts (none here)."""
@@ -255,6 +277,11 @@ class RunnerAdapter:
         """The scheduler output as plain data, tagged with the vLLM version."""
         return self.release.to_versioned_plain(scheduler_output, "scheduler_output")
 
+    def spec_decode_record(self) -> SpecDecodeRecord | None:
+        """A step's speculative decoding record, before its drafter ran (None: the engine decodes
+        one token a step)."""
+        return spec_decode.new_record(self.runner)
+
     def rng_states(self) -> dict[str, torch.Tensor]:
         """The global generators sampling may draw from."""
         rng = {"cpu": torch.get_rng_state()}
@@ -284,14 +311,6 @@ class RunnerAdapter:
     def engine_args(self) -> dict[str, Any]:
         """The engine arguments that rebuild an engine whose forward matches this one's."""
         return self.release.engine_args_from_config(self.runner.vllm_config)
-
-
-def hidden_states_of(output: Any) -> torch.Tensor | None:
-    """The final hidden states of a model call's output (EAGLE-3 models return them first in a
-    tuple; a non-last pipeline rank returns intermediate tensors, no hidden states)."""
-    if isinstance(output, tuple):
-        output = output[0]
-    return output if isinstance(output, torch.Tensor) else None
 
 
 def _entered(shadows: Shadows, contexts: list[AbstractContextManager] = ()) -> ExitStack:

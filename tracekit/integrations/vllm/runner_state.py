@@ -15,6 +15,10 @@ from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm.serialize import to_plain
 
+# What vLLM puts where a token id is not known: V1's sampled ids under async scheduling until the
+# engine reads them, the drafts a runner holds (the scheduler's copy), a rejected draft position.
+PLACEHOLDER_TOKEN = -1
+
 
 @dataclass
 class KVGroup:
@@ -23,6 +27,14 @@ class KVGroup:
     layer_names: list[str]
     caches: list[torch.Tensor]
     layout: KVLayout
+
+
+def hidden_states_of(output: Any) -> torch.Tensor | None:
+    """The final hidden states of a model call's output (EAGLE-3 models return them first in a
+    tuple; a non-last pipeline rank returns intermediate tensors, no hidden states)."""
+    if isinstance(output, tuple):
+        output = output[0]
+    return output if isinstance(output, torch.Tensor) else None
 
 
 def kv_groups(runner: Any) -> list[KVGroup]:

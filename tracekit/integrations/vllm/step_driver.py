@@ -26,8 +26,8 @@ from tracekit.errors import CannotRunHere
 from tracekit.format.schema import KVMode, Step
 from tracekit.graphs.modes import ReplayMode
 from tracekit.integrations.seam import ObservedStep, Phase
-from tracekit.integrations.vllm import runner_state
-from tracekit.integrations.vllm.runner_adapter import hidden_states_of
+from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.runner_state import hidden_states_of
 
 
 def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -137,6 +137,12 @@ class _ReplayObserver:
     def phase_entered(self, phase: Phase) -> None:
         pass
 
+    def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
+        self.observed.drafter_calls.append(spec_decode.drafter_pass(inputs, output, _to_host))
+
+    def drafts_proposed(self, read: Callable[[], Any]) -> None:
+        self.observed.proposals = _to_host(read())
+
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
         def receive(sampled: list[list[int]] | None) -> None:
             if sampled is not None:
@@ -200,6 +206,7 @@ class StepDriver:
         self.adapter = adapter
         self.runner = adapter.runner
         self.step = step
+        spec_decode.fill_drafts_from_inputs(step)
         self.groups = adapter.kv_groups()
         if len(self.groups) != len(step.kv.groups):
             raise CannotRunHere(

@@ -64,13 +64,26 @@ class StepShadows:
         return wrapper
 
     def sample_tokens(self, original: Callable) -> Callable:
-        """Sampling; the observer takes the sampled ids when `sample_tokens`' output holds them."""
+        """Sampling (and, with speculative decoding, the drafter); the observer may read the
+        drafter's proposals now, and takes the sampled ids when `sample_tokens`' output holds them."""
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             output = self._reporting_failures(original)(*args, **kwargs)
             self.logits_pending = False
             if not self.observer.tracking:
                 return output
+            self.observer.drafts_proposed(self.adapter.proposals)
             return self.adapter.release.when_output_ready(output, self.observer.output_receiver())
+
+        return wrapper
+
+    def drafter_call(self, original: Callable) -> Callable:
+        """A call of the speculative drafter's model (inside `sample_tokens`), reported with its
+        keyword inputs and its output."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            output = original(*args, **kwargs)
+            if self.observer.tracking:
+                self.observer.drafter_called(kwargs, output)
+            return output
 
         return wrapper
 

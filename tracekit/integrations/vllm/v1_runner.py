@@ -18,9 +18,10 @@ import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind
-from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm import runner_state, spec_decode
 from tracekit.integrations.vllm.method_patch import shadowed
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
+from tracekit.integrations.vllm.runner_state import PLACEHOLDER_TOKEN
 
 
 @dataclass
@@ -33,6 +34,9 @@ class _V1Mark:
     num_known: Any  # prompt + output tokens each request had (`num_tokens_no_spec`)
     generator_states: dict[int, torch.Tensor]  # batch row -> state, for seeded requests
     context: Any  # the model call's ForwardContext (None outside one)
+    # probabilistic drafting: the drafter's probabilities for this step's drafts, and whose rows
+    # they are (`runner._draft_probs`, `_draft_prob_req_ids`: set by the previous step's drafter)
+    draft_probs: tuple[Any, list[str]] | None = None
 
 
 class V1Adapter(RunnerAdapter):
@@ -43,7 +47,8 @@ class V1Adapter(RunnerAdapter):
         "num_prompt_tokens", "num_tokens_no_spec", "req_ids", "req_id_to_index", "generator", "prompt_token_ids",
         "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "cudagraph_runtime_mode",
         "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
-        "dispatch", "num_tokens", "generators", "cudagraph_keys",
+        "dispatch", "num_tokens", "generators", "cudagraph_keys", "drafter", "_draft_token_ids", "_draft_probs",
+        "_draft_prob_req_ids", "scheduled_spec_decode_tokens",
     }
 
     @classmethod
@@ -94,6 +99,7 @@ class V1Adapter(RunnerAdapter):
             num_known=batch.num_tokens_no_spec[:num_reqs].copy(),
             generator_states={index: generator.get_state() for index, generator in generators.items()} if generators else {},
             context=_forward_context(),
+            draft_probs=_draft_probs(self.runner),
         )
 
     def marked_req_ids(self, mark: StepMark) -> list[str]:
@@ -122,8 +128,24 @@ class V1Adapter(RunnerAdapter):
                     runner_state={"generator_state": generator_state} if generator_state is not None else {},
                 )
             )
+        if spec_decode.speculative_config(self.runner) is not None:
+            spec_decode.add_drafts(states, mark.scheduler_output.scheduled_spec_decode_tokens, input_ids)
+            if input_ids is not None:
+                spec_decode.align_to_positions(states, mark.positions)
+                _add_draft_probs(states, kept.draft_probs)
         fill_placeholders(states, input_ids)
         return states
+
+    def proposals(self) -> torch.Tensor | None:
+        """The drafts the drafter proposed in the step that just sampled (`_draft_token_ids`: host
+        lists from ngram, a device tensor from a model drafter; zeros where the step did not fit
+        the drafter), as `[requests, proposed]`."""
+        if spec_decode.speculative_config(self.runner) is None:
+            return None
+        return spec_decode.proposals_tensor(self.runner._draft_token_ids, len(self.runner.input_batch.req_ids))
+
+    def drafter_model(self) -> Any:
+        return getattr(getattr(self.runner, "drafter", None), "model", None)
 
     def graph_dispatch(self, num_tokens: int, num_tokens_padded: int, mark: StepMark | None = None,
                        attention: bool = True) -> GraphDispatch:
@@ -187,7 +209,43 @@ class V1Adapter(RunnerAdapter):
 
             return wrapper
 
+        _restore_draft_probs(self.runner, step)
         return [(self.runner.input_batch, {"add_request": add_request})]
+
+
+def _draft_probs(runner: Any) -> tuple[Any, list[str]] | None:
+    """What the rejection sampler of the step about to run reads of the drafter's probabilities."""
+    probs = getattr(runner, "_draft_probs", None)
+    return (probs, list(runner._draft_prob_req_ids or [])) if probs is not None else None
+
+
+def _add_draft_probs(states: list[RequestState], draft_probs: tuple[Any, list[str]] | None) -> None:
+    """Each drafted request's rows of the drafter's probabilities (`runner_state["draft_probs"]`,
+    `[drafts, vocab]`), as `_get_spec_decode_draft_probs` hands them to the rejection sampler."""
+    if draft_probs is None:
+        return
+    probs, req_ids = draft_probs
+    for state in states:
+        if state.draft_token_ids and state.req_id in req_ids:
+            state.runner_state["draft_probs"] = probs[req_ids.index(state.req_id), : len(state.draft_token_ids)]
+
+
+def _restore_draft_probs(runner: Any, step: Step) -> None:
+    """Give the runner what the recorded step's rejection sampler read of the drafter's
+    probabilities (probabilistic drafting), or nothing where it read none: not what an earlier
+    step of the replay engine left."""
+    if spec_decode.speculative_config(runner) is None:
+        return
+    rows = [(request.req_id, request.runner_state.get("draft_probs")) for request in step.requests]
+    rows = [(req_id, probs) for req_id, probs in rows if probs is not None]
+    if not rows:
+        runner._draft_probs, runner._draft_prob_req_ids = None, None
+        return
+    width = max(probs.shape[0] for _, probs in rows)
+    stacked = torch.zeros((len(rows), width, rows[0][1].shape[-1]), dtype=rows[0][1].dtype, device=runner.device)
+    for row, (_, probs) in enumerate(rows):
+        stacked[row, : probs.shape[0]] = probs.to(runner.device)
+    runner._draft_probs, runner._draft_prob_req_ids = stacked, [req_id for req_id, _ in rows]
 
 
 def _forward_context() -> Any:
@@ -195,10 +253,6 @@ def _forward_context() -> Any:
     from vllm import forward_context
 
     return forward_context.get_forward_context() if forward_context.is_forward_context_available() else None
-
-
-# What V1 under async scheduling holds in place of a sampled token the engine has not read yet.
-PLACEHOLDER_TOKEN = -1
 
 
 def fill_placeholders(requests: list[RequestState], input_ids: torch.Tensor | None) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
-from tracekit.integrations.vllm import runner_state
+from tracekit.integrations.vllm import runner_state, spec_decode
 from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
 
@@ -50,7 +50,7 @@ class V2Adapter(RunnerAdapter):
         "idx_mapping_np", "num_computed_tokens_np", "prefill_len_np", "num_reqs", "input_ids", "positions", "cg_mode",
         "scheduled_new_reqs", "preempted_req_ids", "finished_req_ids", "num_blocks", "gpu", "np", "copy_to_uva",
         "input_batch", "req_ids", "num_scheduled_tokens", "sampling_params", "add_request", "prepare_attn",
-        "cudagraph_runtime_mode", "batch_descriptor", "_capture_descs", "_candidates", "num_tokens",
+        "cudagraph_runtime_mode", "batch_descriptor", "speculator", "draft_tokens", "draft_logits", "_capture_descs", "_candidates", "num_tokens",
     }
 
     def __init__(self, runner: Any, release: Any):
@@ -198,7 +198,38 @@ class V2Adapter(RunnerAdapter):
                     runner_state=runner_kept,
                 )
             )
+        if spec_decode.speculative_config(runner) is not None:
+            spec_decode.add_drafts(result, scheduler_output.scheduled_spec_decode_tokens, input_ids)
+            if input_ids is not None:
+                spec_decode.align_to_positions(result, mark.positions)
+                self._add_draft_logits(result)
         return result
+
+    def _add_draft_logits(self, requests: list[RequestState]) -> None:
+        """Probabilistic drafting: each drafted request's rows of the drafter's logits, which the
+        rejection sampler reads by slot (`runner_state["draft_logits"]`, `[drafts, vocab]`)."""
+        logits = getattr(self._speculator, "draft_logits", None)
+        slots = self.runner.req_states.req_id_to_index
+        if logits is None:
+            return
+        for request in requests:
+            if request.draft_token_ids and request.req_id in slots:
+                request.runner_state["draft_logits"] = logits[slots[request.req_id], : len(request.draft_token_ids)]
+
+    def proposals(self) -> torch.Tensor | None:
+        """The drafts the speculator proposed in the step that just sampled, kept by slot on the
+        device (`req_states.draft_tokens`), in the step's batch order."""
+        if self._speculator is None or self._input_batch is None:
+            return None
+        return self.runner.req_states.draft_tokens[self._input_batch.idx_mapping]
+
+    def drafter_model(self) -> Any:
+        return getattr(self._speculator, "model", None)
+
+    @property
+    def _speculator(self) -> Any:
+        """The runner's drafter (None: the engine decodes one token a step)."""
+        return getattr(self.runner, "speculator", None)
 
     def graph_dispatch(self, num_tokens: int, num_tokens_padded: int, mark: StepMark | None = None,
                        attention: bool = True) -> GraphDispatch:
@@ -268,6 +299,7 @@ class V2Adapter(RunnerAdapter):
                     states.prefill_len.np[slot] = prefill_len
                     if request.output_token_ids and request.num_computed_tokens >= prefill_len:
                         states.last_sampled_tokens[slot, 0] = request.output_token_ids[-1]
+                    self._restore_drafts(slot, request)
                 states.prefill_len.copy_to_uva()
                 return original(scheduler_output)
 
@@ -277,3 +309,16 @@ class V2Adapter(RunnerAdapter):
         if runner.sampler is not None:
             shadows.append((runner.sampler, {"add_request": sampler_add_request}))
         return shadows
+
+    def _restore_drafts(self, slot: int, request: RequestState) -> None:
+        """The drafts V2 keeps by slot for the next step (and, probabilistic drafting, their
+        logits), which its inputs and rejection sampler read: the scheduler sends only their number."""
+        drafts = request.draft_token_ids
+        if not drafts:
+            return
+        tokens = self.runner.req_states.draft_tokens
+        tokens[slot, : len(drafts)] = torch.tensor(drafts, dtype=tokens.dtype).to(tokens.device)
+        logits = request.runner_state.get("draft_logits")
+        kept = getattr(self._speculator, "draft_logits", None)
+        if logits is not None and kept is not None:
+            kept[slot, : logits.shape[0]] = logits.to(kept.device, kept.dtype)

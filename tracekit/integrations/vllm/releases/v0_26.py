@@ -56,6 +56,14 @@ class Release(ReleaseBase):
         Setting("enable_expert_parallel", "parallel_config.enable_expert_parallel"),
         Setting("disable_custom_all_reduce", "parallel_config.disable_custom_all_reduce"),
     )
+    speculative_fields = (
+        "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "quantization", "revision",
+        "enforce_eager", "prompt_lookup_min", "prompt_lookup_max", "disable_padded_drafter_batch",
+        "use_local_argmax_reduction", "use_heterogeneous_vocab", "parallel_drafting",
+        "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "rejection_sample_method",
+        "synthetic_acceptance_rates", "synthetic_acceptance_length", "draft_sample_method",
+    )
     compilation_fields = (
         "backend",
         "custom_ops",

