@@ -198,9 +198,56 @@ class Release:
         return serialize.to_versioned_plain(value, self.version, path)
 
     def from_plain(self, plain: Any) -> Any:
+        """Objects of this vLLM from plain records, which another release may have written: a
+        field this vLLM lacks is left out where it is empty, refused (exit 3) otherwise."""
         if self._allowed is None:
             self._allowed = serialize.AllowList(self.allowed_types(), self.allowed_enums())
-        return serialize.from_plain(plain, self._allowed)
+        try:
+            return serialize.from_plain(plain, self._allowed)
+        except serialize.FieldNotHere as error:
+            raise serialize.FieldNotHere(f"vLLM {self.version} cannot take this step: {error}") from None
+
+    # -- what another release recorded --------------------------------------------------------
+
+    def recorded_elsewhere(self, recorded_version: str) -> bool:
+        """Whether a bundle of vLLM `recorded_version` comes from another release series than
+        this one (its replay here is a replay across releases)."""
+        from tracekit.integrations.vllm.releases import series_of
+
+        return series_of(recorded_version) != series_of(self.version)
+
+    def adopt_engine_args(self, engine_args: dict[str, Any]) -> dict[str, Any]:
+        """Engine arguments recorded under any release, as this vLLM's `EngineArgs` (and its
+        `CompilationConfig`) take them: one it has no field for is left out where its value is
+        empty (the feature it names was off), and refused (exit 3) otherwise, naming it."""
+        from vllm.config import CompilationConfig
+        from vllm.engine.arg_utils import EngineArgs
+
+        adopted = self._known_fields(engine_args, EngineArgs, "engine argument")
+        if isinstance(adopted.get("compilation_config"), dict):
+            adopted["compilation_config"] = self._known_fields(
+                adopted["compilation_config"], CompilationConfig, "compilation_config field")
+        return adopted
+
+    def _known_fields(self, values: dict[str, Any], config_class: type, what: str) -> dict[str, Any]:
+        known = {item.name for item in dataclasses.fields(config_class)}
+        for name, value in values.items():
+            if name not in known and not serialize.is_empty(value):
+                raise CannotRunHere(
+                    f"vLLM {self.version} cannot take this step: it was recorded with the {what} "
+                    f"{name}={value!r}, which this vLLM does not have"
+                )
+        return {name: value for name, value in values.items() if name in known}
+
+    def require_takes(self, step: Step, engine: EngineConfig) -> None:
+        """Refuse (exit 3, one line) a step of another release this one cannot take, before any
+        engine is built: a runner kind it cannot build, an engine argument or a request field it
+        lacks. The step's other records are rebuilt as the replay goes."""
+        self.require_buildable(engine.runner)
+        self.adopt_engine_args(engine.engine_args)
+        for request in step.requests:
+            if request.sampling_params is not None:
+                self.from_plain(request.sampling_params)
 
     # -- the scheduler outputs a replay hands the runner -------------------------------------
 
