@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.environment import environment_differences
-from tracekit.errors import BundleError, CannotRunHere, UsageError
+from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError, one_line
 from tracekit.format.content import load_step
 from tracekit.format.schema import KV_MODES, KVMode, Step
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, expand_modes
@@ -19,12 +19,13 @@ from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm import layer_capture, lean_build
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
-from tracekit.integrations.vllm.version import require_same_series
+from tracekit.integrations.vllm.version import release_to_replay
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_layers, check_step, padding_findings
 from tracekit.replay.engine import EngineNeeds, build_replay_engine, needs_of, require_device_of
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.result import ReplayResult
+from tracekit.replay.verdict import ERROR_ITEM
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
 
 __all__ = ["ReplayOptions", "ReplayResult", "replay"]
@@ -80,7 +81,11 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         )
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
     require_device_of(content.environment)
-    release = require_same_series(content.engine.vllm_version)
+    release = release_to_replay(content.engine.vllm_version)
+    releases = None
+    if release.recorded_elsewhere(content.engine.vllm_version):  # a replay across releases
+        release.require_takes(recorded, content.engine)
+        releases = (content.engine.vllm_version, release.version)
     if llm is not None and (options.engine_overrides or options.model):
         raise UsageError("engine overrides and --model apply when the engine is built; not with a reused llm")
     built = llm is None
@@ -148,8 +153,14 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
             checks = [_replay_failing_step(driver, recorded.error)]
         else:
             wants_forward = requested or options.layers_out is not None or recorded_layers
-            observed = driver.run(on_forward if wants_forward else None)
-            checks = check_step(observed, recorded, options.tolerance)
+            try:
+                observed = driver.run(on_forward if wants_forward else None)
+            except Exception as error:  # under another release, a step that raises is an outcome
+                if releases is None or isinstance(error, TracekitError):
+                    raise
+                checks = [CheckedItem(ERROR_ITEM, False, False, {"raised": one_line(error), "recorded": None})]
+            else:
+                checks = check_step(observed, recorded, options.tolerance)
     finally:
         vllm_engine.forget_cached_prefixes(llm)
     if own_engine_modes:
@@ -190,6 +201,7 @@ def replay(bundle: str | Path, options: ReplayOptions | None = None, *, llm: Any
         padding_findings=padding_findings(observed, recorded) if observed is not None else [],
         mode_agreement=mode_agreement(measured),
         engine_build={**engine_build.to_plain(), "built_for_this_step": built} if engine_build is not None else None,
+        releases=releases,
         llm=llm,
     )
 
@@ -203,8 +215,8 @@ def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> 
         driver.run()
     except Exception as error:  # the step's own failure, reproduced or not
         same = driver.step.raised_as_recorded(error)
-        return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
-    return CheckedItem("error", False, False, {"raised": None, "problem": "the step did not raise", **recorded})
+        return CheckedItem(ERROR_ITEM, same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
+    return CheckedItem(ERROR_ITEM, False, False, {"raised": None, "problem": "the step did not raise", **recorded})
 
 
 def _kv_notes(step: Step) -> list[str]:

@@ -40,6 +40,8 @@ class ReplayResult:
     # How the engine it ran on was built (`lean_build.EngineBuild`: lean or full, what it
     # captured), and whether this replay built it; None for an engine tracekit did not build.
     engine_build: dict[str, Any] | None = None
+    # (recorded, here) vLLM versions where the bundle comes from another release series.
+    releases: tuple[str, str] | None = None
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 
     @property
@@ -62,7 +64,8 @@ class ReplayResult:
     @property
     def verdict(self) -> Verdict:
         numeric = [d["field"] for d in self.environment_differences if d["affects_numerics"]]
-        return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step, self.kv_recomputed)
+        return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step, self.kv_recomputed,
+                      self.releases)
 
     @property
     def exit_code(self) -> int:
@@ -97,4 +100,5 @@ class ReplayResult:
             "overrides": self.overrides,
             "notes": self.notes,
             "engine_build": self.engine_build,
+            "releases": None if self.releases is None else {"recorded": self.releases[0], "here": self.releases[1]},
         }

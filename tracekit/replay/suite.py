@@ -44,8 +44,7 @@ _MODEL_PATH_ARGS = ("model", "tokenizer")
 
 
 def verdict_of(result: ReplayResult) -> str:
-    """The replay's verdict (`tracekit.replay.verdict`): bit_exact, within_tolerance,
-    platform_difference, diverged, error_reproduced, error_not_reproduced."""
+    """The replay's verdict (`tracekit.replay.verdict_names.VerdictName`)."""
     return result.verdict.name.value
 
 
