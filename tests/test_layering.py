@@ -9,8 +9,6 @@
 import ast
 from pathlib import Path
 
-import pytest
-
 import tracekit
 
 PACKAGE = Path(tracekit.__file__).parent
@@ -81,7 +79,7 @@ def test_vllm_is_imported_only_by_its_integration():
 
 def _foreign_attributes() -> dict[str, str]:
     """Every vLLM attribute name the integration declares it touches, with who declares it."""
-    from tracekit.integrations.vllm import engine, release
+    from tracekit.integrations.vllm import engine
     from tracekit.integrations.vllm.releases import release_classes
 
     declared = {name: "engine" for name in engine.FOREIGN_ATTRIBUTES}

@@ -74,7 +74,7 @@ EXTRA_NAMES = {
     "pipeline_parallel_size", "enable_expert_parallel", "disable_custom_all_reduce", "custom_ops",
     "splitting_ops", "compile_sizes", "cudagraph_capture_sizes", "max_cudagraph_capture_size",
     "cudagraph_num_of_warmups", "use_inductor_graph_partition", "compile_ranges_endpoints",
-    "kv_cache_memory_bytes", "block_size", "kv_cache_dtype", "attention_backend", "is_padding",
+    "block_size", "kv_cache_dtype", "attention_backend", "is_padding",
 }
 
 

