@@ -55,3 +55,21 @@ def test_a_lean_034_engine_keeps_a_decode_graph_table_of_the_kept_graphs_only():
     assert narrowed[3] is table[3]  # a step of 3 requests, dispatched to the kept graph of 4, keeps it
     assert narrowed_decode_table(table, lambda mode, size: False) == []
     assert narrowed_decode_table(table, lambda mode, size: True) == table
+
+
+def test_an_extensible_034_kv_cache_is_seen_as_its_committed_blocks():
+    """vLLM 0.34 reserves address space for `num_blocks` and backs only the first committed ones:
+    tracekit's groups are views of those, laid out as the plain cache a replay builds of them."""
+    import torch
+
+    from tracekit.format.schema import KVLayout
+    from tracekit.integrations.vllm.releases.v0_34 import committed_kv_groups
+    from tracekit.integrations.vllm.runner_state import KVGroup, block_fingerprints
+
+    caches = [torch.arange(2 * 10 * 4, dtype=torch.float32).reshape(2, 10, 4) + layer for layer in range(2)]
+    group = KVGroup(["layer.0", "layer.1"], caches, KVLayout([2, 10, 4], "float32", 1, 10, 16))
+    (narrowed,) = committed_kv_groups([group], 3)
+    assert narrowed.layout.shape == [2, 3, 4] and narrowed.layout.num_blocks == 3 and narrowed.layout.block_dim == 1
+    assert all(view.data_ptr() == cache.data_ptr() and torch.equal(view, cache[:, :3])
+               for view, cache in zip(narrowed.caches, caches))
+    assert block_fingerprints(narrowed).shape == (3,)  # only the committed blocks are read

@@ -143,6 +143,16 @@ class Release:
             manager._candidates = {key: descs for key, descs in candidates.items() if descs}
         return sorted(set(kept))
 
+    def kv_groups(self, runner: Any) -> list[Any]:
+        """The runner's KV cache groups (`runner_state.KVGroup`): every block the engine uses."""
+        from tracekit.integrations.vllm import runner_state
+
+        return runner_state.kv_groups(runner)
+
+    def num_kv_blocks(self, runner: Any) -> int:
+        """How many KV blocks the engine uses (per group)."""
+        return int(runner.kv_cache_config.num_blocks)
+
     # -- outputs -----------------------------------------------------------------------------
 
     def async_output_type(self) -> type:
@@ -353,7 +363,7 @@ class Release:
                 architecture=architectures[0],
                 weights_fingerprint=engine.weights_fingerprint(model_path, args.get("load_format")),
             ),
-            num_kv_blocks=int(runner.kv_cache_config.num_blocks),
+            num_kv_blocks=self.num_kv_blocks(runner),
             block_size=int(config.cache_config.block_size),
             runner=adapter.kind.value,
         )

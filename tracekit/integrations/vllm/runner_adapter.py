@@ -288,7 +288,7 @@ class RunnerAdapter:
         return sorted(int(end) for end in getattr(self.runner.compilation_config, "compile_ranges_endpoints", None) or [])
 
     def kv_groups(self) -> list[runner_state.KVGroup]:
-        return runner_state.kv_groups(self.runner)
+        return self.release.kv_groups(self.runner)
 
     @property
     def max_tokens_per_step(self) -> int:

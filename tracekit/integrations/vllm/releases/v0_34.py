@@ -22,11 +22,18 @@ What differs from 0.32 in what tracekit touches:
   recorded, and vLLM resolving its resolved config again keeps them. The graph manager dispatches
   a uniform decode batch through a table of its own (`_decode_descs`: query length -> the smallest
   decode graph holding n requests), which a lean engine narrows with the rest.
+* The extensible KV cache (on by default on CUDA unless the KV cache size is given): the cache
+  tensors span a reserved address range of `kv_cache_config.num_blocks` blocks, of which only the
+  first `extensible_kv_cache.num_committed_blocks` have memory behind them (the blocks the
+  scheduler hands out: `cache_config.num_gpu_blocks`). tracekit sees the committed blocks alone —
+  reading past them would touch unbacked memory — and a replay builds a plain cache of that many
+  blocks (`num_gpu_blocks_override` is recorded; vLLM turns the extensible cache off with it).
 * `use_breakable_cudagraph` (PIECEWISE graphs captured by stream capture instead of FX splitting,
   on by default for some architectures) is recorded; its graphs run outside the model call
   tracekit shadows, so such models are not supported yet (the tiny Llama does not use them).
 """
 
+import dataclasses
 from typing import Any, Callable
 
 from tracekit.errors import CannotRunHere
@@ -51,7 +58,18 @@ class Release(v0_32.Release):
         "max_decode_cudagraph_capture_tokens",
         "use_breakable_cudagraph",
     )
-    foreign_attributes = v0_32.Release.foreign_attributes | {"_decode_descs", "num_reqs"}
+    foreign_attributes = v0_32.Release.foreign_attributes | {"_decode_descs", "num_reqs", "extensible_kv_cache",
+                                                             "num_committed_blocks"}
+
+    def kv_groups(self, runner: Any) -> list[Any]:
+        """The committed blocks of an extensible KV cache (every block of a plain one)."""
+        groups = super().kv_groups(runner)
+        extensible = getattr(runner, "extensible_kv_cache", None)
+        return groups if extensible is None else committed_kv_groups(groups, int(extensible.num_committed_blocks))
+
+    def num_kv_blocks(self, runner: Any) -> int:
+        extensible = getattr(runner, "extensible_kv_cache", None)
+        return int(extensible.num_committed_blocks) if extensible is not None else super().num_kv_blocks(runner)
 
     def require_buildable(self, kind: str) -> None:
         if kind == RunnerKind.V1:
@@ -76,6 +94,19 @@ class Release(v0_32.Release):
                 if table
             }
         return kept
+
+
+def committed_kv_groups(groups: list[Any], committed: int) -> list[Any]:
+    """KV cache groups cut to their first `committed` blocks (views: nothing is copied)."""
+    narrowed = []
+    for group in groups:
+        dim = group.layout.block_dim
+        shape = list(group.layout.shape)
+        shape[dim] = committed
+        narrowed.append(dataclasses.replace(
+            group, caches=[cache.narrow(dim, 0, committed) for cache in group.caches],
+            layout=dataclasses.replace(group.layout, shape=shape, num_blocks=committed)))
+    return narrowed
 
 
 def narrowed_decode_table(table: list[Any], keep: Callable[[str, int], bool]) -> list[Any]:
