@@ -196,16 +196,27 @@ def test_the_traces_replay_under_the_release_with_the_verdict_the_pair_gives(rel
     assert "Traceback" not in v1_replays["stderr"]
 
 
-def test_a_step_the_release_recorded_replays_under_the_suites_vllm_with_the_verdict_the_pair_gives(
+def _greedy_only(step) -> bool:
+    sampling = [r for r in step.requests if samples_this_step(r)]
+    return bool(sampling) and all((r.sampling_params or {}).get("temperature") == 0.0 for r in sampling)
+
+
+def test_steps_the_release_recorded_replay_under_the_suites_vllm_with_the_verdict_the_pair_gives(
         release, folder, v1_bundles, suite_step0):
+    """Its first mixed step (a request samples at a temperature) and its first step whose every
+    sampling request is greedy (the long prompt decoding alone, beside its 295-token context): the
+    samplers cannot part the latter, only the forward."""
     forward_same, sampler_same = step0_agreement(suite_step0, v1_bundles[0])
     mixed = next(iter(of_kind(v1_bundles, "mixed").values()))
-    _, step = load_step(mixed, None)
-    assert _samples_at_a_temperature(step)
-    out = folder / "crossed.json"
-    finished = tracekit("replay", mixed, "--no-timing", "--json", out)
-    record = json_lines(out)[str(mixed)]
-    assert record["verdict"] == expected_verdict(forward_same, sampler_same, True), record["verdict_reason"]
-    assert record["releases"] == {"recorded": release.version, "here": installed_vllm_version()}
+    assert _samples_at_a_temperature(load_step(mixed, None)[1])
+    greedy = next(path for path in v1_bundles.values() if _greedy_only(load_step(path, None)[1]))
+    expected = {mixed: expected_verdict(forward_same, sampler_same, True),
+                greedy: expected_verdict(forward_same, True, True)}
+    out = folder / "crossed.jsonl"
+    finished = tracekit("replay", mixed, greedy, "--no-timing", "--keep-going", "--json", out)
+    records = json_lines(out)
+    for path, verdict in expected.items():
+        record = records[str(path)]
+        assert record["verdict"] == verdict, (path.name, record["verdict"], record["verdict_reason"])
+        assert record["releases"] == {"recorded": release.version, "here": installed_vllm_version()}
     assert "Traceback" not in finished.stderr
-
