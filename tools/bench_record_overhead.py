@@ -66,9 +66,9 @@ def main() -> None:
     from tracekit.integrations.vllm.engine import adapter_of, build_llm
     from tracekit.models import tiny_model_path
     from tracekit.record.api import recording
-    from tracekit.record.workload import DEFAULT_ENGINE_ARGS
+    from tracekit.record.workload import EMBEDDED_MODEL_ENGINE_ARGS
 
-    engine_args = {**DEFAULT_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": not options.compile,
+    engine_args = {**EMBEDDED_MODEL_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": not options.compile,
                    "max_num_batched_tokens": 512,
                    **preset_engine_args(options.preset, json.loads(options.hf_overrides or "{}"))}
     overrides = engine_args.get("hf_overrides", {})

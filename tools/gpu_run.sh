@@ -1,38 +1,60 @@
 #!/usr/bin/env bash
-# Run tracekit's GPU tests (tests/gpu: real vLLM 0.26 engines; tests/graphs: the graph layer) on
-# the lent GPU machine, through the vLLM 0.26 kit of ../shared/gpu/.
+# Run tracekit's GPU tests (tests/gpu: real vLLM engines; tests/graphs: the graph layer) on the lent
+# GPU machine, under the vLLM release given (default 0.26), through its kit of ../shared/gpu/:
+#   --vllm 0.26   kit .gpu-kit/    (make-vllm-kit.sh: vLLM 0.26.0 on the image's torch 2.11)
+#   --vllm 0.34   kit .gpu-kit34/  (make-vllm034-kit.sh: vLLM 0.34.0 with torch 2.14)
 #
-# Here, once (~40 s):   bash ../shared/gpu/make-vllm-kit.sh && bash tools/gpu_run.sh --add-kit-extras
-#   (the extras, .gpu-kit/extras: the wheels tracekit and its tests need that the GPU image may
-#   lack: msgpack, click, rich, pytest, 2.7 MB)
-#   (it also moves the last 4 MiB of vllm.part00 into vllm.part00z: part00 beside this checkout is
-#   over the 64 MiB a call carries; the kit's install joins vllm.part* in name order)
-# There, three `run` calls back to back (../shared/gpu/README.md); the second carries the extras
-# too, the third the moved piece:
+# Here, once per kit:
+#   bash ../shared/gpu/make-vllm-kit.sh    && bash tools/gpu_run.sh --vllm 0.26 --add-kit-extras   (~40 s)
+#   bash ../shared/gpu/make-vllm034-kit.sh && bash tools/gpu_run.sh --vllm 0.34 --add-kit-extras   (~9 min)
+#   (the extras: the wheels tracekit and its tests need that the GPU image lacks, pytest first, 2.7 MB;
+#   for 0.26 they go to .gpu-kit/extras, and the last 4 MiB of vllm.part00 move into vllm.part00z, part00
+#   beside this checkout being over the 64 MiB a call carries; for 0.34 they go to .gpu-kit34/extra,
+#   which the kit's `env` step installs first on PYTHONPATH)
+#
+# There, vLLM 0.26, three `run` calls back to back (../shared/gpu/README.md):
 #   carry [".gpu-kit/vllm.part00", ".gpu-kit/install.sh"]
 #   carry [".gpu-kit/vllm.part01", ".gpu-kit/install.sh", ".gpu-kit/extras"]
 #   carry [".gpu-kit/deps", ".gpu-kit/install.sh", ".gpu-kit/vllm.part00z"]
-#   command: bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --stash-extras
-# and the third runs the tests (a later call while the machine is warm carries [".gpu-kit/install.sh"]):
-#   bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh [PYTEST ARGS, e.g. -k v2-bf16-graphs]
-# On every change to tracekit/integrations, record, replay or graphs, the quick run, on a committed tree:
-#   bash tools/gpu_run.sh --quick $(git rev-parse HEAD)      (the hash written out: the GPU has no .git)
-# and commit the $OUT/last-run.json it writes as tests/gpu/last-run.json.
-# Results land in $OUT: pytest.log, junit.xml, every replay's JSON records (records.tgz), and a few
-# bundles that did not reproduce (bundles/; the rest stay on the GPU machine, /tmp/tracekit-gpu-tmp).
+#   command: bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --vllm 0.26 --stash-extras
+# and the third runs the tests:
+#   bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --vllm 0.26 --stash-extras && bash tools/gpu_run.sh --vllm 0.26 [PYTEST ARGS]
+# There, vLLM 0.34, seven calls back to back, one kit part each:
+#   carry [".gpu-kit34/kit.partNN", ".gpu-kit34/install.sh", ".gpu-kit34/extract.py", ".gpu-kit34/index.txt"]
+#   command: bash .gpu-kit34/install.sh stash
+# the last one (kit.part06) also carries ".gpu-kit34/extra" and runs the tests:
+#   bash .gpu-kit34/install.sh stash && bash tools/gpu_run.sh --vllm 0.34 [PYTEST ARGS, e.g. -k v2-bf16-graphs]
+# A later call while the machine is warm carries the kit's install.sh (and extract.py, index.txt).
+# On every change to tracekit/integrations, record, replay or graphs, the quick run, on a committed
+# tree (the hash written out: the GPU has no .git), once per release:
+#   bash tools/gpu_run.sh --vllm 0.26 --quick $(git rev-parse HEAD) [-k ...]
+# then here: python tools/gpu_last_run.py --merge RUN.json... --out tests/gpu/last-run.json, committed.
+#
+# Results land in $OUT/vllm-X.Y: pytest.log, junit.xml, every replay's JSON records (records.tgz), a
+# few bundles that did not reproduce (bundles/; the rest stay on the GPU machine, /tmp/tracekit-gpu-tmp),
+# and the steps recorded for replays across releases (across-releases/: commit them to
+# traces/h200-vllm0XX-greedy/ so that the other release's run replays them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+VLLM=0.26
+if [ "${1:-}" = "--vllm" ]; then VLLM=${2:-}; shift 2; fi
+case "$VLLM" in
+  0.26) KIT=.gpu-kit EXTRAS=.gpu-kit/extras ;;
+  0.34) KIT=.gpu-kit34 EXTRAS=.gpu-kit34/extra ;;
+  *) echo "tools/gpu_run.sh: --vllm takes 0.26 or 0.34, not '$VLLM'" >&2; exit 2 ;;
+esac
 if [ "${1:-}" = "--add-kit-extras" ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .gpu-kit/extras msgpack click rich markdown-it-py mdurl pygments pytest pluggy iniconfig || exit $?
+    -d "$EXTRAS" msgpack click rich markdown-it-py mdurl pygments pytest pluggy iniconfig || exit $?
   part=.gpu-kit/vllm.part00 keep=$((56 * 1024 * 1024))
-  if [ "$(stat -c %s $part)" -gt $keep ]; then
+  if [ "$VLLM" = 0.26 ] && [ "$(stat -c %s $part)" -gt $keep ]; then
     tail -c +$((keep + 1)) $part > .gpu-kit/vllm.part00z && truncate -s $keep $part
   fi
   exit $?
 fi
-if [ "${1:-}" = "--stash-extras" ]; then  # beside the kit's own wheels: its `env` step installs them all
+if [ "${1:-}" = "--stash-extras" ]; then  # 0.26: beside the kit's own wheels, which its `env` step installs
+  [ "$VLLM" = 0.26 ] || { echo "--stash-extras is for the 0.26 kit (0.34's env step installs $EXTRAS)" >&2; exit 2; }
   mkdir -p /tmp/vllm-kit/wheels && cp .gpu-kit/extras/*.whl /tmp/vllm-kit/wheels/ && ls .gpu-kit/extras | wc -l
   exit $?
 fi
@@ -40,11 +62,13 @@ quick=""
 if [ "${1:-}" = "--quick" ]; then   # --quick COMMIT: the run to make on every engine-facing change
   quick=${2:?"--quick needs the commit the working tree is (git rev-parse HEAD, run here)"}; shift 2
 fi
-source .gpu-kit/install.sh env || exit 9
-OUT=${OUT:-/tmp/tracekit-gpu}
+source "$KIT/install.sh" env || exit 9
+OUT=${OUT:-/tmp/tracekit-gpu}/vllm-$VLLM
 mkdir -p "$OUT"
+export TRACEKIT_GPU_ACROSS_RELEASES_OUT="$OUT/across-releases"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-TMP=/tmp/tracekit-gpu-tmp
+TMP=/tmp/tracekit-gpu-tmp/vllm-$VLLM
+rm -rf "$TMP"
 started=$(date +%s)
 if [ -n "$quick" ]; then
   # V2 and V1 with vLLM's defaults, a float32 workload recorded twice, and the kernel choices

@@ -1,5 +1,6 @@
-"""Replays that cannot run here say so before any engine starts: exit 3 for a bundle of another
-vLLM series, exit 2 for a missing or damaged bundle — one readable line, no traceback."""
+"""Replays that cannot run here say so before any engine starts: exit 3 for a bundle of a vLLM
+series this tracekit does not know, or of another series holding what this vLLM cannot do, exit 2
+for a missing or damaged bundle — one readable line, no traceback."""
 
 import os
 import subprocess
@@ -34,6 +35,21 @@ def test_a_bundle_of_another_vllm_series_is_refused_with_exit_3(tmp_path):
     result = _replay(rewrite_bundle(SAMPLE, tmp_path / "future.zst", from_the_future))
     assert result.returncode == 3
     assert "recorded with vLLM 0.99.0" in _one_error_line(result)
+
+
+def test_a_step_of_another_release_using_what_this_vllm_lacks_is_refused_in_one_line(tmp_path):
+    """Replayed across releases, a request field this vLLM's `SamplingParams` does not have, set
+    to something, is a step this release cannot take."""
+    pytest.importorskip("vllm")
+
+    def from_a_release_with_a_feature(metadata, tensors):
+        metadata["engine"]["vllm_version"] = "0.29.0"
+        metadata["steps"][0]["requests"][0]["sampling_params"]["future_feature"] = [1, 2]
+
+    result = _replay(rewrite_bundle(SAMPLE, tmp_path / "other.zst", from_a_release_with_a_feature))
+    assert result.returncode == 3
+    line = _one_error_line(result)
+    assert "cannot take this step: the bundle's SamplingParams.future_feature is [1, 2]" in line, line
 
 
 def test_a_missing_or_damaged_bundle_is_bad_input(tmp_path):

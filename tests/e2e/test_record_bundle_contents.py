@@ -20,7 +20,7 @@ from tracekit.record.workload import BUILTIN_WORKLOAD
 
 pytestmark = pytest.mark.slow
 
-BLOCK_SIZE = 32  # DEFAULT_ENGINE_ARGS
+BLOCK_SIZE = 32  # EMBEDDED_MODEL_ENGINE_ARGS
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""GPU tests: real vLLM 0.26 engines on a CUDA device (marker `gpu`). Skipped, with the reason,
-wherever there is no CUDA device or no vLLM 0.26 (CI has neither); `tools/gpu_run.sh` runs them
-on the GPU machine.
+"""GPU tests: real vLLM engines (0.26 or 0.34) on a CUDA device (marker `gpu`). Skipped, with the
+reason, wherever there is no CUDA device or neither release (CI has neither); `tools/gpu_run.sh
+--vllm 0.26|0.34` runs them on the GPU machine. Under a release without Model Runner V1 (0.34
+removed it) every test of a V1 configuration is skipped, saying so.
 
 Each engine configuration records the built-in workload (plus top-k/top-p requests, which run on
 a GPU) once, every step a bundle, and replays all of them — with negative controls beside them —
@@ -11,9 +12,19 @@ import importlib.metadata
 import json
 
 import pytest
-from gpu_support import CONFIGS, RECORD_ENV, json_records, long_prompt_config, record_steps, release_has_v1, tracekit
+from gpu_support import (
+    CONFIGS,
+    HAS_V1,
+    INSTALLED_SERIES,
+    RECORD_ENV,
+    json_records,
+    long_prompt_config,
+    record_steps,
+    tracekit,
+)
 
-EXPECTED_SERIES = "0.26"
+# The releases the GPU machine has a kit for (../shared/gpu/).
+GPU_SERIES = ("0.26", "0.34")
 
 
 def _skip_reason() -> str | None:
@@ -26,10 +37,17 @@ def _skip_reason() -> str | None:
     try:
         version = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
-        return "needs vLLM 0.26 (not installed; on the GPU machine: tools/gpu_run.sh)"
-    if not version.startswith(EXPECTED_SERIES + "."):
-        return f"needs vLLM {EXPECTED_SERIES} (installed: {version})"
+        return "needs vLLM 0.26 or 0.34 (not installed; on the GPU machine: tools/gpu_run.sh --vllm 0.26|0.34)"
+    if not version.startswith(tuple(series + "." for series in GPU_SERIES)):
+        return f"needs vLLM {' or '.join(GPU_SERIES)} (installed: {version})"
     return None
+
+
+def _runs_v1(item) -> bool:
+    """A test of Model Runner V1: a V1 configuration or runner parameter, or marked `v1_runner`."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    runners = [CONFIGS[value][0] if value in CONFIGS else value for value in params.values() if isinstance(value, str)]
+    return "v1" in runners or item.get_closest_marker("v1_runner") is not None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,6 +59,8 @@ def pytest_collection_modifyitems(config, items):
         reason = reason or _skip_reason() or ""
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+        elif not HAS_V1 and _runs_v1(item):
+            item.add_marker(pytest.mark.skip(reason=f"vLLM {INSTALLED_SERIES} has no Model Runner V1 (removed in 0.34)"))
 
 
 # The built-in workload's requests, plus sampling only a GPU runs (V2's top-k/top-p kernel fails
@@ -86,8 +106,6 @@ def recording(request, tmp_path_factory, prompts_file, long_prompts_file):
 
     name = request.param
     runner, args = CONFIGS[name]
-    if runner == "v1" and not release_has_v1():
-        pytest.skip("this vLLM release has no Model Runner V1")
     folder = tmp_path_factory.mktemp(name)
     prompts = long_prompts_file if long_prompt_config(name) else prompts_file
     steps = record_steps(folder, prompts, "0:60", 10, args, runner, RECORD_ENV.get(name))

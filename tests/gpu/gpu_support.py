@@ -1,4 +1,5 @@
-"""Running real vLLM 0.26 engines on a CUDA machine for the GPU tests, and reading what they wrote.
+"""Running real vLLM engines (0.26 or 0.34) on a CUDA machine for the GPU tests, and reading what
+they wrote.
 
 Every engine runs in a fresh process (`python -m tracekit ...`, or an engine script), as on the
 CPU; the GPU machine has no console script, only the checkout on PYTHONPATH (`tools/gpu_run.sh`).
@@ -19,6 +20,27 @@ sys.path.insert(0, str(E2E))  # the step kinds and bundle readers the CPU end-to
 from e2e_support import Finished, bundles_by_step, long_context_decode, of_kind, read_content, read_step  # noqa: E402,F401
 
 ENGINE_TIMEOUT_S = 600
+
+
+def _installed_release():
+    """The installed vLLM's release support (None without a supported vLLM: then every GPU test
+    is skipped anyway)."""
+    from tracekit.errors import TracekitError
+    from tracekit.integrations.vllm.version import installed_release
+
+    try:
+        return installed_release()
+    except TracekitError:
+        return None
+
+
+_RELEASE = _installed_release()
+INSTALLED_SERIES = None if _RELEASE is None else ".".join(_RELEASE.version.split(".")[:2])
+# Whether this vLLM has Model Runner V1 (0.34 removed it): the V1 configurations skip otherwise.
+HAS_V1 = _RELEASE is not None and any(adapter.kind == "v1" for adapter in _RELEASE.adapters)
+# The runner every single-runner test uses: V1 where there is one (as these tests were first run
+# on 0.26), else V2.
+DEFAULT_RUNNER = "v1" if HAS_V1 else "v2"
 # Capture sizes up to the workload's token budget (64): decode steps replay FULL graphs (of a
 # padded size), mixed steps PIECEWISE graphs.
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64]
@@ -78,8 +100,12 @@ LONG = ["--max-model-len", "2048"]
 
 # Engine configurations, each recorded once and replayed in one process: (runner, engine args).
 CONFIGS = {
-    # vLLM's defaults on an H200: Model Runner V2, FULL_AND_PIECEWISE graphs, async scheduling.
+    # vLLM's defaults on an H200 (0.26 and 0.34): Model Runner V2, FULL_AND_PIECEWISE graphs, async
+    # scheduling; the capture sizes those of the workload's token budget.
     "v2-bf16-graphs": ("v2", ["--dtype", "bfloat16", *GRAPHS]),
+    # Nothing but the dtype set: the capture sizes vLLM picks itself (0.34: prefill graphs by
+    # tokens, decode graphs by requests).
+    "v2-bf16-defaults": ("v2", ["--dtype", "bfloat16"]),
     "v1-bf16-graphs": ("v1", ["--dtype", "bfloat16", *GRAPHS]),
     "v1-bf16-graphs-sync": ("v1", ["--dtype", "bfloat16", "--no-async-scheduling", *GRAPHS]),
     "v2-fp32-graphs": ("v2", ["--dtype", "float32", *GRAPHS]),
@@ -106,10 +132,3 @@ RECORD_ENV: dict[str, dict[str, str]] = {}
 def long_prompt_config(name: str) -> bool:
     return "--max-model-len" in CONFIGS[name][1]
 
-
-def release_has_v1() -> bool:
-    """Whether the installed vLLM release still has Model Runner V1 (0.34 removed it)."""
-    from tracekit.integrations.seam import RunnerKind
-    from tracekit.integrations.vllm.version import installed_release
-
-    return any(adapter.kind == RunnerKind.V1 for adapter in installed_release().adapters)

@@ -1,4 +1,4 @@
-"""Issue 20 on a GPU (vLLM 0.26): event triggers left on, a real CUDA error, and the costs.
+"""Issue 20 on a GPU (vLLM 0.26; 0.34 on V2 alone): event triggers left on, a real CUDA error, and the costs.
 
 The CPU suite's `always_on` engine script runs on the GPU as is (both runners): armed and quiet
 it changes no token; a NaN read from the KV is caught at the step's end and replays bit-exact;
@@ -49,6 +49,7 @@ def test_recompute_bundle_says_the_kv_was_recomputed(always_on):
     print("recompute verdict on this GPU:", result["verdict"], result["first_divergence"])
 
 
+@pytest.mark.v1_runner
 def test_a_device_side_assert_leaves_a_recompute_bundle(tmp_path):
     """A poisoned CUDA context aborts the process at the next free of a CUDA tensor (c10 throws in
     a destructor), which may come while vLLM unwinds the step, before the engine script reports:

@@ -1,7 +1,8 @@
 """The bundles another team recorded on an H200 with vLLM 0.26 (`traces/h200-vllm026/`, from a
 tracekit that stored async placeholders and no padding rows apart) get the verdict they deserve:
-on a GPU with vLLM 0.26 each reproduces on its real rows; on any other machine (CI's CPU) each
-is refused with exit 3 and the reason in one line, before an engine is built."""
+on a GPU with vLLM 0.26 each reproduces on its real rows; under vLLM 0.34, which has no Model
+Runner V1, each (a V1 step) is a step that release cannot take; on any other machine (CI's CPU)
+each is refused with exit 3 and the reason in one line, before an engine is built."""
 
 import json
 import subprocess
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_support import checks_of, json_records, tracekit
+from gpu_support import DEFAULT_RUNNER, HAS_V1, INSTALLED_SERIES, checks_of, json_records, tracekit
 
 # Two recordings of one float32 compiled engine (Inductor autotuning per process) part by up to
 # 2.2e-5 relative RMS (H200, vLLM 0.26, 2026-12-03); the bound leaves room above that.
@@ -24,10 +25,24 @@ def test_fixtures_are_there():
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     out = tmp_path_factory.mktemp("fixtures") / "replays.jsonl"
-    finished = tracekit("replay", *FIXTURES, "--keep-going", "--json", out, runner="v1")
+    finished = tracekit("replay", *FIXTURES, "--keep-going", "--json", out, runner=DEFAULT_RUNNER)
     return finished, json_records(out) if out.exists() else {}
 
 
+@pytest.mark.skipif(HAS_V1, reason="this vLLM has Model Runner V1: the fixtures replay (the test below)")
+def test_under_a_release_without_v1_each_is_refused_in_one_line(replayed):
+    """A replay across releases: vLLM 0.34 cannot take a V1 step, and says so before an engine."""
+    finished, records = replayed
+    assert finished.returncode == 3, finished.explain()
+    for bundle in FIXTURES:
+        record = records[str(bundle)]
+        assert record["verdict"] == "cannot_run_here", record
+        assert "recorded on Model Runner V1, which vLLM 0.34 removed" in record["error"], record
+    assert "Traceback" not in finished.stderr
+    print(f"vLLM {INSTALLED_SERIES}: {len(FIXTURES)} V1 fixtures refused in one line")
+
+
+@pytest.mark.v1_runner
 def test_each_fixture_gets_the_verdict_it_deserves(replayed):
     """The three bf16 steps reproduce on their real rows (the two async ones once their
     placeholders are filled from the input ids the forward read). The float32 compiled step was

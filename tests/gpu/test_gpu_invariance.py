@@ -1,5 +1,5 @@
-"""`tracekit invariance` on a GPU (issue 19): the built-in workload recorded on vLLM 0.26 (V1,
-bf16, CUDA graphs of sizes 1..64) with `VLLM_BATCH_INVARIANT` off and on, and a mixed and a
+"""`tracekit invariance` on a GPU (issue 19): the built-in workload recorded on vLLM 0.26 (V1;
+V2 under 0.34, which has no V1; bf16, CUDA graphs of sizes 1..64) with `VLLM_BATCH_INVARIANT` off and on, and a mixed and a
 decode step of each checked in a fresh process (the invariance engine inherits the setting).
 
 The steps: the first mixed step, and a decode step beside the workload's long (295-token)
@@ -14,9 +14,9 @@ the negative control that must break is the CPU suite's (tests/e2e/test_invarian
 import json
 
 import pytest
-from gpu_support import GRAPHS, bundles_by_step, long_context_decode, of_kind, record_steps, tracekit
+from gpu_support import DEFAULT_RUNNER, GRAPHS, bundles_by_step, long_context_decode, of_kind, record_steps, tracekit
 
-RUNNER = "v1"
+RUNNER = DEFAULT_RUNNER
 
 
 @pytest.fixture(scope="module", params=["0", "1"], ids=["batch-invariant-off", "batch-invariant-on"])

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from gpu_support import run
 
@@ -17,6 +18,7 @@ from rank_set_forge import make_set  # noqa: E402
 FIXTURE = Path(__file__).resolve().parents[2] / "traces" / "h200-vllm026" / "v1-bf16-decode-fullgraph-sync.zst"
 
 
+@pytest.mark.v1_runner  # the sample part is a V1 step of vLLM 0.26
 def test_a_step_of_more_ranks_than_devices_is_refused_with_the_device_count(tmp_path):
     devices = torch.cuda.device_count()
     parts = make_set(tmp_path, tp=devices + 1, sample=FIXTURE)

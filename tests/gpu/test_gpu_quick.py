@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gpu_support import bundles_by_step, json_records, read_step, record_steps, release_has_v1, tracekit
+from gpu_support import bundles_by_step, json_records, read_step, record_steps, tracekit
 
 pytestmark = pytest.mark.gpu
 
@@ -54,8 +54,6 @@ def quick(request, tmp_path_factory, prompts_file):
     """Each recording of the configuration, replayed in one fresh process of its own."""
     name = request.param
     runner, args, recordings = QUICK_CONFIGS[name]
-    if runner == "v1" and not release_has_v1():
-        pytest.skip("this vLLM release has no Model Runner V1")
     started = time.perf_counter()
     results = []
     for index in range(recordings):

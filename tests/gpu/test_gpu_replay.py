@@ -1,10 +1,19 @@
-"""Record every step of the workload on vLLM 0.26 on a GPU, per engine configuration, and replay
+"""Record every step of the workload on vLLM (0.26 or 0.34) on a GPU, per engine configuration, and replay
 each bundle in a fresh process (`conftest.recording`): bit-exact on the real rows, through
 vLLM's own dispatch at the recorded padded size and graph mode, with the negative controls
 caught and a device-side assert ending as the verdict `crashed`."""
 
 import pytest
-from gpu_support import CONFIGS, RECORD_ENV, bundles_by_step, checks_of, of_kind, read_content, read_step
+from gpu_support import (
+    CONFIGS,
+    INSTALLED_SERIES,
+    RECORD_ENV,
+    bundles_by_step,
+    checks_of,
+    of_kind,
+    read_content,
+    read_step,
+)
 
 from tracekit.graphs.timing import DEVICE_EVENTS, QUEUED_DEVICE_EVENTS
 
@@ -100,7 +109,7 @@ def test_engine_settings_that_change_a_step_are_recorded(recording):
     args = content.engine.engine_args
     assert args["async_scheduling"] is ("--no-async-scheduling" not in CONFIGS[recording.name][1])
     assert content.engine.runner == CONFIGS[recording.name][0]
-    assert content.environment.device_kind == "cuda" and content.engine.vllm_version.startswith("0.26")
+    assert content.environment.device_kind == "cuda" and content.engine.vllm_version.startswith(INSTALLED_SERIES + ".")
     for name, value in RECORD_ENV.get(recording.name, {}).items():  # the replay sets them from here
         assert content.environment.env_vars.get(name) == value, name
 

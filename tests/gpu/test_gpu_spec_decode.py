@@ -17,12 +17,12 @@ import random
 import pytest
 from gpu_support import (
     CAPTURE_SIZES,
+    HAS_V1,
     MODELS,
     bundles_by_step,
     json_records,
     read_content,
     record_steps,
-    release_has_v1,
     tracekit,
 )
 
@@ -80,7 +80,7 @@ def _changed_draft(metadata, tensors):
 def spec_recording(request, tmp_path_factory):
     name = request.param
     runner, config, args = SPEC_CONFIGS[name]
-    if runner == "v1" and not release_has_v1():
+    if runner == "v1" and not HAS_V1:
         pytest.skip("this vLLM release has no Model Runner V1")
     folder = tmp_path_factory.mktemp(name)
     prompts = _prompts(folder / "prompts.jsonl")

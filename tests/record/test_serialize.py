@@ -82,6 +82,20 @@ def test_tensors_stay_tensors_as_host_copies():
     assert torch.equal(plain["x"], tensor) and plain["x"].data_ptr() != tensor.data_ptr()
 
 
+def test_a_token_array_becomes_its_list_of_ids():
+    """vLLM 0.34 hands the runner prompt ids as `TokenBuffer`, an int32 `array.array` subclass
+    whose own `tolist` and slicing are overridden."""
+    import array
+
+    class TokenBuffer(array.array):
+        def tolist(self):
+            return "not the ids"
+
+    plain = to_plain({"prompt_token_ids": TokenBuffer("i", [5, 6, 7])})
+    assert plain == {"prompt_token_ids": [5, 6, 7]}
+    assert all(type(token) is int for token in plain["prompt_token_ids"])
+
+
 def test_an_unknown_object_is_refused_with_its_path():
     with pytest.raises(SerializationError, match=r"value\.weird: unsupported type object"):
         to_plain({"weird": object()})
@@ -94,3 +108,28 @@ def test_an_unknown_object_is_refused_with_its_path():
 def test_only_allow_listed_vllm_types_are_rebuilt(plain):
     with pytest.raises(BundleError, match="does not rebuild"):
         installed_release().from_plain(plain)
+
+
+def test_a_field_another_release_recorded_is_left_out_when_empty_and_refused_otherwise():
+    """A bundle of another vLLM release may hold fields this vLLM's classes lack: empty ones (the
+    feature they belong to was off) are left out; one that was in use is refused (exit 3),
+    naming it, since this vLLM cannot do what it asked."""
+    from tracekit.errors import CannotRunHere
+
+    plain = to_plain(SamplingParams(temperature=0.5))
+    rebuilt = installed_release().from_plain({**plain, "trace_decode_token_ids": None, "stream_interval": 0,
+                                              "future_flags": {"$set": []}})
+    assert rebuilt.temperature == 0.5
+    with pytest.raises(CannotRunHere, match=r"SamplingParams\.future_feature is \[1, 2\], a field this vLLM"):
+        installed_release().from_plain({**plain, "future_feature": [1, 2]})
+
+
+def test_engine_arguments_of_another_release_are_adopted_or_refused_by_name():
+    """vLLM 0.26 records `calculate_kv_scales` (False), which 0.28 and later lack."""
+    from tracekit.errors import CannotRunHere
+
+    release = installed_release()
+    recorded = {"model": "m", "calculate_kv_scales": False, "compilation_config": {"mode": 0, "gone_field": None}}
+    assert release.adopt_engine_args(recorded) == {"model": "m", "compilation_config": {"mode": 0}}
+    with pytest.raises(CannotRunHere, match="engine argument calculate_kv_scales=True"):
+        release.adopt_engine_args({**recorded, "calculate_kv_scales": True})

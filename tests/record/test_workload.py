@@ -43,3 +43,15 @@ def test_bad_prompts_files_name_the_line(tmp_path, text, problem):
 def test_a_missing_prompts_file_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="cannot read prompts file"):
         load_prompts(tmp_path / "absent.jsonl")
+
+
+def test_the_embedded_model_runs_its_small_engine_and_a_named_model_vllms_defaults():
+    """A Llama-3-8B-shaped model with `--max-model-len 4096` under the tiny model's 64 MiB KV
+    cache is refused by vLLM: a model the user names gets none of the embedded model's sizing."""
+    from tracekit.models import tiny_model_path
+    from tracekit.record.session import recording_engine_args
+    from tracekit.record.workload import EMBEDDED_MODEL_ENGINE_ARGS
+
+    assert recording_engine_args(None) == {**EMBEDDED_MODEL_ENGINE_ARGS, "model": tiny_model_path()}
+    assert recording_engine_args("/models/llama-3-8b") == {"model": "/models/llama-3-8b"}
+    assert recording_engine_args(None, engine_args={"max_num_seqs": 2})["max_num_seqs"] == 2

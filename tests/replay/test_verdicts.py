@@ -172,3 +172,90 @@ def test_the_fp32_bound_leaves_a_wide_margin_over_the_measured_isa_drift(avx512,
         if item.float_dtype == "float32":
             assert 10 * item.details["relative_rms"] <= bound.relative_rms, item
             assert 10 * item.details["max_abs_vs_rms"] <= bound.max_abs_vs_rms, item
+
+
+# Under another vLLM release than the recording's (a replay across releases).
+ACROSS = ("0.32.0", "0.29.0")
+
+
+def test_float_rounding_alone_under_another_release_is_a_release_difference(avx512, avx2):
+    """The AVX2 numbers stand for what another release's kernels compute: every discrete item
+    equal, every float item within the calibrated bound. Without per-layer outputs the reason
+    says how to get the first diverging layer; exit 0 (1 with --strict), as for a platform."""
+    (content, reference), (other_content, other) = avx512, avx2
+    items = check_step(observed_like(other, reference.batch_order), reference)
+    numeric = ["vllm_version", *numeric_fields(content.environment, other_content.environment)]
+    verdict = verdicts.decide(items, numeric, releases=ACROSS)
+    assert verdict.name == verdicts.VerdictName.RELEASE_DIFFERENCE, verdict
+    assert "between vLLM 0.32.0 (recorded) and 0.29.0" in verdict.reason and "--layers" in verdict.reason
+    assert verdict.exit_code() == EXIT_OK and verdict.exit_code(strict=True) == EXIT_NOT_REPRODUCED
+
+
+def test_a_release_difference_names_the_first_diverging_layer(avx512, avx2):
+    from tracekit.replay.checks import check_layers
+
+    (_, reference), (_, other) = avx512, avx2
+    recorded = {"model.embed_tokens": reference.input_ids.float(), "model.layers.0": reference.outputs.hidden_states,
+                "model.layers.1": reference.outputs.hidden_states}
+    here = {**recorded, "model.layers.0": other.outputs.hidden_states, "model.layers.1": other.outputs.hidden_states}
+    items = check_step(observed_like(other, reference.batch_order), reference) + check_layers(here, recorded)
+    verdict = verdicts.decide(items, ["vllm_version"], releases=ACROSS)
+    assert verdict.name == verdicts.VerdictName.RELEASE_DIFFERENCE
+    assert verdict.reason.endswith("first diverging layer model.layers.0"), verdict.reason
+
+
+def test_the_same_numbers_under_another_release_are_bit_exact(avx512):
+    (_, reference) = avx512
+    verdict = verdicts.decide(check_step(observed_like(reference, reference.batch_order), reference),
+                              ["vllm_version"], releases=ACROSS)
+    assert verdict.name == verdicts.VerdictName.BIT_EXACT
+
+
+def test_under_another_release_a_bug_or_another_draw_is_still_a_divergence(avx512, avx2):
+    (_, reference), (_, other) = avx512, avx2
+    broken = other.outputs.hidden_states.clone()
+    broken[3] = 0
+    lost = verdicts.decide(check_step(observed_like(other, reference.batch_order, hidden_states=broken), reference),
+                           ["vllm_version"], releases=ACROSS)
+    assert lost.name == verdicts.VerdictName.DIVERGED and "release difference" in lost.reason, lost
+    drawn = [list(ids) for ids in reference.outputs.sampled_token_ids]
+    drawn[1] = [drawn[1][0] + 1]
+    resampled = verdicts.decide(
+        check_step(observed_like(reference, reference.batch_order, sampled_token_ids=drawn), reference),
+        ["vllm_version"], releases=ACROSS)
+    assert resampled.name == verdicts.VerdictName.DIVERGED and resampled.beyond_bound == ["sampled_token_ids"]
+    assert resampled.reason.startswith("the sampled ids differ from bit-identical logits: vLLM 0.29.0's sampler")
+
+
+def test_non_finite_outputs_appearing_or_gone_under_another_release_are_told_apart(avx512):
+    (_, reference) = avx512
+    with_nan = reference.outputs.hidden_states.clone()
+    with_nan[0, 0] = float("nan")
+    appeared = verdicts.decide(
+        check_step(observed_like(reference, reference.batch_order, hidden_states=with_nan), reference),
+        ["vllm_version"], releases=ACROSS)
+    assert appeared.name == verdicts.VerdictName.NONFINITE_APPEARED and appeared.exit_code() == EXIT_NOT_REPRODUCED
+    assert "hidden_states" in appeared.reason
+    nan_recorded = dataclasses.replace(reference, outputs=dataclasses.replace(reference.outputs, hidden_states=with_nan))
+    gone = verdicts.decide(check_step(observed_like(reference, reference.batch_order), nan_recorded),
+                           ["vllm_version"], releases=ACROSS)
+    assert gone.name == verdicts.VerdictName.NONFINITE_GONE and gone.exit_code() == EXIT_NOT_REPRODUCED
+    # The same NaN under the same release is a divergence as before: the finer outcomes are a
+    # replay across releases'.
+    assert verdicts.decide(check_step(observed_like(reference, reference.batch_order), nan_recorded),
+                           []).name == verdicts.VerdictName.DIVERGED
+
+
+def test_an_error_gone_or_appeared_under_another_release_is_told_apart():
+    raised = CheckedItem(verdicts.ERROR_ITEM, True, True, {"raised": "RuntimeError: boom"})
+    silent = CheckedItem(verdicts.ERROR_ITEM, False, False, {"raised": None})
+    other = CheckedItem(verdicts.ERROR_ITEM, False, False, {"raised": "ValueError: other"})
+    assert verdicts.decide([raised], ["vllm_version"], error_step=True, releases=ACROSS).name == \
+        verdicts.VerdictName.ERROR_REPRODUCED
+    gone = verdicts.decide([silent], ["vllm_version"], error_step=True, releases=ACROSS)
+    assert gone.name == verdicts.VerdictName.ERROR_GONE and gone.exit_code() == EXIT_NOT_REPRODUCED
+    assert verdicts.decide([other], ["vllm_version"], error_step=True, releases=ACROSS).name == \
+        verdicts.VerdictName.ERROR_NOT_REPRODUCED
+    appeared = verdicts.decide([CheckedItem(verdicts.ERROR_ITEM, False, False, {"raised": "IndexError: x", "recorded": None})],
+                               ["vllm_version"], releases=ACROSS)
+    assert appeared.name == verdicts.VerdictName.ERROR_APPEARED and "IndexError: x" in appeared.reason

@@ -18,7 +18,9 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
     "record",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
 )
-@click.option("--model", default=None, help="Model path or name. Default: the embedded tiny Llama.")
+@click.option("--model", default=None,
+              help="Model path or name, run with vLLM's own engine defaults. Default: the embedded tiny Llama "
+                   "(float32, a 64 MiB KV cache, a 64-token budget).")
 @click.option("--prompts", type=click.Path(dir_okay=False), help="JSON lines or one prompt per line.")
 @click.option("--max-tokens", type=int, default=None, help="Tokens to generate per request (default 12).")
 @click.option("--steps", default=None, help="Step indices to record: 7, 5:9, 3,7,10:12.")

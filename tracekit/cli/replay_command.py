@@ -4,8 +4,10 @@ One bundle gets the detailed report. Many (files, folders, globs) run as a regre
 engine per engine configuration, a summary table, one JSON line per bundle.
 
 Exit codes (for `git bisect run` and CI): 0 for the verdicts bit_exact, within_tolerance,
-platform_difference and error_reproduced (with --strict: bit_exact only), 1 for diverged and
-error_not_reproduced, 2 bad input or usage, 3 this machine cannot replay it. A suite exits
+platform_difference, release_difference and error_reproduced (with --strict: bit_exact only), 1
+for diverged, error_not_reproduced and, under another vLLM release than the recording's,
+error_gone, error_appeared, nonfinite_gone and nonfinite_appeared, 2 bad input or usage, 3 this
+machine (or this vLLM release) cannot replay it. A suite exits
 with the worst of its bundles' codes, in the order 0 < 3 < 2 < 1 (`tracekit.replay.suite`).
 """
 

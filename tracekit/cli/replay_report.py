@@ -82,6 +82,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
             agreement = "[yellow]within tol[/yellow]"
         elif verdict.name == VerdictName.PLATFORM_DIFFERENCE:
             agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
+        elif verdict.name == VerdictName.RELEASE_DIFFERENCE:
+            agreement = "[yellow]release[/yellow]"  # not bit-exact, within the bound, under another release
         else:
             agreement = "[red]NO[/red]"
         checks.add_row(
@@ -158,6 +160,11 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         VerdictName.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
         VerdictName.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
         VerdictName.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
+        VerdictName.RELEASE_DIFFERENCE: "[bold yellow]REPRODUCED up to the release difference[/bold yellow]",
+        VerdictName.ERROR_GONE: "[bold red]NOT REPRODUCED[/bold red] (the recorded error is gone)",
+        VerdictName.ERROR_APPEARED: "[bold red]NOT REPRODUCED[/bold red] (an error appeared)",
+        VerdictName.NONFINITE_GONE: "[bold red]NOT REPRODUCED[/bold red] (the non-finite outputs are gone)",
+        VerdictName.NONFINITE_APPEARED: "[bold red]NOT REPRODUCED[/bold red] (non-finite outputs appeared)",
         VerdictName.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
                               f"[bold]{inert(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
     }[verdict.name]

@@ -21,6 +21,19 @@ from tracekit.record.triggers import TriggerSet
 logger = logging.getLogger("tracekit.record")
 
 
+def recording_engine_args(model: str | None, engine_argv: list[str] = (),
+                          engine_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The engine a recording runs: the embedded tiny model with the small engine it is sized for
+    (`workload.EMBEDDED_MODEL_ENGINE_ARGS`), a model the user names with vLLM's own defaults;
+    the user's engine arguments on top."""
+    return {
+        **(workload.EMBEDDED_MODEL_ENGINE_ARGS if model is None else {}),
+        "model": model or tiny_model_path(),
+        **vllm_engine.parse_engine_cli_args(list(engine_argv)),
+        **(engine_args or {}),
+    }
+
+
 def record_workload(
     *,
     model: str | None = None,
@@ -43,13 +56,7 @@ def record_workload(
     OutputTemplate(output)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
-    args = {
-        **workload.DEFAULT_ENGINE_ARGS,
-        "model": model or tiny_model_path(),
-        **vllm_engine.parse_engine_cli_args(list(engine_argv)),
-        **(engine_args or {}),
-    }
-    llm = vllm_engine.build_llm(args)
+    llm = vllm_engine.build_llm(recording_engine_args(model, engine_argv, engine_args))
     engine_failure = None
     with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles,
                    layers=layers) as recorder:

@@ -2,7 +2,7 @@
 
 The built-in workload is shaped so the embedded tiny model produces every kind of step a
 replay must handle: short prompts that finish prefill at once and then decode, a long prompt
-that is chunked (the small token budget in `DEFAULT_ENGINE_ARGS` forces it) and so runs its
+that is chunked (the small token budget in `EMBEDDED_MODEL_ENGINE_ARGS` forces it) and so runs its
 prefill chunks beside the others' decodes, greedy, seeded and unseeded sampling, penalties,
 `min_tokens` (end-of-sequence masked until then) and sampled-token logprobs.
 
@@ -17,7 +17,10 @@ from typing import Any
 
 from tracekit.errors import UsageError
 
-DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+# The engine the embedded tiny model is recorded with (a model the user names gets vLLM's own
+# defaults: a real model needs vLLM's KV cache sizing, dtype and token budget, which the bundle
+# then pins for its replay).
+EMBEDDED_MODEL_ENGINE_ARGS: dict[str, Any] = {
     "dtype": "float32",  # vLLM would otherwise run the float32 checkpoint in bfloat16 on CPU
     "block_size": 32,  # the CPU attention backend needs a multiple of 32
     "max_model_len": 512,

@@ -23,7 +23,7 @@ from tracekit.integrations.vllm.replay_engine import (
     EngineSpec,
     build_replay_engine,
     require_layout_buildable,
-    require_replayable_here,
+    require_recorded_release_here,
 )
 from tracekit.replay import replay_in_workers
 from tracekit.replay.checks import first_divergence
@@ -125,7 +125,7 @@ def replay_rank_set(
         rank_set.require_complete()
         content = opened.content
     overrides = dict(engine_overrides or {})
-    require_replayable_here(content)
+    require_recorded_release_here(content)
     require_layout_buildable(content.parallel, overrides)
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
     runs = iters * samples if timing else 0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.environment import environment_differences
-from tracekit.errors import BundleError, CannotRunHere, UsageError
+from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError, one_line
 from tracekit.format.schema import KV_MODES, BundleContent, KernelChoice, KVMode, Step
 from tracekit.graphs import kernel_choices
 from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
@@ -40,6 +40,7 @@ from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
+from tracekit.replay.verdict import ERROR_ITEM
 
 __all__ = ["ReplayOptions", "ReplayResult", "replay"]
 
@@ -104,6 +105,8 @@ class OpenedStep:
     content: BundleContent
     step: Step
     explicit_modes: list[str]  # the modes `--mode` names, expanded (none for reference timing)
+    # (recorded, here) vLLM versions where the step was recorded under another release series
+    releases: tuple[str, str] | None = None
 
 
 def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
@@ -133,9 +136,11 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
 # -- check the machine -----------------------------------------------------------------------------------
 
 
-def check_machine(content: BundleContent) -> None:
-    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of (device, vLLM series)."""
-    require_replayable_here(content)
+def check_machine(opened: OpenedStep) -> None:
+    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of (device, a vLLM series
+    tracekit does not know, a step the installed release cannot take); note a replay across
+    releases."""
+    opened.releases = require_replayable_here(opened.content, opened.step)
 
 
 def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
@@ -144,7 +149,7 @@ def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOpti
     `replay` starts with it; tools/fuzz_bundle.py runs it alone on hostile bundles, to stop where
     vLLM takes over."""
     opened = open_step(bundle, options)
-    check_machine(opened.content)
+    check_machine(opened)
     if not options.full_engine and options.engine_needs is None:
         needs_of(opened.step, options.modes)
     return opened
@@ -219,8 +224,14 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
             ran.checks = [_replay_failing_step(driver, step.error)]
         else:
             wants_forward = requested or options.layers_out is not None or recorded_layers
-            ran.observed = driver.run(on_forward if wants_forward else None)
-            ran.checks = check_step(ran.observed, step, options.tolerance)
+            try:
+                ran.observed = driver.run(on_forward if wants_forward else None)
+            except Exception as error:  # under another release, a step that raises is an outcome
+                if opened.releases is None or isinstance(error, TracekitError):
+                    raise
+                ran.checks = [CheckedItem(ERROR_ITEM, False, False, {"raised": one_line(error), "recorded": None})]
+            else:
+                ran.checks = check_step(ran.observed, step, options.tolerance)
     finally:
         engine.forget_cached_prefixes()
     return ran
@@ -235,8 +246,8 @@ def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> 
         driver.run()
     except Exception as error:  # the step's own failure, reproduced or not
         same = driver.step.raised_as_recorded(error)
-        return CheckedItem("error", same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
-    return CheckedItem("error", False, False, {"raised": None, "problem": "the step did not raise", **recorded})
+        return CheckedItem(ERROR_ITEM, same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
+    return CheckedItem(ERROR_ITEM, False, False, {"raised": None, "problem": "the step did not raise", **recorded})
 
 
 # -- time ------------------------------------------------------------------------------------------------------
@@ -297,6 +308,7 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
         mode_agreement=mode_agreement(ran.measured),
         engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
         kernel_choices=kernels,
+        releases=opened.releases,
         llm=engine.llm,
     )
 

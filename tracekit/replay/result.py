@@ -43,6 +43,8 @@ class ReplayResult:
     # The autotuned Triton kernels of this process against the bundle's kernel choices
     # (`kernel_choices.compare`: same, other, unrecorded).
     kernel_choices: dict[str, list[str]] = field(default_factory=dict)
+    # (recorded, here) vLLM versions where the bundle comes from another release series.
+    releases: tuple[str, str] | None = None
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 
     @property
@@ -65,7 +67,8 @@ class ReplayResult:
     @property
     def verdict(self) -> Verdict:
         numeric = [d["field"] for d in self.environment_differences if d["affects_numerics"]]
-        return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step, self.kv_recomputed)
+        return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step, self.kv_recomputed,
+                      self.releases)
 
     @property
     def exit_code(self) -> int:
@@ -101,4 +104,5 @@ class ReplayResult:
             "notes": self.notes,
             "engine_build": self.engine_build,
             "kernel_choices": self.kernel_choices,
+            "releases": None if self.releases is None else {"recorded": self.releases[0], "here": self.releases[1]},
         }

@@ -42,8 +42,7 @@ EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_REPLAY_FAIL
 
 
 def verdict_of(result: ReplayResult) -> str:
-    """The replay's verdict (`tracekit.replay.verdict`): bit_exact, within_tolerance,
-    platform_difference, diverged, error_reproduced, error_not_reproduced."""
+    """The replay's verdict (`tracekit.replay.verdict_names.VerdictName`)."""
     return result.verdict.name.value
 
 

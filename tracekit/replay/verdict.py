@@ -7,6 +7,12 @@ kernels round differently, so "not bit-exact" alone says nothing: there the verd
 `platform_difference` when every discrete item (batch order, input ids, positions, sampled ids)
 is equal and every float item stays within the calibrated per-dtype bound
 (`tracekit.numerics.PLATFORM_BOUNDS`), and `diverged` otherwise.
+
+Under another vLLM release than the recording's (a replay across releases) the same holds with
+the release as the difference that explains the rounding (`release_difference`, naming the
+first diverging layer where the bundle holds per-layer outputs), and what a user bisecting
+releases asks is told apart: the recorded error or non-finite outputs gone, an error or
+non-finite outputs appeared.
 """
 
 from dataclasses import dataclass, field
@@ -36,25 +42,36 @@ class Verdict:
         return {"verdict": self.name.value, "verdict_reason": self.reason, "beyond_platform_bound": self.beyond_bound}
 
 
+# The item a replay checks in place of the outputs of a step that raised (`replayer`).
+ERROR_ITEM = "error"
+LAYER_PREFIX = "layer/"
+
+
 def decide(
     items: list[CheckedItem],
     numeric_differences: list[str],
     tolerance: float = 0.0,
     error_step: bool = False,
     kv_recomputed: bool = False,
+    releases: tuple[str, str] | None = None,
 ) -> Verdict:
     """`items`: every check (step items and per-layer items; those that do not decide, the
     padding rows, are left out); `numeric_differences`: the environment fields that differ and
     affect numerics; `error_step`: the recorded forward raised; `kv_recomputed`: the KV the step
-    read was rebuilt by prefilling its tokens, not restored (the reason says so)."""
-    verdict = _decide(items, numeric_differences, tolerance, error_step)
+    read was rebuilt by prefilling its tokens, not restored (the reason says so); `releases`:
+    (recorded, here) vLLM versions when they are of different release series."""
+    items = [item for item in items if item.decides]
+    if releases is not None:
+        verdict = _decide_across_releases(items, numeric_differences, tolerance, error_step, releases)
+    else:
+        verdict = _decide(items, numeric_differences, tolerance, error_step)
     if kv_recomputed:
         verdict.reason += "; KV recomputed, not restored"
     return verdict
 
 
-def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance: float, error_step: bool) -> Verdict:
-    items = [item for item in items if item.decides]
+def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance: float, error_step: bool,
+            explained_by: str = "platform") -> Verdict:
     if error_step:
         if all(item.bit_exact for item in items):
             return Verdict(VerdictName.ERROR_REPRODUCED, "the forward raised the recorded error again")
@@ -73,11 +90,58 @@ def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance:
             f"not bit-exact, but this platform differs ({', '.join(numeric_differences)}); discrete items "
             "equal, float items within the calibrated per-dtype bounds",
         )
-    reason = f"{beyond[0]} is beyond what the platform difference ({', '.join(numeric_differences)}) explains"
+    reason = f"{beyond[0]} is beyond what the {explained_by} difference ({', '.join(numeric_differences)}) explains"
     sampled = next((item for item in items if item.name == "sampled_token_ids" and not item.bit_exact), None)
     if sampled is not None:
         reason += "; " + near_tie_summary(sampled)
     return Verdict(VerdictName.DIVERGED, reason, beyond)
+
+
+def _decide_across_releases(items: list[CheckedItem], numeric_differences: list[str], tolerance: float,
+                            error_step: bool, releases: tuple[str, str]) -> Verdict:
+    """The verdict of a step recorded under vLLM `releases[0]` and replayed under `releases[1]`."""
+    recorded, here = releases
+    raised = next((item for item in items if item.name == ERROR_ITEM), None)
+    if error_step and raised is not None and raised.details.get("raised") is None:
+        return Verdict(VerdictName.ERROR_GONE, f"the recorded error is gone under vLLM {here}: the step ran through")
+    if not error_step and raised is not None:
+        return Verdict(VerdictName.ERROR_APPEARED,
+                       f"under vLLM {here} the step raised {raised.details.get('raised')} (recorded under {recorded}: none)")
+    change = _nonfinite_change(items)
+    if change is not None:
+        name = VerdictName.NONFINITE_APPEARED if change[0] == "appeared" else VerdictName.NONFINITE_GONE
+        where = "recorded finite" if change[0] == "appeared" else "recorded NaN/inf"
+        return Verdict(name, f"{change[1]} {where} under vLLM {recorded} is {'not ' if change[0] == 'appeared' else ''}"
+                             f"finite under {here}")
+    verdict = _decide(items, numeric_differences, tolerance, error_step, explained_by="release")
+    logits = next((item for item in items if item.name == "logits"), None)
+    if verdict.beyond_bound == ["sampled_token_ids"] and logits is not None and logits.bit_exact:
+        verdict.reason = (f"the sampled ids differ from bit-identical logits: vLLM {here}'s sampler draws otherwise "
+                          f"than {recorded}'s; " + verdict.reason)
+    if verdict.name == VerdictName.PLATFORM_DIFFERENCE:
+        layer = next((item.name.removeprefix(LAYER_PREFIX) for item in items
+                      if item.name.startswith(LAYER_PREFIX) and not item.bit_exact), None)
+        where = (f"first diverging layer {layer}" if layer is not None else
+                 "record with --enforce-eager --layers to name the first diverging layer")
+        return Verdict(
+            VerdictName.RELEASE_DIFFERENCE,
+            f"only float rounding moved between vLLM {recorded} (recorded) and {here}: discrete items equal, "
+            f"float items within the calibrated per-dtype bounds; {where}",
+        )
+    return verdict
+
+
+def _nonfinite_change(items: list[CheckedItem]) -> tuple[str, str] | None:
+    """("appeared", item) where an item recorded finite is not finite here, else ("gone", item)
+    where one recorded with NaN/inf is finite here; None when neither."""
+    counts = [(item.name, item.details.get("nonfinite") or {}) for item in items]
+    for name, count in counts:
+        if not count.get("recorded") and count.get("replayed"):
+            return "appeared", name
+    for name, count in counts:
+        if count.get("recorded") and not count.get("replayed"):
+            return "gone", name
+    return None
 
 
 def near_tie_summary(sampled: CheckedItem) -> str:

@@ -10,8 +10,8 @@ from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRO
 
 
 class VerdictName(str, Enum):
-    """Every verdict a bundle can get: the six of a replayed step, and the four of one that did
-    not replay."""
+    """Every verdict a bundle can get: the six of a replayed step, the five only a replay under
+    another vLLM release than the recording's gives, and the four of a step that did not replay."""
 
     BIT_EXACT = "bit_exact"
     WITHIN_TOLERANCE = "within_tolerance"
@@ -19,6 +19,13 @@ class VerdictName(str, Enum):
     DIVERGED = "diverged"
     ERROR_REPRODUCED = "error_reproduced"  # a step recorded because it raised, raised again
     ERROR_NOT_REPRODUCED = "error_not_reproduced"
+    # Under another release: only float rounding moved; the recorded error or non-finite outputs
+    # are gone, or an error or non-finite outputs appeared.
+    RELEASE_DIFFERENCE = "release_difference"
+    ERROR_GONE = "error_gone"
+    ERROR_APPEARED = "error_appeared"
+    NONFINITE_GONE = "nonfinite_gone"
+    NONFINITE_APPEARED = "nonfinite_appeared"
     BAD_INPUT = "bad_input"
     CANNOT_RUN_HERE = "cannot_run_here"
     CRASHED = "crashed"  # the replay itself failed (exit 4)
@@ -32,6 +39,10 @@ class VerdictName(str, Enum):
 _EXIT_CODES = {
     VerdictName.DIVERGED: EXIT_NOT_REPRODUCED,
     VerdictName.ERROR_NOT_REPRODUCED: EXIT_NOT_REPRODUCED,
+    VerdictName.ERROR_GONE: EXIT_NOT_REPRODUCED,
+    VerdictName.ERROR_APPEARED: EXIT_NOT_REPRODUCED,
+    VerdictName.NONFINITE_GONE: EXIT_NOT_REPRODUCED,
+    VerdictName.NONFINITE_APPEARED: EXIT_NOT_REPRODUCED,
     VerdictName.BAD_INPUT: EXIT_BAD_INPUT,
     VerdictName.CANNOT_RUN_HERE: EXIT_CANNOT_RUN_HERE,
     VerdictName.CRASHED: EXIT_REPLAY_FAILED,

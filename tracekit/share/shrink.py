@@ -131,12 +131,12 @@ class EngineReplayer(StepReplayer):
             EngineSpec,
             build_replay_engine,
             engine_of,
-            require_replayable_here,
+            require_recorded_release_here,
         )
 
         content = self.content
         if self.llm is None:
-            require_replayable_here(content)
+            require_recorded_release_here(content)
             self.llm = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=self.model,
                                                       allow_weights_mismatch=self.allow_weights_mismatch)).llm
         return engine_of(self.llm, content.engine.runner)

@@ -11,7 +11,7 @@ from typing import Any
 
 from tracekit.integrations.vllm.engine import build_llm
 from tracekit.models import tiny_model_path
-from tracekit.record.workload import DEFAULT_ENGINE_ARGS
+from tracekit.record.workload import EMBEDDED_MODEL_ENGINE_ARGS
 
 # Greedy and seeded only: their tokens do not depend on anything but the engine's numerics.
 REPEATABLE_SAMPLING = [{"temperature": 0.0}, {"temperature": 0.9, "seed": 11}, {"temperature": 0.0}]
@@ -20,7 +20,7 @@ REPEATABLE_PROMPTS = ["Hello, my name is", "The capital of France is", "Once upo
 
 def eager_llm(**overrides: Any) -> Any:
     """The engine `tracekit record --enforce-eager` builds, with `overrides` on top."""
-    return build_llm({**DEFAULT_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": True, **overrides})
+    return build_llm({**EMBEDDED_MODEL_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": True, **overrides})
 
 
 def generate_token_ids(llm: Any, prompts: list[Any], sampling: list[dict[str, Any]], max_tokens: int) -> list[list[int]]:

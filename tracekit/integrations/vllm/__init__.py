@@ -4,7 +4,7 @@ vLLM's runner internals move fast (SchedulerOutput fields differ between release
 the V2 GPU runner), so recording and replaying code talks to vLLM only through these modules
 (`tests/test_layering.py` fails on a vLLM import or a listed vLLM attribute anywhere else):
 
-  releases/         one module per supported release series: what is true of that series
+  releases/         one module per supported release series (or an alias of one): what is true of it
   release.py        the base of those: runner adapters, scheduler outputs, allow-listed types,
                     worker classes, async outputs, runner kinds, engine settings
   version.py        which vLLM is installed, and its release support

@@ -58,10 +58,11 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> An
     world_size = int(engine_args.get("tensor_parallel_size") or 1) * int(engine_args.get("pipeline_parallel_size") or 1)
     ranks.default_cpu_thread_binding(world_size)
     ranks.keep_multicast_off(world_size)
+    release = installed_release()
     if runner_kind is not None:
-        release = installed_release()
         os.environ.update(release.runner_env(runner_kind))
         release.require_buildable(runner_kind)
+    engine_args = release.adopt_engine_args(engine_args)  # they may have been recorded under another release
     from vllm import LLM
 
     try:

@@ -37,6 +37,11 @@ class Setting:
         return value
 
 
+
+def series_of(version: str) -> str:
+    """`0.26.0+cu130` -> `0.26`."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
 class Release:
     """One vLLM series. Subclasses set the class attributes and override what differs."""
 
@@ -124,6 +129,16 @@ class Release:
         lists their ends); a series without them has none, read as no ends at all."""
         return sorted(int(end) for end in getattr(compilation_config, "compile_ranges_endpoints", None) or [])
 
+    def kv_groups(self, runner: Any) -> list[Any]:
+        """The runner's KV cache groups (`runner_state.KVGroup`): every block the engine uses."""
+        from tracekit.integrations.vllm import runner_state
+
+        return runner_state.kv_groups(runner)
+
+    def num_kv_blocks(self, runner: Any) -> int:
+        """How many KV blocks the engine uses (per group)."""
+        return int(runner.kv_cache_config.num_blocks)
+
     # -- outputs -----------------------------------------------------------------------------
 
     def async_output_type(self) -> type:
@@ -179,9 +194,54 @@ class Release:
         return serialize.to_versioned_plain(value, self.version, path)
 
     def from_plain(self, plain: Any) -> Any:
+        """Objects of this vLLM from plain records, which another release may have written: a
+        field this vLLM lacks is left out where it is empty, refused (exit 3) otherwise."""
         if self._allowed is None:
             self._allowed = serialize.AllowList(self.allowed_types(), self.allowed_enums())
-        return serialize.from_plain(plain, self._allowed)
+        try:
+            return serialize.from_plain(plain, self._allowed)
+        except serialize.FieldNotHere as error:
+            raise serialize.FieldNotHere(f"vLLM {self.version} cannot take this step: {error}") from None
+
+    # -- what another release recorded --------------------------------------------------------
+
+    def recorded_elsewhere(self, recorded_version: str) -> bool:
+        """Whether a bundle of vLLM `recorded_version` comes from another release series than
+        this one (its replay here is a replay across releases)."""
+        return series_of(recorded_version) != series_of(self.version)
+
+    def adopt_engine_args(self, engine_args: dict[str, Any]) -> dict[str, Any]:
+        """Engine arguments recorded under any release, as this vLLM's `EngineArgs` (and its
+        `CompilationConfig`) take them: one it has no field for is left out where its value is
+        empty (the feature it names was off), and refused (exit 3) otherwise, naming it."""
+        from vllm.config import CompilationConfig
+        from vllm.engine.arg_utils import EngineArgs
+
+        adopted = self._known_fields(engine_args, EngineArgs, "engine argument")
+        if isinstance(adopted.get("compilation_config"), dict):
+            adopted["compilation_config"] = self._known_fields(
+                adopted["compilation_config"], CompilationConfig, "compilation_config field")
+        return adopted
+
+    def _known_fields(self, values: dict[str, Any], config_class: type, what: str) -> dict[str, Any]:
+        known = {item.name for item in dataclasses.fields(config_class)}
+        for name, value in values.items():
+            if name not in known and not serialize.is_empty(value):
+                raise CannotRunHere(
+                    f"vLLM {self.version} cannot take this step: it was recorded with the {what} "
+                    f"{name}={value!r}, which this vLLM does not have"
+                )
+        return {name: value for name, value in values.items() if name in known}
+
+    def require_takes(self, step: Step, engine: EngineConfig) -> None:
+        """Refuse (exit 3, one line) a step of another release this one cannot take, before any
+        engine is built: a runner kind it cannot build, an engine argument or a request field it
+        lacks. The step's other records are rebuilt as the replay goes."""
+        self.require_buildable(engine.runner)
+        self.adopt_engine_args(engine.engine_args)
+        for request in step.requests:
+            if request.sampling_params is not None:
+                self.from_plain(request.sampling_params)
 
     # -- the scheduler outputs a replay hands the runner -------------------------------------
 
@@ -327,7 +387,7 @@ class Release:
                 architecture=architectures[0],
                 weights_fingerprint=weights_fingerprint(model_path, args.get("load_format")),
             ),
-            num_kv_blocks=int(runner.kv_cache_config.num_blocks),
+            num_kv_blocks=self.num_kv_blocks(runner),
             block_size=int(config.cache_config.block_size),
             runner=adapter.kind.value,
             draft_model=self.draft_model(config),

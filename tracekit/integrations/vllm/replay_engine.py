@@ -38,15 +38,15 @@ from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager
 from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
-from tracekit.integrations.vllm.version import installed_release, require_same_series
+from tracekit.integrations.vllm.version import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.weights import weights_fingerprint
 from tracekit.models import tiny_model_path
 
 __all__ = [
     "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
     "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_drafting_known",
-    "require_layout_buildable", "require_recomputable", "require_replayable_here", "union_of", "worker_adapter",
-    "worker_error",
+    "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
+    "union_of", "worker_adapter", "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
@@ -88,11 +88,24 @@ def require_drafting_known(bundle: str | Path, content: BundleContent, step: Ste
         )
 
 
-def require_replayable_here(content: BundleContent) -> None:
-    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of: recorded on another
-    kind of device, or by another vLLM series."""
+def require_recorded_release_here(content: BundleContent) -> None:
+    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of with the release it was
+    recorded under: recorded on another kind of device, or by another vLLM series (a multi-rank
+    step, `shrink` and `invariance` do not replay across releases yet)."""
     _require_device_of(content.environment)
     require_same_series(content.engine.vllm_version)
+
+
+def require_replayable_here(content: BundleContent, step: Step) -> tuple[str, str] | None:
+    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of: recorded on another
+    kind of device, by a vLLM series tracekit does not know, or a step the installed release
+    cannot take. Returns (recorded, installed) vLLM versions for a replay across releases."""
+    _require_device_of(content.environment)
+    release = release_to_replay(content.engine.vllm_version)
+    if not release.recorded_elsewhere(content.engine.vllm_version):
+        return None
+    release.require_takes(step, content.engine)
+    return content.engine.vllm_version, release.version
 
 
 def require_layout_buildable(parallel: ParallelRank, overrides: Mapping[str, Any]) -> None:

