@@ -68,12 +68,16 @@ class StepObserver(Protocol):
     the model reads; `after_forward` just after it, with its output. `output_receiver()` is
     called once `sample_tokens` has returned: it detaches the step from the observer (the next
     step may start before an async output is read) and returns the function that takes its
-    sampled ids.
+    sampled ids. `sampling` comes as `sample_tokens` is called, with the grammar output the
+    engine hands it. `idle_step` reports a scheduler output without tokens (it only finishes
+    requests; no step runs).
     """
 
     tracking: bool
 
     def step_started(self, scheduler_output: Any) -> None: ...
+
+    def idle_step(self, scheduler_output: Any) -> None: ...
 
     def before_forward(self, input_ids: Any, positions: Any) -> None: ...
 
@@ -82,6 +86,8 @@ class StepObserver(Protocol):
     def logits_computed(self, logits: Any) -> None: ...
 
     def phase_entered(self, phase: Phase) -> None: ...
+
+    def sampling(self, grammar_output: Any) -> None: ...
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]: ...
 

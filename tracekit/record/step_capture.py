@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tracekit.format.schema import KVGroupSnapshot, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
+from tracekit.format.schema import CarriedStep, KVGroupSnapshot, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark, hidden_states_of
@@ -110,26 +110,49 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
     )
 
 
-def capture_after_forward(adapter: RunnerAdapter, step: Step, output: Any, copy: HostCopy) -> None:
-    """The forward's output and the KV blocks it wrote."""
+def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: dict[str, Any],
+                    copy: HostCopy) -> CarriedStep:
+    """A later step of a window, just before its forward: its scheduler output (recorded as the
+    runner received it, before it touched it), the batch order, what only the runner kind keeps
+    per request, the inputs, the dispatch and the RNG states: no request states, no KV blocks
+    (the runner carried those from the step before)."""
+    started = time.perf_counter()
+    input_ids, positions = mark.input_ids, mark.positions
+    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
+    carried = CarriedStep(
+        index=index,
+        scheduler_output=scheduler_output,
+        batch_order=adapter.marked_req_ids(mark),
+        runner_states=adapter.runner_states(mark),
+        input_ids=copy.copy(input_ids) if input_ids is not None else None,
+        positions=copy.copy(positions) if positions is not None else None,
+        graph=adapter.graph_dispatch(num_tokens, int(input_ids.shape[0]) if input_ids is not None else num_tokens, mark),
+        rng=dict(mark.rng),
+    )
+    carried.timing.host_copy_us = (time.perf_counter() - started) * 1e6
+    return carried
+
+
+def capture_after_forward(adapter: RunnerAdapter, step: Step | CarriedStep, output: Any, copy: HostCopy) -> None:
+    """The forward's output and, for a whole step, the KV blocks it wrote."""
     started = time.perf_counter()
     hidden_states = hidden_states_of(output)
     step.outputs = StepOutputs(hidden_states=copy.copy(hidden_states) if hidden_states is not None else None)
-    if step.kv.mode not in (KVMode.NONE, KVMode.RECOMPUTE):
+    if isinstance(step, Step) and step.kv.mode not in (KVMode.NONE, KVMode.RECOMPUTE):
         for snapshot, group in zip(step.kv.groups, adapter.kv_groups()):
             if snapshot.written_block_ids:
                 snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids, copy)
     step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
 
-def capture_logits(step: Step, logits: torch.Tensor | None, copy: HostCopy) -> None:
+def capture_logits(step: Step | CarriedStep, logits: torch.Tensor | None, copy: HostCopy) -> None:
     if step.outputs is not None and logits is not None:
         started = time.perf_counter()
         step.outputs.logits = copy.copy(logits)
         step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
 
 
-def capture_sampled(step: Step, sampled_token_ids: list[list[int]] | None) -> None:
+def capture_sampled(step: Step | CarriedStep, sampled_token_ids: list[list[int]] | None) -> None:
     if step.outputs is not None and sampled_token_ids is not None:
         step.outputs.sampled_token_ids = [list(map(int, ids)) for ids in sampled_token_ids]
 

@@ -88,8 +88,9 @@ class RunnerAdapter:
         """Extra shadows this runner kind needs while observed (may be none)."""
         return []
 
-    def replay_shadows(self, step: Step) -> Shadows:
-        """Shadows that put back what this runner keeps per request, as the step's requests are added."""
+    def replay_shadows(self, step: Step, held: list[RequestState] = ()) -> Shadows:
+        """Shadows that put back what this runner keeps per request, as the step's requests (and
+        `held`, requests added without being scheduled) are added."""
         raise NotImplementedError
 
     def sampled_ids_kept(self) -> bool:
@@ -104,6 +105,16 @@ class RunnerAdapter:
     def live_req_ids(self) -> Container[str]:
         """The requests the runner holds state for (preempted ones too), before the next step's
         scheduler output is applied."""
+        raise NotImplementedError
+
+    def held_request_states(self, mark: StepMark) -> list[RequestState]:
+        """The requests the runner holds outside the marked step's batch, as they stand (a window's
+        later step may schedule them again), each with no tokens scheduled."""
+        raise NotImplementedError
+
+    def runner_states(self, mark: StepMark) -> dict[str, dict[str, Any]]:
+        """Per request of the marked step, what only this runner kind keeps
+        (`RequestState.runner_state`), from host memory (a window's later steps keep it)."""
         raise NotImplementedError
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
@@ -180,13 +191,18 @@ class RunnerAdapter:
 
     # -- replay ------------------------------------------------------------------------------
 
-    def replaying(self, step: Step) -> AbstractContextManager:
-        """While the runner adds the step's requests, put back what it keeps per request."""
-        return _entered(self.replay_shadows(step))
+    def replaying(self, step: Step, held: list[RequestState] = ()) -> AbstractContextManager:
+        """While the runner adds the step's requests (and `held`), put back what it keeps per request."""
+        return _entered(self.replay_shadows(step, held))
 
-    def scheduler_output_for(self, step: Step) -> Any:
-        """A `SchedulerOutput` in which every recorded request of the step is new."""
-        return self.release.new_requests_output(step)
+    def scheduler_output_for(self, step: Step, held: list[RequestState] = ()) -> Any:
+        """A `SchedulerOutput` in which every recorded request of the step is new, and `held`,
+        requests the runner holds outside the batch, are added without being scheduled."""
+        return self.release.new_requests_output(step, held)
+
+    def forget_previous_step(self) -> None:
+        """Drop what the runner keeps of its last step for the next (where it keeps anything
+        there beside its request states), before a step is rebuilt from recorded requests."""
 
     def finishing_output(self, req_ids: list[str]) -> Any:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""

@@ -137,6 +137,12 @@ class _ReplayObserver:
     def phase_entered(self, phase: Phase) -> None:
         pass
 
+    def idle_step(self, scheduler_output: Any) -> None:
+        pass
+
+    def sampling(self, grammar_output: Any) -> None:
+        pass
+
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
         def receive(sampled: list[list[int]] | None) -> None:
             if sampled is not None:
