@@ -87,6 +87,13 @@ class Release:
         kind = f"{type(runner).__module__}.{type(runner).__qualname__}"
         raise CannotRunHere(f"tracekit has no adapter for vLLM {self.version}'s model runner {kind}")
 
+    def adapter_class(self, kind: str) -> type:
+        """The adapter class of runner kind `kind` (its facts, before any runner exists)."""
+        for adapter_class in self.adapters:
+            if adapter_class.kind == kind:
+                return adapter_class
+        raise UsageError(f"unknown runner kind {kind!r}: choose one of {', '.join(RUNNER_KINDS)}")
+
     def runner_env(self, kind: str) -> dict[str, str]:
         """The environment that makes vLLM build a runner of `kind` in this process."""
         if kind not in RUNNER_KINDS:

@@ -57,6 +57,8 @@ class RunnerAdapter:
     methods marked "per runner kind"."""
 
     kind: ClassVar[RunnerKind]
+    # Whether the runner drops a preempted request's state (else it keeps it until it resumes).
+    frees_preempted: ClassVar[bool] = False
     # The runner's method that updates its request states with the sampled ids.
     bookkeeping_method: ClassVar[str]
     # Every vLLM attribute the base touches; a subclass adds its runner's.

@@ -113,7 +113,7 @@ class ForwardHandle:
         return self._written_views()
 
 
-class _ReplayObserver:
+class ReplayObserver:
     """What the adapter's shadows report during a replayed step, kept for the checks."""
 
     tracking = True
@@ -144,9 +144,11 @@ class _ReplayObserver:
         pass
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
+        observed = self.observed  # the step just sampled (its output may be read after the next started)
+
         def receive(sampled: list[list[int]] | None) -> None:
             if sampled is not None:
-                self.observed.sampled_token_ids = [list(map(int, ids)) for ids in sampled]
+                observed.sampled_token_ids = [list(map(int, ids)) for ids in sampled]
 
         return receive
 
@@ -226,8 +228,8 @@ class StepDriver:
         if self.step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
                 recompute_kv(adapter, self.step)
-        model_call = self._model_call(observed, on_forward)
-        with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(_ReplayObserver(observed), model_call):
+        model_call = self.model_call(observed, on_forward)
+        with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(ReplayObserver(observed), model_call):
             try:
                 observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(self.step))
             finally:
@@ -275,8 +277,10 @@ class StepDriver:
             for live, recorded in zip(self.groups, self.step.kv.groups)
         ]
 
-    def _model_call(self, observed: ObservedStep, on_forward: Callable | None) -> Callable:
-        """What runs in place of the runner's model call: restore, forward (timed), capture."""
+    def model_call(self, observed: ObservedStep, on_forward: Callable | None = None, restore: bool = True) -> Callable:
+        """What runs in place of the runner's model call: restore (the recorded KV blocks, RNG
+        states and padding rows; with `restore` False, a step whose runner carried its state from
+        the step before, only the padding rows), forward (timed), capture."""
         adapter = self.adapter
         backend = adapter.device_backend
 
@@ -299,27 +303,31 @@ class StepDriver:
             live_ids, live_positions = adapter.forward_inputs(args, kwargs)
             restore_padding = self._padding_restorer(live_ids, live_positions)
 
-            def restore() -> None:
-                self._restore_kv_and_rng()
+            def restore_recorded() -> None:
+                if restore:
+                    self._restore_kv_and_rng()
                 restore_padding()
 
             padded = int(live_ids.shape[0]) if live_ids is not None else self.step.num_real_rows
-            handle = ForwardHandle(restore, call, context, self._written_views, adapter.device,
+            handle = ForwardHandle(restore_recorded, call, context, self._written_views, adapter.device,
                                    adapter.piecewise_graph_key(padded, context), padded)
             observed.dispatch = adapter.graph_dispatch(self.step.num_real_rows, padded)
             handle.restore()
             observed.input_ids, observed.positions = _to_host(live_ids), _to_host(live_positions)
-            fingerprints = [runner_state.block_fingerprints(group) for group in self.groups]
+            # The KV blocks written, and any other block the forward wrote (a padding slot's), are
+            # read off a rebuilt step only: a carried one recorded none to compare.
+            fingerprints = [runner_state.block_fingerprints(group) for group in self.groups] if restore else []
             started = time.perf_counter()
             output = handle.forward()
             backend.synchronize()
             observed.forward_us = (time.perf_counter() - started) * 1e6
             observed.hidden_states = _to_host(hidden_states_of(output))
-            observed.kv_after = self._kv_after()
-            observed.kv_changed_elsewhere = [
-                sorted(set(runner_state.changed_blocks(group, before)) - set(recorded.written_block_ids))
-                for group, before, recorded in zip(self.groups, fingerprints, self.step.kv.groups)
-            ]
+            if restore:
+                observed.kv_after = self._kv_after()
+                observed.kv_changed_elsewhere = [
+                    sorted(set(runner_state.changed_blocks(group, before)) - set(recorded.written_block_ids))
+                    for group, before, recorded in zip(self.groups, fingerprints, self.step.kv.groups)
+                ]
             if on_forward is not None:
                 on_forward(handle)
                 output = handle.run()  # leave buffers and RNG exactly as after the checked run

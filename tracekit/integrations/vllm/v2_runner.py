@@ -42,6 +42,7 @@ class _V2Mark:
 
 class V2Adapter(RunnerAdapter):
     kind = RunnerKind.V2
+    frees_preempted = True  # `finish_requests` frees a preempted request's slot; it comes back new
     bookkeeping_method = "postprocess_sampled"
     foreign_attributes = RunnerAdapter.foreign_attributes | {
         "model_state", "prepare_inputs", "cudagraph_manager", "dispatch", "run_fullgraph", "postprocess_sampled",
