@@ -91,7 +91,7 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     if opened.window is not None:
         differences = _environment_differences(opened.content, here, engine.set_in_process)
         return run_window(engine, opened.bundle, opened.window, opened.step, options.from_step, options.tolerance,
-                          options.strict, differences)
+                          options.strict, differences, options.engine_overrides)
     ran = run_and_compare(engine, opened, options)
     if ran.own_engine_modes:
         ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options))

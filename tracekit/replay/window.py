@@ -39,7 +39,13 @@ class WindowReplayResult:
     not_run: list[int] = field(default_factory=list)  # steps after one that raised
     tolerance: float = 0.0
     strict: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)  # engine arguments given over the recorded ones
+    engine_build: dict[str, Any] | None = None  # how the engine was built (`ReplayResult.engine_build`)
     llm: Any = field(default=None, repr=False)
+
+    @property
+    def environment_differences(self) -> list[dict[str, Any]]:
+        return self.steps[0].environment_differences if self.steps else []
 
     @property
     def step_index(self) -> int:
@@ -133,6 +139,9 @@ class WindowReplayResult:
             "bit_exact": self.bit_exact,
             "first_divergence": self.first_divergence,
             "window": self.window_fields(),
+            "environment_differences": self.environment_differences,
+            "overrides": self.overrides,
+            "engine_build": self.engine_build,
             "steps": [result.to_plain() for result in self.steps],
         }
 
@@ -147,7 +156,7 @@ def rebuilt_steps(steps: list[WindowStep], from_step: int | None) -> set[int]:
 
 
 def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first: Step, from_step: int | None,
-               tolerance: float, strict: bool, differences: list[dict[str, Any]],
+               tolerance: float, strict: bool, differences: list[dict[str, Any]], overrides: dict[str, Any],
                until: int | None = None) -> WindowReplayResult:
     """Run the window's steps on the engine (from the first, rebuilding at `from_step`, up to
     `until`) and check each against the recording."""
@@ -172,7 +181,9 @@ def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first
     return WindowReplayResult(
         bundle=bundle, steps=results, requested=first.window.requested if first.window else 1,
         recorded=[each.index for each in steps], rebuilt=sorted(rebuild), from_step=from_step, not_run=not_run,
-        tolerance=tolerance, strict=strict, llm=engine.llm,
+        tolerance=tolerance, strict=strict, overrides=dict(overrides),
+        engine_build={**engine.build.to_plain(), "built_for_this_step": engine.built_here} if engine.build else None,
+        llm=engine.llm,
     )
 
 
