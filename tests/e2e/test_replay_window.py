@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e_support import CORE_ITEMS, engine_script, read_content, tracekit
+from e2e_support import CORE_ITEMS, engine_script, only_on_runner, read_content, tracekit
 
 from tracekit.format import open_bundle
 from tracekit.format.content import load_step
@@ -100,9 +100,11 @@ def _fault_plan(window_bundle, runner_kind) -> tuple[int, int, int, int]:
 def window_replays(e2e_dir, runner_kind, window_bundle, builtin_bundles):
     step, prompt_len, computed, position = _fault_plan(window_bundle, runner_kind)
     singles = [builtin_bundles[step + offset] for offset in range(3)]
+    # Shrinking replays the window a dozen times: on V1 only (V2 runs in Triton's interpreter here).
+    shrunk = e2e_dir / "window-shrunk.zst" if runner_kind == RunnerKind.V1.value else "-"
     result = engine_script("window_replays", e2e_dir / "window_replays.json", window_bundle, step, prompt_len, computed,
-                           position, *singles, runner=runner_kind)
-    return {**result, "fault_step": step, "single_paths": [str(path) for path in singles]}
+                           position, shrunk, *singles, runner=runner_kind)
+    return {**result, "fault_step": step, "single_paths": [str(path) for path in singles], "shrunk_path": shrunk}
 
 
 def test_the_window_replays_bit_exact_step_after_step(window_replays):
@@ -160,3 +162,23 @@ def test_window_refusals_say_what_to_do(tmp_path, window_bundle):
         finished = tracekit(*args, "-o", tmp_path / "x.zst") if args[0] == "record" else tracekit(*args)
         assert finished.returncode == 2, finished.explain()
         assert words in finished.stderr, finished.stderr
+
+
+@only_on_runner(RunnerKind.V1.value)
+def test_shrinking_the_window_keeps_the_steps_and_the_request_the_fault_needs(window_replays, window_bundle):
+    """`shrink --until diverges`, the fault planted: the window starts at the step that plants it
+    (its state rebuilt there, its KV copied from a bit-exact replay of the steps before), ends at the
+    step where it shows, and keeps the one request it damages; it parts there again with the fault
+    and replays bit-exact without it."""
+    step = window_replays["fault_step"]
+    report = window_replays["shrink"]
+    assert report["requests_after"] == 1 < report["requests_before"], report
+    shrunk = read_content(window_replays["shrunk_path"])
+    first = shrunk.steps[0]
+    assert first.window_indices == [step, step + 1, step + 2]
+    derivation = shrunk.derivations[-1]
+    assert derivation["kind"] == "shrink" and derivation["first_step_kv"] == "replayed"
+    assert derivation["target"] == f"step {step + 2}/input_ids"
+    assert first.kv.mode == "read" and first.kv.groups[0].saved_block_ids == first.kv.groups[0].read_block_ids
+    assert window_replays["shrunk_fault"]["first_divergence"] == f"step {step + 2}/input_ids"
+    assert window_replays["shrunk_clean"]["verdict"] == "bit_exact", window_replays["shrunk_clean"]

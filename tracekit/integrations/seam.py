@@ -105,6 +105,9 @@ class ObservedStep:
     logits: Any = None
     sampled_token_ids: list[list[int]] | None = None
     kv_after: list[dict[str, Any]] = field(default_factory=list)  # per KV group: layer -> written blocks
+    # Per KV group, layer -> the blocks a step rebuilt on the KV cache as earlier steps left it
+    # reads, as its forward read them (None: the bundle saved the blocks it reads)
+    kv_read: list[dict[str, Any]] | None = None
     # KV blocks the forward changed beyond those the step writes (per group, sorted)
     kv_changed_elsewhere: list[list[int]] = field(default_factory=list)
     forward_us: float | None = None  # the checked (first) forward

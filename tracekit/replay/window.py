@@ -41,6 +41,9 @@ class WindowReplayResult:
     strict: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)  # engine arguments given over the recorded ones
     engine_build: dict[str, Any] | None = None  # how the engine was built (`ReplayResult.engine_build`)
+    # Per rebuilt step that had no KV blocks saved, the blocks it read as its forward read them
+    # (asked for with `keep_kv_read`: a shrink makes such a step the first of a window); not written
+    kv_read: dict[int, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     llm: Any = field(default=None, repr=False)
 
     @property
@@ -157,12 +160,12 @@ def rebuilt_steps(steps: list[WindowStep], from_step: int | None) -> set[int]:
 
 def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first: Step, from_step: int | None,
                tolerance: float, strict: bool, differences: list[dict[str, Any]], overrides: dict[str, Any],
-               until: int | None = None) -> WindowReplayResult:
+               until: int | None = None, keep_kv_read: bool = False) -> WindowReplayResult:
     """Run the window's steps on the engine (from the first, rebuilding at `from_step`, up to
-    `until`) and check each against the recording."""
+    `until`) and check each against the recording (`keep_kv_read`: see `WindowReplayResult.kv_read`)."""
     rebuild = rebuilt_steps(steps, from_step)
     try:
-        run = engine.window_driver(steps, first.window, rebuild, until).run()
+        run = engine.window_driver(steps, first.window, rebuild, until, keep_kv_read).run()
     finally:
         engine.forget_cached_prefixes()
     results, not_run = [], []
@@ -182,6 +185,7 @@ def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first
         bundle=bundle, steps=results, requested=first.window.requested if first.window else 1,
         recorded=[each.index for each in steps], rebuilt=sorted(rebuild), from_step=from_step, not_run=not_run,
         tolerance=tolerance, strict=strict, overrides=dict(overrides),
+        kv_read={index: observed.kv_read for index, observed in run.observed.items() if observed.kv_read is not None},
         engine_build={**engine.build.to_plain(), "built_for_this_step": engine.built_here} if engine.build else None,
         llm=engine.llm,
     )

@@ -6,6 +6,8 @@ the property. Every trial is a replay of the cut step on one engine, reused thro
 already judged is never replayed again. The search order depends only on the bundle, so a second
 run on the same bundle and engine gives the same bundle, byte for byte.
 
+A window of steps (`record --window`) is shrunk by `shrink_window`, by steps, then requests.
+
 The result records where it came from (file name and sha256), the property and the counts in its
 `derivations`; it holds no outputs (a cut batch was never run by the engine that recorded it).
 """
@@ -192,10 +194,15 @@ def shrink(
 
     started = time.perf_counter()
     console = console or Console(stderr=True, highlight=False)
-    prop = parse_property(until, tolerance)
     output = Path(output)
     require_parent(output)
     content, recorded = load_step(bundle, step)
+    if recorded.window is not None:
+        from tracekit.share.shrink_window import shrink_window
+
+        replayer = EngineReplayer(content, llm, model, allow_weights_mismatch)
+        return shrink_window(bundle, output, until, content=content, first=recorded, replayer=replayer, console=console)
+    prop = parse_property(until, tolerance)
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
     with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir:

@@ -1,7 +1,7 @@
 """Replay a window of steps on one engine, as recorded and with a fault planted in the state the
 model runner carries between steps; and single-step bundles of the same steps with the fault.
 
-    python window_replays.py RESULT.json WINDOW.zst STEP PROMPT_LEN COMPUTED POSITION [SINGLE.zst ...]
+    python window_replays.py RESULT.json WINDOW.zst STEP PROMPT_LEN COMPUTED POSITION SHRUNK.zst|- [SINGLE.zst ...]
 
 The fault is this test's, never tracekit's: while it is planted, in the step (STEP, in the
 window) where the request with a PROMPT_LEN-token prompt has COMPUTED tokens computed, the runner's own copy of that
@@ -11,8 +11,12 @@ request slots (`req_states.all_token_ids`). A replay that lets the runner carry 
 when that later step reads the token; a replay that rebuilds the state (a single step, `--from`
 a later step) never does.
 
+With SHRUNK.zst, the window is also shrunk (`--until diverges`) with the fault planted, and the
+result replayed with and without it.
+
 Writes {"clean": ..., "clean_from": ..., "fault": ..., "fault_from_next": ..., "fault_from_fault": ...,
-"singles": {bundle: ...}}, each a replay's summary with how often the fault fired in it.
+"singles": {bundle: ...}, "shrink": report, "shrunk_fault": ..., "shrunk_clean": ...}, each
+replay's summary with how often the fault fired in it.
 """
 
 import os
@@ -79,7 +83,8 @@ def summary(result, fired: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    window, (fault_step, prompt_len, computed, position), singles = sys.argv[2], map(int, sys.argv[3:7]), sys.argv[7:]
+    window, (fault_step, prompt_len, computed, position) = sys.argv[2], map(int, sys.argv[3:7])
+    shrunk, singles = sys.argv[7], sys.argv[8:]
     engine = {"llm": None}
 
     def run(bundle, fired, **options):
@@ -95,5 +100,12 @@ if __name__ == "__main__":
         out["fault_from_next"] = run(window, fired, from_step=fault_step + 1)
         out["fault_from_fault"] = run(window, fired, from_step=fault_step)
         out["singles"] = {bundle: run(bundle, fired) for bundle in singles}
+        if shrunk != "-":
+            from tracekit.share.shrink import shrink
+
+            out["shrink"] = shrink(window, shrunk, "diverges", llm=engine["llm"]).to_plain()
+            out["shrunk_fault"] = run(shrunk, fired)
     out["clean_from"] = run(window, none, from_step=fault_step + 1)
+    if shrunk != "-":
+        out["shrunk_clean"] = run(shrunk, none)
     write_result(out)

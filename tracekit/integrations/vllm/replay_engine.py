@@ -292,11 +292,12 @@ class ReplayEngine:
         return StepDriver(self.adapter, step)
 
     def window_driver(self, steps: list[WindowStep], window: StepWindow | None, rebuild: set[int] = frozenset(),
-                      until: int | None = None) -> WindowDriver:
+                      until: int | None = None, keep_kv_read: bool = False) -> WindowDriver:
         """A driver of a window's steps (`expand_window`) through this engine's runner, the runner
         carrying its state from step to step except where a step in `rebuild` is rebuilt; the
-        steps after `until` are not run."""
-        return WindowDriver(self.adapter, steps, window, rebuild, until)
+        steps after `until` are not run; `keep_kv_read`: a rebuilt step's KV blocks are copied as
+        its forward reads them."""
+        return WindowDriver(self.adapter, steps, window, rebuild, until, keep_kv_read)
 
     def capture_layers(self, handle: ForwardHandle) -> LayerCapture:
         """Every watched layer's output of one eager run of the step's forward."""

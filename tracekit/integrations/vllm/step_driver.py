@@ -271,16 +271,26 @@ class StepDriver:
                 views.extend(cache.select(live.layout.block_dim, block) for block in recorded.written_block_ids)
         return views
 
+    def _kv_read(self) -> list[dict[str, torch.Tensor]] | None:
+        """The blocks the step reads, as the forward is about to read them, where the bundle saved
+        none of them (a window's step rebuilt on the KV the steps before left)."""
+        if any(recorded.saved_block_ids for recorded in self.step.kv.groups):
+            return None
+        return [runner_state.blocks_to_host(live, recorded.read_block_ids)
+                for live, recorded in zip(self.groups, self.step.kv.groups)]
+
     def _kv_after(self) -> list[dict[str, torch.Tensor]]:
         return [
             runner_state.blocks_to_host(live, recorded.written_block_ids)
             for live, recorded in zip(self.groups, self.step.kv.groups)
         ]
 
-    def model_call(self, observed: ObservedStep, on_forward: Callable | None = None, restore: bool = True) -> Callable:
+    def model_call(self, observed: ObservedStep, on_forward: Callable | None = None, restore: bool = True,
+                   keep_kv_read: bool = False) -> Callable:
         """What runs in place of the runner's model call: restore (the recorded KV blocks, RNG
         states and padding rows; with `restore` False, a step whose runner carried its state from
-        the step before, only the padding rows), forward (timed), capture."""
+        the step before, only the padding rows), forward (timed), capture; `keep_kv_read`: also
+        copy the blocks the forward reads where the bundle saved none (`ObservedStep.kv_read`)."""
         adapter = self.adapter
         backend = adapter.device_backend
 
@@ -313,6 +323,8 @@ class StepDriver:
                                    adapter.piecewise_graph_key(padded, context), padded)
             observed.dispatch = adapter.graph_dispatch(self.step.num_real_rows, padded)
             handle.restore()
+            if keep_kv_read:
+                observed.kv_read = self._kv_read()
             observed.input_ids, observed.positions = _to_host(live_ids), _to_host(live_positions)
             # The KV blocks written, and any other block the forward wrote (a padding slot's), are
             # read off a rebuilt step only: a carried one recorded none to compare.

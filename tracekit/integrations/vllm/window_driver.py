@@ -60,12 +60,13 @@ class WindowDriver:
     """Runs the steps of a window (`window_records.window_steps`) through the adapter's runner."""
 
     def __init__(self, adapter: Any, steps: list[WindowStep], window: StepWindow | None,
-                 rebuild: set[int] = frozenset(), until: int | None = None):
+                 rebuild: set[int] = frozenset(), until: int | None = None, keep_kv_read: bool = False):
         self.adapter = adapter
         self.runner = adapter.runner
         self.steps = {each.index: each for each in steps if until is None or each.index <= until}
         self.first = steps[0].index
         self.rebuild = {self.first, *rebuild}
+        self.keep_kv_read = keep_kv_read  # copy the KV blocks a rebuilt step reads (`ObservedStep.kv_read`)
         self.drivers = {index: StepDriver(adapter, each.step) for index, each in self.steps.items()}
         calls = window.calls if window is not None else [
             {"call": call.value, "step": self.first} for call in (RunnerCall.EXECUTE, RunnerCall.SAMPLE, RunnerCall.OUTPUT)]
@@ -82,7 +83,9 @@ class WindowDriver:
         def model_call(original: Callable, args: tuple, kwargs: dict) -> Any:
             index = observer.current
             if index not in calls:
-                calls[index] = self.drivers[index].model_call(run.observed[index], restore=index in self.rebuild)
+                rebuilt = index in self.rebuild
+                calls[index] = self.drivers[index].model_call(run.observed[index], restore=rebuilt,
+                                                              keep_kv_read=rebuilt and self.keep_kv_read)
             return calls[index](original, args, kwargs)
 
         first = self.steps[self.first].step
