@@ -75,6 +75,7 @@ a case.
 """
 
 import argparse
+import copy
 import hashlib
 import os
 import random
@@ -110,7 +111,7 @@ def write_seeds(directory: Path) -> list[Path]:
     """Small bundles covering the reader's paths: shuffled multi-chunk tensors, plain ones,
     numpy-less dtypes, a step-schema bundle for inspect's tables, hostile names; golden v1; a
     real recording, and the same in schema version 2 with every optional part filled in (runner
-    state of both runner kinds, rank fields, derivations, an error, per-layer outputs)."""
+    state of both runner kinds, rank fields, derivations, an error, per-layer outputs, a window)."""
     from tracekit.format import BundleWriter
     from tracekit.format.rewrite import rewrite_bundle
 
@@ -173,6 +174,19 @@ def filled_in_schema_2(metadata: dict, tensors: dict) -> None:
     step["timing"].update(forward_timer="perf_counter", device_copy_us=1.5, first_of_its_size=True)
     step["outputs"]["layers"] = {"model.norm": step["outputs"]["hidden_states"]}
     step["kv"]["taken"] = "before_forward"
+    later = step["index"] + 1  # a window of two steps: the later one repeats the first's deltas
+    step["window"] = {
+        "requested": 3,
+        "steps": [{"index": later, "scheduler_output": copy.deepcopy(step["scheduler_output"]),
+                   "batch_order": list(step["batch_order"]),
+                   "runner_states": {step["requests"][0]["req_id"]: {"seed": 7, "prefill_len": 3}},
+                   "input_ids": step["input_ids"], "positions": step["positions"], "graph": step["graph"],
+                   "rng": step["rng"], "outputs": {name: step["outputs"][name]
+                                                   for name in ("hidden_states", "logits", "sampled_token_ids")},
+                   "timing": {"forward_us": 1.5}, "grammar_output": None}],
+        "held_requests": [],
+        "calls": [{"call": call, "step": index} for index in (step["index"], later) for call in ("execute", "sample", "output")],
+    }
 
 
 def seed_paths(directory: Path) -> list[Path]:

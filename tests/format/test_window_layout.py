@@ -4,51 +4,17 @@ not know `window` keeps it as an unknown field and reads the first step alone; t
 tensors are named by their place; a window whose steps or calls do not fit together is refused
 with its place, before any engine."""
 
-import copy
-import dataclasses
-from pathlib import Path
-
 import pytest
+from window_forge import SAMPLE, window_content
 
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
 from tracekit.format.content import load_step, write_content
-from tracekit.format.schema import BundleContent, CarriedStep, RequestState, Step, StepOutputs, StepWindow
-
-SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst"
-
-
-def _carried_after(step: Step, index: int) -> CarriedStep:
-    """A later step of a window, shaped like `step` (its scheduler output, batch, inputs, outputs)."""
-    return CarriedStep(
-        index=index,
-        scheduler_output=copy.deepcopy(step.scheduler_output),
-        batch_order=list(step.batch_order),
-        runner_states={request.req_id: dict(request.runner_state) for request in step.requests},
-        input_ids=step.input_ids.clone(),
-        positions=step.positions.clone(),
-        graph=step.graph,
-        rng=dict(step.rng),
-        outputs=StepOutputs(hidden_states=step.outputs.hidden_states.clone(), logits=step.outputs.logits.clone(),
-                            sampled_token_ids=step.outputs.sampled_token_ids),
-    )
-
-
-def _window_content(length: int = 3) -> BundleContent:
-    content, first = load_step(SAMPLE)
-    calls = [{"call": call, "step": index} for index in range(first.index, first.index + length)
-             for call in ("execute", "sample", "output")]
-    first.window = StepWindow(
-        requested=length,
-        steps=[_carried_after(first, first.index + offset) for offset in range(1, length)],
-        held_requests=[RequestState("held-0", [1, 2, 3], [4], [[7]], num_computed_tokens=3, num_scheduled_tokens=0)],
-        calls=calls,
-    )
-    return dataclasses.replace(content, steps=[first])
+from tracekit.format.schema import Step
 
 
 def test_a_window_round_trips_with_its_tensors_named_by_their_place(tmp_path):
-    bundle = write_content(tmp_path / "window.zst", _window_content())
+    bundle = write_content(tmp_path / "window.zst", window_content())
     with open_bundle(bundle) as reader:
         names = {info.name for info in reader.tensor_infos()}
         assert len(reader.metadata["steps"]) == 1
@@ -63,7 +29,7 @@ def test_a_window_round_trips_with_its_tensors_named_by_their_place(tmp_path):
 
 def test_the_window_lives_under_the_first_step_alone(tmp_path):
     """What a reader that does not know `window` sees: one whole step and an unknown field of it."""
-    bundle = write_content(tmp_path / "window.zst", _window_content())
+    bundle = write_content(tmp_path / "window.zst", window_content())
     with open_bundle(bundle) as reader:
         plain = reader.metadata
     step_plain = plain["steps"][0]
@@ -74,7 +40,7 @@ def test_the_window_lives_under_the_first_step_alone(tmp_path):
 
 
 def _refused(tmp_path, edit, where: str) -> None:
-    content = _window_content()
+    content = window_content()
     edit(content.steps[0])
     bundle = write_content(tmp_path / "bad.zst", content)
     with pytest.raises(BundleError, match=where):

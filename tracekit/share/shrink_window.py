@@ -40,7 +40,7 @@ from tracekit.format.schema import (
 )
 from tracekit.outputs import require_parent
 from tracekit.share.reduce_step import reduce_step
-from tracekit.share.shrink import EngineReplayer, ShrinkReport, ddmin, file_sha256, write_step
+from tracekit.share.shrink_trials import EngineReplayer, ShrinkReport, ddmin, file_sha256, write_step
 
 WINDOW_PROPERTIES = ("diverges", "raises")
 # The items a window may part at for its requests to be cut: what the runner fed the model, which
