@@ -130,3 +130,10 @@ def window_bundle(e2e_dir, runner_kind):
     )
     assert finished.returncode == 0, finished.explain()
     return out
+
+
+@pytest.fixture(scope="session")
+def window_scenario_bundles(e2e_dir, runner_kind):
+    """Windows of 6 steps tiling a run with preemption and resume, one request sampling at random
+    unseeded (`record_scenario.py windows`), by first step."""
+    return _scenario(e2e_dir, "windows", runner_kind)

@@ -182,3 +182,71 @@ def test_shrinking_the_window_keeps_the_steps_and_the_request_the_fault_needs(wi
     assert first.kv.mode == "read" and first.kv.groups[0].saved_block_ids == first.kv.groups[0].read_block_ids
     assert window_replays["shrunk_fault"]["first_divergence"] == f"step {step + 2}/input_ids"
     assert window_replays["shrunk_clean"]["verdict"] == "bit_exact", window_replays["shrunk_clean"]
+
+
+def _window_events(path) -> dict[str, list[int]]:
+    """What happens in a window besides steps running on: requests held outside its first batch,
+    resumed, or new in a later step, and later steps that saved blocks read from the prefix cache."""
+    first = read_content(path).steps[0]
+    later = first.window.steps
+    return {
+        "held": [request.req_id for request in first.window.held_requests],
+        "resumed": [c.index for c in later if c.scheduler_output["scheduled_cached_reqs"].get("resumed_req_ids", {}).get("$set")],
+        "new": [c.index for c in later if c.scheduler_output["scheduled_new_reqs"]],
+        "kv": [c.index for c in later if c.kv is not None],
+    }
+
+
+def _without_later_kv(source: Path, target: Path) -> Path:
+    """A control: the window with the blocks its later steps saved from the prefix cache dropped."""
+    from tracekit.format.rewrite import rewrite_bundle
+
+    def drop(metadata, tensors):
+        for number, carried in enumerate(metadata["steps"][0]["window"]["steps"]):
+            if carried.pop("kv", None) is not None:
+                for name in [name for name in tensors if name.startswith(f"steps/0/window/steps/{number}/kv/")]:
+                    del tensors[name]
+
+    return rewrite_bundle(source, target, drop)
+
+
+@pytest.fixture(scope="session")
+def window_scenario_replays(e2e_dir, runner_kind, window_scenario_bundles):
+    """Every window of the scenario where something happens besides steps running on, replayed on
+    one engine; first, where a later step saved blocks it read from the prefix cache, a control
+    without them (first: no replay before it left those blocks in the engine's cache)."""
+    events = {index: _window_events(path) for index, path in window_scenario_bundles.items()}
+    chosen = {index: path for index, path in window_scenario_bundles.items() if any(events[index].values())}
+    with_kv = next((index for index, found in events.items() if found["kv"]), None)
+    controls = []
+    if with_kv is not None:
+        controls = [_without_later_kv(window_scenario_bundles[with_kv], e2e_dir / "window-without-later-kv.zst")]
+    result = engine_script("replay_many", e2e_dir / "window_scenario_replays.json", *controls, *chosen.values(),
+                           runner=runner_kind)
+    control = (controls[0], events[with_kv]["kv"][0]) if controls else None
+    return {**result, "events": events, "chosen": chosen, "control": control}
+
+
+def test_the_scenario_holds_what_a_window_must_carry(window_scenario_replays, runner_kind):
+    events = window_scenario_replays["events"].values()
+    assert any(found["resumed"] or found["new"] for found in events), "no request resumed inside a window"
+    if runner_kind == RunnerKind.V1.value:  # V1 keeps a preempted request's state: held by the runner
+        assert any(found["held"] and found["resumed"] for found in events), "no held request resumed in a window"
+    else:  # V2 adds a resumed request as new, finding its first blocks in the prefix cache
+        assert any(found["kv"] for found in events), "no later step read blocks from the prefix cache"
+
+
+def test_windows_across_preemption_and_resume_replay_bit_exact(window_scenario_replays):
+    for index, path in window_scenario_replays["chosen"].items():
+        result = window_scenario_replays["replays"][str(path)]
+        assert "error" not in result, (index, result.get("error"))
+        assert result["verdict"] == "bit_exact", (index, window_scenario_replays["events"][index], result["first_divergence"])
+        assert len(result["steps"]) == len(result["window"]["steps"]), index
+
+
+@only_on_runner(RunnerKind.V2.value)
+def test_without_the_blocks_a_later_step_found_cached_the_window_parts_there(window_scenario_replays):
+    control, step = window_scenario_replays["control"]
+    result = window_scenario_replays["replays"][str(control)]
+    assert result["verdict"] == "diverged", result
+    assert result["first_divergence"].startswith(f"step {step}/"), result["first_divergence"]

@@ -347,6 +347,9 @@ class CarriedStep(SchemaRecord):
     positions: Tensor | None = None
     graph: GraphDispatch | None = None  # None for a step that failed before its forward
     rng: dict[str, Tensor] = field(default_factory=dict)  # global generator states at the forward
+    # The KV blocks it reads that no step of the window before it wrote or saved: those its new
+    # and resumed requests found computed in the prefix cache (saved blocks only; None: none)
+    kv: KVSnapshot | None = None
     outputs: StepOutputs | None = None
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised (the window's last step)

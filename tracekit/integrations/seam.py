@@ -106,7 +106,7 @@ class ObservedStep:
     sampled_token_ids: list[list[int]] | None = None
     kv_after: list[dict[str, Any]] = field(default_factory=list)  # per KV group: layer -> written blocks
     # Per KV group, layer -> the blocks a step rebuilt on the KV cache as earlier steps left it
-    # reads, as its forward read them (None: the bundle saved the blocks it reads)
+    # reads, as its forward read them (None: not asked for)
     kv_read: list[dict[str, Any]] | None = None
     # KV blocks the forward changed beyond those the step writes (per group, sorted)
     kv_changed_elsewhere: list[list[int]] = field(default_factory=list)

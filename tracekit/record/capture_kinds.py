@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tracekit.format.schema import KVMode, Step
+from tracekit.format.schema import KVMode, RequestState, Step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
@@ -137,11 +137,12 @@ class CopiedStep(StepCapture):
     """A step trigger fired: the step is copied just before its forward (inputs and the KV
     blocks it reads), its forward timed, its outputs copied as they come."""
 
-    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool):
+    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool,
+                 held: list[RequestState] = ()):
         super().__init__(recorder, pending)
         adapter = recorder.adapter
         copy = recorder.new_copy(pending)
-        self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy)
+        self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy, held=held)
         copy.finish()  # the forward, which writes KV, runs after the copy
         self.step.timing.first_of_its_size = first_of_its_size
         self.layers = layer_capture.LayerCapture(adapter.model).__enter__() if recorder.layers else None

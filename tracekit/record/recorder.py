@@ -224,9 +224,10 @@ class Recorder:
         )
         if pending.reason is not None:
             mark = self.adapter.mark(pending.scheduler_output, input_ids, positions)
-            pending.capture = CopiedStep(self, pending, mark, first_of_its_size)
+            held = self.adapter.held_request_states(mark) if self.window > 1 else []
+            pending.capture = copied = CopiedStep(self, pending, mark, first_of_its_size, held)
             if self.window > 1:
-                self._window = pending.window = OpenWindow(self, pending, self.window, self.adapter.held_request_states(mark))
+                self._window = pending.window = OpenWindow(self, pending, self.window, held, copied.step)
         elif self.triggers.events:  # kept cheaply, copied only if the step fails
             pending.capture = MarkedStep(self, pending, self.adapter.mark(pending.scheduler_output, input_ids, positions))
 

@@ -17,7 +17,16 @@ from typing import Any
 
 import torch
 
-from tracekit.format.schema import CarriedStep, KVGroupSnapshot, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
+from tracekit.format.schema import (
+    CarriedStep,
+    KVGroupSnapshot,
+    KVMode,
+    KVSnapshot,
+    RequestState,
+    Step,
+    StepOutputs,
+    StepTiming,
+)
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm import runner_state
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark, hidden_states_of
@@ -42,10 +51,13 @@ def capture(
     kv_mode: str,
     copy: HostCopy,
     taken: KVTaken = KVTaken.BEFORE_FORWARD,
+    held: list[RequestState] = (),
 ) -> Step:
     """The marked step as a `Step`: its requests walked into plain data, its inputs and the KV
     blocks `kv_mode` names copied to host through `copy`. Before the forward
-    (a step trigger) or later in the same step (an event trigger), from what the mark kept."""
+    (a step trigger) or later in the same step (an event trigger), from what the mark kept.
+    `held`: requests the runner holds outside the batch (a window's first step): in mode `read`
+    the blocks they computed are saved too, as a later step of the window may read them."""
     started = time.perf_counter()
     input_ids, positions = mark.input_ids, mark.positions
     requests = adapter.request_states(mark, input_ids)
@@ -54,6 +66,9 @@ def capture(
     for group_index, group in enumerate(adapter.kv_groups()):
         read, written = runner_state.blocks_read_and_written(requests, group_index, group.layout.block_size)
         saved = {KVMode.READ: read, KVMode.WRITTEN: written}.get(mode, [])
+        if mode == KVMode.READ and held:
+            held_read, _ = runner_state.blocks_read_and_written(held, group_index, group.layout.block_size)
+            saved = sorted(set(saved) | set(held_read))
         groups.append(
             KVGroupSnapshot(
                 layer_names=group.layer_names,
@@ -111,14 +126,25 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
 
 
 def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: dict[str, Any],
-                    copy: HostCopy) -> CarriedStep:
+                    copy: HostCopy, known: list[set[int]]) -> CarriedStep:
     """A later step of a window, just before its forward: its scheduler output (recorded as the
     runner received it, before it touched it), the batch order, what only the runner kind keeps
-    per request, the inputs, the dispatch and the RNG states: no request states, no KV blocks
-    (the runner carried those from the step before)."""
+    per request, the inputs, the dispatch and the RNG states: no request states, and no KV blocks
+    (the runner carried them from the step before) but those its new and resumed requests found
+    computed in the prefix cache that the window neither saved nor wrote before (`known`, per KV
+    cache group: the blocks saved here are added)."""
     started = time.perf_counter()
     input_ids, positions = mark.input_ids, mark.positions
     num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
+    found = [sorted(blocks - seen) for blocks, seen in zip(adapter.blocks_found_cached(mark.scheduler_output), known)]
+    kv = None
+    if any(found):
+        groups = [KVGroupSnapshot(group.layer_names, group.layout, [], [], ids,
+                                  runner_state.blocks_to_host(group, ids, copy) if ids else {})
+                  for group, ids in zip(adapter.kv_groups(), found)]
+        kv = KVSnapshot(mode=KVMode.READ.value, groups=groups)
+        for seen, ids in zip(known, found):
+            seen.update(ids)
     carried = CarriedStep(
         index=index,
         scheduler_output=scheduler_output,
@@ -128,6 +154,7 @@ def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, schedule
         positions=copy.copy(positions) if positions is not None else None,
         graph=adapter.graph_dispatch(num_tokens, int(input_ids.shape[0]) if input_ids is not None else num_tokens, mark),
         rng=dict(mark.rng),
+        kv=kv,
     )
     carried.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return carried

@@ -24,6 +24,7 @@ from tracekit.format.schema import CarriedStep, RequestState, RunnerCall, Step, 
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm.runner_adapter import StepMark
+from tracekit.integrations.vllm.window_records import RequestLedger
 from tracekit.record import step_capture
 from tracekit.record.capture_kinds import ForwardTimer, PendingStep, Receiver, Recording, StepCapture
 
@@ -31,11 +32,18 @@ from tracekit.record.capture_kinds import ForwardTimer, PendingStep, Receiver, R
 class OpenWindow:
     """A window being recorded: its first step, the later steps as they come, the runner calls."""
 
-    def __init__(self, recorder: Recording, first: PendingStep, requested: int, held: list[RequestState]):
+    def __init__(self, recorder: Recording, first: PendingStep, requested: int, held: list[RequestState],
+                 first_step: Step):
         self.recorder = recorder
         self.first_index = first.index
         self.requested = requested
         self.held = held
+        # The requests' block tables as the scheduler outputs leave them (`RequestLedger`), and per
+        # KV cache group the blocks the window saved or wrote so far: a later step saves the blocks
+        # it reads from the prefix cache that are not among them.
+        self.ledger = RequestLedger([*first_step.requests, *held], recorder.adapter.frees_preempted)
+        self.block_sizes = [group.layout.block_size for group in first_step.kv.groups]
+        self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first_step.kv.groups]
         self.calls: list[dict[str, Any]] = [{"call": RunnerCall.EXECUTE.value, "step": first.index}]
         self.first: Step | None = None  # once its sampled ids are in
         self.carried: list[CarriedStep] = []  # in step order, from their forwards on
@@ -56,7 +64,10 @@ class OpenWindow:
         self.log(RunnerCall.EXECUTE, pending.index)
         started = time.perf_counter()
         scheduler_output = self.recorder.adapter.scheduler_output_record(pending.scheduler_output)
-        return CarriedStepCapture(self.recorder, pending, self, scheduler_output, (time.perf_counter() - started) * 1e6)
+        self.ledger.apply(scheduler_output, f"step {pending.index}")
+        written = self.ledger.written(scheduler_output, self.block_sizes)
+        return CarriedStepCapture(self.recorder, pending, self, scheduler_output, written,
+                                  (time.perf_counter() - started) * 1e6)
 
     def stop_taking(self) -> None:
         """No later step joins: written as it stands once the outputs of those taken are in."""
@@ -108,10 +119,11 @@ class CarriedStepCapture(StepCapture):
     come."""
 
     def __init__(self, recorder: Recording, pending: PendingStep, window: OpenWindow, scheduler_output: dict[str, Any],
-                 recorded_us: float):
+                 written: list[set[int]], recorded_us: float):
         super().__init__(recorder, pending)
         self.window = window
         self.scheduler_output = scheduler_output
+        self.written = written  # per KV cache group, the blocks the step writes
         self.recorded_us = recorded_us  # the recorder's host time on the scheduler output
         self.carried: CarriedStep | None = None
         self.forward_timer: ForwardTimer | None = None
@@ -120,7 +132,10 @@ class CarriedStepCapture(StepCapture):
         recorder, pending = self.recorder, self.pending
         copy = recorder.new_copy(pending)
         mark: StepMark = recorder.adapter.mark(pending.scheduler_output, input_ids, positions)
-        self.carried = step_capture.capture_carried(recorder.adapter, mark, pending.index, self.scheduler_output, copy)
+        self.carried = step_capture.capture_carried(recorder.adapter, mark, pending.index, self.scheduler_output, copy,
+                                                    self.window.known)
+        for known, written in zip(self.window.known, self.written):
+            known.update(written)
         self.carried.timing.host_copy_us += self.recorded_us
         copy.finish()
         self.window.carried.append(self.carried)

@@ -65,7 +65,8 @@ class RunnerAdapter:
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
         "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
-        "scheduler_config", "preempted_req_ids",
+        "scheduler_config", "preempted_req_ids", "scheduled_new_reqs", "scheduled_cached_reqs", "resumed_req_ids",
+        "new_block_ids",
     })
 
     def __init__(self, runner: Any, release: Any):
@@ -268,6 +269,27 @@ class RunnerAdapter:
 
     def num_scheduled_tokens(self, scheduler_output: Any) -> int:
         return int(scheduler_output.total_num_scheduled_tokens)
+
+    def blocks_found_cached(self, scheduler_output: Any) -> list[set[int]]:
+        """Per KV cache group, the blocks holding what a scheduler output's new and resumed
+        requests found already computed (a prefix-cache hit): a step reads them although no step
+        before it in a window wrote them."""
+        sizes = [group.layout.block_size for group in self.kv_groups()]
+        found: list[set[int]] = [set() for _ in sizes]
+
+        def add(block_ids: Any, computed: int) -> None:
+            for ids, size, blocks in zip(block_ids, sizes, found):
+                blocks.update(ids[: -(-computed // size)])
+
+        for request in scheduler_output.scheduled_new_reqs:
+            if request.num_computed_tokens:
+                add(request.block_ids, request.num_computed_tokens)
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", None) or ()
+        for req_id, computed, blocks in zip(cached.req_ids, cached.num_computed_tokens, cached.new_block_ids):
+            if req_id in resumed and computed and blocks is not None:
+                add(blocks, computed)
+        return found
 
     def scheduler_output_record(self, scheduler_output: Any) -> dict[str, Any]:
         """The scheduler output as plain data, tagged with the vLLM version."""

@@ -238,7 +238,8 @@ class StepDriver:
 
     # -- the recorded state, put back ----------------------------------------------------------
 
-    def _restore_kv_and_rng(self) -> None:
+    def _restore_kv(self) -> None:
+        """The KV blocks the bundle saved for the step, written back at their block ids."""
         for live, recorded in zip(self.groups, self.step.kv.groups):
             if not recorded.saved_block_ids:
                 continue
@@ -246,7 +247,6 @@ class StepDriver:
             for name, cache in zip(live.layer_names, live.caches):
                 saved = recorded.before[name].to(cache.device)
                 cache.index_copy_(live.layout.block_dim, index, saved)
-        self.adapter.restore_rng_states(self.step.rng)
 
     def _padding_restorer(self, live_ids: torch.Tensor | None, live_positions: torch.Tensor | None) -> Callable[[], None]:
         """Writes the recorded padding rows (past the scheduled tokens, up to the padded size)
@@ -271,11 +271,9 @@ class StepDriver:
                 views.extend(cache.select(live.layout.block_dim, block) for block in recorded.written_block_ids)
         return views
 
-    def _kv_read(self) -> list[dict[str, torch.Tensor]] | None:
-        """The blocks the step reads, as the forward is about to read them, where the bundle saved
-        none of them (a window's step rebuilt on the KV the steps before left)."""
-        if any(recorded.saved_block_ids for recorded in self.step.kv.groups):
-            return None
+    def _kv_read(self) -> list[dict[str, torch.Tensor]]:
+        """The blocks the step reads, as the forward is about to read them (a window's step
+        rebuilt on the KV the steps before left)."""
         return [runner_state.blocks_to_host(live, recorded.read_block_ids)
                 for live, recorded in zip(self.groups, self.step.kv.groups)]
 
@@ -289,8 +287,9 @@ class StepDriver:
                    keep_kv_read: bool = False) -> Callable:
         """What runs in place of the runner's model call: restore (the recorded KV blocks, RNG
         states and padding rows; with `restore` False, a step whose runner carried its state from
-        the step before, only the padding rows), forward (timed), capture; `keep_kv_read`: also
-        copy the blocks the forward reads where the bundle saved none (`ObservedStep.kv_read`)."""
+        the step before, only the padding rows and the few KV blocks such a step saved), forward
+        (timed), capture; `keep_kv_read`: also copy the blocks the forward reads
+        (`ObservedStep.kv_read`)."""
         adapter = self.adapter
         backend = adapter.device_backend
 
@@ -314,8 +313,9 @@ class StepDriver:
             restore_padding = self._padding_restorer(live_ids, live_positions)
 
             def restore_recorded() -> None:
+                self._restore_kv()
                 if restore:
-                    self._restore_kv_and_rng()
+                    self.adapter.restore_rng_states(self.step.rng)
                 restore_padding()
 
             padded = int(live_ids.shape[0]) if live_ids is not None else self.step.num_real_rows

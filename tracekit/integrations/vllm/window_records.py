@@ -58,6 +58,98 @@ class WindowStep:
         return self.step.index
 
 
+class RequestLedger:
+    """Every request the runner holds, by id, kept as its bookkeeping keeps it from one recorded
+    scheduler output to the next (see the module doc). The blocks each step writes follow from the
+    scheduler outputs alone (a recorder keeps them before any sampled id is read); the output
+    tokens from the sampled ids too (`sampled`)."""
+
+    def __init__(self, requests: list[RequestState], frees_preempted: bool):
+        self.held = {request.req_id: copy.deepcopy(request) for request in requests}
+        self.frees_preempted = frees_preempted
+
+    def sampled(self, batch_order: list[str], sampled: list[list[int]] | None) -> None:
+        """A step's sampled ids, appended to its requests' outputs by the runner's bookkeeping."""
+        for req_id, ids in zip(batch_order, sampled or []):
+            if req_id in self.held:
+                self.held[req_id].output_token_ids.extend(ids)
+
+    def apply(self, record: dict[str, Any], where: str) -> set[str]:
+        """One recorded scheduler output applied to the held requests; returns the ids it adds."""
+        held = self.held
+        gone = set(_members(record.get("finished_req_ids")))
+        if self.frees_preempted:
+            gone |= set(_members(record.get("preempted_req_ids")))
+        for req_id in gone:
+            held.pop(req_id, None)
+        added = set()
+        for entry in _entries(record.get("scheduled_new_reqs"), f"{where}: scheduled_new_reqs"):
+            request = _new_request(entry, where)
+            held[request.req_id] = request
+            added.add(request.req_id)
+        cached = record.get("scheduled_cached_reqs")
+        if not isinstance(cached, dict):
+            raise BundleError(f"{where}: its scheduler output has no scheduled_cached_reqs map")
+        req_ids = _entries(cached.get("req_ids"), f"{where}: scheduled_cached_reqs.req_ids")
+        columns = {name: _entries(cached.get(name), f"{where}: scheduled_cached_reqs.{name}")
+                   for name in ("num_computed_tokens", "new_block_ids", "num_output_tokens")}
+        if any(len(values) != len(req_ids) for values in columns.values()):
+            raise BundleError(f"{where}: scheduled_cached_reqs' columns differ in length")
+        resumed = set(_members(cached.get("resumed_req_ids")))
+        every_token = cached.get("all_token_ids") if isinstance(cached.get("all_token_ids"), dict) else {}
+        for number, req_id in enumerate(req_ids):
+            request = held.get(req_id)
+            if request is None:
+                raise BundleError(f"{where} schedules request {req_id!r}, which the window does not hold by then")
+            request.num_computed_tokens = _count(columns["num_computed_tokens"][number], where)
+            blocks = _block_groups(columns["new_block_ids"][number], where)
+            if req_id in resumed:
+                request.block_ids = blocks or [[] for _ in request.block_ids]
+            elif blocks is not None:
+                if len(blocks) != len(request.block_ids):
+                    raise BundleError(f"{where}: request {req_id!r} gets blocks for {len(blocks)} KV cache groups, not "
+                                      f"{len(request.block_ids)}")
+                for ids, more in zip(request.block_ids, blocks):
+                    ids.extend(more)
+            outputs = _count(columns["num_output_tokens"][number], where)
+            tokens = every_token.get(req_id)
+            if isinstance(tokens, list) and outputs > 0:
+                request.output_token_ids = list(tokens[-outputs:])
+            elif outputs < len(request.output_token_ids):
+                del request.output_token_ids[outputs:]
+        return added
+
+    def scheduled(self, record: dict[str, Any], req_id: str, where: str) -> RequestState:
+        """A request of the step's batch as the step runs it, with the tokens the record schedules
+        for it (a copy: the ledger goes on)."""
+        request = self.held.get(req_id)
+        scheduled = record.get("num_scheduled_tokens")
+        if request is None or not isinstance(scheduled, dict) or req_id not in scheduled:
+            raise BundleError(f"{where}: its batch order names {req_id!r}, which its scheduler output does not "
+                              "schedule or the window does not hold")
+        state = copy.deepcopy(request)
+        state.num_scheduled_tokens = _count(scheduled[req_id], where)
+        return state
+
+    def written(self, record: dict[str, Any], block_sizes: list[int]) -> list[set[int]]:
+        """Per KV cache group, the blocks a step writes (those of its scheduled tokens), once its
+        scheduler output is applied."""
+        scheduled = record.get("num_scheduled_tokens")
+        written: list[set[int]] = [set() for _ in block_sizes]
+        for req_id, count in (scheduled.items() if isinstance(scheduled, dict) else ()):
+            request = self.held.get(req_id)
+            if request is None or type(count) is not int:
+                continue
+            start, end = request.num_computed_tokens, request.num_computed_tokens + count
+            for blocks, ids, size in zip(written, request.block_ids, block_sizes):
+                blocks.update(ids[start // size: -(-end // size)])
+        return written
+
+    def outside(self, batch: set[str]) -> list[RequestState]:
+        """The requests held outside a batch, as they stand."""
+        return [copy.deepcopy(request) for req_id, request in self.held.items() if req_id not in batch]
+
+
 def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list[WindowStep]:
     """Every step of the window `first` opens, in order (just the first for a single step).
     `frees_preempted`: the runner kind drops a preempted request's state (Model Runner V2);
@@ -66,22 +158,22 @@ def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list
     steps = [WindowStep(first, list(window.held_requests) if window else [], list(first.requests))]
     if window is None:
         return steps
-    held = {request.req_id: copy.deepcopy(request) for request in [*first.requests, *window.held_requests]}
+    ledger = RequestLedger([*first.requests, *window.held_requests], frees_preempted)
     previous = first
     for carried in window.steps:
         where = f"bundle content: step {carried.index} of the window"
-        _append_sampled(held, previous)
-        new = _apply(held, carried.scheduler_output, frees_preempted, where)
-        batch = [_scheduled(held, carried, req_id, where) for req_id in carried.batch_order]
+        ledger.sampled(previous.batch_order, previous.outputs.sampled_token_ids if previous.outputs else None)
+        new = ledger.apply(carried.scheduler_output, where)
+        batch = []
+        for req_id in carried.batch_order:
+            request = ledger.scheduled(carried.scheduler_output, req_id, where)
+            request.runner_state = dict(carried.runner_states.get(req_id, request.runner_state))
+            ledger.held[req_id].runner_state = dict(request.runner_state)
+            batch.append(request)
         _require_blocks_below(batch, num_kv_blocks, where)
         step = _as_step(first, carried, batch)
-        in_batch = set(carried.batch_order)
-        steps.append(WindowStep(
-            step,
-            held=[copy.deepcopy(request) for req_id, request in held.items() if req_id not in in_batch],
-            new=[request for request in batch if request.req_id in new],
-            carried=carried,
-        ))
+        steps.append(WindowStep(step, held=ledger.outside(set(carried.batch_order)),
+                                new=[request for request in batch if request.req_id in new], carried=carried))
         previous = step
     return steps
 
@@ -92,59 +184,6 @@ def _require_blocks_below(requests: list[RequestState], num_kv_blocks: int, wher
             if ids and max(ids) >= num_kv_blocks:
                 raise BundleError(f"{where}: request {request.req_id!r} holds block {max(ids)}, beyond the "
                                   f"{num_kv_blocks} KV blocks of bundle.engine.num_kv_blocks")
-
-
-def _append_sampled(held: dict[str, RequestState], previous: Step) -> None:
-    """The previous step's sampled ids, appended to its requests' outputs by the runner's bookkeeping."""
-    sampled = previous.outputs.sampled_token_ids if previous.outputs is not None else None
-    for req_id, ids in zip(previous.batch_order, sampled or []):
-        if req_id in held:
-            held[req_id].output_token_ids.extend(ids)
-
-
-def _apply(held: dict[str, RequestState], record: dict[str, Any], frees_preempted: bool, where: str) -> set[str]:
-    """One recorded scheduler output applied to the held requests; returns the ids it adds."""
-    gone = set(_members(record.get("finished_req_ids")))
-    if frees_preempted:
-        gone |= set(_members(record.get("preempted_req_ids")))
-    for req_id in gone:
-        held.pop(req_id, None)
-    added = set()
-    for entry in _entries(record.get("scheduled_new_reqs"), f"{where}: scheduled_new_reqs"):
-        request = _new_request(entry, where)
-        held[request.req_id] = request
-        added.add(request.req_id)
-    cached = record.get("scheduled_cached_reqs")
-    if not isinstance(cached, dict):
-        raise BundleError(f"{where}: its scheduler output has no scheduled_cached_reqs map")
-    req_ids = _entries(cached.get("req_ids"), f"{where}: scheduled_cached_reqs.req_ids")
-    columns = {name: _entries(cached.get(name), f"{where}: scheduled_cached_reqs.{name}")
-               for name in ("num_computed_tokens", "new_block_ids", "num_output_tokens")}
-    if any(len(values) != len(req_ids) for values in columns.values()):
-        raise BundleError(f"{where}: scheduled_cached_reqs' columns differ in length")
-    resumed = set(_members(cached.get("resumed_req_ids")))
-    every_token = cached.get("all_token_ids") if isinstance(cached.get("all_token_ids"), dict) else {}
-    for number, req_id in enumerate(req_ids):
-        request = held.get(req_id)
-        if request is None:
-            raise BundleError(f"{where} schedules request {req_id!r}, which the window does not hold by then")
-        request.num_computed_tokens = _count(columns["num_computed_tokens"][number], where)
-        blocks = _block_groups(columns["new_block_ids"][number], where)
-        if req_id in resumed:
-            request.block_ids = blocks or [[] for _ in request.block_ids]
-        elif blocks is not None:
-            if len(blocks) != len(request.block_ids):
-                raise BundleError(f"{where}: request {req_id!r} gets blocks for {len(blocks)} KV cache groups, not "
-                                  f"{len(request.block_ids)}")
-            for ids, more in zip(request.block_ids, blocks):
-                ids.extend(more)
-        outputs = _count(columns["num_output_tokens"][number], where)
-        tokens = every_token.get(req_id)
-        if isinstance(tokens, list) and outputs > 0:
-            request.output_token_ids = list(tokens[-outputs:])
-        elif outputs < len(request.output_token_ids):
-            del request.output_token_ids[outputs:]
-    return added
 
 
 def _new_request(entry: Any, where: str) -> RequestState:
@@ -164,27 +203,17 @@ def _new_request(entry: Any, where: str) -> RequestState:
     )
 
 
-def _scheduled(held: dict[str, RequestState], carried: CarriedStep, req_id: str, where: str) -> RequestState:
-    """The request of the batch as the step runs it (a copy: the ledger goes on)."""
-    request = held.get(req_id)
-    scheduled = carried.scheduler_output.get("num_scheduled_tokens")
-    if request is None or not isinstance(scheduled, dict) or req_id not in scheduled:
-        raise BundleError(f"{where}: its batch order names {req_id!r}, which its scheduler output does not schedule "
-                          "or the window does not hold")
-    state = copy.deepcopy(request)
-    state.num_scheduled_tokens = _count(scheduled[req_id], where)
-    state.runner_state = dict(carried.runner_states.get(req_id, state.runner_state))
-    held[req_id].runner_state = dict(state.runner_state)
-    return state
-
-
 def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) -> Step:
-    """A later step whole, from its record and its derived requests; no KV blocks are saved (the
-    cache holds what the steps before wrote)."""
+    """A later step whole, from its record and its derived requests; the KV blocks saved are
+    those it recorded (read from the prefix cache: no step of the window before it wrote them),
+    the cache holds the rest as the steps before wrote it."""
+    found = carried.kv.groups if carried.kv is not None else []
     groups = []
     for number, group in enumerate(first.kv.groups):
         read, written = blocks_read_and_written(requests, number, group.layout.block_size)
-        groups.append(KVGroupSnapshot(group.layer_names, group.layout, read, written, []))
+        saved = found[number] if number < len(found) else None
+        groups.append(KVGroupSnapshot(group.layer_names, group.layout, read, written,
+                                      list(saved.saved_block_ids) if saved else [], dict(saved.before) if saved else {}))
     graph = carried.graph or GraphDispatch(first.graph.compilation_mode, first.graph.cudagraph_mode)
     return Step(
         index=carried.index,
