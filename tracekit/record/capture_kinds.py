@@ -11,7 +11,8 @@ The recorder picks the kind when the step reaches its forward and then calls, in
 `after_forward`, `logits_computed`, and at the step's end either `receiver()` (what takes its
 sampled ids) or, for a failure, `failed(trigger, error)` (the step to write, or None); `stop()`
 lets go of anything hooked for the step. A kind never writes a bundle itself: it hands the
-recorder a step (`Recorder.submit`).
+recorder a step (`Recorder.submit`). A window's later steps have a kind of their own
+(`tracekit.record.window_capture.CarriedStepCapture`), picked when the step starts.
 """
 
 import dataclasses

@@ -12,7 +12,9 @@ triggers (`--on exception`, `--on nonfinite`), meant to stay armed in a serving 
 nothing in advance and leave a mark, copied only if the step fails or its outputs are not finite
 (`MarkedStep`). The recorder picks the kind at the forward and hands each later event of the
 step to it; it keeps what all kinds share: the step's place and phase, its copies to host, the
-bundle count, and the writing.
+bundle count, and the writing. With `window` N (`record --window`), a firing step opens a window
+(`window_capture.OpenWindow`): the next N-1 steps are captured lightly as it carries them
+(`CarriedStepCapture`, picked when each starts) and the window is written as one bundle.
 
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is

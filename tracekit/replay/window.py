@@ -22,7 +22,7 @@ from tracekit.format.schema import Step
 from tracekit.integrations.vllm.replay_engine import ReplayEngine, WindowStep
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_step, error_item, first_divergence, padding_findings
-from tracekit.replay.result import ReplayResult
+from tracekit.replay.result import ReplayResult, outcome_fields
 from tracekit.replay.verdict import Verdict, VerdictName, decide
 
 
@@ -133,14 +133,7 @@ class WindowReplayResult:
     def to_plain(self) -> dict[str, Any]:
         """The window as one record: its verdict, and each step's record."""
         return {
-            "bundle": self.bundle,
-            "step": self.step_index,
-            "trigger": self.trigger,
-            **self.verdict.to_plain(),
-            "exit_code": self.exit_code,
-            "reproduced": self.reproduced,
-            "bit_exact": self.bit_exact,
-            "first_divergence": self.first_divergence,
+            **outcome_fields(self),
             "window": self.window_fields(),
             "environment_differences": self.environment_differences,
             "overrides": self.overrides,

@@ -19,13 +19,19 @@ from typing import Any
 
 from rich.console import Console
 
-from tracekit import __version__
 from tracekit.errors import UsageError
 from tracekit.format.schema import Step
 from tracekit.outputs import require_parent
 from tracekit.share.properties import PropertyOutcome, StepProperty, StepReplayer, parse_property
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
-from tracekit.share.shrink_trials import EngineReplayer, ShrinkReport, ddmin, file_sha256, shortest_length, write_step
+from tracekit.share.shrink_trials import (
+    EngineReplayer,
+    ShrinkReport,
+    ddmin,
+    shortest_length,
+    shrink_derivation,
+    write_step,
+)
 
 
 class _Trials:
@@ -108,15 +114,8 @@ def shrink(
             seconds=0.0,
             kept=keep,
         )
-        derivation = {
-            "kind": "shrink",
-            "tool": f"tracekit {__version__}",
-            "from": {"file": Path(bundle).name, "sha256": file_sha256(bundle), "step": recorded.index},
-            "property": until,
-            **({"tolerance": tolerance} if until == "modes-differ" else {}),
-            **{name: getattr(report, name) for name in (
-                "requests_before", "requests_after", "tokens_before", "tokens_after", "replays", "kept")},
-        }
+        derivation = shrink_derivation(bundle, recorded.index, until, report,
+                                       **({"tolerance": tolerance} if until == "modes-differ" else {}))
         write_step(output, content, final, [derivation])
     report.seconds = time.perf_counter() - started
     return report

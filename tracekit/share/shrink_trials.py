@@ -28,6 +28,22 @@ class ShrinkReport:
         return dict(vars(self))
 
 
+def shrink_derivation(bundle: str | Path, step: int, until: str, report: ShrinkReport, **more: Any) -> dict[str, Any]:
+    """The `shrink` entry of the result's `derivations`: where it came from, the property, the
+    counts of the report, and `more` (a search's own fields)."""
+    from tracekit import __version__
+
+    return {
+        "kind": "shrink",
+        "tool": f"tracekit {__version__}",
+        "from": {"file": Path(bundle).name, "sha256": file_sha256(bundle), "step": step},
+        "property": until,
+        **more,
+        **{name: getattr(report, name) for name in (
+            "requests_before", "requests_after", "tokens_before", "tokens_after", "replays", "kept")},
+    }
+
+
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as stream:

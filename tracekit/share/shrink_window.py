@@ -27,7 +27,6 @@ from typing import Any
 
 from rich.console import Console
 
-from tracekit import __version__
 from tracekit.errors import UsageError
 from tracekit.format.schema import (
     BundleContent,
@@ -40,7 +39,7 @@ from tracekit.format.schema import (
 )
 from tracekit.outputs import require_parent
 from tracekit.share.reduce_step import reduce_step
-from tracekit.share.shrink_trials import EngineReplayer, ShrinkReport, ddmin, file_sha256, write_step
+from tracekit.share.shrink_trials import EngineReplayer, ShrinkReport, ddmin, shrink_derivation, write_step
 
 WINDOW_PROPERTIES = ("diverges", "raises")
 # The items a window may part at for its requests to be cut: what the runner fed the model, which
@@ -128,21 +127,16 @@ def shrink_window(bundle: str | Path, output: str | Path, until: str, *, content
         tokens_before=_tokens(steps), tokens_after=_tokens(final_steps), replays=trials.replays, seconds=0.0,
         kept=kept,
     )
-    derivation = {
-            "kind": "shrink",
-            "tool": f"tracekit {__version__}",
-        "from": {"file": Path(bundle).name, "sha256": file_sha256(bundle), "step": first.index},
-        "property": until,
-        "target": trials.target if until == "diverges" else f"step {last} raises",
-        "steps_before": [each.index for each in steps],
-        "steps_after": final.window_indices,
+    derivation = shrink_derivation(
+        bundle, first.index, until, report,
+        target=trials.target if until == "diverges" else f"step {last} raises",
+        steps_before=[each.index for each in steps],
+        steps_after=final.window_indices,
         # the KV blocks the first step reads: from the recording, or from the replay engine's
         # cache after a bit-exact replay of the steps dropped before it
-        "first_step_kv": "recorded" if start == steps[0].index else "replayed",
+        first_step_kv="recorded" if start == steps[0].index else "replayed",
         **({"requests_not_cut": cut_note} if cut_note else {}),
-        **{name: getattr(report, name) for name in (
-            "requests_before", "requests_after", "tokens_before", "tokens_after", "replays", "kept")},
-    }
+    )
     write_step(output, content, final, [derivation])
     report.seconds = time.perf_counter() - started
     return report
