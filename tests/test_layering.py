@@ -104,7 +104,7 @@ SHARED_NAMES = {
     "prompt_token_ids", "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "gpu", "np",
     "dispatch", "shutdown", "get_output", "sampled_token_ids", "prefill_len", "worker", "kv_cache", "batch_descriptor",
     "req_id_to_index", "engine_core", "num_blocks", "block_size", "finished_req_ids", "add_request", "compilation_config",
-    "mode", "cudagraph_mode", "num_reqs", "num_prompt_tokens", "num_tokens",
+    "mode", "cudagraph_mode", "num_reqs", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "seed",
 }
 
 

@@ -179,15 +179,15 @@ def _write(path: str | None, results: dict) -> None:
 
 
 # The recorder's callbacks from inside the engine's step (`StepObserver`).
-CALLBACKS = ("step_started", "before_forward", "after_forward", "logits_computed", "phase_entered",
-             "output_receiver", "step_failed")
+CALLBACKS = ("step_started", "idle_step", "before_forward", "after_forward", "logits_computed", "phase_entered",
+             "sampling", "output_receiver", "step_failed")
 
 
 def _time_callbacks(recorder, per_step: dict[int, float] | None = None) -> dict[str, float]:
     """Time every callback the engine makes into `recorder` (us, summed), for this session; and
-    into `per_step`, by step index, with the sampled ids' receipt (`_finish`) too."""
+    into `per_step`, by step index, with the sampled ids' receipt (`end_step`) too."""
     spent = dict.fromkeys(CALLBACKS, 0.0)
-    for name in CALLBACKS + (("_finish",) if per_step is not None else ()):
+    for name in CALLBACKS + (("end_step",) if per_step is not None else ()):
         method = getattr(recorder, name)
 
         def timed(*args, method=method, name=name):

@@ -77,6 +77,7 @@ bundles holding recorded content; 0 tracebacks (docs/FORMAT-RATIONALE.md has the
 """
 
 import argparse
+import copy
 import hashlib
 import os
 import random
@@ -113,7 +114,7 @@ def write_seeds(directory: Path) -> list[Path]:
     numpy-less dtypes, a step-schema bundle for inspect's tables, hostile names; golden v1; a
     real recording, and the same in schema version 2 with every optional part filled in (runner
     state of both runner kinds, rank fields, derivations, an error, per-layer outputs,
-    speculative decoding)."""
+    speculative decoding, a window)."""
     from tracekit.format import BundleWriter
     from tracekit.format.rewrite import rewrite_bundle
 
@@ -187,6 +188,19 @@ def filled_in_schema_2(metadata: dict, tensors: dict) -> None:
     metadata["engine"]["draft_model"] = {"path": "/nowhere/draft", "architecture": "EagleLlamaForCausalLM",
                                          "weights_fingerprint": "dummy"}
     metadata["engine"]["engine_args"]["speculative_config"] = {"method": "eagle", "num_speculative_tokens": 2}
+    later = step["index"] + 1  # a window of two steps: the later one repeats the first's deltas
+    step["window"] = {
+        "requested": 3,
+        "steps": [{"index": later, "scheduler_output": copy.deepcopy(step["scheduler_output"]),
+                   "batch_order": list(step["batch_order"]),
+                   "runner_states": {step["requests"][0]["req_id"]: {"seed": 7, "prefill_len": 3}},
+                   "input_ids": step["input_ids"], "positions": step["positions"], "graph": step["graph"],
+                   "rng": step["rng"], "outputs": {name: step["outputs"][name]
+                                                   for name in ("hidden_states", "logits", "sampled_token_ids")},
+                   "timing": {"forward_us": 1.5}, "grammar_output": None}],
+        "held_requests": [],
+        "calls": [{"call": call, "step": index} for index in (step["index"], later) for call in ("execute", "sample", "output")],
+    }
 
 
 def seed_paths(directory: Path) -> list[Path]:

@@ -117,3 +117,23 @@ def compiled_replays(e2e_dir, runner_kind, compiled_bundles):
     for kind in BUILTIN_STEP_KINDS:
         chosen.update(list(of_kind(compiled_bundles, kind).items())[:1])
     return engine_script("replay_many", e2e_dir / "compiled_replays.json", *chosen.values(), runner=runner_kind)
+
+
+@pytest.fixture(scope="session")
+def window_bundle(e2e_dir, runner_kind):
+    """An 8-step window of the built-in workload from its first step, eager (`record --window`):
+    the steps `builtin_bundles` recorded one by one, in one bundle."""
+    out = e2e_dir / "window.zst"
+    finished = tracekit(
+        "record", "--enforce-eager", "-o", out, "--steps", "0", "--window", 8,
+        "--max-tokens", BUILTIN_MAX_TOKENS[runner_kind], runner=runner_kind,
+    )
+    assert finished.returncode == 0, finished.explain()
+    return out
+
+
+@pytest.fixture(scope="session")
+def window_scenario_bundles(e2e_dir, runner_kind):
+    """Windows of 6 steps tiling a run with preemption and resume, one request sampling at random
+    unseeded (`record_scenario.py windows`), by first step."""
+    return _scenario(e2e_dir, "windows", runner_kind)

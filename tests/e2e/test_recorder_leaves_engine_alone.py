@@ -20,6 +20,16 @@ def test_recording_every_step_leaves_outputs_unchanged(recorder_behaviour):
     assert seen >= 8 and len(recorder_behaviour["armed_written"]) == seen
 
 
+def test_recording_windows_of_every_step_leaves_outputs_unchanged(recorder_behaviour):
+    """Windows of 3 steps tiling the run (issue 32): the same tokens, every step in one window."""
+    from e2e_support import read_step
+
+    assert recorder_behaviour["windowed"] == recorder_behaviour["unarmed"][0]
+    assert not recorder_behaviour["windowed_failures"]
+    covered = sorted(index for path in recorder_behaviour["windowed_written"] for index in read_step(path).window_indices)
+    assert covered == list(range(recorder_behaviour["windowed_steps_seen"]))
+
+
 def test_output_dir_removed_after_arming_leaves_outputs_unchanged_and_no_bundle(recorder_behaviour):
     assert recorder_behaviour["removed_dir_outputs"] == recorder_behaviour["unarmed"][0]
     assert recorder_behaviour["removed_dir_written"] == []

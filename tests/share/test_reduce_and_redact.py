@@ -19,7 +19,7 @@ from tracekit.format.schema import BundleContent
 from tracekit.integrations.vllm.runner_state import blocks_read_and_written
 from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact_step
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
-from tracekit.share.shrink import ddmin, shortest_length
+from tracekit.share.shrink_trials import ddmin, shortest_length
 
 SAMPLE = Path(__file__).parents[2] / "traces" / "tiny-llama-mixed-step.zst"
 TRACEKIT = Path(sys.executable).parent / "tracekit"

@@ -108,6 +108,7 @@ def _summary(reader, full: bool = False) -> dict:
             "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
             "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if step.error is not None else None,
+            "window": _window_summary(step),
         }
         for step in content.steps
     ]
@@ -130,17 +131,50 @@ def _spec_decode_summary(step) -> dict | None:
             "drafter_calls": len(record.drafter_calls), "proposals": record.proposals is not None}
 
 
+def _window_summary(step) -> dict | None:
+    """The steps a step's window holds after it (`record --window`), each in a line's worth."""
+    window = step.window
+    if window is None:
+        return None
+    calls = [(call["call"], call["step"]) for call in window.calls]
+    overlap = any(("execute", index + 1) in calls and ("output", index) in calls
+                  and calls.index(("output", index)) > calls.index(("execute", index + 1))
+                  for index in step.window_indices)
+    return {
+        "steps": step.window_indices,
+        "requested": window.requested,
+        "held_requests": [request.req_id for request in window.held_requests],
+        "outputs_read_after_the_next_step": overlap,
+        "later": [
+            {"index": carried.index, "requests": len(carried.batch_order),
+             "tokens": carried.graph.num_tokens if carried.graph is not None else None,
+             "runtime_mode": carried.graph.runtime_mode if carried.graph is not None else None,
+             "num_tokens_padded": carried.graph.num_tokens_padded if carried.graph is not None else None,
+             "forward_us": carried.timing.forward_us,
+             "error": carried.error.get("type") if carried.error is not None else None}
+            for carried in window.steps
+        ],
+    }
+
+
 def derivation_lines(derivations: list[dict]) -> list[str]:
     """One line per thing done to the recorded bundle (`tracekit shrink`, `tracekit redact`)."""
     lines = []
     for entry in derivations:
         if entry.get("kind") == "shrink":
             source = entry.get("from") if isinstance(entry.get("from"), dict) else {}
+            steps = ""
+            if isinstance(entry.get("steps_before"), list) and isinstance(entry.get("steps_after"), list):
+                before, after = entry["steps_before"] or ["?"], entry["steps_after"] or ["?"]
+                replayed = " (the first step's KV from a replay of the steps dropped)" if entry.get("first_step_kv") == "replayed" else ""
+                steps = f"window steps {before[0]}..{before[-1]} -> {after[0]}..{after[-1]}{replayed}, "
+            outputs = ("float outputs dropped where requests were cut" if "steps_after" in entry
+                       else "no recorded outputs")
             lines.append(
                 f"SHRUNK from {source.get('file')} (sha256 {str(source.get('sha256'))[:12]}...) until "
-                f"{entry.get('property')}: requests {entry.get('requests_before')} -> {entry.get('requests_after')}, "
+                f"{entry.get('property')}: {steps}requests {entry.get('requests_before')} -> {entry.get('requests_after')}, "
                 f"tokens {entry.get('tokens_before')} -> {entry.get('tokens_after')}, {entry.get('replays')} replays; "
-                "no recorded outputs"
+                f"{outputs}"
             )
         elif entry.get("kind") == "redact":
             lines.append(f"REDACTED (neutral token id {entry.get('neutral_token_id')}); removed:")
@@ -238,6 +272,8 @@ def _print_table(summary: dict, verify_report) -> None:
                     f"  [red]the step raised {inert(error['type'])} in its "
                     f"{inert(error['phase'] or 'forward')} phase: {inert(error['message'])}[/]"
                 )
+            if step["window"]:
+                _print_window(console, step["window"])
         _print_omitted(console, "steps", len(summary["steps"]))
     else:
         console.print(inert(summary["content"]))
@@ -252,6 +288,21 @@ def _print_table(summary: dict, verify_report) -> None:
     if verify_report is not None:
         console.print(f"verify: all {len(verify_report.parts_checked)} parts intact" if verify_report.ok
                       else f"verify: {len(verify_report.damaged)} damaged part(s)")
+
+
+def _print_window(console, window: dict) -> None:
+    steps = window["steps"]
+    held = f", {len(window['held_requests'])} request(s) held outside the first batch" if window["held_requests"] else ""
+    order = ("the engine read each step's output after the next step ran (async scheduling)"
+             if window["outputs_read_after_the_next_step"] else "the engine read each step's output before the next")
+    console.print(f"  window: steps {steps[0]}..{steps[-1]} ({len(steps)} of {window['requested']} asked for){held}; "
+                  f"{order}")
+    for later in window["later"][:MAX_TABLE_ROWS]:
+        forward = f", forward {later['forward_us'] / 1000:.3f} ms" if later["forward_us"] is not None else ""
+        error = f", [red]raised {inert(later['error'])}[/]" if later["error"] else ""
+        console.print(f"    step {later['index']}: {later['requests']} request(s), {inert(later['tokens'])} tokens -> "
+                      f"{inert(later['num_tokens_padded'])} padded, graph {inert(later['runtime_mode'])}{forward}{error}")
+    _print_omitted(console, "steps of the window", len(window["later"]))
 
 
 def _print_rank_set(console, rank_set: dict) -> None:

@@ -37,8 +37,12 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
 @click.option("--layers", is_flag=True,
               help="Also store every decoder layer's output (norms, attention, MLP) of a recorded step, so "
                    "a replay names the first layer that diverges. Needs an eager engine (--enforce-eager).")
+@click.option("--window", type=int, default=1, show_default=True,
+              help="Keep this many consecutive steps in each bundle from a firing step on: the first whole, "
+                   "each later one as the engine handed it to the model runner and what came out, so a replay "
+                   "lets the runner carry its state from step to step. Starts at --steps/--when.")
 @click.pass_context
-def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles, layers):
+def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles, layers, window):
     """Record engine steps of a real vLLM engine into bundles."""
     from tracekit.record.session import record_workload
 
@@ -56,6 +60,7 @@ def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, out
         output=output,
         max_bundles=max_bundles,
         layers=layers,
+        window=window,
     )
     if not written:
         raise UsageError("no step matched the trigger; nothing was recorded")

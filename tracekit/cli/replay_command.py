@@ -26,6 +26,9 @@ from tracekit.errors import CannotRunHere, UsageError
 )
 @click.argument("arguments", nargs=-1, metavar="BUNDLE... [ENGINE ARGS]")
 @click.option("--step", type=int, default=None, help="Engine step index to replay (default: the first).")
+@click.option("--from", "from_step", type=int, default=None,
+              help="In a window of steps: rebuild the model runner's state at this step as a single-step replay "
+                   "builds it, instead of letting the runner carry it there (the steps before still run, carried).")
 @click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
 @click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
 @click.option("--mode", "modes", default="reference", show_default=True,
@@ -54,8 +57,8 @@ from tracekit.errors import CannotRunHere, UsageError
               help="Draw the latency distributions against the recorded time (and, where a replay is "
                    "not bit-exact, the relative error per layer) into this PNG. Needs matplotlib.")
 @click.pass_context
-def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, no_timing, iters, samples, tolerance,
-                   strict, layers_out, json_out, keep_going, profile_dir, full_engine, plot_path):
+def replay_command(ctx, arguments, step, from_step, model, allow_weights_mismatch, modes, no_timing, iters, samples,
+                   tolerance, strict, layers_out, json_out, keep_going, profile_dir, full_engine, plot_path):
     """Rebuild the engine of each BUNDLE (a file, a folder of .zst bundles, a glob), run its
     step, compare with the recording. Any vLLM engine argument after the bundles overrides the
     recorded one."""
@@ -102,6 +105,8 @@ def replay_command(ctx, arguments, step, model, allow_weights_mismatch, modes, n
     )
     if layers_out:
         options["layers_out"] = layers_out
+    if from_step is not None:
+        options["from_step"] = from_step
     profile = Path(profile_dir) if profile_dir else None
     report_stream = sys.stderr if json_out == "-" else sys.stdout
     names = dict(zip(bundles, unique_names(bundles)))
@@ -188,8 +193,9 @@ def _replay_single(opened, name: str, profile: Path | None, options: dict, progr
     own exit code, and a failure inside vLLM or the device is reported as a crash (exit 4)."""
     from tracekit.cli.isolation import print_crash
     from tracekit.cli.replay_report import print_report
+    from tracekit.cli.window_report import print_window_report
     from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
-    from tracekit.replay.replayer import replay
+    from tracekit.replay.replayer import WindowReplayResult, replay
     from tracekit.replay.suite import SuiteRecord, record_of
     from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
@@ -211,8 +217,14 @@ def _replay_single(opened, name: str, profile: Path | None, options: dict, progr
                              seconds=time.perf_counter() - started)
         progress.finished({**record.to_plain(), **facts})
         return record.exit_code
+    seconds = time.perf_counter() - started
+    if isinstance(result, WindowReplayResult):  # one record per step of the window
+        print_window_report(result, stream)
+        for step_record in result.step_records():
+            progress.finished({"name": name, "engine": 1, "engine_built": True, "seconds": round(seconds, 3), **step_record})
+        return result.exit_code
     print_report(result, stream)
-    record = record_of(result, name, engine=1, engine_built=True, seconds=time.perf_counter() - started)
+    record = record_of(result, name, engine=1, engine_built=True, seconds=seconds)
     progress.finished(record.to_plain())
     return record.exit_code
 

@@ -66,37 +66,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     for note in result.notes:
         console.print(f" [yellow]![/yellow] {inert(note)}")
     _print_dispatch(console, result.dispatch, attention=not result.bit_exact)
-
-    checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
-    checks.add_column("item", overflow="fold")
-    for column in ("bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
-        checks.add_column(column)
     verdict = result.verdict
-    for item in result.checks:
-        if not item.decides:
-            continue
-        details = item.details
-        if item.bit_exact:
-            agreement = "[green]yes[/green]"
-        elif item.within_tolerance:
-            agreement = "[yellow]within tol[/yellow]"
-        elif verdict.name == VerdictName.PLATFORM_DIFFERENCE:
-            agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
-        elif verdict.name == VerdictName.RELEASE_DIFFERENCE:
-            agreement = "[yellow]release[/yellow]"  # not bit-exact, within the bound, under another release
-        else:
-            agreement = "[red]NO[/red]"
-        checks.add_row(
-            inert(item.name),
-            agreement,
-            _number(details.get("max_abs")),
-            _number(details.get("relative_rms")),
-            _number(details.get("argmax_agreement", details.get("agreement"))),
-        )
-    console.print(checks)
-    for item in result.checks:
-        for row in item.details.get("differing_rows", []):
-            console.print(f"   {inert(verdicts.describe_differing_row(row))}")
+    print_checks(console, result, verdict)
     _print_padding(console, result)
     if result.layer_checks:
         first_layer = result.first_diverging_layer
@@ -154,9 +125,16 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         if report.get("profile_trace"):
             console.print(f"   {mode}: profile trace {inert(report['profile_trace'])} (open in ui.perfetto.dev)")
 
+    padding = any(not item.decides for item in result.checks)
+    print_verdict(console, verdict, result.first_divergence, result.tolerance, padding)
+
+
+def print_verdict(console: Console, verdict: Any, first_divergence: str | None, tolerance: float, padding: bool) -> None:
+    """The report's last line: the verdict, in words, and why (`padding`: padding rows were
+    compared apart)."""
     headline = {
         VerdictName.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
-        VerdictName.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {result.tolerance:g})",
+        VerdictName.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {tolerance:g})",
         VerdictName.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
         VerdictName.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
         VerdictName.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
@@ -166,10 +144,44 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         VerdictName.NONFINITE_GONE: "[bold red]NOT REPRODUCED[/bold red] (the non-finite outputs are gone)",
         VerdictName.NONFINITE_APPEARED: "[bold red]NOT REPRODUCED[/bold red] (non-finite outputs appeared)",
         VerdictName.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
-                              f"[bold]{inert(str((verdict.beyond_bound or [result.first_divergence])[0]))}[/bold]",
+                              f"[bold]{inert(str((verdict.beyond_bound or [first_divergence])[0]))}[/bold]",
     }[verdict.name]
-    real_rows = " (real rows; padding rows reported apart)" if any(not item.decides for item in result.checks) else ""
+    real_rows = " (real rows; padding rows reported apart)" if padding else ""
     console.print(f"verdict [bold]{verdict.name.value}[/bold]: {headline}{real_rows} ({inert(verdict.reason)})")
+
+
+def print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
+    """The step's items against the recording (those that decide), then the requests whose
+    sampled ids differ; `verdict` says how an item that is not bit-exact counts (the platform's)."""
+    checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
+    checks.add_column("item", overflow="fold")
+    for column in ("bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
+        checks.add_column(column)
+    for item in result.checks:
+        if not item.decides:
+            continue
+        details = item.details
+        if item.bit_exact:
+            agreement = "[green]yes[/green]"
+        elif item.within_tolerance:
+            agreement = "[yellow]within tol[/yellow]"
+        elif verdict.name == VerdictName.PLATFORM_DIFFERENCE:
+            agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
+        elif verdict.name == VerdictName.RELEASE_DIFFERENCE:
+            agreement = "[yellow]release[/yellow]"  # not bit-exact, within the bound, under another release
+        else:
+            agreement = "[red]NO[/red]"
+        checks.add_row(
+            inert(item.name),
+            agreement,
+            _number(details.get("max_abs")),
+            _number(details.get("relative_rms")),
+            _number(details.get("argmax_agreement", details.get("agreement"))),
+        )
+    console.print(checks)
+    for item in result.checks:
+        for row in item.details.get("differing_rows", []):
+            console.print(f"   {inert(verdicts.describe_differing_row(row))}")
 
 
 def _print_dispatch(console: Console, audited: dict[str, Any], attention: bool) -> None:

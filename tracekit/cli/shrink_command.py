@@ -14,7 +14,8 @@ import click
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the shrunk bundle.")
 @click.option("--until", "until", required=True,
               help="What must stay true: raises | nonfinite | modes-differ | command:CMD "
-                   "(CMD exits 0 on the cut bundle; {bundle} in CMD is its path, else it is appended).")
+                   "(CMD exits 0 on the cut bundle; {bundle} in CMD is its path, else it is appended); for a "
+                   "window of steps: diverges (parts from the recording at the same step and item) | raises.")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="modes-differ: the relative RMS the two modes must differ by (0: any bit).")
 @click.option("--step", type=int, default=None, help="Engine step index to shrink (default: the first).")

@@ -364,6 +364,79 @@ class StepError(TypedDict, total=False):
     phase: str  # where: "prepare", "forward", "logits", "sampling" or "bookkeeping"
 
 
+class RunnerCall(str, Enum):
+    """A model runner call a window records, in the order the engine made it (`StepWindow.calls`)."""
+
+    EXECUTE = "execute"  # execute_model: the scheduler output applied, the forward run
+    SAMPLE = "sample"  # sample_tokens
+    OUTPUT = "output"  # the engine read the step's output (under async scheduling, after later calls)
+
+
+RUNNER_CALLS = tuple(call.value for call in RunnerCall)
+
+
+class WindowCall(TypedDict):
+    """One call of `StepWindow.calls`: which, of which step (its engine step index)."""
+
+    call: str  # a `RunnerCall`
+    step: Count
+
+
+@dataclass
+class CarriedStep(SchemaRecord):
+    """A later step of a window: what the engine handed the runner and what came out. The runner's
+    state is what it carried from the step before, so there are no request states and no KV
+    blocks: the scheduler output (its deltas), what only the runner kind keeps per request, the
+    inputs and the outputs."""
+
+    index: Count  # the engine step, the one after the window's previous step
+    scheduler_output: dict[str, Any]  # a tagged vLLM SchedulerOutput, as the runner received it
+    batch_order: list[str]
+    # Per request of the batch, what only the recording runner kind keeps (`RequestState.runner_state`).
+    runner_states: dict[str, RunnerState] = field(default_factory=dict)
+    # As fed to the model (padded); None for a step that failed before its inputs were prepared
+    input_ids: Tensor | None = None
+    positions: Tensor | None = None
+    graph: GraphDispatch | None = None  # None for a step that failed before its forward
+    rng: dict[str, Tensor] = field(default_factory=dict)  # global generator states at the forward
+    # The KV blocks it reads that no step of the window before it wrote or saved: those its new
+    # and resumed requests found computed in the prefix cache (saved blocks only; None: none)
+    kv: KVSnapshot | None = None
+    outputs: StepOutputs | None = None
+    timing: StepTiming = field(default_factory=StepTiming)
+    error: StepError | None = None  # if the step raised (the window's last step)
+    # The `GrammarOutput` the engine handed `sample_tokens` (structured outputs), a tagged vLLM
+    # object; None: none.
+    grammar_output: dict[str, Any] | None = None
+
+
+@dataclass
+class StepWindow(SchemaRecord):
+    """The steps after a bundle's first, recorded as one window (`tracekit record --window N`):
+    the first step is recorded whole, each later one as what the engine handed its runner and
+    what came out, the runner carrying its own state from one to the next."""
+
+    requested: Annotated[int, Range(2, INT32_MAX)]  # the steps asked for, the first included
+    steps: list[CarriedStep] = field(default_factory=list)
+    # Requests the runner held at the first step outside its batch (not scheduled in it, or
+    # preempted), with num_scheduled_tokens 0: a later step may schedule them again.
+    held_requests: list[RequestState] = field(default_factory=list)
+    # The runner calls of the window's steps in the order the engine made them.
+    calls: list[WindowCall] = field(default_factory=list)
+
+    def check_values(self, where: str) -> None:
+        """Each later step follows the one before, and every call names a known call of a step
+        of the window."""
+        for number, (before, after) in enumerate(zip(self.steps, self.steps[1:]), 1):
+            if after.index != before.index + 1:
+                raise BundleError(f"bundle content: {where}.steps[{number}].index {after.index} does not follow "
+                                  f"step {before.index}: a window's steps are consecutive")
+        for number, call in enumerate(self.calls):
+            if call["call"] not in RUNNER_CALLS:
+                raise BundleError(f"bundle content: {where}.calls[{number}].call {call['call']!r} is none of "
+                                  f"{', '.join(RUNNER_CALLS)}")
+
+
 @dataclass
 class Step(SchemaRecord):
     index: Count  # the engine step (count of non-empty forwards since arming, from 0)
@@ -381,6 +454,26 @@ class Step(SchemaRecord):
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised
     spec_decode: SpecDecodeRecord | None = None  # the engine decodes speculatively
+    # The steps recorded after this one as a window (`tracekit record --window N`); None: a single step
+    window: StepWindow | None = None
+
+    def check_values(self, where: str) -> None:
+        """A window's steps follow this one, and its calls name its steps."""
+        if self.window is None:
+            return
+        if self.window.steps and self.window.steps[0].index != self.index + 1:
+            raise BundleError(f"bundle content: {where}.window.steps[0].index {self.window.steps[0].index} does not "
+                              f"follow step {self.index}: a window's steps are consecutive")
+        last = self.index + len(self.window.steps)
+        for number, call in enumerate(self.window.calls):
+            if not self.index <= call["step"] <= last:
+                raise BundleError(f"bundle content: {where}.window.calls[{number}] names step {call['step']}, "
+                                  f"not one of the window's steps {self.index}..{last}")
+
+    @property
+    def window_indices(self) -> list[int]:
+        """The engine step indices of this step and the steps of its window, in order."""
+        return [self.index, *(carried.index for carried in self.window.steps)] if self.window else [self.index]
 
     def request(self, req_id: str) -> RequestState:
         """The recorded state of request `req_id` (a `BundleError` when the step has none)."""
@@ -510,6 +603,9 @@ class BundleContent(SchemaRecord):
         blocks = self.engine.num_kv_blocks
         for number, step in enumerate(self.steps):
             named = [(f"requests[{i}].block_ids", ids) for i, request in enumerate(step.requests) for ids in request.block_ids]
+            if step.window is not None:
+                named += [(f"window.held_requests[{i}].block_ids", ids)
+                          for i, request in enumerate(step.window.held_requests) for ids in request.block_ids]
             named += [(f"kv.groups[{i}].{name}", getattr(group, name)) for i, group in enumerate(step.kv.groups)
                       for name in ("read_block_ids", "written_block_ids", "saved_block_ids")]
             for place, ids in named:

@@ -71,12 +71,16 @@ class StepObserver(Protocol):
     sampled ids. Under speculative decoding the drafter runs inside `sample_tokens`: each call of
     its model is reported (`drafter_called`, keyword inputs and output), and just before
     `output_receiver()` `drafts_proposed` gets a function that reads its proposals (an observer
-    that does not keep them does not call it).
+    that does not keep them does not call it). `sampling` comes as `sample_tokens` is called, with
+    the grammar output the engine hands it. `idle_step` reports a scheduler output without tokens
+    (it only finishes requests; no step runs).
     """
 
     tracking: bool
 
     def step_started(self, scheduler_output: Any) -> None: ...
+
+    def idle_step(self, scheduler_output: Any) -> None: ...
 
     def before_forward(self, input_ids: Any, positions: Any) -> None: ...
 
@@ -89,6 +93,8 @@ class StepObserver(Protocol):
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None: ...
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None: ...
+
+    def sampling(self, grammar_output: Any) -> None: ...
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]: ...
 
@@ -106,6 +112,9 @@ class ObservedStep:
     logits: Any = None
     sampled_token_ids: list[list[int]] | None = None
     kv_after: list[dict[str, Any]] = field(default_factory=list)  # per KV group: layer -> written blocks
+    # Per KV group, layer -> the blocks a step rebuilt on the KV cache as earlier steps left it
+    # reads, as its forward read them (None: not asked for)
+    kv_read: list[dict[str, Any]] | None = None
     # KV blocks the forward changed beyond those the step writes (per group, sorted)
     kv_changed_elsewhere: list[list[int]] = field(default_factory=list)
     forward_us: float | None = None  # the checked (first) forward

@@ -45,17 +45,21 @@ def recording(
     kv: str = "read",
     max_bundles: int = DEFAULT_MAX_BUNDLES,
     layers: bool = False,
+    window: int = 1,
 ) -> Iterator[Recorder | WorkerRecording]:
     """Arm a recorder on `llm` for the block; bundles are all written when it exits. `layers`:
-    also store every decoder layer's output of a recorded step (eager engines only)."""
+    also store every decoder layer's output of a recorded step (eager engines only). `window`:
+    each bundle keeps that many consecutive steps from a firing step on, the runner carrying its
+    state from one to the next (`tracekit record --window`)."""
     triggers = TriggerSet(steps=steps, when=when, events=tuple(on))
     if workers.runner_in_this_process(llm):
-        recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles, layers=layers)
+        recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles, layers=layers,
+                            window=window)
         with recorder:
             yield recorder
         return
     with _recording_in_workers(
-        llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles, layers
+        llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles, layers, window
     ) as remote:
         yield remote
 

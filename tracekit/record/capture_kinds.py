@@ -11,7 +11,8 @@ The recorder picks the kind when the step reaches its forward and then calls, in
 `after_forward`, `logits_computed`, and at the step's end either `receiver()` (what takes its
 sampled ids) or, for a failure, `failed(trigger, error)` (the step to write, or None); `stop()`
 lets go of anything hooked for the step. A kind never writes a bundle itself: it hands the
-recorder a step (`Recorder.submit`).
+recorder a step (`Recorder.submit`). A window's later steps have a kind of their own
+(`tracekit.record.window_capture.CarriedStepCapture`), picked when the step starts.
 """
 
 import dataclasses
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tracekit.format.schema import KVMode, Step
+from tracekit.format.schema import KVMode, RequestState, Step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
@@ -48,6 +49,7 @@ class PendingStep:
     phase: Phase = Phase.PREPARE
     capture: "StepCapture | None" = None  # picked at the forward; None: nothing may fire for it
     copies: list[HostCopy] = field(default_factory=list)  # the step's copies to host
+    window: Any = None  # the `OpenWindow` this step opened (`record --window N`), if any
 
 
 class Recording(Protocol):
@@ -69,6 +71,8 @@ class Recording(Protocol):
 
     def submit(self, pending: PendingStep, step: Step, trigger: str) -> None: ...
 
+    def write_window(self, first: Step, copies: list[HostCopy], now: bool) -> None: ...
+
     def count_bundle(self) -> None: ...
 
     def deferral_started(self) -> None: ...
@@ -84,6 +88,9 @@ class StepCapture:
         self.recorder = recorder
         self.pending = pending
 
+    def before_forward(self, input_ids: Any, positions: Any) -> None:
+        """The model call is about to read these inputs (for a kind picked before the forward)."""
+
     def after_forward(self, output: Any) -> None:
         """The model call returned `output`."""
 
@@ -95,6 +102,9 @@ class StepCapture:
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         """`sample_tokens` returned: `read()` gives the drafter's proposals for the next step."""
+
+    def sampling(self, grammar_output: Any) -> None:
+        """`sample_tokens` is called with this grammar output (None: no structured outputs)."""
 
     def receiver(self) -> Receiver:
         """`sample_tokens` returned: what takes the step's sampled ids (maybe after the next step started)."""
@@ -108,31 +118,48 @@ class StepCapture:
         """Let go of whatever was hooked for the step."""
 
 
+class ForwardTimer:
+    """The model call of a copied step, timed from now as `StepTiming` records it: on the
+    device's own clock where it has one, its process CPU time beside."""
+
+    def __init__(self, recorder: Recording):
+        self.recorder = recorder
+        self.cpu_started = time.process_time()
+        self.timer: RegionTimer | None = RegionTimer(recorder.adapter.device_backend, recorder.head_start_us)
+
+    def stop(self, timing: Any) -> bool:
+        """Note the forward's times in `timing`; False if already stopped (a step's later model
+        calls are not its forward)."""
+        if self.timer is None:
+            return False
+        timer, self.timer = self.timer, None
+        measured = timer.stop()
+        timing.forward_us, timing.forward_timer = measured.us, measured.timer
+        timing.forward_cpu_us = (time.process_time() - self.cpu_started) * 1e6
+        # The next recorded forward's head start covers twice this one's host issue.
+        self.recorder.head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
+        return True
+
+
 class CopiedStep(StepCapture):
     """A step trigger fired: the step is copied just before its forward (inputs and the KV
     blocks it reads), its forward timed, its outputs copied as they come."""
 
-    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool):
+    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool,
+                 held: list[RequestState] = ()):
         super().__init__(recorder, pending)
         adapter = recorder.adapter
         copy = recorder.new_copy(pending)
-        self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy)
+        self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy, held=held)
         copy.finish()  # the forward, which writes KV, runs after the copy
         self.step.timing.first_of_its_size = first_of_its_size
         self.layers = layer_capture.LayerCapture(adapter.model).__enter__() if recorder.layers else None
-        self.cpu_started = time.process_time()
-        self.forward_timer: RegionTimer | None = RegionTimer(adapter.device_backend, recorder.head_start_us)
+        self.forward_timer = ForwardTimer(recorder)
 
     def after_forward(self, output: Any) -> None:
-        if self.forward_timer is None:  # a later model call of the same step
-            return
         recorder, pending, step = self.recorder, self.pending, self.step
-        timer, self.forward_timer = self.forward_timer, None
-        measured = timer.stop()
-        step.timing.forward_us, step.timing.forward_timer = measured.us, measured.timer
-        step.timing.forward_cpu_us = (time.process_time() - self.cpu_started) * 1e6
-        # The next recorded forward's head start covers twice this one's host issue.
-        recorder.head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
+        if not self.forward_timer.stop(step.timing):  # a later model call of the same step
+            return
         layers = self._stop_layers()
         copy = recorder.new_copy(pending)
         step_capture.capture_after_forward(recorder.adapter, step, output, copy)

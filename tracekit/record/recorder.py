@@ -12,7 +12,9 @@ triggers (`--on exception`, `--on nonfinite`), meant to stay armed in a serving 
 nothing in advance and leave a mark, copied only if the step fails or its outputs are not finite
 (`MarkedStep`). The recorder picks the kind at the forward and hands each later event of the
 step to it; it keeps what all kinds share: the step's place and phase, its copies to host, the
-bundle count, and the writing.
+bundle count, and the writing. With `window` N (`record --window`), a firing step opens a window
+(`window_capture.OpenWindow`): the next N-1 steps are captured lightly as it carries them
+(`CarriedStepCapture`, picked when each starts) and the window is written as one bundle.
 
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, Step
+from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, RunnerCall, Step
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
 from tracekit.integrations.seam import Phase
@@ -44,6 +46,7 @@ from tracekit.record.capture_kinds import CopiedStep, MarkedStep, PendingStep, i
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
 from tracekit.record.sampled_ids import SampledIds
 from tracekit.record.triggers import TriggerEvent, TriggerSet
+from tracekit.record.window_capture import CarriedStepCapture, OpenWindow
 
 logger = logging.getLogger("tracekit.record")
 
@@ -73,9 +76,11 @@ class Recorder:
         max_bundles: int = DEFAULT_MAX_BUNDLES,
         layers: bool = False,
         set_id: str | None = None,
+        window: int = 1,
     ):
         if kv not in KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(KV_MODES)}")
+        require_window(window, triggers)
         self.runner = runner
         try:
             self.adapter: RunnerAdapter | None = installed_release().adapter_for(runner)
@@ -93,6 +98,8 @@ class Recorder:
         if max_bundles < 1:
             raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
+        self.window = window  # steps per bundle from a firing step on (`record --window N`)
+        self._window: OpenWindow | None = None  # the window taking the next steps, if one is
         self.steps_seen = 0
         self.head_start_us = DEFAULT_HEAD_START_US  # of the next recorded forward's timer
         self.sizes_seen: set[int] = set()  # padded token counts of the forwards seen since arming
@@ -153,6 +160,9 @@ class Recorder:
         shadows, self._shadows = self._shadows, None
         _stop_capture(self._pending)
         self._pending = None
+        window, self._window = self._window, None
+        if window is not None and self._persister is not None:
+            window.stop_taking()  # written if its steps' outputs are in
         if shadows is not None:
             shadows.__exit__(None, None, None)
         if self._persister is not None:
@@ -177,7 +187,7 @@ class Recorder:
                 self._failures.append(reason)
                 logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
             _stop_capture(self._pending)
-            shadows, self._shadows, self._pending = self._shadows, None, None
+            shadows, self._shadows, self._pending, self._window = self._shadows, None, None, None
             if shadows is not None:
                 try:
                     shadows.__exit__(None, None, None)
@@ -196,6 +206,13 @@ class Recorder:
         self.adapter.scheduler_output_seen(scheduler_output)
         if self._deferred:  # a step whose check is read later: its KV blocks stay its own unless preempted
             self._preempted |= self.adapter.preempted(scheduler_output)
+        if self._window is not None:  # the next step of a window, whatever the bundle count
+            self._pending = PendingStep(self.steps_seen, scheduler_output, time.perf_counter())
+            self.steps_seen += 1
+            self._pending.capture = self._window.take(self._pending)
+            if not self._window.taking:
+                self._window = None
+            return
         if self.exhausted:
             self._pending = None
             return
@@ -212,6 +229,9 @@ class Recorder:
             return
         pending.forward_seen = True
         pending.phase = Phase.FORWARD
+        if pending.capture is not None:  # picked when the step started (a window's later step)
+            pending.capture.before_forward(input_ids, positions)
+            return
         size = int(input_ids.shape[0]) if input_ids is not None else None
         first_of_its_size = size not in self.sizes_seen
         self.sizes_seen.add(size)
@@ -220,7 +240,10 @@ class Recorder:
         )
         if pending.reason is not None:
             mark = self.adapter.mark(pending.scheduler_output, input_ids, positions)
-            pending.capture = CopiedStep(self, pending, mark, first_of_its_size)
+            held = self.adapter.held_request_states(mark) if self.window > 1 else []
+            pending.capture = copied = CopiedStep(self, pending, mark, first_of_its_size, held)
+            if self.window > 1:
+                self._window = pending.window = OpenWindow(self, pending, self.window, held, copied.step)
         elif self.triggers.events:  # kept cheaply, copied only if the step fails
             pending.capture = MarkedStep(self, pending, self.adapter.mark(pending.scheduler_output, input_ids, positions))
 
@@ -256,6 +279,24 @@ class Recorder:
         if self._pending is not None:
             self._pending.phase = phase
 
+    @_engine_boundary
+    def idle_step(self, scheduler_output: Any) -> None:
+        """A scheduler output without tokens finishes requests between steps: a window taking
+        steps ends before it (a window's replay runs steps)."""
+        window, self._window = self._window, None
+        if window is not None:
+            window.stop_taking()
+
+    @_engine_boundary
+    def sampling(self, grammar_output: Any) -> None:
+        pending = self._pending
+        if pending is None:
+            return
+        if pending.window is not None:
+            pending.window.log(RunnerCall.SAMPLE, pending.index)
+        if pending.capture is not None:
+            pending.capture.sampling(grammar_output)
+
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
         pending, self._pending = self._pending, None
         receiver = pending.capture.receiver() if pending is not None and pending.capture is not None else ignore
@@ -284,6 +325,13 @@ class Recorder:
         _stop_capture(pending)
         if pending is None:
             return
+        step_us = (time.perf_counter() - pending.started) * 1e6
+        if isinstance(pending.capture, CarriedStepCapture):
+            self._window = None
+            pending.capture.failed_with(_error_record(error, pending.phase), step_us)
+            return
+        if pending.window is not None:  # a window's first step: a single step with its failure
+            self._window = None
         if pending.reason is None and TriggerEvent.EXCEPTION not in self.triggers.events:
             return
         trigger = pending.reason or TriggerEvent.EXCEPTION.value
@@ -292,13 +340,8 @@ class Recorder:
         if step is None:
             return
         step.trigger = trigger
-        step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
-        step.error = {
-            "type": type(error).__name__,
-            "message": str(error),
-            "traceback": "".join(traceback.format_exception(error)),
-            "phase": Phase(pending.phase).value,
-        }
+        step.timing.step_us = step_us
+        step.error = _error_record(error, pending.phase)
         self.count_bundle()
         _copies_landed(step, pending.copies)
         self._persister.write_now(*self._destination(self._completed(step)))
@@ -338,10 +381,24 @@ class Recorder:
             copy.finish()
 
     def submit(self, pending: PendingStep, step: Step, trigger: str) -> None:
-        """Write the step's bundle on the writer thread, once its copies landed."""
+        """Write the step's bundle on the writer thread, once its copies landed; the first step
+        of a window goes to its window, written with it."""
         step.trigger = trigger
+        if pending.window is not None:
+            pending.window.first_finished(step, pending.copies)
+            return
         copies = list(pending.copies)
         self._persister.submit(*self._destination(self._completed(step)), ready=lambda: _copies_landed(step, copies))
+
+    def write_window(self, first: Step, copies: list[HostCopy], now: bool) -> None:
+        """Write a window's bundle (its first step, the window hanging off it) once every step's
+        copies landed: on the writer thread, or `now` (a step failed: the engine may go down)."""
+        destination = self._destination(self._completed(first))
+        if now:
+            _copies_landed(first, copies)
+            self._persister.write_now(*destination)
+        else:
+            self._persister.submit(*destination, ready=lambda: _copies_landed(first, copies))
 
     def deferral_started(self) -> None:
         """A step's non-finite check is to be read with its output, after later steps started."""
@@ -381,6 +438,26 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
+
+
+def require_window(window: int, triggers: TriggerSet) -> None:
+    """Refuse a window the recorder cannot take: fewer than one step, or opened by an event
+    trigger (it decides after its step, when the next one may already have been sent)."""
+    if window < 1:
+        raise UsageError(f"bad --window {window}: a window holds at least one step")
+    if window > 1 and triggers.events:
+        raise UsageError("--window starts at a step trigger (--steps or --when); --on exception/nonfinite decides "
+                         "only after its step, when the next may already run: record the window with --steps/--when")
+
+
+def _error_record(error: BaseException, phase: Phase) -> dict[str, Any]:
+    """How a step raised, as `Step.error` keeps it."""
+    return {
+        "type": type(error).__name__,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(error)),
+        "phase": Phase(phase).value,
+    }
 
 
 def _warn_if_not_recomputable(step: Step) -> None:

@@ -15,7 +15,7 @@ from tracekit.models import tiny_model_path
 from tracekit.record import workload
 from tracekit.record.api import recording
 from tracekit.record.persist import OutputTemplate
-from tracekit.record.recorder import DEFAULT_MAX_BUNDLES
+from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, require_window
 from tracekit.record.triggers import TriggerSet
 
 logger = logging.getLogger("tracekit.record")
@@ -48,18 +48,19 @@ def record_workload(
     output: str | Path = "tracekit-bundle.zst",
     max_bundles: int = DEFAULT_MAX_BUNDLES,
     layers: bool = False,
+    window: int = 1,
 ) -> list[Path]:
     """Record the steps the triggers pick from a workload run; returns the bundles written."""
     installed_release()
     # Bad triggers, outputs and prompts are refused before an engine is started for nothing.
-    TriggerSet(steps=steps, when=when, events=events)
+    require_window(window, TriggerSet(steps=steps, when=when, events=events))
     OutputTemplate(output)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
     llm = vllm_engine.build_llm(recording_engine_args(model, engine_argv, engine_args))
     engine_failure = None
     with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles,
-                   layers=layers) as recorder:
+                   layers=layers, window=window) as recorder:
         try:
             workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
         except TracekitError:

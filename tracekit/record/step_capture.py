@@ -17,7 +17,16 @@ from typing import Any
 
 import torch
 
-from tracekit.format.schema import KVGroupSnapshot, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
+from tracekit.format.schema import (
+    CarriedStep,
+    KVGroupSnapshot,
+    KVMode,
+    KVSnapshot,
+    RequestState,
+    Step,
+    StepOutputs,
+    StepTiming,
+)
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm import runner_state, spec_decode
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark
@@ -43,10 +52,13 @@ def capture(
     kv_mode: str,
     copy: HostCopy,
     taken: KVTaken = KVTaken.BEFORE_FORWARD,
+    held: list[RequestState] = (),
 ) -> Step:
     """The marked step as a `Step`: its requests walked into plain data, its inputs and the KV
     blocks `kv_mode` names copied to host through `copy`. Before the forward
-    (a step trigger) or later in the same step (an event trigger), from what the mark kept."""
+    (a step trigger) or later in the same step (an event trigger), from what the mark kept.
+    `held`: requests the runner holds outside the batch (a window's first step): in mode `read`
+    the blocks they computed are saved too, as a later step of the window may read them."""
     started = time.perf_counter()
     input_ids, positions = mark.input_ids, mark.positions
     requests = adapter.request_states(mark, input_ids)
@@ -58,6 +70,9 @@ def capture(
     for group_index, group in enumerate(adapter.kv_groups()):
         read, written = runner_state.blocks_read_and_written(requests, group_index, group.layout.block_size)
         saved = {KVMode.READ: read, KVMode.WRITTEN: written}.get(mode, [])
+        if mode == KVMode.READ and held:
+            held_read, _ = runner_state.blocks_read_and_written(held, group_index, group.layout.block_size)
+            saved = sorted(set(saved) | set(held_read))
         groups.append(
             KVGroupSnapshot(
                 layer_names=group.layer_names,
@@ -116,19 +131,54 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
     )
 
 
-def capture_after_forward(adapter: RunnerAdapter, step: Step, output: Any, copy: HostCopy) -> None:
-    """The forward's output and the KV blocks it wrote."""
+def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: dict[str, Any],
+                    copy: HostCopy, known: list[set[int]]) -> CarriedStep:
+    """A later step of a window, just before its forward: its scheduler output (recorded as the
+    runner received it, before it touched it), the batch order, what only the runner kind keeps
+    per request, the inputs, the dispatch and the RNG states: no request states, and no KV blocks
+    (the runner carried them from the step before) but those its new and resumed requests found
+    computed in the prefix cache that the window neither saved nor wrote before (`known`, per KV
+    cache group: the blocks saved here are added)."""
+    started = time.perf_counter()
+    input_ids, positions = mark.input_ids, mark.positions
+    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
+    found = [sorted(blocks - seen) for blocks, seen in zip(adapter.blocks_found_cached(mark.scheduler_output), known)]
+    kv = None
+    if any(found):
+        groups = [KVGroupSnapshot(group.layer_names, group.layout, [], [], ids,
+                                  runner_state.blocks_to_host(group, ids, copy) if ids else {})
+                  for group, ids in zip(adapter.kv_groups(), found)]
+        kv = KVSnapshot(mode=KVMode.READ.value, groups=groups)
+        for seen, ids in zip(known, found):
+            seen.update(ids)
+    carried = CarriedStep(
+        index=index,
+        scheduler_output=scheduler_output,
+        batch_order=adapter.marked_req_ids(mark),
+        runner_states=adapter.runner_states(mark),
+        input_ids=copy.copy(input_ids) if input_ids is not None else None,
+        positions=copy.copy(positions) if positions is not None else None,
+        graph=adapter.graph_dispatch(num_tokens, int(input_ids.shape[0]) if input_ids is not None else num_tokens, mark),
+        rng=dict(mark.rng),
+        kv=kv,
+    )
+    carried.timing.host_copy_us = (time.perf_counter() - started) * 1e6
+    return carried
+
+
+def capture_after_forward(adapter: RunnerAdapter, step: Step | CarriedStep, output: Any, copy: HostCopy) -> None:
+    """The forward's output and, for a whole step, the KV blocks it wrote."""
     started = time.perf_counter()
     hidden_states = hidden_states_of(output)
     step.outputs = StepOutputs(hidden_states=copy.copy(hidden_states) if hidden_states is not None else None)
-    if step.kv.mode not in (KVMode.NONE, KVMode.RECOMPUTE):
+    if isinstance(step, Step) and step.kv.mode not in (KVMode.NONE, KVMode.RECOMPUTE):
         for snapshot, group in zip(step.kv.groups, adapter.kv_groups()):
             if snapshot.written_block_ids:
                 snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids, copy)
     step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
 
-def capture_logits(step: Step, logits: torch.Tensor | None, copy: HostCopy) -> None:
+def capture_logits(step: Step | CarriedStep, logits: torch.Tensor | None, copy: HostCopy) -> None:
     if step.outputs is not None and logits is not None:
         started = time.perf_counter()
         step.outputs.logits = copy.copy(logits)
@@ -148,7 +198,7 @@ def capture_proposals(step: Step, proposals: torch.Tensor | None, copy: HostCopy
         step.spec_decode.proposals = copy.copy(proposals)
 
 
-def capture_sampled(step: Step, sampled_token_ids: list[list[int]] | None) -> None:
+def capture_sampled(step: Step | CarriedStep, sampled_token_ids: list[list[int]] | None) -> None:
     if step.outputs is not None and sampled_token_ids is not None:
         step.outputs.sampled_token_ids = [list(map(int, ids)) for ids in sampled_token_ids]
 

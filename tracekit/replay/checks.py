@@ -312,5 +312,20 @@ def check_layers(replayed: dict[str, Any], recorded: dict[str, Any], tolerance: 
     return [_tensor_item(f"layer/{name}", replayed.get(name), expected, tolerance) for name, expected in recorded.items()]
 
 
+# The item of a step's error (a step recorded because it raised, or one that raised in the replay).
+ERROR_ITEM = "error"
+
+
+def error_item(step: Step, raised: BaseException | None) -> CheckedItem:
+    """A step recorded because it raised (in its forward, logits, sampling or bookkeeping)
+    reproduces when it raises the same again (`raised`: what the replay raised, None: nothing)."""
+    recorded = {"recorded": f"{step.error.get('type')}: {step.error.get('message')}",
+                "recorded_phase": step.error.get("phase", "forward")}
+    if raised is None:
+        return CheckedItem(ERROR_ITEM, False, False, {"raised": None, "problem": "the step did not raise", **recorded})
+    same = step.raised_as_recorded(raised)
+    return CheckedItem(ERROR_ITEM, same, same, {"raised": f"{type(raised).__name__}: {raised}", **recorded})
+
+
 def first_divergence(items: list[CheckedItem]) -> CheckedItem | None:
     return next((item for item in items if item.decides and not item.within_tolerance), None)

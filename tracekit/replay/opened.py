@@ -81,6 +81,10 @@ class OpenedBundle:
         if not indices:
             raise UsageError(f"bundle {self.path} holds no recorded step")
         if index is not None and index not in indices:
+            opener = next((step for step in content.steps if index in step.window_indices), None)
+            if opener is not None:
+                raise UsageError(f"step {index} of {self.path} is a later step of the window step {opener.index} opens: "
+                                 f"replay the window (--from {index} rebuilds the runner's state there)")
             raise UsageError(f"bundle {self.path} has no step {index} (it has {', '.join(map(str, indices))})")
         position = 0 if index is None else indices.index(index)
         reader = self._reader or open_bundle(self.path)

@@ -4,6 +4,9 @@ The replay runs in named stages, each a function with one job:
 
     open -> check the machine -> engine -> run and compare -> time -> report
 
+A window of steps (`record --window N`) runs its steps in the run-and-compare stage, one after
+the other, the runner carrying its state (`tracekit.replay.window`), and is not timed.
+
 The order matters for the exit codes a `git bisect run` relies on: the bundle is read and
 validated first (bad input: 2), then this machine is checked — device, vLLM series, weights, the
 engine's KV layout — (cannot replay here: 3), and only then does the step run (did not
@@ -27,22 +30,24 @@ from tracekit.integrations.vllm.replay_engine import (
     ForwardHandle,
     ReplayEngine,
     StepDriver,
+    WindowStep,
     build_replay_engine,
     engine_of,
+    expand_window,
     needs_of,
     require_drafting_known,
     require_recomputable,
     require_replayable_here,
 )
 from tracekit.replay import dispatch as dispatch_audit
-from tracekit.replay.checks import CheckedItem, check_layers, check_step, padding_findings
+from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_step, error_item, padding_findings
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
-from tracekit.replay.verdict import ERROR_ITEM
+from tracekit.replay.window import WindowReplayResult, rebuilt_steps, run_window
 
-__all__ = ["ReplayOptions", "ReplayResult", "replay"]
+__all__ = ["ReplayOptions", "ReplayResult", "WindowReplayResult", "replay"]
 
 
 @dataclass
@@ -55,9 +60,11 @@ class ReplayOptions:
     torch profiler into `{profile_prefix}.{mode}.trace.json`. `full_engine`: build the engine as vLLM
     builds it (every graph and compile size) instead of a lean one with what the step needs;
     `engine_needs`: what the lean engine must hold (a suite passes its group's; default: this
-    step's, and what `modes` asks)."""
+    step's, and what `modes` asks). `from_step`: in a window, rebuild the runner's state at that
+    step as a single-step replay builds it, instead of letting it carry its state into it."""
 
     step: int | None = None
+    from_step: int | None = None
     model: str | None = None
     allow_weights_mismatch: bool = False
     engine_overrides: dict[str, Any] = field(default_factory=dict)
@@ -75,10 +82,10 @@ class ReplayOptions:
 
 
 def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
-           **fields: Any) -> ReplayResult:
-    """Replay one recorded step (options as a `ReplayOptions`, or its fields as keywords). Pass
-    `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments, and
-    an `OpenedBundle` for a bundle the caller opened already."""
+           **fields: Any) -> ReplayResult | WindowReplayResult:
+    """Replay one recorded step, or the window of steps it opens (options as a `ReplayOptions`,
+    or its fields as keywords). Pass `llm` (a previous result's `.llm`) to reuse an engine built
+    for the same engine arguments, and an `OpenedBundle` for a bundle the caller opened already."""
     options = options or ReplayOptions(**fields)
     opened = checked_before_engine(bundle, options)
     choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
@@ -88,6 +95,10 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
         engine = engine_for(opened, options, llm)
         here = engine.environment()
         engine.require_kv_layout_of(opened.content.environment, here)
+        if opened.window is not None:
+            differences = _environment_differences(opened.content, here, engine.set_in_process)
+            return run_window(engine, opened.bundle, opened.window, opened.step, options.from_step, options.tolerance,
+                              options.strict, differences, options.engine_overrides)
         ran = run_and_compare(engine, opened, options)
     if ran.own_engine_modes:
         ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options))
@@ -107,6 +118,7 @@ class OpenedStep:
     explicit_modes: list[str]  # the modes `--mode` names, expanded (none for reference timing)
     # (recorded, here) vLLM versions where the step was recorded under another release series
     releases: tuple[str, str] | None = None
+    window: list[WindowStep] | None = None  # the steps of the window the step opens, each whole
 
 
 def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
@@ -130,7 +142,16 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
         raise BundleError(f"{name}: step {step.index}: {disagreement}, so no replay can read what it read: the "
                           "recording is inconsistent (a tracekit fault: record the step again with this tracekit)")
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
-    return OpenedStep(name, content, step, explicit_modes)
+    window = None
+    if step.window is not None:
+        if explicit_modes or options.layers_out is not None or options.profile_prefix is not None:
+            raise UsageError(f"{name} holds a window of steps, replayed step after step and checked, not timed: "
+                             "--mode, --layers and --profile apply to a single step")
+        window = expand_window(step, content)
+        rebuilt_steps(window, options.from_step)
+    elif options.from_step is not None:
+        raise UsageError(f"--from {options.from_step}: {name} holds a single step, not a window of steps")
+    return OpenedStep(name, content, step, explicit_modes, window=window)
 
 
 # -- check the machine -----------------------------------------------------------------------------------
@@ -141,6 +162,9 @@ def check_machine(opened: OpenedStep) -> None:
     tracekit does not know, a step the installed release cannot take); note a replay across
     releases."""
     opened.releases = require_replayable_here(opened.content, opened.step)
+    if opened.releases is not None and opened.window is not None:
+        raise CannotRunHere(f"{opened.bundle} holds a window of steps, which replays only under the vLLM series that "
+                            f"recorded it: install vLLM {opened.releases[0]} to replay it")
 
 
 def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
@@ -221,7 +245,7 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
     driver = engine.driver(step)
     try:
         if step.error is not None:
-            ran.checks = [_replay_failing_step(driver, step.error)]
+            ran.checks = [_replay_failing_step(driver)]
         else:
             wants_forward = requested or options.layers_out is not None or recorded_layers
             try:
@@ -237,17 +261,13 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
     return ran
 
 
-def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> CheckedItem:
-    """A step recorded because it raised (in its forward, logits, sampling or bookkeeping)
-    reproduces when it raises the same again."""
-    recorded = {"recorded": f"{recorded_error.get('type')}: {recorded_error.get('message')}",
-                "recorded_phase": recorded_error.get("phase", "forward")}
+def _replay_failing_step(driver: StepDriver) -> CheckedItem:
+    """Run a step recorded because it raised: did it raise the same again?"""
     try:
         driver.run()
     except Exception as error:  # the step's own failure, reproduced or not
-        same = driver.step.raised_as_recorded(error)
-        return CheckedItem(ERROR_ITEM, same, same, {"raised": f"{type(error).__name__}: {error}", **recorded})
-    return CheckedItem(ERROR_ITEM, False, False, {"raised": None, "problem": "the step did not raise", **recorded})
+        return error_item(driver.step, error)
+    return error_item(driver.step, None)
 
 
 # -- time ------------------------------------------------------------------------------------------------------

@@ -11,6 +11,21 @@ from tracekit.replay.checks import CheckedItem, first_divergence
 from tracekit.replay.verdict import Verdict, decide
 
 
+def outcome_fields(result: Any) -> dict[str, Any]:
+    """The head of a replay's JSON record (of a step's, or of a window's): what was replayed and
+    what it came to."""
+    return {
+        "bundle": result.bundle,
+        "step": result.step_index,
+        "trigger": result.trigger,
+        **result.verdict.to_plain(),
+        "exit_code": result.exit_code,
+        "reproduced": result.reproduced,
+        "bit_exact": result.bit_exact,
+        "first_divergence": result.first_divergence,
+    }
+
+
 @dataclass
 class ReplayResult:
     bundle: str
@@ -78,14 +93,7 @@ class ReplayResult:
     def to_plain(self) -> dict[str, Any]:
         first_layer = self.first_diverging_layer
         return {
-            "bundle": self.bundle,
-            "step": self.step_index,
-            "trigger": self.trigger,
-            **self.verdict.to_plain(),
-            "exit_code": self.exit_code,
-            "reproduced": self.reproduced,
-            "bit_exact": self.bit_exact,
-            "first_divergence": self.first_divergence,
+            **outcome_fields(self),
             "kv": "recomputed" if self.kv_recomputed else "restored",
             "tolerance_relative_rms": self.tolerance,
             "reference_mode": self.reference_mode,

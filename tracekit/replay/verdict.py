@@ -20,7 +20,7 @@ from typing import Any
 
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.numerics import within_platform_bound
-from tracekit.replay.checks import CheckedItem
+from tracekit.replay.checks import ERROR_ITEM, CheckedItem
 from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
 __all__ = ["NOT_REPLAYED", "Verdict", "VerdictName", "decide", "describe_differing_row", "near_tie_summary"]
@@ -43,7 +43,6 @@ class Verdict:
 
 
 # The item a replay checks in place of the outputs of a step that raised (`replayer`).
-ERROR_ITEM = "error"
 LAYER_PREFIX = "layer/"
 
 

@@ -335,7 +335,7 @@ def check_invariance(
     """Replay the bundle's step and its variants of `kinds` (a tuple, or the `--variants` text)
     on one engine (built once, or `llm`)."""
     from tracekit.format.content import load_step
-    from tracekit.share.shrink import EngineReplayer
+    from tracekit.share.shrink_trials import EngineReplayer
 
     kinds = variant_kinds(kinds)
     content, recorded = load_step(bundle, step)

@@ -26,6 +26,7 @@ from typing import Any
 
 from tracekit import __version__
 from tracekit.environment import numerics_relevant_env
+from tracekit.errors import UsageError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, RequestState, Step
 from tracekit.integrations.vllm.step_records import (
@@ -173,6 +174,10 @@ def redact(bundle: str | Path, output: str | Path) -> dict[str, Any]:
     require_parent(output)
     with open_bundle(bundle) as reader:
         content = BundleContent.from_plain(reader.resolve(reader.metadata, to="torch"))
+    if any(step.window is not None for step in content.steps):
+        # Its later steps' scheduler outputs carry new requests' prompts and resumed requests' tokens.
+        raise UsageError(f"{bundle} holds a window of steps, which redact does not rewrite yet: redact single-step "
+                         "bundles (record the steps one by one, --steps A:B)")
     redacted = redact_content(content)
     write_content(output, redacted)
     return redacted.derivations[-1]

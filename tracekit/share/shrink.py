@@ -6,84 +6,32 @@ the property. Every trial is a replay of the cut step on one engine, reused thro
 already judged is never replayed again. The search order depends only on the bundle, so a second
 run on the same bundle and engine gives the same bundle, byte for byte.
 
+A window of steps (`record --window`) is shrunk by `shrink_window`, by steps, then requests.
+
 The result records where it came from (file name and sha256), the property and the counts in its
 `derivations`; it holds no outputs (a cut batch was never run by the engine that recorded it).
 """
 
-import hashlib
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
-from tracekit import __version__
 from tracekit.errors import UsageError
-from tracekit.format.schema import BundleContent, Step
+from tracekit.format.schema import Step
 from tracekit.outputs import require_parent
 from tracekit.share.properties import PropertyOutcome, StepProperty, StepReplayer, parse_property
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
-
-
-@dataclass
-class ShrinkReport:
-    output: str
-    property: str
-    requests_before: int
-    requests_after: int
-    tokens_before: int
-    tokens_after: int
-    replays: int
-    seconds: float
-    kept: dict[str, int] = field(default_factory=dict)
-
-    def to_plain(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def ddmin(items: list[str], holds: Callable[[list[str]], bool]) -> list[str]:
-    """A 1-minimal sublist of `items` (order kept) for which `holds` is true; `holds(items)` is."""
-    granularity = 2
-    while len(items) >= 2:
-        size = -(-len(items) // granularity)
-        chunks = [items[start : start + size] for start in range(0, len(items), size)]
-        for chunk in chunks:
-            if holds(chunk):
-                items, granularity = chunk, 2
-                break
-        else:
-            for chunk in chunks:
-                complement = [item for item in items if item not in chunk]
-                if holds(complement):
-                    items, granularity = complement, max(granularity - 1, 2)
-                    break
-            else:
-                if granularity >= len(items):
-                    break
-                granularity = min(len(items), 2 * granularity)
-    return items
-
-
-def shortest_length(length: int, holds: Callable[[int], bool]) -> int:
-    """The smallest n in [1, length] found by bisection with `holds(n)` (true at `length`)."""
-    low, high = 1, length
-    while low < high:
-        middle = (low + high) // 2
-        if holds(middle):
-            high = middle
-        else:
-            low = middle + 1
-    return high
+from tracekit.share.shrink_trials import (
+    EngineReplayer,
+    ShrinkReport,
+    ddmin,
+    shortest_length,
+    shrink_derivation,
+    write_step,
+)
 
 
 class _Trials:
@@ -112,68 +60,6 @@ class _Trials:
         return self.outcomes[key].holds
 
 
-class EngineReplayer(StepReplayer):
-    """Builds the recorded engine on first use (or takes `llm`) and runs steps on it (also
-    `tracekit invariance`'s variants)."""
-
-    def __init__(self, content: BundleContent, llm: Any, model: str | None, allow_weights_mismatch: bool,
-                 workdir: Path | None = None):
-        self.content = content
-        self.llm = llm
-        self.model = model
-        self.allow_weights_mismatch = allow_weights_mismatch
-        self.workdir = workdir
-
-    def engine(self) -> Any:
-        """The replay engine (a `tracekit.integrations.vllm.replay_engine.ReplayEngine`), built on
-        first use; a fresh view of it, with a fresh runner adapter, for every trial."""
-        from tracekit.integrations.vllm.replay_engine import (
-            EngineSpec,
-            build_replay_engine,
-            engine_of,
-            require_recorded_release_here,
-        )
-
-        content = self.content
-        if self.llm is None:
-            require_recorded_release_here(content)
-            self.llm = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=self.model,
-                                                      allow_weights_mismatch=self.allow_weights_mismatch)).llm
-        return engine_of(self.llm, content.engine.runner)
-
-    def adapter(self) -> Any:
-        return self.engine().adapter
-
-    def run(self, step: Step, on_forward: Any) -> Any:
-        engine = self.engine()
-        try:
-            return engine.driver(step).run(on_forward)
-        finally:
-            engine.forget_cached_prefixes()
-
-    def engine_mode(self) -> str:
-        return self.adapter().reference_mode
-
-    def write(self, step: Step) -> Path:
-        path = self.workdir / "candidate.zst"
-        write_step(path, self.content, step, [])
-        return path
-
-
-def write_step(path: str | Path, content: BundleContent, step: Step, derivations: list[dict[str, Any]]) -> Path:
-    from tracekit.format.content import write_content
-
-    return write_content(path, BundleContent(
-        environment=content.environment,
-        engine=content.engine,
-        steps=[step],
-        schema_version=content.schema_version,
-        created_at=content.created_at,  # the step was recorded then; keeps a rerun byte-identical
-        derivations=[*content.derivations, *derivations],
-        extras=dict(content.extras),
-    ))
-
-
 def shrink(
     bundle: str | Path,
     output: str | Path,
@@ -192,10 +78,15 @@ def shrink(
 
     started = time.perf_counter()
     console = console or Console(stderr=True, highlight=False)
-    prop = parse_property(until, tolerance)
     output = Path(output)
     require_parent(output)
     content, recorded = load_step(bundle, step)
+    if recorded.window is not None:
+        from tracekit.share.shrink_window import shrink_window
+
+        replayer = EngineReplayer(content, llm, model, allow_weights_mismatch)
+        return shrink_window(bundle, output, until, content=content, first=recorded, replayer=replayer, console=console)
+    prop = parse_property(until, tolerance)
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
     with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir:
@@ -223,15 +114,8 @@ def shrink(
             seconds=0.0,
             kept=keep,
         )
-        derivation = {
-            "kind": "shrink",
-            "tool": f"tracekit {__version__}",
-            "from": {"file": Path(bundle).name, "sha256": file_sha256(bundle), "step": recorded.index},
-            "property": until,
-            **({"tolerance": tolerance} if until == "modes-differ" else {}),
-            **{name: getattr(report, name) for name in (
-                "requests_before", "requests_after", "tokens_before", "tokens_after", "replays", "kept")},
-        }
+        derivation = shrink_derivation(bundle, recorded.index, until, report,
+                                       **({"tolerance": tolerance} if until == "modes-differ" else {}))
         write_step(output, content, final, [derivation])
     report.seconds = time.perf_counter() - started
     return report

@@ -1,7 +1,8 @@
 """Record every step of a workload `tracekit record` cannot express: generate calls one after
-another (a prefix-cache hit) or an engine too small for its requests (preemption and resume).
+another (a prefix-cache hit) or an engine too small for its requests (preemption and resume);
+or both, as windows of steps tiling the run.
 
-    python record_scenario.py RESULT.json OUT_DIR prefix_cache|preemption
+    python record_scenario.py RESULT.json OUT_DIR prefix_cache|preemption|windows
 """
 
 import sys
@@ -40,9 +41,25 @@ def preemption(llm, out_dir):
     return recorder, {"outputs": outputs}
 
 
+def windows(llm, out_dir):
+    """The preemption workload with one request sampling at random, unseeded, recorded as windows
+    of 6 steps tiling the run: windows that start with requests preempted earlier (V1 holds them
+    outside the batch), resume them (Model Runner V2 adds them again as new requests, finding
+    their first blocks in the prefix cache, the random one with a seed the engine draws anew)."""
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=[5 + r + (13 * i) % 480 for i in range(40)]) for r in range(4)]
+    sampling = [{"temperature": 0.0, "ignore_eos": True}] * 3 + [{"temperature": 1.0, "ignore_eos": True}]
+    with recording(llm, f"{out_dir}/step{{step}}.zst", steps="0:", window=6, max_bundles=1000) as recorder:
+        outputs = generate_token_ids(llm, prompts, sampling, 80)
+    return recorder, {"outputs": outputs}
+
+
+PREEMPTING = {"kv_cache_memory_bytes": PREEMPTION_KV_BYTES, "max_model_len": 256}
 SCENARIOS = {
     "prefix_cache": (prefix_cache, {}),
-    "preemption": (preemption, {"kv_cache_memory_bytes": PREEMPTION_KV_BYTES, "max_model_len": 256}),
+    "preemption": (preemption, PREEMPTING),
+    "windows": (windows, PREEMPTING),
 }
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 last part leaves the engine broken):
 
   outputs   the same greedy and seeded requests unarmed twice, then armed firing on every
-            step: the token ids must not change (the unarmed pair shows they are repeatable)
+            step, and armed recording windows of 3 steps tiling the run: the token ids must
+            not change (the unarmed pair shows they are repeatable)
   write_failure
             armed, then the output folder is removed, and armed with one step's bundle path
             taken by a folder: the engine's outputs stay the same and no partial file remains
@@ -117,6 +118,14 @@ if __name__ == "__main__":
         result["armed"] = generate(llm)
     result["armed_steps_seen"] = recorder.steps_seen
     result["armed_written"] = [str(p) for p in recorder.written]
+
+    windows = work / "windows"
+    windows.mkdir()
+    with recording(llm, f"{windows}/step{{step}}.zst", steps="0:", window=3, max_bundles=1000) as recorder:
+        result["windowed"] = generate(llm)
+    result["windowed_steps_seen"] = recorder.steps_seen
+    result["windowed_written"] = [str(p) for p in recorder.written]
+    result["windowed_failures"] = recorder.failures
 
     removed = work / "removed"
     removed.mkdir()

@@ -33,7 +33,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.format.schema import Step
+from tracekit.format.schema import GraphDispatch, Step
 from tracekit.graphs.modes import ReplayMode, expand_modes
 from tracekit.integrations.vllm import method_patch
 from tracekit.integrations.vllm.engine import build_llm
@@ -59,8 +59,13 @@ class EngineNeeds:
 
 def needs_of(step: Step, modes: str | None = None) -> EngineNeeds:
     """The graph the step was dispatched to, and the PIECEWISE graph of its size where `modes`
-    (a `--mode` value) times it in vLLM's PIECEWISE graphs too (`vllm-piecewise`, `all`)."""
-    dispatch = step.graph
+    (a `--mode` value) times it in vLLM's PIECEWISE graphs too (`vllm-piecewise`, `all`); for a
+    step that opens a window, those of every step of the window."""
+    later = [carried.graph for carried in step.window.steps if carried.graph is not None] if step.window else []
+    return union_of(_needs_of_dispatch(dispatch, modes) for dispatch in [step.graph, *later])
+
+
+def _needs_of_dispatch(dispatch: GraphDispatch, modes: str | None) -> EngineNeeds:
     descriptor = dispatch.batch_descriptor if isinstance(dispatch.batch_descriptor, dict) else {}
     size = int(descriptor.get("num_tokens") or dispatch.num_tokens_padded or dispatch.num_tokens)  # the graph's key
     graphs = set()

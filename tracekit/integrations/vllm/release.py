@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from tracekit.errors import CannotRunHere, UsageError
-from tracekit.format.schema import EngineConfig, ModelInfo, Step
+from tracekit.format.schema import EngineConfig, ModelInfo, RequestState, Step
 from tracekit.integrations.seam import RUNNER_KINDS, RunnerKind
 from tracekit.integrations.vllm import serialize
 from tracekit.integrations.vllm.weights import weights_fingerprint
@@ -91,6 +91,13 @@ class Release:
                 return adapter_class(runner, self)
         kind = f"{type(runner).__module__}.{type(runner).__qualname__}"
         raise CannotRunHere(f"tracekit has no adapter for vLLM {self.version}'s model runner {kind}")
+
+    def adapter_class(self, kind: str) -> type:
+        """The adapter class of runner kind `kind` (its facts, before any runner exists)."""
+        for adapter_class in self.adapters:
+            if adapter_class.kind == kind:
+                return adapter_class
+        raise UsageError(f"unknown runner kind {kind!r}: choose one of {', '.join(RUNNER_KINDS)}")
 
     def runner_env(self, kind: str) -> dict[str, str]:
         """The environment that makes vLLM build a runner of `kind` in this process."""
@@ -245,15 +252,14 @@ class Release:
 
     # -- the scheduler outputs a replay hands the runner -------------------------------------
 
-    def new_request(self, step: Step, req_id: str) -> Any:
+    def new_request(self, request: RequestState) -> Any:
         """A recorded request as new: its prompt, computed tokens and block ids, with prompt and
         outputs in `prefill_token_ids` (Model Runner V2 reads them; V1 gets its outputs back
         through its adapter)."""
         from vllm.v1.core.sched.output import NewRequestData
 
-        request = step.request(req_id)
         return NewRequestData(
-            req_id=req_id,
+            req_id=request.req_id,
             prompt_token_ids=list(request.prompt_token_ids),
             mm_features=[],
             sampling_params=self.from_plain(request.sampling_params),
@@ -269,13 +275,15 @@ class Release:
 
         return SchedulerOutput(**fields)
 
-    def new_requests_output(self, step: Step) -> Any:
-        """The step's requests, all new, scheduled in the recorded batch order."""
+    def new_requests_output(self, step: Step, held: list[RequestState] = ()) -> Any:
+        """The step's requests, all new, scheduled in the recorded batch order; `held` new too,
+        but not scheduled (requests the runner holds outside the batch: Model Runner V2 adds
+        every new request and runs those it schedules)."""
         from vllm.v1.core.sched.output import CachedRequestData
 
         scheduled = {req_id: step.request(req_id).num_scheduled_tokens for req_id in step.batch_order}
         output = self.scheduler_output(
-            scheduled_new_reqs=[self.new_request(step, req_id) for req_id in step.batch_order],
+            scheduled_new_reqs=[self.new_request(request) for request in [*map(step.request, step.batch_order), *held]],
             scheduled_cached_reqs=CachedRequestData.make_empty(),
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError
-from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
+from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step, StepWindow
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import default_device
 from tracekit.graphs.modes import ReplayMode
@@ -40,13 +40,15 @@ from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
 from tracekit.integrations.vllm.version import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.weights import weights_fingerprint
+from tracekit.integrations.vllm.window_driver import WindowDriver, WindowRun
+from tracekit.integrations.vllm.window_records import WindowStep, window_steps
 from tracekit.models import tiny_model_path
 
 __all__ = [
-    "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
-    "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_drafting_known",
-    "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
-    "union_of", "worker_adapter", "worker_error",
+    "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "WindowRun",
+    "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window", "needs_of", "release_llm",
+    "replay_engine_args", "require_drafting_known", "require_layout_buildable", "require_recomputable",
+    "require_recorded_release_here", "require_replayable_here", "union_of", "worker_adapter", "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
@@ -128,6 +130,14 @@ def _require_device_of(recorded: Environment) -> None:
             f"the bundle was recorded on a {recorded.device_kind} device{name}, and vLLM here builds {engine}, "
             f"whose KV cache, kernels and graphs differ: replay it on a {recorded.device_kind} machine"
         )
+
+
+def expand_window(step: Step, content: BundleContent) -> list[WindowStep]:
+    """The steps of the window `step` opens (just `step` when it opens none), each whole: a later
+    step's request states derived from the bundle by the runner kind's bookkeeping; a window
+    whose steps do not follow from one another is refused (bad input)."""
+    frees_preempted = installed_release().adapter_class(content.engine.runner).frees_preempted
+    return window_steps(step, frees_preempted, content.engine.num_kv_blocks)
 
 
 # -- the engine --------------------------------------------------------------------------------------
@@ -335,6 +345,14 @@ class ReplayEngine:
     def driver(self, step: Step) -> StepDriver:
         """A driver of `step` through this engine's runner (refused where the step does not fit it)."""
         return StepDriver(self.adapter, step)
+
+    def window_driver(self, steps: list[WindowStep], window: StepWindow | None, rebuild: set[int] = frozenset(),
+                      until: int | None = None, keep_kv_read: bool = False) -> WindowDriver:
+        """A driver of a window's steps (`expand_window`) through this engine's runner, the runner
+        carrying its state from step to step except where a step in `rebuild` is rebuilt; the
+        steps after `until` are not run; `keep_kv_read`: a rebuilt step's KV blocks are copied as
+        its forward reads them."""
+        return WindowDriver(self.adapter, steps, window, rebuild, until, keep_kv_read)
 
     def capture_layers(self, handle: ForwardHandle) -> LayerCapture:
         """Every watched layer's output of one eager run of the step's forward."""

@@ -65,13 +65,16 @@ class RunnerAdapter:
     methods marked "per runner kind"."""
 
     kind: ClassVar[RunnerKind]
+    # Whether the runner drops a preempted request's state (else it keeps it until it resumes).
+    frees_preempted: ClassVar[bool] = False
     # The runner's method that updates its request states with the sampled ids.
     bookkeeping_method: ClassVar[str]
     # Every vLLM attribute the base touches; a subclass adds its runner's.
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "execute_model", "sample_tokens", "model", "compute_logits", "get_model", "device", "compilation_config",
         "vllm_config", "execute_model_state", "total_num_scheduled_tokens", "skip_compiled", "mode",
-        "scheduler_config", "preempted_req_ids",
+        "scheduler_config", "preempted_req_ids", "scheduled_new_reqs", "scheduled_cached_reqs", "resumed_req_ids",
+        "new_block_ids",
     })
 
     def __init__(self, runner: Any, release: Any):
@@ -96,8 +99,9 @@ class RunnerAdapter:
         """Extra shadows this runner kind needs while observed (may be none)."""
         return []
 
-    def replay_shadows(self, step: Step) -> Shadows:
-        """Shadows that put back what this runner keeps per request, as the step's requests are added."""
+    def replay_shadows(self, step: Step, held: list[RequestState] = ()) -> Shadows:
+        """Shadows that put back what this runner keeps per request, as the step's requests (and
+        `held`, requests added without being scheduled) are added."""
         raise NotImplementedError
 
     def sampled_ids_kept(self) -> bool:
@@ -122,6 +126,16 @@ class RunnerAdapter:
     def live_req_ids(self) -> Container[str]:
         """The requests the runner holds state for (preempted ones too), before the next step's
         scheduler output is applied."""
+        raise NotImplementedError
+
+    def held_request_states(self, mark: StepMark) -> list[RequestState]:
+        """The requests the runner holds outside the marked step's batch, as they stand (a window's
+        later step may schedule them again), each with no tokens scheduled."""
+        raise NotImplementedError
+
+    def runner_states(self, mark: StepMark) -> dict[str, dict[str, Any]]:
+        """Per request of the marked step, what only this runner kind keeps
+        (`RequestState.runner_state`), from host memory (a window's later steps keep it)."""
         raise NotImplementedError
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
@@ -202,13 +216,18 @@ class RunnerAdapter:
 
     # -- replay ------------------------------------------------------------------------------
 
-    def replaying(self, step: Step) -> AbstractContextManager:
-        """While the runner adds the step's requests, put back what it keeps per request."""
-        return _entered(self.replay_shadows(step))
+    def replaying(self, step: Step, held: list[RequestState] = ()) -> AbstractContextManager:
+        """While the runner adds the step's requests (and `held`), put back what it keeps per request."""
+        return _entered(self.replay_shadows(step, held))
 
-    def scheduler_output_for(self, step: Step) -> Any:
-        """A `SchedulerOutput` in which every recorded request of the step is new."""
-        return self.release.new_requests_output(step)
+    def scheduler_output_for(self, step: Step, held: list[RequestState] = ()) -> Any:
+        """A `SchedulerOutput` in which every recorded request of the step is new, and `held`,
+        requests the runner holds outside the batch, are added without being scheduled."""
+        return self.release.new_requests_output(step, held)
+
+    def forget_previous_step(self) -> None:
+        """Drop what the runner keeps of its last step for the next (where it keeps anything
+        there beside its request states), before a step is rebuilt from recorded requests."""
 
     def finishing_output(self, req_ids: list[str]) -> Any:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
@@ -272,6 +291,27 @@ class RunnerAdapter:
 
     def num_scheduled_tokens(self, scheduler_output: Any) -> int:
         return int(scheduler_output.total_num_scheduled_tokens)
+
+    def blocks_found_cached(self, scheduler_output: Any) -> list[set[int]]:
+        """Per KV cache group, the blocks holding what a scheduler output's new and resumed
+        requests found already computed (a prefix-cache hit): a step reads them although no step
+        before it in a window wrote them."""
+        sizes = [group.layout.block_size for group in self.kv_groups()]
+        found: list[set[int]] = [set() for _ in sizes]
+
+        def add(block_ids: Any, computed: int) -> None:
+            for ids, size, blocks in zip(block_ids, sizes, found):
+                blocks.update(ids[: -(-computed // size)])
+
+        for request in scheduler_output.scheduled_new_reqs:
+            if request.num_computed_tokens:
+                add(request.block_ids, request.num_computed_tokens)
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", None) or ()
+        for req_id, computed, blocks in zip(cached.req_ids, cached.num_computed_tokens, cached.new_block_ids):
+            if req_id in resumed and computed and blocks is not None:
+                add(blocks, computed)
+        return found
 
     def scheduler_output_record(self, scheduler_output: Any) -> dict[str, Any]:
         """The scheduler output as plain data, tagged with the vLLM version."""

@@ -113,7 +113,7 @@ class ForwardHandle:
         return self._written_views()
 
 
-class _ReplayObserver:
+class ReplayObserver:
     """What the adapter's shadows report during a replayed step, kept for the checks."""
 
     tracking = True
@@ -143,10 +143,18 @@ class _ReplayObserver:
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         self.observed.proposals = _to_host(read())
 
+    def idle_step(self, scheduler_output: Any) -> None:
+        pass
+
+    def sampling(self, grammar_output: Any) -> None:
+        pass
+
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
+        observed = self.observed  # the step just sampled (its output may be read after the next started)
+
         def receive(sampled: list[list[int]] | None) -> None:
             if sampled is not None:
-                self.observed.sampled_token_ids = [list(map(int, ids)) for ids in sampled]
+                observed.sampled_token_ids = [list(map(int, ids)) for ids in sampled]
 
         return receive
 
@@ -227,8 +235,8 @@ class StepDriver:
         if self.step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
                 recompute_kv(adapter, self.step)
-        model_call = self._model_call(observed, on_forward)
-        with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(_ReplayObserver(observed), model_call):
+        model_call = self.model_call(observed, on_forward)
+        with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(ReplayObserver(observed), model_call):
             try:
                 observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(self.step))
             finally:
@@ -237,7 +245,8 @@ class StepDriver:
 
     # -- the recorded state, put back ----------------------------------------------------------
 
-    def _restore_kv_and_rng(self) -> None:
+    def _restore_kv(self) -> None:
+        """The KV blocks the bundle saved for the step, written back at their block ids."""
         for live, recorded in zip(self.groups, self.step.kv.groups):
             if not recorded.saved_block_ids:
                 continue
@@ -245,7 +254,6 @@ class StepDriver:
             for name, cache in zip(live.layer_names, live.caches):
                 saved = recorded.before[name].to(cache.device)
                 cache.index_copy_(live.layout.block_dim, index, saved)
-        self.adapter.restore_rng_states(self.step.rng)
 
     def _padding_restorer(self, live_ids: torch.Tensor | None, live_positions: torch.Tensor | None) -> Callable[[], None]:
         """Writes the recorded padding rows (past the scheduled tokens, up to the padded size)
@@ -270,14 +278,25 @@ class StepDriver:
                 views.extend(cache.select(live.layout.block_dim, block) for block in recorded.written_block_ids)
         return views
 
+    def _kv_read(self) -> list[dict[str, torch.Tensor]]:
+        """The blocks the step reads, as the forward is about to read them (a window's step
+        rebuilt on the KV the steps before left)."""
+        return [runner_state.blocks_to_host(live, recorded.read_block_ids)
+                for live, recorded in zip(self.groups, self.step.kv.groups)]
+
     def _kv_after(self) -> list[dict[str, torch.Tensor]]:
         return [
             runner_state.blocks_to_host(live, recorded.written_block_ids)
             for live, recorded in zip(self.groups, self.step.kv.groups)
         ]
 
-    def _model_call(self, observed: ObservedStep, on_forward: Callable | None) -> Callable:
-        """What runs in place of the runner's model call: restore, forward (timed), capture."""
+    def model_call(self, observed: ObservedStep, on_forward: Callable | None = None, restore: bool = True,
+                   keep_kv_read: bool = False) -> Callable:
+        """What runs in place of the runner's model call: restore (the recorded KV blocks, RNG
+        states and padding rows; with `restore` False, a step whose runner carried its state from
+        the step before, only the padding rows and the few KV blocks such a step saved), forward
+        (timed), capture; `keep_kv_read`: also copy the blocks the forward reads
+        (`ObservedStep.kv_read`)."""
         adapter = self.adapter
         backend = adapter.device_backend
 
@@ -300,27 +319,34 @@ class StepDriver:
             live_ids, live_positions = adapter.forward_inputs(args, kwargs)
             restore_padding = self._padding_restorer(live_ids, live_positions)
 
-            def restore() -> None:
-                self._restore_kv_and_rng()
+            def restore_recorded() -> None:
+                self._restore_kv()
+                if restore:
+                    self.adapter.restore_rng_states(self.step.rng)
                 restore_padding()
 
             padded = int(live_ids.shape[0]) if live_ids is not None else self.step.num_real_rows
-            handle = ForwardHandle(restore, call, context, self._written_views, adapter.device,
+            handle = ForwardHandle(restore_recorded, call, context, self._written_views, adapter.device,
                                    adapter.piecewise_graph_key(padded, context), padded)
             observed.dispatch = adapter.graph_dispatch(self.step.num_real_rows, padded)
             handle.restore()
+            if keep_kv_read:
+                observed.kv_read = self._kv_read()
             observed.input_ids, observed.positions = _to_host(live_ids), _to_host(live_positions)
-            fingerprints = [runner_state.block_fingerprints(group) for group in self.groups]
+            # The KV blocks written, and any other block the forward wrote (a padding slot's), are
+            # read off a rebuilt step only: a carried one recorded none to compare.
+            fingerprints = [runner_state.block_fingerprints(group) for group in self.groups] if restore else []
             started = time.perf_counter()
             output = handle.forward()
             backend.synchronize()
             observed.forward_us = (time.perf_counter() - started) * 1e6
             observed.hidden_states = _to_host(hidden_states_of(output))
-            observed.kv_after = self._kv_after()
-            observed.kv_changed_elsewhere = [
-                sorted(set(runner_state.changed_blocks(group, before)) - set(recorded.written_block_ids))
-                for group, before, recorded in zip(self.groups, fingerprints, self.step.kv.groups)
-            ]
+            if restore:
+                observed.kv_after = self._kv_after()
+                observed.kv_changed_elsewhere = [
+                    sorted(set(runner_state.changed_blocks(group, before)) - set(recorded.written_block_ids))
+                    for group, before, recorded in zip(self.groups, fingerprints, self.step.kv.groups)
+                ]
             if on_forward is not None:
                 on_forward(handle)
                 output = handle.run()  # leave buffers and RNG exactly as after the checked run

@@ -27,7 +27,10 @@ class StepShadows:
         """A step starts (not a dummy run); a step that ends here (no `sample_tokens` follows)
         has no sampled ids."""
         def wrapper(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("dummy_run") or scheduler_output.total_num_scheduled_tokens == 0:
+            if kwargs.get("dummy_run"):
+                return original(scheduler_output, *args, **kwargs)
+            if scheduler_output.total_num_scheduled_tokens == 0:
+                self.observer.idle_step(scheduler_output)
                 return original(scheduler_output, *args, **kwargs)
             self.adapter.step_begins()
             self.logits_pending = True
@@ -64,10 +67,12 @@ class StepShadows:
         return wrapper
 
     def sample_tokens(self, original: Callable) -> Callable:
-        """Sampling (and, with speculative decoding, the drafter); the observer may read the
-        drafter's proposals now, and takes the sampled ids when `sample_tokens`' output holds them."""
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            output = self._reporting_failures(original)(*args, **kwargs)
+        """Sampling (and, with speculative decoding, the drafter), with the grammar output the engine
+        hands it; the observer may read the drafter's proposals now, and takes the sampled ids when
+        `sample_tokens`' output holds them."""
+        def wrapper(grammar_output: Any = None, *args: Any, **kwargs: Any) -> Any:
+            self.observer.sampling(grammar_output)
+            output = self._reporting_failures(original)(grammar_output, *args, **kwargs)
             self.logits_pending = False
             if not self.observer.tracking:
                 return output

@@ -48,7 +48,8 @@ class V1Adapter(RunnerAdapter):
         "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "cudagraph_runtime_mode",
         "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
         "dispatch", "num_tokens", "generators", "cudagraph_keys", "drafter", "_draft_token_ids", "_draft_probs",
-        "_draft_prob_req_ids", "scheduled_spec_decode_tokens",
+        "_draft_prob_req_ids", "scheduled_spec_decode_tokens", "num_computed_tokens", "manual_seed", "seed",
+        "prev_sampled_token_ids", "prev_req_id_to_index",
     }
 
     @classmethod
@@ -82,6 +83,33 @@ class V1Adapter(RunnerAdapter):
     def live_req_ids(self) -> dict[str, Any]:
         return self.runner.requests
 
+    def held_request_states(self, mark: StepMark) -> list[RequestState]:
+        """The requests the runner holds outside the marked batch — not scheduled in it, or
+        preempted (V1 is not told; it keeps their request objects) — as their objects hold them
+        (under async scheduling with placeholders for the ids the engine had not read yet)."""
+        batch = set(mark.kept.req_ids)
+        held = []
+        for req_id, state in self.runner.requests.items():
+            if req_id in batch:
+                continue
+            generator = state.generator
+            held.append(RequestState(
+                req_id=req_id,
+                prompt_token_ids=list(state.prompt_token_ids or []),
+                output_token_ids=list(state.output_token_ids),
+                block_ids=[list(ids) for ids in state.block_ids],
+                num_computed_tokens=int(state.num_computed_tokens),
+                num_scheduled_tokens=0,
+                sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
+                runner_state={"generator_state": generator.get_state()} if generator is not None else {},
+            ))
+        return held
+
+    def runner_states(self, mark: StepMark) -> dict[str, dict[str, Any]]:
+        """Seeded requests' generator states at the marked step (the mark copied them)."""
+        kept: _V1Mark = mark.kept
+        return {kept.req_ids[row]: {"generator_state": state} for row, state in kept.generator_states.items()}
+
     batch_order_after_execute = batch_order
 
     def kind_mark(self, scheduler_output: Any) -> "_V1Mark":
@@ -110,12 +138,12 @@ class V1Adapter(RunnerAdapter):
         still a placeholder (async scheduling) is taken from the input ids the forward reads."""
         kept: _V1Mark = mark.kept
         scheduled = mark.scheduler_output.num_scheduled_tokens
+        runner_states = self.runner_states(mark)
         states = []
         for index, (req_id, state) in enumerate(zip(kept.req_ids, kept.states)):
             prompt = list(state.prompt_token_ids or [])
             outputs = state.output_token_ids
             known = int(kept.num_known[index]) - len(prompt)  # what it had before this step's bookkeeping
-            generator_state = kept.generator_states.get(index)
             states.append(
                 RequestState(
                     req_id=req_id,
@@ -125,7 +153,7 @@ class V1Adapter(RunnerAdapter):
                     num_computed_tokens=int(kept.num_computed[index]),
                     num_scheduled_tokens=int(scheduled[req_id]),
                     sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
-                    runner_state={"generator_state": generator_state} if generator_state is not None else {},
+                    runner_state=runner_states.get(req_id, {}),
                 )
             )
         if spec_decode.speculative_config(self.runner) is not None:
@@ -190,9 +218,51 @@ class V1Adapter(RunnerAdapter):
                     keys.discard(key)
         return sorted(set(kept))
 
-    def replay_shadows(self, step: Step) -> Shadows:
+    def scheduler_output_for(self, step: Step, held: list[RequestState] = ()) -> Any:
+        """The step's requests, all new; `held` (requests the runner holds outside the batch) go
+        straight into the runner's request objects: V1 adds every new request of a scheduler
+        output to its persistent batch, so the scheduler output cannot carry a request it does
+        not schedule."""
+        for request in held:
+            self.runner.requests[request.req_id] = self._request_object(request)
+        return self.release.new_requests_output(step)
+
+    def _request_object(self, request: RequestState) -> Any:
+        """A `CachedRequestState` holding a recorded request, built as the runner builds one for a
+        new request (its generator seeded, then set to the recorded state)."""
+        from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+        params = self.release.from_plain(request.sampling_params)
+        generator = None
+        if params is not None and params.seed is not None:
+            generator = torch.Generator(device=self.runner.device)
+            generator.manual_seed(params.seed)
+            recorded = request.runner_state.get("generator_state")
+            if recorded is not None:
+                generator.set_state(recorded)
+        return CachedRequestState(
+            req_id=request.req_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            mm_features=[],
+            sampling_params=params,
+            generator=generator,
+            block_ids=tuple(list(ids) for ids in request.block_ids),
+            num_computed_tokens=request.num_computed_tokens,
+            output_token_ids=list(request.output_token_ids),
+        )
+
+    def forget_previous_step(self) -> None:
+        """Drop what the runner keeps of its last step for the next one (under async scheduling
+        the sampled ids on the device, by request id): requests added again under the same ids
+        take their inputs from their recorded tokens instead."""
+        batch = self.runner.input_batch
+        batch.prev_sampled_token_ids = None
+        batch.prev_req_id_to_index = None
+
+    def replay_shadows(self, step: Step, held: list[RequestState] = ()) -> Shadows:
         """Put back each request's recorded output tokens and generator state as the runner
-        adds it to its persistent batch."""
+        adds it to its persistent batch (`held` requests are never added there: their request
+        objects are made whole, `scheduler_output_for`)."""
         recorded = {request.req_id: request for request in step.requests}
 
         fill_placeholders([recorded[req_id] for req_id in step.batch_order if req_id in recorded], step.input_ids)

@@ -42,6 +42,7 @@ class _V2Mark:
 
 class V2Adapter(RunnerAdapter):
     kind = RunnerKind.V2
+    frees_preempted = True  # `finish_requests` frees a preempted request's slot; it comes back new
     bookkeeping_method = "postprocess_sampled"
     foreign_attributes = RunnerAdapter.foreign_attributes | {
         "model_state", "prepare_inputs", "cudagraph_manager", "dispatch", "run_fullgraph", "postprocess_sampled",
@@ -167,43 +168,61 @@ class V2Adapter(RunnerAdapter):
         """Each request's tokens as they stood before the step: its `prefill_len` tokens, or
         through the tokens the step computes when it is past them (bookkeeping appends the
         sampled token behind those)."""
-        runner, kept, scheduler_output = self.runner, mark.kept, mark.scheduler_output
-        states, tables = runner.req_states, runner.block_tables
-        sampling = runner.sampler.sampling_states if runner.sampler is not None else None
-        result = []
-        for row, req_id, slot in self._rows(kept):
-            num_computed = self._num_computed_tokens(kept, row, slot)
-            before_step = max(int(states.prefill_len.np[slot]),
-                              num_computed + int(scheduler_output.num_scheduled_tokens[req_id]))
-            prompt_len = int(states.prompt_len.np[slot])
-            total_len = min(int(states.total_len.gpu[slot]), before_step)
-            tokens = states.all_token_ids.gpu[slot, :total_len].tolist()
-            new_request = self._new_requests.get(req_id)
-            params = new_request.sampling_params if new_request is not None else None
-            runner_kept = {"prefill_len": int(states.prefill_len.np[slot])}
-            if sampling is not None:
-                runner_kept["seed"] = int(sampling.seeds.np[slot])
-            result.append(
-                RequestState(
-                    req_id=req_id,
-                    prompt_token_ids=tokens[:prompt_len],
-                    output_token_ids=tokens[prompt_len:],
-                    block_ids=[
-                        table.gpu[slot, : int(tables.num_blocks.np[group, slot])].tolist()
-                        for group, table in enumerate(tables.block_tables)
-                    ],
-                    num_computed_tokens=num_computed,
-                    num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
-                    sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
-                    runner_state=runner_kept,
-                )
-            )
-        if spec_decode.speculative_config(runner) is not None:
-            spec_decode.add_drafts(result, scheduler_output.scheduled_spec_decode_tokens, input_ids)
+        kept, scheduled = mark.kept, mark.scheduler_output.num_scheduled_tokens
+        result = [self._request_state(req_id, slot, self._num_computed_tokens(kept, row, slot), int(scheduled[req_id]))
+                  for row, req_id, slot in self._rows(kept)]
+        if spec_decode.speculative_config(self.runner) is not None:
+            spec_decode.add_drafts(result, mark.scheduler_output.scheduled_spec_decode_tokens, input_ids)
             if input_ids is not None:
                 spec_decode.align_to_positions(result, mark.positions)
                 self._add_draft_logits(result)
         return result
+
+    def held_request_states(self, mark: StepMark) -> list[RequestState]:
+        """The requests holding a slot outside the marked batch (running, not scheduled in this
+        step; V2 frees a preempted request's slot), as they stand."""
+        batch = set(self.marked_req_ids(mark))
+        states = self.runner.req_states
+        return [self._request_state(req_id, slot, int(states.num_computed_tokens_np[slot]), 0)
+                for req_id, slot in states.req_id_to_index.items() if req_id not in batch]
+
+    def _request_state(self, req_id: str, slot: int, num_computed: int, num_scheduled: int) -> RequestState:
+        """The request in `slot` before a step that computes `num_scheduled` of its tokens after
+        its first `num_computed` (its token ids read from the device)."""
+        states, tables = self.runner.req_states, self.runner.block_tables
+        before_step = max(int(states.prefill_len.np[slot]), num_computed + num_scheduled)
+        prompt_len = int(states.prompt_len.np[slot])
+        total_len = min(int(states.total_len.gpu[slot]), before_step)
+        tokens = states.all_token_ids.gpu[slot, :total_len].tolist()
+        new_request = self._new_requests.get(req_id)
+        params = new_request.sampling_params if new_request is not None else None
+        return RequestState(
+            req_id=req_id,
+            prompt_token_ids=tokens[:prompt_len],
+            output_token_ids=tokens[prompt_len:],
+            block_ids=[
+                table.gpu[slot, : int(tables.num_blocks.np[group, slot])].tolist()
+                for group, table in enumerate(tables.block_tables)
+            ],
+            num_computed_tokens=num_computed,
+            num_scheduled_tokens=num_scheduled,
+            sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
+            runner_state=self._runner_state(slot),
+        )
+
+    def runner_states(self, mark: StepMark) -> dict[str, dict[str, Any]]:
+        """Each request's `prefill_len` and sampling seed, read off host arrays."""
+        return {req_id: self._runner_state(slot) for _, req_id, slot in self._rows(mark.kept)}
+
+    def _runner_state(self, slot: int) -> dict[str, Any]:
+        sampling = self.runner.sampler.sampling_states if self.runner.sampler is not None else None
+        kept = {"prefill_len": int(self.runner.req_states.prefill_len.np[slot])}
+        if sampling is not None:
+            kept["seed"] = int(sampling.seeds.np[slot])
+        return kept
+
+    def live_req_ids(self) -> dict[str, int]:
+        return self.runner.req_states.req_id_to_index
 
     def _add_draft_logits(self, requests: list[RequestState]) -> None:
         """Probabilistic drafting: each drafted request's rows of the drafter's logits, which the
@@ -270,12 +289,12 @@ class V2Adapter(RunnerAdapter):
         manager._candidates = {key: descs for key, descs in candidates.items() if descs}
         return sorted(set(kept))
 
-    def replay_shadows(self, step: Step) -> Shadows:
+    def replay_shadows(self, step: Step, held: list[RequestState] = ()) -> Shadows:
         """Put back each request's seed as the sampler adds it, and its `prefill_len` before
         the runner decides which rows prefill (so decodes run as decodes, with their last
-        sampled token as input)."""
+        sampled token as input); the same for `held`, requests added without being scheduled."""
         runner = self.runner
-        recorded = {request.req_id: request for request in step.requests}
+        recorded = {request.req_id: request for request in [*step.requests, *held]}
         states = runner.req_states
 
         def sampler_add_request(original: Callable) -> Callable:

@@ -1,0 +1,83 @@
+"""Issue 32: a window of steps in one bundle. The first step is a whole step as ever and the window
+hangs off it (`Step.window`), so the bundle's `steps` still holds one step and a reader that does
+not know `window` keeps it as an unknown field and reads the first step alone; the window's
+tensors are named by their place; a window whose steps or calls do not fit together is refused
+with its place, before any engine."""
+
+import pytest
+from window_forge import SAMPLE, window_content
+
+from tracekit.errors import BundleError
+from tracekit.format import open_bundle
+from tracekit.format.content import load_step, write_content
+from tracekit.format.schema import Step
+
+
+def test_a_window_round_trips_with_its_tensors_named_by_their_place(tmp_path):
+    bundle = write_content(tmp_path / "window.zst", window_content())
+    with open_bundle(bundle) as reader:
+        names = {info.name for info in reader.tensor_infos()}
+        assert len(reader.metadata["steps"]) == 1
+    assert {"steps/0/window/steps/1/outputs/logits", "steps/0/window/steps/0/input_ids"} <= names
+    _, first = load_step(bundle)
+    window = first.window
+    assert [carried.index for carried in window.steps] == [first.index + 1, first.index + 2]
+    assert first.window_indices == [first.index, first.index + 1, first.index + 2]
+    assert window.steps[1].outputs.logits.shape == first.outputs.logits.shape  # loaded, not a reference
+    assert window.held_requests[0].req_id == "held-0" and window.calls[3] == {"call": "execute", "step": first.index + 1}
+
+
+def test_the_window_lives_under_the_first_step_alone(tmp_path):
+    """What a reader that does not know `window` sees: one whole step and an unknown field of it."""
+    bundle = write_content(tmp_path / "window.zst", window_content())
+    with open_bundle(bundle) as reader:
+        plain = reader.metadata
+    step_plain = plain["steps"][0]
+    without = {key: value for key, value in step_plain.items() if key != "window"}
+    single = Step.from_plain(without)
+    assert single.window is None and single.batch_order == load_step(SAMPLE)[1].batch_order
+    assert set(plain) == set(load_step(SAMPLE)[0].to_plain())  # nothing new at the top level
+
+
+def _refused(tmp_path, edit, where: str) -> None:
+    content = window_content()
+    edit(content.steps[0])
+    bundle = write_content(tmp_path / "bad.zst", content)
+    with pytest.raises(BundleError, match=where):
+        load_step(bundle)
+
+
+def test_steps_that_do_not_follow_each_other_are_refused(tmp_path):
+    def skip(first):
+        first.window.steps[1].index += 1
+
+    _refused(tmp_path, skip, r"window.steps\[1\].index .* does not follow step")
+
+
+def test_a_window_that_does_not_start_after_its_first_step_is_refused(tmp_path):
+    def shift(first):
+        for carried in first.window.steps:
+            carried.index += 5
+
+    _refused(tmp_path, shift, r"window.steps\[0\].index .* does not follow step")
+
+
+def test_a_call_of_a_step_outside_the_window_is_refused(tmp_path):
+    def outside(first):
+        first.window.calls.append({"call": "execute", "step": first.index + 9})
+
+    _refused(tmp_path, outside, r"window.calls\[9\] names step .*, not one of the window's steps")
+
+
+def test_an_unknown_call_is_refused(tmp_path):
+    def unknown(first):
+        first.window.calls[0]["call"] = "propose"
+
+    _refused(tmp_path, unknown, r"calls\[0\].call 'propose' is none of execute, sample, output")
+
+
+def test_a_held_request_in_blocks_the_cache_lacks_is_refused(tmp_path):
+    def beyond(first):
+        first.window.held_requests[0].block_ids = [[1 << 20]]
+
+    _refused(tmp_path, beyond, r"window.held_requests\[0\].block_ids holds block 1048576, beyond the")

@@ -1,0 +1,264 @@
+"""The request states of a window's later steps, derived from what its bundle holds (issue 32).
+
+A window (`Step.window`) records its first step whole and each later step as the scheduler
+output the runner received, the runner's per-request state and the outputs — no request states.
+Where a reader needs those — the checks of a later step (its requests' sampling), a replay that
+rebuilds the runner's state at a later step (`--from K`), a shrink that makes a later step the
+first — they follow from the first step's requests (and those the runner held outside its
+batch) by the runner's own bookkeeping, replayed here on plain data, step after step:
+
+* the previous step's sampled ids are appended to its requests' outputs (the real ids: where
+  V1 under async scheduling holds -1 placeholders, a request rebuilt from these gets the ids);
+* finished requests are dropped; Model Runner V2 also frees preempted ones (V1 keeps a
+  preempted request's object until it resumes);
+* new requests (and, on V2, resumed ones) come from their `NewRequestData`: prompt, outputs past
+  the prompt in `prefill_token_ids`, block ids, computed tokens, sampling params;
+* cached requests take their computed tokens, append their new block ids (a resumed one's
+  replace its table), take back their outputs from `all_token_ids` where the scheduler sent them
+  (V1 under async scheduling), and drop outputs beyond `num_output_tokens`;
+* each request of the batch gets its scheduled tokens and the runner state recorded with the step.
+
+This is `GPUModelRunner._update_states` (V1) and `finish_requests`/`add_requests`/
+`update_requests` (V2) of vLLM 0.26 and 0.32, whose `CachedRequestData` carries
+`resumed_req_ids` and `all_token_ids` (0.34 sends resumed requests whole, as new ones).
+A step that schedules a request the window does not hold by then is a bad bundle.
+"""
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit.errors import BundleError
+from tracekit.format.schema import (
+    CarriedStep,
+    GraphDispatch,
+    KVGroupSnapshot,
+    KVMode,
+    KVSnapshot,
+    RequestState,
+    Step,
+    StepTiming,
+)
+from tracekit.integrations.vllm.runner_state import blocks_read_and_written
+
+
+@dataclass
+class WindowStep:
+    """One step of a window as a replay needs it: the step whole (for a later step: its request
+    states derived, no KV blocks saved), the requests the runner holds outside its batch before
+    it, and those its scheduler output adds (the first step's: all of its requests)."""
+
+    step: Step
+    held: list[RequestState] = field(default_factory=list)
+    new: list[RequestState] = field(default_factory=list)
+    carried: CarriedStep | None = None  # as recorded; None for the first step
+
+    @property
+    def index(self) -> int:
+        return self.step.index
+
+
+class RequestLedger:
+    """Every request the runner holds, by id, kept as its bookkeeping keeps it from one recorded
+    scheduler output to the next (see the module doc). The blocks each step writes follow from the
+    scheduler outputs alone (a recorder keeps them before any sampled id is read); the output
+    tokens from the sampled ids too (`sampled`)."""
+
+    def __init__(self, requests: list[RequestState], frees_preempted: bool):
+        self.held = {request.req_id: copy.deepcopy(request) for request in requests}
+        self.frees_preempted = frees_preempted
+
+    def sampled(self, batch_order: list[str], sampled: list[list[int]] | None) -> None:
+        """A step's sampled ids, appended to its requests' outputs by the runner's bookkeeping."""
+        for req_id, ids in zip(batch_order, sampled or []):
+            if req_id in self.held:
+                self.held[req_id].output_token_ids.extend(ids)
+
+    def apply(self, record: dict[str, Any], where: str) -> set[str]:
+        """One recorded scheduler output applied to the held requests; returns the ids it adds."""
+        held = self.held
+        gone = set(_members(record.get("finished_req_ids")))
+        if self.frees_preempted:
+            gone |= set(_members(record.get("preempted_req_ids")))
+        for req_id in gone:
+            held.pop(req_id, None)
+        added = set()
+        for entry in _entries(record.get("scheduled_new_reqs"), f"{where}: scheduled_new_reqs"):
+            request = _new_request(entry, where)
+            held[request.req_id] = request
+            added.add(request.req_id)
+        cached = record.get("scheduled_cached_reqs")
+        if not isinstance(cached, dict):
+            raise BundleError(f"{where}: its scheduler output has no scheduled_cached_reqs map")
+        req_ids = _entries(cached.get("req_ids"), f"{where}: scheduled_cached_reqs.req_ids")
+        columns = {name: _entries(cached.get(name), f"{where}: scheduled_cached_reqs.{name}")
+                   for name in ("num_computed_tokens", "new_block_ids", "num_output_tokens")}
+        if any(len(values) != len(req_ids) for values in columns.values()):
+            raise BundleError(f"{where}: scheduled_cached_reqs' columns differ in length")
+        resumed = set(_members(cached.get("resumed_req_ids")))
+        every_token = cached.get("all_token_ids") if isinstance(cached.get("all_token_ids"), dict) else {}
+        for number, req_id in enumerate(req_ids):
+            request = held.get(req_id)
+            if request is None:
+                raise BundleError(f"{where} schedules request {req_id!r}, which the window does not hold by then")
+            request.num_computed_tokens = _count(columns["num_computed_tokens"][number], where)
+            blocks = _block_groups(columns["new_block_ids"][number], where)
+            if req_id in resumed:
+                request.block_ids = blocks or [[] for _ in request.block_ids]
+            elif blocks is not None:
+                if len(blocks) != len(request.block_ids):
+                    raise BundleError(f"{where}: request {req_id!r} gets blocks for {len(blocks)} KV cache groups, not "
+                                      f"{len(request.block_ids)}")
+                for ids, more in zip(request.block_ids, blocks):
+                    ids.extend(more)
+            outputs = _count(columns["num_output_tokens"][number], where)
+            tokens = every_token.get(req_id)
+            if isinstance(tokens, list) and outputs > 0:
+                request.output_token_ids = list(tokens[-outputs:])
+            elif outputs < len(request.output_token_ids):
+                del request.output_token_ids[outputs:]
+        return added
+
+    def scheduled(self, record: dict[str, Any], req_id: str, where: str) -> RequestState:
+        """A request of the step's batch as the step runs it, with the tokens the record schedules
+        for it (a copy: the ledger goes on)."""
+        request = self.held.get(req_id)
+        scheduled = record.get("num_scheduled_tokens")
+        if request is None or not isinstance(scheduled, dict) or req_id not in scheduled:
+            raise BundleError(f"{where}: its batch order names {req_id!r}, which its scheduler output does not "
+                              "schedule or the window does not hold")
+        state = copy.deepcopy(request)
+        state.num_scheduled_tokens = _count(scheduled[req_id], where)
+        return state
+
+    def written(self, record: dict[str, Any], block_sizes: list[int]) -> list[set[int]]:
+        """Per KV cache group, the blocks a step writes (those of its scheduled tokens), once its
+        scheduler output is applied."""
+        scheduled = record.get("num_scheduled_tokens")
+        written: list[set[int]] = [set() for _ in block_sizes]
+        for req_id, count in (scheduled.items() if isinstance(scheduled, dict) else ()):
+            request = self.held.get(req_id)
+            if request is None or type(count) is not int:
+                continue
+            start, end = request.num_computed_tokens, request.num_computed_tokens + count
+            for blocks, ids, size in zip(written, request.block_ids, block_sizes):
+                blocks.update(ids[start // size: -(-end // size)])
+        return written
+
+    def outside(self, batch: set[str]) -> list[RequestState]:
+        """The requests held outside a batch, as they stand."""
+        return [copy.deepcopy(request) for req_id, request in self.held.items() if req_id not in batch]
+
+
+def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list[WindowStep]:
+    """Every step of the window `first` opens, in order (just the first for a single step).
+    `frees_preempted`: the runner kind drops a preempted request's state (Model Runner V2);
+    `num_kv_blocks`: the recorded KV cache's, which every block id a step names lies below."""
+    window = first.window
+    steps = [WindowStep(first, list(window.held_requests) if window else [], list(first.requests))]
+    if window is None:
+        return steps
+    ledger = RequestLedger([*first.requests, *window.held_requests], frees_preempted)
+    previous = first
+    for carried in window.steps:
+        where = f"bundle content: step {carried.index} of the window"
+        ledger.sampled(previous.batch_order, previous.outputs.sampled_token_ids if previous.outputs else None)
+        new = ledger.apply(carried.scheduler_output, where)
+        batch = []
+        for req_id in carried.batch_order:
+            request = ledger.scheduled(carried.scheduler_output, req_id, where)
+            request.runner_state = dict(carried.runner_states.get(req_id, request.runner_state))
+            ledger.held[req_id].runner_state = dict(request.runner_state)
+            batch.append(request)
+        _require_blocks_below(batch, num_kv_blocks, where)
+        step = _as_step(first, carried, batch)
+        steps.append(WindowStep(step, held=ledger.outside(set(carried.batch_order)),
+                                new=[request for request in batch if request.req_id in new], carried=carried))
+        previous = step
+    return steps
+
+
+def _require_blocks_below(requests: list[RequestState], num_kv_blocks: int, where: str) -> None:
+    for request in requests:
+        for ids in request.block_ids:
+            if ids and max(ids) >= num_kv_blocks:
+                raise BundleError(f"{where}: request {request.req_id!r} holds block {max(ids)}, beyond the "
+                                  f"{num_kv_blocks} KV blocks of bundle.engine.num_kv_blocks")
+
+
+def _new_request(entry: Any, where: str) -> RequestState:
+    if not isinstance(entry, dict) or not isinstance(entry.get("req_id"), str):
+        raise BundleError(f"{where}: a scheduled_new_reqs entry is no request")
+    prompt = _entries(entry.get("prompt_token_ids"), f"{where}: {entry['req_id']}.prompt_token_ids")
+    prefill = entry.get("prefill_token_ids")
+    outputs = list(prefill[len(prompt):]) if isinstance(prefill, list) else []
+    return RequestState(
+        req_id=entry["req_id"],
+        prompt_token_ids=list(prompt),
+        output_token_ids=outputs,
+        block_ids=_block_groups(entry.get("block_ids"), where) or [],
+        num_computed_tokens=_count(entry.get("num_computed_tokens"), where),
+        num_scheduled_tokens=0,
+        sampling_params=entry.get("sampling_params"),
+    )
+
+
+def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) -> Step:
+    """A later step whole, from its record and its derived requests; the KV blocks saved are
+    those it recorded (read from the prefix cache: no step of the window before it wrote them),
+    the cache holds the rest as the steps before wrote it."""
+    found = carried.kv.groups if carried.kv is not None else []
+    groups = []
+    for number, group in enumerate(first.kv.groups):
+        read, written = blocks_read_and_written(requests, number, group.layout.block_size)
+        saved = found[number] if number < len(found) else None
+        groups.append(KVGroupSnapshot(group.layer_names, group.layout, read, written,
+                                      list(saved.saved_block_ids) if saved else [], dict(saved.before) if saved else {}))
+    graph = carried.graph or GraphDispatch(first.graph.compilation_mode, first.graph.cudagraph_mode)
+    return Step(
+        index=carried.index,
+        trigger=f"window from step {first.index}",
+        scheduler_output=carried.scheduler_output,
+        batch_order=list(carried.batch_order),
+        requests=requests,
+        input_ids=carried.input_ids,
+        positions=carried.positions,
+        kv=KVSnapshot(mode=KVMode.NONE.value, groups=groups),
+        graph=graph,
+        rng=dict(carried.rng),
+        outputs=carried.outputs,
+        timing=carried.timing or StepTiming(),
+        error=carried.error,
+    )
+
+
+def _members(tagged: Any) -> list[Any]:
+    """The members of a recorded set (`{"$set": [...]}`), or of a list."""
+    if isinstance(tagged, dict):
+        tagged = tagged.get("$set")
+    return list(tagged) if isinstance(tagged, list) else []
+
+
+def _entries(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BundleError(f"{where} should be a list")
+    return value
+
+
+def _block_groups(tagged: Any, where: str) -> list[list[int]] | None:
+    """Block ids per KV cache group, from a recorded tuple of lists (None: no new blocks)."""
+    if tagged is None:
+        return None
+    groups = tagged.get("$tuple") if isinstance(tagged, dict) else tagged
+    if not isinstance(groups, list) or not all(isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+                                               for ids in groups):
+        raise BundleError(f"{where}: block ids should be lists of block numbers per KV cache group")
+    return [list(ids) for ids in groups]
+
+
+def _count(value: Any, where: str) -> int:
+    if type(value) is not int or value < 0:
+        raise BundleError(f"{where}: a token count should be a whole number, not {value!r}")
+    return value

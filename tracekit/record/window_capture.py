@@ -1,0 +1,181 @@
+"""Recording a window of consecutive steps (`tracekit record --window N`, issue 32).
+
+The bugs that live between steps — in what the model runner carries from one step to the next:
+its persistent batch, the sampled ids it keeps on the device under async scheduling, drafts,
+Model Runner V2's request slots — need the steps that carried it. When a step trigger fires with
+`--window N`, that step is copied whole as any recorded step (`CopiedStep`) and an `OpenWindow`
+opens on it: each of the next N-1 steps is a `CarriedStepCapture`, which keeps only what the
+engine handed the runner and what came out — the scheduler output as the runner received it,
+the grammar output, the batch order, what the runner kind keeps per request, the inputs, the
+dispatch, the RNG states and the outputs — no request states and no KV blocks. The window also
+keeps the requests the runner held outside the first step's batch and the order of the runner
+calls (under async scheduling the engine reads a step's output after the next step started).
+
+The window is written as one bundle, the first step's, once every step's output is in: when it
+holds N steps, or earlier when the engine sends a scheduler output without tokens (it finishes
+requests between steps), a later step fails (written at once, with the failure on that step) or
+the recorder is disarmed.
+"""
+
+import time
+from typing import Any
+
+from tracekit.format.schema import CarriedStep, RequestState, RunnerCall, Step, StepWindow
+from tracekit.graphs.host_copy import HostCopy
+from tracekit.integrations.seam import Phase
+from tracekit.integrations.vllm.runner_adapter import StepMark
+from tracekit.integrations.vllm.window_records import RequestLedger
+from tracekit.record import step_capture
+from tracekit.record.capture_kinds import ForwardTimer, PendingStep, Receiver, Recording, StepCapture
+
+
+class OpenWindow:
+    """A window being recorded: its first step, the later steps as they come, the runner calls."""
+
+    def __init__(self, recorder: Recording, first: PendingStep, requested: int, held: list[RequestState],
+                 first_step: Step):
+        self.recorder = recorder
+        self.first_index = first.index
+        self.requested = requested
+        self.held = held
+        # The requests' block tables as the scheduler outputs leave them (`RequestLedger`), and per
+        # KV cache group the blocks the window saved or wrote so far: a later step saves the blocks
+        # it reads from the prefix cache that are not among them.
+        self.ledger = RequestLedger([*first_step.requests, *held], recorder.adapter.frees_preempted)
+        self.block_sizes = [group.layout.block_size for group in first_step.kv.groups]
+        self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first_step.kv.groups]
+        self.calls: list[dict[str, Any]] = [{"call": RunnerCall.EXECUTE.value, "step": first.index}]
+        self.first: Step | None = None  # once its sampled ids are in
+        self.carried: list[CarriedStep] = []  # in step order, from their forwards on
+        self.started = 0  # later steps taken so far
+        self.finished = 0  # later steps whose output was read
+        self.copies: list[HostCopy] = list(first.copies)
+        self.taking = True  # whether the next step belongs to the window
+        self.written = False
+
+    def log(self, call: RunnerCall, index: int) -> None:
+        self.calls.append({"call": call.value, "step": index})
+
+    def take(self, pending: PendingStep) -> "CarriedStepCapture":
+        """The next step of the window has started: recorded as the runner receives it."""
+        self.started += 1
+        if 1 + self.started >= self.requested:
+            self.taking = False
+        self.log(RunnerCall.EXECUTE, pending.index)
+        started = time.perf_counter()
+        scheduler_output = self.recorder.adapter.scheduler_output_record(pending.scheduler_output)
+        self.ledger.apply(scheduler_output, f"step {pending.index}")
+        written = self.ledger.written(scheduler_output, self.block_sizes)
+        return CarriedStepCapture(self.recorder, pending, self, scheduler_output, written,
+                                  (time.perf_counter() - started) * 1e6)
+
+    def stop_taking(self) -> None:
+        """No later step joins: written as it stands once the outputs of those taken are in."""
+        self.taking = False
+        self._write_if_whole()
+
+    def first_finished(self, step: Step, copies: list[HostCopy]) -> None:
+        """The first step's output is in (its copies are `copies`)."""
+        self.log(RunnerCall.OUTPUT, self.first_index)
+        self.first = step
+        self._add_copies(copies)
+        self._write_if_whole()
+
+    def carried_finished(self, copies: list[HostCopy]) -> None:
+        self.finished += 1
+        self._add_copies(copies)
+        self._write_if_whole()
+
+    def carried_failed(self, carried: CarriedStep, copies: list[HostCopy]) -> None:
+        """A later step failed: the window ends with it, written now (the engine may be going
+        down; an earlier step whose output the engine had not read yet has no sampled ids)."""
+        self.taking = False
+        if carried not in self.carried:
+            self.carried.append(carried)
+        self.started = len(self.carried)
+        self._add_copies(copies)
+        self._write(now=True)
+
+    def _add_copies(self, copies: list[HostCopy]) -> None:
+        self.copies.extend(copy for copy in copies if copy not in self.copies)
+
+    def _write_if_whole(self) -> None:
+        if not self.taking and self.first is not None and self.finished == self.started:
+            self._write(now=False)
+
+    def _write(self, now: bool) -> None:
+        if self.written or self.first is None:
+            return
+        self.written = True
+        first = self.first
+        first.window = StepWindow(requested=self.requested, steps=self.carried[:self.started],
+                                  held_requests=self.held, calls=self.calls)
+        self.recorder.write_window(first, self.copies, now)
+
+
+class CarriedStepCapture(StepCapture):
+    """A later step of a window: picked when the step starts (its scheduler output is recorded
+    before the runner applies it), copied lightly just before its forward, its outputs as they
+    come."""
+
+    def __init__(self, recorder: Recording, pending: PendingStep, window: OpenWindow, scheduler_output: dict[str, Any],
+                 written: list[set[int]], recorded_us: float):
+        super().__init__(recorder, pending)
+        self.window = window
+        self.scheduler_output = scheduler_output
+        self.written = written  # per KV cache group, the blocks the step writes
+        self.recorded_us = recorded_us  # the recorder's host time on the scheduler output
+        self.carried: CarriedStep | None = None
+        self.forward_timer: ForwardTimer | None = None
+
+    def before_forward(self, input_ids: Any, positions: Any) -> None:
+        recorder, pending = self.recorder, self.pending
+        copy = recorder.new_copy(pending)
+        mark: StepMark = recorder.adapter.mark(pending.scheduler_output, input_ids, positions)
+        self.carried = step_capture.capture_carried(recorder.adapter, mark, pending.index, self.scheduler_output, copy,
+                                                    self.window.known)
+        for known, written in zip(self.window.known, self.written):
+            known.update(written)
+        self.carried.timing.host_copy_us += self.recorded_us
+        copy.finish()
+        self.window.carried.append(self.carried)
+        self.forward_timer = ForwardTimer(recorder)
+
+    def after_forward(self, output: Any) -> None:
+        if self.forward_timer is None or not self.forward_timer.stop(self.carried.timing):
+            return
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_after_forward(self.recorder.adapter, self.carried, output, copy)
+        copy.finish()
+        self.pending.phase = Phase.LOGITS
+
+    def logits_computed(self, logits: Any) -> None:
+        if self.carried is None:
+            return
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_logits(self.carried, logits, copy)
+        copy.finish()
+
+    def sampling(self, grammar_output: Any) -> None:
+        self.window.log(RunnerCall.SAMPLE, self.pending.index)
+        if self.carried is not None and grammar_output is not None:
+            self.carried.grammar_output = self.recorder.adapter.release.to_versioned_plain(grammar_output, "grammar_output")
+
+    def receiver(self) -> Receiver:
+        recorder, pending, window = self.recorder, self.pending, self.window
+
+        def finish(sampled: Any) -> None:
+            window.log(RunnerCall.OUTPUT, pending.index)
+            recorder.end_step(pending, self.carried, sampled)
+            window.carried_finished(pending.copies)
+
+        return recorder.guarded(finish, "finish")
+
+    def failed_with(self, error: dict[str, Any], step_us: float) -> None:
+        """The step raised (`error`: its error record) after `step_us`: the window ends with it.
+        A step that failed before its forward has no batch order, inputs or dispatch."""
+        carried = self.carried or CarriedStep(index=self.pending.index, scheduler_output=self.scheduler_output,
+                                              batch_order=[])
+        carried.error = error
+        carried.timing.step_us = step_us
+        self.window.carried_failed(carried, self.pending.copies)
