@@ -7,8 +7,9 @@ Exit codes (for `git bisect run` and CI): 0 for the verdicts bit_exact, within_t
 platform_difference, release_difference and error_reproduced (with --strict: bit_exact only), 1
 for diverged, error_not_reproduced and, under another vLLM release than the recording's,
 error_gone, error_appeared, nonfinite_gone and nonfinite_appeared, 2 bad input or usage, 3 this
-machine (or this vLLM release) cannot replay it. A suite exits
-with the worst of its bundles' codes, in the order 0 < 3 < 2 < 1 (`tracekit.replay.suite`).
+machine (or this vLLM release) cannot replay it, 4 the replay crashed, 5 (cannot_replay_yet) the
+step used something tracekit records but cannot replay yet. A suite exits with the worst of its
+bundles' codes, in the order 0 < 3 < 5 < 2 < 4 < 1 (`tracekit.replay.suite`).
 """
 
 import sys

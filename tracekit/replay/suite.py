@@ -22,6 +22,7 @@ from tracekit.bundles import unique_names
 from tracekit.errors import (
     EXIT_BAD_INPUT,
     EXIT_CANNOT_RUN_HERE,
+    EXIT_NOT_REPLAYABLE_YET,
     EXIT_NOT_REPRODUCED,
     EXIT_OK,
     EXIT_REPLAY_FAILED,
@@ -37,8 +38,10 @@ from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
 
 # Worst last. A divergence is the finding a suite exists for, so it wins over everything; a
 # replay that crashed (the step's fate is unknown) next; a bad bundle or argument (the suite
-# itself needs fixing) over a bundle this machine cannot run.
-EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED, EXIT_NOT_REPRODUCED)
+# itself needs fixing) next; then a step no machine can replay with this tracekit (a gap in what
+# the suite checks), over a bundle only this machine cannot run.
+EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPLAYABLE_YET, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED,
+                 EXIT_NOT_REPRODUCED)
 
 
 def verdict_of(result: ReplayResult) -> str:
