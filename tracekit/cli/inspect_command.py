@@ -108,6 +108,8 @@ def _summary(reader, full: bool = False) -> dict:
             "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
             "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if step.error is not None else None,
+            "grammar": {"requests": step.grammar.request_ids, "rows": sum(step.grammar.rows_per_request)}
+            if step.grammar is not None else None,
         }
         for step in content.steps
     ]
@@ -232,6 +234,9 @@ def _print_table(summary: dict, verify_report) -> None:
                 console.print(f"  forward {timing['forward'] / 1000:.3f} ms, step {timing['step'] / 1000:.3f} ms in the engine")
             if step["outputs_finite"] is False:
                 console.print("  [red]outputs are not finite[/]")
+            if step["grammar"]:
+                console.print(f"  grammar mask: {step['grammar']['rows']} row(s) for structured-output request(s) "
+                              f"{inert(', '.join(map(str, step['grammar']['requests'])))}")
             if step["error"]:
                 error = step["error"]
                 console.print(

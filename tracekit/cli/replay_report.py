@@ -97,6 +97,8 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     for item in result.checks:
         for row in item.details.get("differing_rows", []):
             console.print(f"   {inert(verdicts.describe_differing_row(row))}")
+        for row in item.details.get("differing_mask_rows", []):
+            console.print(f"   {inert(verdicts.describe_mask_row(row))}")
     _print_padding(console, result)
     if result.layer_checks:
         first_layer = result.first_diverging_layer

@@ -180,6 +180,13 @@ class RequestState(SchemaRecord):
     def is_prefill(self) -> bool:
         return is_prefill(self.num_computed_tokens, len(self.prompt_token_ids), len(self.output_token_ids))
 
+    @property
+    def samples(self) -> bool:
+        """Whether the step samples a token for it: its scheduled tokens reach the end of those it
+        knows (a prefill chunk that stops short samples nothing)."""
+        known = len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self.num_computed_tokens + self.num_scheduled_tokens >= known
+
     @classmethod
     def from_plain(cls, data: Any, where: str = "") -> "RequestState":
         """Schema version 1's runner fields moved into `runner_state` (a runner state that is
@@ -302,9 +309,43 @@ class StepOutputs(SchemaRecord):
     # file so that a diff meets them before the final hidden states they lead to).
     layers: dict[str, Tensor] = field(default_factory=dict)
     hidden_states: Tensor | None = None  # [num_tokens_padded, hidden]
-    logits: Tensor | None = None  # [num_sampled, vocab]
+    logits: Tensor | None = None  # [num_sampled, vocab], as the model computed them (before any grammar mask)
+    # A step with a grammar (`Step.grammar`): the mask as it reached the logits, per logits row,
+    # int32 [rows, ceil(vocab / 32)], bit j of word i set = token 32i+j was not at -inf when
+    # sampling began (`tracekit.integrations.vllm.grammar.applied_mask`). Step triggers only.
+    grammar_bitmask: Tensor | None = None
     sampled_token_ids: list[list[TokenId]] | None = None  # per request, batch order
     finite: bool = True
+
+
+@dataclass
+class GrammarRecord(SchemaRecord):
+    """The structured-output grammar mask of a step, as it reached the runner's `sample_tokens`
+    (vLLM's `GrammarOutput`, which the scheduler sends apart from the scheduler output)."""
+
+    request_ids: list[str]  # the requests sampling under a grammar, in the order of the bitmask rows
+    rows_per_request: list[Size]  # the rows each owns: 1 + its drafts this step
+    # int32 [sum(rows_per_request), ceil(vocab / 32)]: bit j of word i set = token 32i+j allowed
+    bitmask: Tensor
+    # per request: how many leading drafts the mask constrained (vLLM 0.32+; None where vLLM has none)
+    num_acceptable_drafts: list[Count] | None = None
+
+    def check_values(self, where: str) -> None:
+        counts = [len(self.rows_per_request)]
+        if self.num_acceptable_drafts is not None:
+            counts.append(len(self.num_acceptable_drafts))
+        if any(count != len(self.request_ids) for count in counts):
+            raise BundleError(f"bundle content: {where} should hold rows_per_request (and num_acceptable_drafts) "
+                              "for each of its request_ids")
+
+    def rows_of(self, req_id: str) -> range:
+        """The bitmask rows of one request."""
+        start = 0
+        for owner, count in zip(self.request_ids, self.rows_per_request):
+            if owner == req_id:
+                return range(start, start + count)
+            start += count
+        return range(0)
 
 
 @dataclass
@@ -381,6 +422,7 @@ class Step(SchemaRecord):
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised
     spec_decode: SpecDecodeRecord | None = None  # the engine decodes speculatively
+    grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
 
     def request(self, req_id: str) -> RequestState:
         """The recorded state of request `req_id` (a `BundleError` when the step has none)."""

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tracekit.format.schema import KVMode, Step
+from tracekit.format.schema import GrammarRecord, KVMode, Step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
@@ -96,6 +96,12 @@ class StepCapture:
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         """`sample_tokens` returned: `read()` gives the drafter's proposals for the next step."""
 
+    def grammar_received(self, grammar: GrammarRecord) -> None:
+        """`sample_tokens` received the step's grammar mask (its bitmask already a host copy)."""
+
+    def grammar_applied(self, logits: Any) -> None:
+        """The grammar mask is on the logits, which sampling reads next."""
+
     def receiver(self) -> Receiver:
         """`sample_tokens` returned: what takes the step's sampled ids (maybe after the next step started)."""
         return ignore
@@ -160,6 +166,14 @@ class CopiedStep(StepCapture):
         step_capture.capture_proposals(self.step, read(), copy)
         copy.finish()
 
+    def grammar_received(self, grammar: GrammarRecord) -> None:
+        self.step.grammar = grammar
+
+    def grammar_applied(self, logits: Any) -> None:
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_grammar_applied(self.step, logits, copy)
+        copy.finish()
+
     def receiver(self) -> Receiver:
         recorder, pending, step = self.recorder, self.pending, self.step
 
@@ -204,6 +218,9 @@ class MarkedStep(StepCapture):
         self.logits: Any = None
         self.finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
         self.finite_confirmed: bool | None = None  # its answer, once read
+        # The grammar mask sampling received (a host copy); the mask as applied is not taken: it
+        # would cost a device op on every step of an always-on recorder.
+        self.grammar: GrammarRecord | None = None
 
     def after_forward(self, output: Any) -> None:
         self.output, self.pending.phase = output, Phase.LOGITS
@@ -218,6 +235,9 @@ class MarkedStep(StepCapture):
         self.finite = flag  # else read at the step's end, without a sync of its own
         # A copy on the device: sampling changes the logits in place (temperature, penalties)
         self.logits = device_clone(logits)
+
+    def grammar_received(self, grammar: GrammarRecord) -> None:
+        self.grammar = grammar
 
     def receiver(self) -> Receiver:
         """Whether the outputs were finite. Read now when the device has passed the check (it
@@ -289,6 +309,7 @@ class MarkedStep(StepCapture):
         recorder = self.recorder
         copy = recorder.new_copy(self.pending)
         step = step_capture.capture(recorder.adapter, mark, self.pending.index, trigger, kv.value, copy, taken)
+        step.grammar = self.grammar
         if self.output is not None:
             step_capture.capture_after_forward(recorder.adapter, step, self.output, copy)
             step_capture.capture_logits(step, self.logits, copy)

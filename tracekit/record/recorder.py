@@ -252,6 +252,18 @@ class Recorder:
             pending.capture.drafts_proposed(read)
 
     @_engine_boundary
+    def grammar_received(self, read: Callable[[], Any]) -> None:
+        pending = self._pending
+        if pending is not None and pending.capture is not None:
+            pending.capture.grammar_received(read())
+
+    @_engine_boundary
+    def grammar_applied(self, logits: Any) -> None:
+        pending = self._pending
+        if pending is not None and pending.capture is not None:
+            pending.capture.grammar_applied(logits)
+
+    @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
         if self._pending is not None:
             self._pending.phase = phase

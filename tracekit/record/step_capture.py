@@ -19,7 +19,7 @@ import torch
 
 from tracekit.format.schema import KVGroupSnapshot, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.graphs.host_copy import HostCopy
-from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm import grammar, runner_state, spec_decode
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark
 from tracekit.integrations.vllm.runner_state import hidden_states_of
 
@@ -146,6 +146,15 @@ def capture_proposals(step: Step, proposals: torch.Tensor | None, copy: HostCopy
     """The drafter's proposals for the next step, copied to host."""
     if step.spec_decode is not None and proposals is not None:
         step.spec_decode.proposals = copy.copy(proposals)
+
+
+def capture_grammar_applied(step: Step, logits: torch.Tensor, copy: HostCopy) -> None:
+    """The grammar mask as it reached the logits (`StepOutputs.grammar_bitmask`): packed on the
+    device, copied to host."""
+    if step.outputs is not None:
+        started = time.perf_counter()
+        step.outputs.grammar_bitmask = copy.copy(grammar.applied_mask(logits))
+        step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
 
 
 def capture_sampled(step: Step, sampled_token_ids: list[list[int]] | None) -> None:

@@ -239,15 +239,10 @@ def logits_rows(observed: ObservedStep, step: Step) -> dict[str, int]:
     rows = 0 if observed.logits is None else int(observed.logits.shape[0])
     if rows == len(observed.batch_order):
         return {req_id: row for row, req_id in enumerate(observed.batch_order)}
-    sampling = [req_id for req_id in observed.batch_order if _samples(step.request(req_id))]
+    sampling = [req_id for req_id in observed.batch_order if step.request(req_id).samples]
     if rows == len(sampling):
         return {req_id: row for row, req_id in enumerate(sampling)}
     raise CannotRunHere(f"the replay produced {rows} logits row(s) for {len(observed.batch_order)} request(s)")
-
-
-def _samples(request: RequestState) -> bool:
-    end = request.num_computed_tokens + request.num_scheduled_tokens
-    return end >= len(request.prompt_token_ids) + len(request.output_token_ids)
 
 
 def _sampled(observed: ObservedStep) -> dict[str, list[int]]:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from tracekit.errors import CannotRunHere, UsageError
-from tracekit.format.schema import EngineConfig, ModelInfo, Step
+from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, Step
 from tracekit.integrations.seam import RUNNER_KINDS, RunnerKind
-from tracekit.integrations.vllm import serialize
+from tracekit.integrations.vllm import grammar, serialize
 from tracekit.integrations.vllm.weights import weights_fingerprint
 
 
@@ -73,6 +73,7 @@ class Release:
         "architectures", "mode", "cudagraph_mode", "compile_or_warm_up_model", "model_runner", "get_output",
         "sampled_token_ids", "make_empty", "finished_req_ids", "scheduled_spec_decode_tokens", "mm_features",
         "lora_request", "prompt_embeds", "num_common_prefix_blocks", "capture_model", "compile_ranges_endpoints",
+        "structured_output_request_ids", "grammar_bitmask", "num_acceptable_drafts",
     })
 
     def __init__(self, version: str):
@@ -167,6 +168,20 @@ class Release:
 
         output.get_output = get_output
         return output
+
+    # -- structured outputs ------------------------------------------------------------------
+
+    def grammar_record(self, grammar_output: Any, scheduler_output: Any) -> GrammarRecord:
+        """The grammar `sample_tokens` received, as a record (its bitmask copied to host)."""
+        return grammar.grammar_record(grammar_output, scheduler_output)
+
+    def grammar_output(self, record: GrammarRecord | None) -> Any:
+        """The `GrammarOutput` a replay hands `sample_tokens` (None: the step had no grammar)."""
+        if record is None:
+            return None
+        from vllm.v1.core.sched.output import GrammarOutput
+
+        return grammar.grammar_output(record, GrammarOutput)
 
     # -- vLLM objects <-> plain data ---------------------------------------------------------
 

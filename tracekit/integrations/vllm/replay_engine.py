@@ -34,19 +34,21 @@ from tracekit.integrations.vllm.engine import (
     forget_cached_prefixes,
     release_llm,
 )
+from tracekit.integrations.vllm.grammar import unpack_mask
 from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager_forward
 from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
+from tracekit.integrations.vllm.step_records import logits_rows
 from tracekit.integrations.vllm.version import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.weights import weights_fingerprint
 from tracekit.models import tiny_model_path
 
 __all__ = [
     "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
-    "engine_key", "engine_of", "needs_of", "release_llm", "replay_engine_args", "require_drafting_known",
-    "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
-    "union_of", "worker_adapter", "worker_error",
+    "engine_key", "engine_of", "logits_rows", "needs_of", "release_llm", "replay_engine_args",
+    "require_drafting_known", "require_layout_buildable", "require_recomputable", "require_recorded_release_here",
+    "require_replayable_here", "union_of", "unpack_mask", "worker_adapter", "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.

@@ -26,6 +26,7 @@ import torch
 from tracekit.format.schema import (
     EngineConfig,
     Environment,
+    GrammarRecord,
     GraphDispatch,
     ParallelRank,
     RequestState,
@@ -95,6 +96,11 @@ class RunnerAdapter:
     def kind_shadows(self, observer: StepObserver) -> Shadows:
         """Extra shadows this runner kind needs while observed (may be none)."""
         return []
+
+    def grammar_shadows(self, applied: Callable[[torch.Tensor], None]) -> Shadows:
+        """Shadows that call `applied(logits)` where this runner kind has masked the logits with
+        the step's grammar and is about to sample from them."""
+        raise NotImplementedError
 
     def replay_shadows(self, step: Step) -> Shadows:
         """Shadows that put back what this runner keeps per request, as the step's requests are added."""
@@ -190,6 +196,7 @@ class RunnerAdapter:
                            self.bookkeeping_method: step.bookkeeping}),
             (self.runner.model, {"compute_logits": step.compute_logits}),
             *self.kind_shadows(observer),
+            *self.grammar_shadows(step.grammar_applied),
         ]
         contexts = self.model_call_shadows(step.model_call)
         drafter = self.drafter_model()
@@ -214,15 +221,15 @@ class RunnerAdapter:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
         return self.release.finishing_output(req_ids)
 
-    def execute_and_sample(self, scheduler_output: Any) -> list[str]:
-        """Run a step's two halves (the observer takes the logits and sampled ids); returns the
-        batch order the runner ran."""
+    def execute_and_sample(self, scheduler_output: Any, grammar: GrammarRecord | None = None) -> list[str]:
+        """Run a step's two halves, sampling under `grammar`'s mask if given (the observer takes
+        the logits and sampled ids); returns the batch order the runner ran."""
         runner = self.runner
         try:
             if runner.execute_model(scheduler_output) is not None:
                 raise RuntimeError("the runner produced no forward for the recorded step")
             batch_order = self.batch_order_after_execute()
-            output = runner.sample_tokens(None)
+            output = runner.sample_tokens(self.release.grammar_output(grammar))
             if hasattr(output, "get_output"):  # async: the observer's receiver runs when it is read
                 output.get_output()
         finally:

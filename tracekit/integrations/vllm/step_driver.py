@@ -26,7 +26,7 @@ from tracekit.errors import CannotRunHere
 from tracekit.format.schema import KVMode, Step
 from tracekit.graphs.modes import ReplayMode
 from tracekit.integrations.seam import ObservedStep, Phase
-from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm import grammar, runner_state, spec_decode
 from tracekit.integrations.vllm.runner_state import hidden_states_of
 
 
@@ -134,6 +134,13 @@ class _ReplayObserver:
         if self.observed.logits is None and logits is not None:
             self.observed.logits = _to_host(logits)
 
+    def grammar_received(self, read: Callable[[], Any]) -> None:
+        pass  # the driver handed it over: the recorded one
+
+    def grammar_applied(self, logits: Any) -> None:
+        if self.observed.grammar_bitmask is None:
+            self.observed.grammar_bitmask = _to_host(grammar.applied_mask(logits))
+
     def phase_entered(self, phase: Phase) -> None:
         pass
 
@@ -223,14 +230,14 @@ class StepDriver:
 
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
         observed = ObservedStep()
-        adapter = self.adapter
-        if self.step.kv.mode == KVMode.RECOMPUTE.value:
+        adapter, step = self.adapter, self.step
+        if step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
                 recompute_kv(adapter, self.step)
         model_call = self._model_call(observed, on_forward)
-        with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(_ReplayObserver(observed), model_call):
+        with torch.inference_mode(), adapter.replaying(step), adapter.observe(_ReplayObserver(observed), model_call):
             try:
-                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(self.step))
+                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(step), step.grammar)
             finally:
                 adapter.finish(list(self.step.batch_order))
         return observed

@@ -22,6 +22,8 @@ class StepShadows:
         self.observer = observer
         self.replay_call = replay_call  # takes the place of every model call (a replay)
         self.logits_pending = False  # the next compute_logits of the step is its sampling logits
+        self.grammar_pending = False  # sample_tokens received a grammar mask for this step
+        self.scheduler_output: Any = None  # of the step in progress
 
     def execute_model(self, original: Callable) -> Callable:
         """A step starts (not a dummy run); a step that ends here (no `sample_tokens` follows)
@@ -31,6 +33,7 @@ class StepShadows:
                 return original(scheduler_output, *args, **kwargs)
             self.adapter.step_begins()
             self.logits_pending = True
+            self.scheduler_output = scheduler_output
             self.observer.step_started(scheduler_output)
             result = self._reporting_failures(original)(scheduler_output, *args, **kwargs)
             if self.observer.tracking and result is not None:
@@ -64,11 +67,17 @@ class StepShadows:
         return wrapper
 
     def sample_tokens(self, original: Callable) -> Callable:
-        """Sampling (and, with speculative decoding, the drafter); the observer may read the
+        """Sampling (and, with speculative decoding, the drafter), with the grammar mask the scheduler
+        sent for it (structured outputs), which the observer gets first; the observer may read the
         drafter's proposals now, and takes the sampled ids when `sample_tokens`' output holds them."""
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            grammar_output = args[0] if args else kwargs.get("grammar_output")
+            self.grammar_pending = grammar_output is not None
+            if self.grammar_pending and self.observer.tracking:
+                scheduler_output, release = self.scheduler_output, self.adapter.release
+                self.observer.grammar_received(lambda: release.grammar_record(grammar_output, scheduler_output))
             output = self._reporting_failures(original)(*args, **kwargs)
-            self.logits_pending = False
+            self.logits_pending = self.grammar_pending = False
             if not self.observer.tracking:
                 return output
             self.observer.drafts_proposed(self.adapter.proposals)
@@ -86,6 +95,12 @@ class StepShadows:
             return output
 
         return wrapper
+
+    def grammar_applied(self, logits: Any) -> None:
+        """The runner masked the logits with this step's grammar; sampling reads them next (the
+        adapter calls this where its runner kind goes from the one to the other)."""
+        if self.grammar_pending and self.observer.tracking and logits is not None:
+            self.observer.grammar_applied(logits)
 
     def bookkeeping(self, original: Callable) -> Callable:
         """The runner updates its request states with the sampled ids."""

@@ -48,12 +48,24 @@ class V1Adapter(RunnerAdapter):
         "output_token_ids", "block_ids", "sampling_params", "num_scheduled_tokens", "cudagraph_runtime_mode",
         "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
         "dispatch", "num_tokens", "generators", "cudagraph_keys", "drafter", "_draft_token_ids", "_draft_probs",
-        "_draft_prob_req_ids", "scheduled_spec_decode_tokens",
+        "_draft_prob_req_ids", "scheduled_spec_decode_tokens", "_sample",
     }
 
     @classmethod
     def matches(cls, runner: Any) -> bool:
         return hasattr(runner, "input_batch") and hasattr(runner, "requests") and hasattr(type(runner), "_model_forward")
+
+    def grammar_shadows(self, applied: Callable[[torch.Tensor], None]) -> Shadows:
+        """`sample_tokens` masks the logits (`apply_grammar_bitmask`) and hands them straight to
+        `_sample`."""
+        def sample(original: Callable) -> Callable:
+            def wrapper(logits: Any, *args: Any, **kwargs: Any) -> Any:
+                applied(logits)
+                return original(logits, *args, **kwargs)
+
+            return wrapper
+
+        return [(self.runner, {"_sample": sample})]
 
     def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
         return [shadowed(self.runner, {"_model_forward": model_call})]

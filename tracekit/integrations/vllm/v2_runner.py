@@ -50,7 +50,8 @@ class V2Adapter(RunnerAdapter):
         "idx_mapping_np", "num_computed_tokens_np", "prefill_len_np", "num_reqs", "input_ids", "positions", "cg_mode",
         "scheduled_new_reqs", "preempted_req_ids", "finished_req_ids", "num_blocks", "gpu", "np", "copy_to_uva",
         "input_batch", "req_ids", "num_scheduled_tokens", "sampling_params", "add_request", "prepare_attn",
-        "cudagraph_runtime_mode", "batch_descriptor", "speculator", "draft_tokens", "draft_logits", "_capture_descs", "_candidates", "num_tokens",
+        "cudagraph_runtime_mode", "batch_descriptor", "speculator", "draft_tokens", "draft_logits", "_capture_descs",
+        "_candidates", "num_tokens", "structured_outputs_worker", "apply_grammar_bitmask",
     }
 
     def __init__(self, runner: Any, release: Any):
@@ -101,6 +102,24 @@ class V2Adapter(RunnerAdapter):
         if self.runner.cudagraph_manager is not None:
             shadows.append((self.runner.cudagraph_manager, {"dispatch": dispatch}))
         return shadows
+
+    def grammar_shadows(self, applied: Callable[[torch.Tensor], None]) -> Shadows:
+        """`sample` computes the logits, masks them (`structured_outputs_worker.apply_grammar_bitmask`,
+        in place) and samples: reported once the mask is on (a runner without structured outputs
+        has no worker)."""
+        worker = getattr(self.runner, "structured_outputs_worker", None)
+        if worker is None:
+            return []
+
+        def apply_grammar_bitmask(original: Callable) -> Callable:
+            def wrapper(logits: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(logits, *args, **kwargs)
+                applied(logits)
+                return result
+
+            return wrapper
+
+        return [(worker, {"apply_grammar_bitmask": apply_grammar_bitmask})]
 
     def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
         contexts = [call_shadowed(self.runner.model, model_call)]
