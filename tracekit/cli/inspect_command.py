@@ -110,6 +110,11 @@ def _summary(reader, full: bool = False) -> dict:
             "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if step.error is not None else None,
             "grammar": {"requests": step.grammar.request_ids, "rows": sum(step.grammar.rows_per_request)}
             if step.grammar is not None else None,
+            "lora_adapters": [
+                {"name": adapter.name, "slot": adapter.slot, "rank": adapter.rank, "fingerprint": adapter.fingerprint,
+                 "size_bytes": adapter.size_bytes, "kept": bool(adapter.files)}
+                for adapter in step.lora_adapters
+            ],
         }
         for step in content.steps
     ]
@@ -237,6 +242,10 @@ def _print_table(summary: dict, verify_report) -> None:
             if step["grammar"]:
                 console.print(f"  grammar mask: {step['grammar']['rows']} row(s) for structured-output request(s) "
                               f"{inert(', '.join(map(str, step['grammar']['requests'])))}")
+            for adapter in step["lora_adapters"][:MAX_TABLE_ROWS]:
+                kept = "kept in the bundle" if adapter["kept"] else "not kept (found by fingerprint when replayed)"
+                console.print(f"  LoRA slot {inert(adapter['slot'])}: {inert(adapter['name'])}, rank {inert(adapter['rank'])}, "
+                              f"{inert(adapter['fingerprint'])}, {kept}")
             if step["error"]:
                 error = step["error"]
                 console.print(

@@ -37,8 +37,12 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
 @click.option("--layers", is_flag=True,
               help="Also store every decoder layer's output (norms, attention, MLP) of a recorded step, so "
                    "a replay names the first layer that diverges. Needs an eager engine (--enforce-eager).")
+@click.option("--keep-lora-weights", is_flag=True,
+              help="Keep every LoRA adapter's files in the bundles, whatever their size (by default only "
+                   "adapters up to 64 MiB; a replay finds the others by fingerprint, or through --lora).")
 @click.pass_context
-def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles, layers):
+def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles, layers,
+                   keep_lora_weights):
     """Record engine steps of a real vLLM engine into bundles."""
     from tracekit.record.session import record_workload
 
@@ -56,6 +60,7 @@ def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, out
         output=output,
         max_bundles=max_bundles,
         layers=layers,
+        keep_lora_weights=keep_lora_weights,
     )
     if not written:
         raise UsageError("no step matched the trigger; nothing was recorded")

@@ -172,6 +172,7 @@ class RequestState(SchemaRecord):
     # Speculative decoding: the draft tokens this step verifies after the request's last sampled
     # token (the last `len` of its scheduled tokens), as the forward read them.
     draft_token_ids: list[TokenId] = field(default_factory=list)
+    lora_adapter: str | None = None  # the name of the LoRA adapter it runs with (`Step.lora_adapters`)
 
     # Schema version 1 kept these beside the common fields.
     _VERSION_1_RUNNER_FIELDS: ClassVar[tuple[str, ...]] = ("generator_state", "seed", "prefill_len")
@@ -405,6 +406,39 @@ class StepError(TypedDict, total=False):
     phase: str  # where: "prepare", "forward", "logits", "sampling" or "bookkeeping"
 
 
+LoRAId = Annotated[int, Range(1, INT32_MAX)]  # vLLM's lora_int_id (0 means none)
+ADAPTER_CONFIG = "adapter_config.json"  # a peft adapter's config file
+KEPT_WEIGHTS_SUFFIX = ".safetensors"  # the weight files a bundle may keep (loading one executes nothing)
+
+
+@dataclass
+class LoRAAdapter(SchemaRecord):
+    """A LoRA adapter resident in one of the engine's LoRA slots when the step ran: its identity,
+    and its files when the bundle keeps them."""
+
+    name: str | None  # vLLM's lora_name (None: loaded before the recorder was armed)
+    int_id: LoRAId
+    slot: Count  # its index among the engine's `max_loras` slots
+    path: str | None = None  # where the recording engine loaded it from
+    rank: Count | None = None  # `r` of its adapter_config.json
+    alpha: float | None = None  # `lora_alpha`
+    target_modules: list[str] = field(default_factory=list)
+    # blake2b-128 over the relative names and bytes of adapter_config.json and its weight files
+    # (the model's `weights_fingerprint`, over the adapter's files); None where they could not be read
+    fingerprint: str | None = None
+    size_bytes: Annotated[int, Range(0, INT64_MAX)] | None = None  # of those files
+    # file name -> uint8 tensor of its bytes, when kept: adapter_config.json and *.safetensors only
+    files: dict[str, Tensor] = field(default_factory=dict)
+
+    def check_values(self, where: str) -> None:
+        """A kept file is written back into a folder by that name: a plain name of the two kinds."""
+        for name in self.files:
+            plain = "/" not in name and "\\" not in name and name not in ("", ".", "..")
+            if not (plain and (name == ADAPTER_CONFIG or name.endswith(KEPT_WEIGHTS_SUFFIX))):
+                raise BundleError(f"bundle content: {where}.files holds {name!r}: only {ADAPTER_CONFIG} and "
+                                  f"*{KEPT_WEIGHTS_SUFFIX} files are kept and written back")
+
+
 @dataclass
 class Step(SchemaRecord):
     index: Count  # the engine step (count of non-empty forwards since arming, from 0)
@@ -423,6 +457,8 @@ class Step(SchemaRecord):
     error: StepError | None = None  # if the step raised
     spec_decode: SpecDecodeRecord | None = None  # the engine decodes speculatively
     grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
+    # Every LoRA adapter in the engine's slots when the forward ran (the requests' and any other)
+    lora_adapters: list[LoRAAdapter] = field(default_factory=list)
 
     def request(self, req_id: str) -> RequestState:
         """The recorded state of request `req_id` (a `BundleError` when the step has none)."""

@@ -17,7 +17,8 @@ _recorders: dict[str, Recorder] = {}
 
 
 def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when: str | None,
-                 events: tuple[str, ...], kv: str, max_bundles: int, layers: bool) -> dict[str, Any]:
+                 events: tuple[str, ...], kv: str, max_bundles: int, layers: bool,
+                 keep_lora_weights: bool = False) -> dict[str, Any]:
     try:
         recorder = Recorder(
             runner_of(worker),
@@ -27,6 +28,7 @@ def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when
             max_bundles=max_bundles,
             layers=layers,
             set_id=session,
+            keep_lora_weights=keep_lora_weights,
         )
     except TracekitError as error:
         return reported(error)

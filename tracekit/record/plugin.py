@@ -14,6 +14,8 @@ the writer thread when the process exits.
     TRACEKIT_RECORD_ON      `exception`, `nonfinite` or both, comma separated
     TRACEKIT_RECORD_KV      `read` (default), `written` or `none`
     TRACEKIT_RECORD_MAX_BUNDLES  with `{step}`: the most bundles one process writes (default 16)
+    TRACEKIT_RECORD_LORA_WEIGHTS `1`: keep every LoRA adapter's files in the bundles, whatever
+                            their size (by default only adapters up to 64 MiB are kept)
 """
 
 import atexit
@@ -59,6 +61,7 @@ def _arm_on(runner: Any) -> None:
             ),
             kv=os.environ.get("TRACEKIT_RECORD_KV", "read"),
             max_bundles=_int_env("TRACEKIT_RECORD_MAX_BUNDLES", DEFAULT_MAX_BUNDLES),
+            keep_lora_weights=os.environ.get("TRACEKIT_RECORD_LORA_WEIGHTS", "") == "1",
         ).arm()
     except Exception as error:  # bad settings, or anything else: the engine starts unrecorded
         logger.error("tracekit: recorder not armed: %s", error)

@@ -36,6 +36,7 @@ from tracekit.graphs.host_copy import HostCopy
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import ranks
+from tracekit.integrations.vllm.lora_adapters import AdapterFiles
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
 from tracekit.integrations.vllm.step_driver import unknown_tokens_to_recompute
 from tracekit.integrations.vllm.version import installed_release
@@ -73,6 +74,7 @@ class Recorder:
         max_bundles: int = DEFAULT_MAX_BUNDLES,
         layers: bool = False,
         set_id: str | None = None,
+        keep_lora_weights: bool = False,
     ):
         if kv not in KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(KV_MODES)}")
@@ -93,6 +95,8 @@ class Recorder:
         if max_bundles < 1:
             raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
+        # the LoRA adapters' files, read on the writer thread (kept up to a size, or always)
+        self._adapter_files = AdapterFiles(keep_always=keep_lora_weights)
         self.steps_seen = 0
         self.head_start_us = DEFAULT_HEAD_START_US  # of the next recorded forward's timer
         self.sizes_seen: set[int] = set()  # padded token counts of the forwards seen since arming
@@ -313,6 +317,7 @@ class Recorder:
         }
         self.count_bundle()
         _copies_landed(step, pending.copies)
+        self._adapter_files.complete(step)
         self._persister.write_now(*self._destination(self._completed(step)))
 
     # -- what the capture kinds share ----------------------------------------------------------
@@ -353,7 +358,12 @@ class Recorder:
         """Write the step's bundle on the writer thread, once its copies landed."""
         step.trigger = trigger
         copies = list(pending.copies)
-        self._persister.submit(*self._destination(self._completed(step)), ready=lambda: _copies_landed(step, copies))
+
+        def ready() -> None:  # on the writer thread
+            _copies_landed(step, copies)
+            self._adapter_files.complete(step)
+
+        self._persister.submit(*self._destination(self._completed(step)), ready=ready)
 
     def deferral_started(self) -> None:
         """A step's non-finite check is to be read with its output, after later steps started."""

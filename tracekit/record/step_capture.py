@@ -83,6 +83,7 @@ def capture(
         rng=dict(mark.rng),
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
+        lora_adapters=adapter.lora_adapters(mark),
     )
     step.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return step
@@ -113,6 +114,7 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
         rng=dict(mark.rng),  # host tensors (a CUDA generator's state too)
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
+        lora_adapters=adapter.lora_adapters(mark),
     )
 
 

@@ -29,6 +29,7 @@ from tracekit.integrations.vllm.replay_engine import (
     StepDriver,
     build_replay_engine,
     engine_of,
+    locate_lora_adapters,
     needs_of,
     require_drafting_known,
     require_recomputable,
@@ -72,6 +73,9 @@ class ReplayOptions:
     full_engine: bool = False
     engine_needs: EngineNeeds | None = None
     kernel_choices: list[KernelChoice] | None = None
+    # LoRA adapter name -> its folder here, where the bundle does not keep its files and it is
+    # not at the recorded path (`--lora NAME=PATH`)
+    lora_paths: dict[str, str] = field(default_factory=dict)
 
 
 def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
@@ -82,15 +86,16 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     options = options or ReplayOptions(**fields)
     opened = checked_before_engine(bundle, options)
     choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
-    # Inductor's kernels are built with the engine and autotuned at their first launch: both
-    # happen under the recorded choices.
-    with kernel_choices.choices_applied(choices):
-        engine = engine_for(opened, options, llm)
-        here = engine.environment()
-        engine.require_kv_layout_of(opened.content.environment, here)
-        ran = run_and_compare(engine, opened, options)
-    if ran.own_engine_modes:
-        ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options))
+    with locate_lora_adapters(opened.step, options.lora_paths, options.allow_weights_mismatch) as adapters:
+        # Inductor's kernels are built with the engine and autotuned at their first launch: both
+        # happen under the recorded choices.
+        with kernel_choices.choices_applied(choices):
+            engine = engine_for(opened, options, llm)
+            here = engine.environment()
+            engine.require_kv_layout_of(opened.content.environment, here)
+            ran = run_and_compare(engine, opened, options, adapters.paths)
+        if ran.own_engine_modes:
+            ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
     return report(opened, options, engine, here, ran)
 
 
@@ -192,9 +197,10 @@ class StepRun:
     captured_layers: dict[str, Any] = field(default_factory=dict)
 
 
-def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOptions) -> StepRun:
-    """Run the step through the engine's runner, compare it with the recording, and time on the
-    way (`on_forward`) the modes that run on this engine."""
+def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOptions,
+                    lora_paths: dict[int, str]) -> StepRun:
+    """Run the step through the engine's runner (its LoRA adapters from `lora_paths`), compare it
+    with the recording, and time on the way (`on_forward`) the modes that run on this engine."""
     step = opened.step
     requested = [engine.reference_mode] if options.modes == "reference" else opened.explicit_modes
     # Graph modes need an engine of their own (vLLM's graphs off, or tracekit's piecewise
@@ -218,7 +224,7 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
                 ran.measured[mode] = measure(mode, handle, step, options.iters, options.samples, options.warmup_s,
                                              trace_to=trace_path(options.profile_prefix, mode))
 
-    driver = engine.driver(step)
+    driver = engine.driver(step, lora_paths)
     try:
         if step.error is not None:
             ran.checks = [_replay_failing_step(driver, step.error)]
@@ -253,8 +259,8 @@ def _replay_failing_step(driver: StepDriver, recorded_error: dict[str, Any]) -> 
 # -- time ------------------------------------------------------------------------------------------------------
 
 
-def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[str],
-                        options: ReplayOptions) -> dict[str, dict[str, Any]]:
+def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[str], options: ReplayOptions,
+                        lora_paths: dict[int, str]) -> dict[str, dict[str, Any]]:
     """Time the modes that need an engine of their own, one after the other; the replay engine
     is released first (its engine arguments, read back, rebuild each)."""
     engine_args, has_graphs = engine.engine_args(), engine.has_graphs
@@ -262,7 +268,7 @@ def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[st
     return {
         mode: measure_in_own_engine(mode, opened.content.engine, engine_args, opened.step, options.iters,
                                     options.samples, options.warmup_s, trace_path(options.profile_prefix, mode),
-                                    has_graphs=has_graphs)
+                                    has_graphs=has_graphs, lora_paths=lora_paths)
         for mode in modes
     }
 

@@ -13,6 +13,7 @@ The result records where it came from (file name and sha256), the property and t
 import hashlib
 import tempfile
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -117,9 +118,11 @@ class EngineReplayer(StepReplayer):
     `tracekit invariance`'s variants)."""
 
     def __init__(self, content: BundleContent, llm: Any, model: str | None, allow_weights_mismatch: bool,
-                 workdir: Path | None = None):
+                 workdir: Path | None = None, recorded: Step | None = None):
         self.content = content
         self.llm = llm
+        self.recorded = recorded  # the step the trials cut (its LoRA adapters are found with the engine)
+        self.adapters: Any = None  # where they are here (`LocatedAdapters`), once the engine is built
         self.model = model
         self.allow_weights_mismatch = allow_weights_mismatch
         self.workdir = workdir
@@ -131,15 +134,23 @@ class EngineReplayer(StepReplayer):
             EngineSpec,
             build_replay_engine,
             engine_of,
+            locate_lora_adapters,
             require_recorded_release_here,
         )
 
         content = self.content
+        if self.adapters is None and self.recorded is not None:
+            self.adapters = locate_lora_adapters(self.recorded, {}, self.allow_weights_mismatch)
         if self.llm is None:
             require_recorded_release_here(content)
             self.llm = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=self.model,
                                                       allow_weights_mismatch=self.allow_weights_mismatch)).llm
         return engine_of(self.llm, content.engine.runner)
+
+    def close(self) -> None:
+        """Remove what was written to find the LoRA adapters (the engine stays: `llm`)."""
+        if self.adapters is not None:
+            self.adapters.close()
 
     def adapter(self) -> Any:
         return self.engine().adapter
@@ -147,7 +158,7 @@ class EngineReplayer(StepReplayer):
     def run(self, step: Step, on_forward: Any) -> Any:
         engine = self.engine()
         try:
-            return engine.driver(step).run(on_forward)
+            return engine.driver(step, self.adapters.paths if self.adapters is not None else None).run(on_forward)
         finally:
             engine.forget_cached_prefixes()
 
@@ -198,9 +209,9 @@ def shrink(
     content, recorded = load_step(bundle, step)
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
-    with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir:
-        trials = _Trials(recorded, prop, EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir)),
-                         console)
+    with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir, \
+            closing(EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir), recorded)) as replayer:
+        trials = _Trials(recorded, prop, replayer, console)
         console.print(f"[bold]shrink[/bold] {bundle}: {len(original)} request(s), {sum(original.values())} "
                       f"token(s), until {until}", highlight=False)
         if not trials.holds(original):

@@ -73,7 +73,10 @@ class Release:
         "architectures", "mode", "cudagraph_mode", "compile_or_warm_up_model", "model_runner", "get_output",
         "sampled_token_ids", "make_empty", "finished_req_ids", "scheduled_spec_decode_tokens", "mm_features",
         "lora_request", "prompt_embeds", "num_common_prefix_blocks", "capture_model", "compile_ranges_endpoints",
-        "structured_output_request_ids", "grammar_bitmask", "num_acceptable_drafts",
+        "structured_output_request_ids", "grammar_bitmask", "num_acceptable_drafts", "lora_config",
+        "lora_manager", "_adapter_manager", "lora_index_to_id", "lora_name", "lora_int_id", "lora_path",
+        "remove_all_adapters", "add_adapter", "add_dummy_lora", "dummy_lora_cache", "activate_adapter",
+        "remove_adapter", "max_lora_rank",
     })
 
     def __init__(self, version: str):
@@ -260,13 +263,16 @@ class Release:
 
     # -- the scheduler outputs a replay hands the runner -------------------------------------
 
-    def new_request(self, step: Step, req_id: str) -> Any:
+    def new_request(self, step: Step, req_id: str, loras: dict[str, Any]) -> Any:
         """A recorded request as new: its prompt, computed tokens and block ids, with prompt and
         outputs in `prefill_token_ids` (Model Runner V2 reads them; V1 gets its outputs back
-        through its adapter)."""
+        through its adapter), and its LoRA adapter's request from `loras` (by adapter name)."""
         from vllm.v1.core.sched.output import NewRequestData
 
         request = step.request(req_id)
+        if request.lora_adapter is not None and request.lora_adapter not in loras:
+            raise CannotRunHere(f"request {req_id} ran with LoRA adapter {request.lora_adapter!r}, "
+                                "which the replay has not located")
         return NewRequestData(
             req_id=req_id,
             prompt_token_ids=list(request.prompt_token_ids),
@@ -275,7 +281,7 @@ class Release:
             pooling_params=None,
             block_ids=tuple(list(ids) for ids in request.block_ids),
             num_computed_tokens=request.num_computed_tokens,
-            lora_request=None,
+            lora_request=loras.get(request.lora_adapter) if request.lora_adapter is not None else None,
             prefill_token_ids=[*request.prompt_token_ids, *request.output_token_ids],
         )
 
@@ -284,13 +290,14 @@ class Release:
 
         return SchedulerOutput(**fields)
 
-    def new_requests_output(self, step: Step) -> Any:
-        """The step's requests, all new, scheduled in the recorded batch order."""
+    def new_requests_output(self, step: Step, loras: dict[str, Any] | None = None) -> Any:
+        """The step's requests, all new, scheduled in the recorded batch order (`loras`: the
+        LoRARequest of each adapter the requests name)."""
         from vllm.v1.core.sched.output import CachedRequestData
 
         scheduled = {req_id: step.request(req_id).num_scheduled_tokens for req_id in step.batch_order}
         output = self.scheduler_output(
-            scheduled_new_reqs=[self.new_request(step, req_id) for req_id in step.batch_order],
+            scheduled_new_reqs=[self.new_request(step, req_id, loras or {}) for req_id in step.batch_order],
             scheduled_cached_reqs=CachedRequestData.make_empty(),
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
@@ -328,8 +335,8 @@ class Release:
         """What in a recorded step this tracekit cannot replay yet, in words (None: nothing)."""
         plain = step.scheduler_output
         for request in plain.get("scheduled_new_reqs", []):
-            if request.get("mm_features") or request.get("lora_request") or request.get("prompt_embeds") is not None:
-                return "multimodal, LoRA or prompt-embeds requests"
+            if request.get("mm_features") or request.get("prompt_embeds") is not None:
+                return "multimodal or prompt-embeds requests"
         return None
 
     # -- engine settings ---------------------------------------------------------------------
@@ -347,6 +354,10 @@ class Release:
                if hasattr(compilation, name)},
         }
         args["speculative_config"] = self.speculative_settings(vllm_config)
+        if getattr(vllm_config, "lora_config", None) is not None:  # the LoRA settings above only with it
+            args["enable_lora"] = True
+            if args.get("lora_dtype") == args.get("dtype"):  # what "auto" resolved to (and the only way to say float32)
+                args["lora_dtype"] = "auto"
         return {name: value for name, value in args.items() if value is not None}
 
     def speculative_settings(self, vllm_config: Any) -> dict[str, Any] | None:

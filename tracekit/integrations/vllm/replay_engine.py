@@ -37,6 +37,7 @@ from tracekit.integrations.vllm.engine import (
 from tracekit.integrations.vllm.grammar import unpack_mask
 from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager_forward
 from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
+from tracekit.integrations.vllm.lora_adapters import LocatedAdapters, locate
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
 from tracekit.integrations.vllm.step_records import logits_rows
@@ -46,9 +47,10 @@ from tracekit.models import tiny_model_path
 
 __all__ = [
     "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
-    "engine_key", "engine_of", "logits_rows", "needs_of", "release_llm", "replay_engine_args",
-    "require_drafting_known", "require_layout_buildable", "require_recomputable", "require_recorded_release_here",
-    "require_replayable_here", "union_of", "unpack_mask", "worker_adapter", "worker_error",
+    "LocatedAdapters", "engine_key", "engine_of", "locate_lora_adapters", "logits_rows", "needs_of",
+    "release_llm", "replay_engine_args", "require_drafting_known", "require_layout_buildable", "require_recomputable",
+    "require_recorded_release_here", "require_replayable_here", "union_of", "unpack_mask", "worker_adapter",
+    "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
@@ -62,6 +64,12 @@ _SPECULATIVE_ARG = "speculative_config"
 
 
 # -- before any engine: is the bundle one vLLM here can replay --------------------------------------
+
+
+def locate_lora_adapters(step: Step, given: Mapping[str, str], allow_mismatch: bool) -> LocatedAdapters:
+    """Find the LoRA adapters the step's slots held, on this machine (exit 3 where one is not
+    found or not the recorded one): kept files written to a folder the result removes on close."""
+    return locate(step, dict(given), allow_mismatch)
 
 
 def require_recomputable(bundle: str | Path, step: Step) -> None:
@@ -334,9 +342,10 @@ class ReplayEngine:
                     "record with compilation enabled to time it compiled")
         return None
 
-    def driver(self, step: Step) -> StepDriver:
-        """A driver of `step` through this engine's runner (refused where the step does not fit it)."""
-        return StepDriver(self.adapter, step)
+    def driver(self, step: Step, lora_paths: dict[int, str] | None = None) -> StepDriver:
+        """A driver of `step` through this engine's runner (refused where the step does not fit
+        it); `lora_paths`: where its LoRA adapters are here (`locate_lora_adapters`)."""
+        return StepDriver(self.adapter, step, lora_paths)
 
     def capture_layers(self, handle: ForwardHandle) -> LayerCapture:
         """Every watched layer's output of one eager run of the step's forward."""

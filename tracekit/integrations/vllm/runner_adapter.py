@@ -18,7 +18,7 @@ requests are added.
 
 from collections.abc import Container
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -28,6 +28,7 @@ from tracekit.format.schema import (
     Environment,
     GrammarRecord,
     GraphDispatch,
+    LoRAAdapter,
     ParallelRank,
     RequestState,
     SpecDecodeRecord,
@@ -36,6 +37,7 @@ from tracekit.format.schema import (
 from tracekit.graphs.device import DeviceBackend, get_device_backend
 from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.lora_adapters import lora_request, resident_adapters, restore_slots, slot_table
 from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
 from tracekit.integrations.vllm.step_shadows import StepShadows
 
@@ -59,6 +61,7 @@ class StepMark:
     positions: torch.Tensor | None
     rng: dict[str, torch.Tensor]
     kept: Any  # what the runner kind needs to read its requests back (`kind_mark`)
+    lora_slots: list[int | None] = field(default_factory=list)  # the adapter id in each LoRA slot
 
 
 class RunnerAdapter:
@@ -78,6 +81,7 @@ class RunnerAdapter:
     def __init__(self, runner: Any, release: Any):
         self.runner = runner
         self.release = release
+        self.lora_requests: dict[int, Any] = {}  # int id -> the LoRARequest last seen with it
 
     # -- per runner kind ---------------------------------------------------------------------
 
@@ -131,7 +135,11 @@ class RunnerAdapter:
         raise NotImplementedError
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
-        """Remember what the runner forgets about new requests (nothing, for most kinds)."""
+        """Remember what the runner forgets about new requests: the LoRA adapters they named (the
+        slots keep only ids), and whatever else the runner kind forgets."""
+        for request in scheduler_output.scheduled_new_reqs:
+            if request.lora_request is not None:
+                self.lora_requests[request.lora_request.lora_int_id] = request.lora_request
 
     def batch_facts(self, scheduler_output: Any) -> BatchFacts:
         raise NotImplementedError
@@ -176,13 +184,29 @@ class RunnerAdapter:
         """The marked step's requests, in batch order."""
         raise NotImplementedError
 
+    def request_objects(self, mark: StepMark) -> list[tuple[str, Any]]:
+        """Each request of the marked step with the vLLM object that describes it (what it was
+        brought with: prompt embeds, multimodal features, LoRA, pooling), None where the runner
+        keeps none; batch order."""
+        raise NotImplementedError
+
     def preempted(self, scheduler_output: Any) -> frozenset[str]:
         """The requests a scheduler output preempts (their KV blocks may go to other requests)."""
         return frozenset(getattr(scheduler_output, "preempted_req_ids", None) or ())
 
     def mark(self, scheduler_output: Any, input_ids: torch.Tensor | None, positions: torch.Tensor | None) -> StepMark:
         """The step about to run its forward, kept cheaply (see `StepMark`)."""
-        return StepMark(scheduler_output, input_ids, positions, self.rng_states(), self.kind_mark(scheduler_output))
+        return StepMark(scheduler_output, input_ids, positions, self.rng_states(), self.kind_mark(scheduler_output),
+                        slot_table(self.runner))
+
+    def lora_adapters(self, mark: StepMark) -> list[LoRAAdapter]:
+        """The adapters in the LoRA slots when the marked step ran (their files are read later)."""
+        known = dict(self.lora_requests)
+        for _, request in self.request_objects(mark):
+            lora_request = getattr(request, "lora_request", None)
+            if lora_request is not None:
+                known[lora_request.lora_int_id] = lora_request
+        return resident_adapters(mark.lora_slots, known)
 
     # -- the step, observed ------------------------------------------------------------------
 
@@ -213,9 +237,19 @@ class RunnerAdapter:
         """While the runner adds the step's requests, put back what it keeps per request."""
         return _entered(self.replay_shadows(step))
 
-    def scheduler_output_for(self, step: Step) -> Any:
-        """A `SchedulerOutput` in which every recorded request of the step is new."""
-        return self.release.new_requests_output(step)
+    def scheduler_output_for(self, step: Step, loras: dict[str, Any] | None = None) -> Any:
+        """A `SchedulerOutput` in which every recorded request of the step is new (`loras`: the
+        LoRARequest of each adapter its requests name, `lora_requests`)."""
+        return self.release.new_requests_output(step, loras)
+
+    def lora_requests_for(self, adapters: list[LoRAAdapter], paths: dict[int, str]) -> dict[str, Any]:
+        """The LoRARequest of each located adapter, by name, as the replayed requests name them."""
+        return {adapter.name: lora_request(adapter, paths[adapter.int_id]) for adapter in adapters
+                if adapter.int_id in paths}
+
+    def restore_lora_slots(self, adapters: list[LoRAAdapter], paths: dict[int, str]) -> None:
+        """Load the recorded adapters into the recorded LoRA slots (`lora_adapters.restore_slots`)."""
+        restore_slots(self.runner, adapters, paths)
 
     def finishing_output(self, req_ids: list[str]) -> Any:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""

@@ -181,7 +181,7 @@ def unknown_tokens_to_recompute(step: Step) -> int:
     return unknown
 
 
-def recompute_kv(adapter: Any, step: Step) -> None:
+def recompute_kv(adapter: Any, step: Step, loras: dict[str, Any]) -> None:
     """Rebuild the KV blocks `step` reads by prefilling, through the runner, each request's
     recorded tokens before the step (`[0, num_computed_tokens)`) into its recorded block ids: a
     `--kv recompute` bundle saved none (its device context was lost when it was recorded). Each
@@ -200,13 +200,16 @@ def recompute_kv(adapter: Any, step: Step) -> None:
             )
             prefill = dataclasses.replace(step, requests=[piece], batch_order=[request.req_id])
             try:
-                adapter.execute_and_sample(adapter.scheduler_output_for(prefill))
+                adapter.execute_and_sample(adapter.scheduler_output_for(prefill, loras))
             finally:
                 adapter.finish([request.req_id])
 
 
 class StepDriver:
-    def __init__(self, adapter: Any, step: Step):
+    """Runs one recorded step through a runner (`lora_paths`: where each of its LoRA adapters is
+    here, by int id; `lora_adapters.locate`)."""
+
+    def __init__(self, adapter: Any, step: Step, lora_paths: dict[int, str] | None = None):
         reason = adapter.release.unsupported_in(step)
         if reason is not None:
             raise CannotRunHere(f"replaying {reason} is not supported yet: record a step without them")
@@ -214,6 +217,8 @@ class StepDriver:
         self.runner = adapter.runner
         self.step = step
         spec_decode.fill_drafts_from_inputs(step)
+        self.lora_paths = dict(lora_paths or {})
+        self.loras = adapter.lora_requests_for(step.lora_adapters, self.lora_paths)
         self.groups = adapter.kv_groups()
         if len(self.groups) != len(step.kv.groups):
             raise CannotRunHere(
@@ -233,11 +238,14 @@ class StepDriver:
         adapter, step = self.adapter, self.step
         if step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
-                recompute_kv(adapter, self.step)
+                adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
+                recompute_kv(adapter, step, self.loras)
+        adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
         model_call = self._model_call(observed, on_forward)
         with torch.inference_mode(), adapter.replaying(step), adapter.observe(_ReplayObserver(observed), model_call):
             try:
-                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(step), step.grammar)
+                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(step, self.loras),
+                                                                  step.grammar)
             finally:
                 adapter.finish(list(self.step.batch_order))
         return observed

@@ -19,6 +19,7 @@ import torch
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind
 from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.lora_adapters import request_adapter_name
 from tracekit.integrations.vllm.method_patch import shadowed
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
 from tracekit.integrations.vllm.runner_state import PLACEHOLDER_TOKEN
@@ -117,6 +118,9 @@ class V1Adapter(RunnerAdapter):
     def marked_req_ids(self, mark: StepMark) -> list[str]:
         return list(mark.kept.req_ids)
 
+    def request_objects(self, mark: StepMark) -> list[tuple[str, Any]]:
+        return list(zip(mark.kept.req_ids, mark.kept.states))
+
     def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
         """Per-request state in batch order, prompt and output tokens kept apart; an output
         still a placeholder (async scheduling) is taken from the input ids the forward reads."""
@@ -138,6 +142,7 @@ class V1Adapter(RunnerAdapter):
                     num_scheduled_tokens=int(scheduled[req_id]),
                     sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
                     runner_state={"generator_state": generator_state} if generator_state is not None else {},
+                    lora_adapter=request_adapter_name(state),
                 )
             )
         if spec_decode.speculative_config(self.runner) is not None:

@@ -26,6 +26,7 @@ import torch
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.lora_adapters import request_adapter_name
 from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
 
@@ -136,6 +137,7 @@ class V2Adapter(RunnerAdapter):
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
         """Remember what V2 forgets: each new (or resumed) request's sampling params."""
+        super().scheduler_output_seen(scheduler_output)
         self._scheduled = list(scheduler_output.num_scheduled_tokens)
         for req_id in (*scheduler_output.finished_req_ids, *(scheduler_output.preempted_req_ids or ())):
             self._new_requests.pop(req_id, None)
@@ -182,6 +184,11 @@ class V2Adapter(RunnerAdapter):
     def marked_req_ids(self, mark: StepMark) -> list[str]:
         return [req_id for _, req_id, _ in self._rows(mark.kept)]
 
+    def request_objects(self, mark: StepMark) -> list[tuple[str, Any]]:
+        """The `NewRequestData` each request came with (V2 keeps no request objects); None for
+        a request that started before the adapter saw it."""
+        return [(req_id, self._new_requests.get(req_id)) for req_id in self.marked_req_ids(mark)]
+
     def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
         """Each request's tokens as they stood before the step: its `prefill_len` tokens, or
         through the tokens the step computes when it is past them (bookkeeping appends the
@@ -215,6 +222,7 @@ class V2Adapter(RunnerAdapter):
                     num_scheduled_tokens=int(scheduler_output.num_scheduled_tokens[req_id]),
                     sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
                     runner_state=runner_kept,
+                    lora_adapter=request_adapter_name(new_request),
                 )
             )
         if spec_decode.speculative_config(runner) is not None:
