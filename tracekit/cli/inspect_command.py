@@ -20,6 +20,7 @@ from tracekit.format import open_bundle
 from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
 from tracekit.format.untrusted import is_tensor_ref
+from tracekit.integrations.vllm.step_features import not_replayable_reason
 
 MAX_TABLE_ROWS = 200
 
@@ -115,6 +116,8 @@ def _summary(reader, full: bool = False) -> dict:
                  "size_bytes": adapter.size_bytes, "kept": bool(adapter.files)}
                 for adapter in step.lora_adapters
             ],
+            "features": step.features,
+            "cannot_replay_yet": not_replayable_reason(step),
         }
         for step in content.steps
     ]
@@ -246,6 +249,8 @@ def _print_table(summary: dict, verify_report) -> None:
                 kept = "kept in the bundle" if adapter["kept"] else "not kept (found by fingerprint when replayed)"
                 console.print(f"  LoRA slot {inert(adapter['slot'])}: {inert(adapter['name'])}, rank {inert(adapter['rank'])}, "
                               f"{inert(adapter['fingerprint'])}, {kept}")
+            if step["cannot_replay_yet"]:
+                console.print(f"  [yellow]cannot be replayed yet: {inert(step['cannot_replay_yet'])}[/]")
             if step["error"]:
                 error = step["error"]
                 console.print(

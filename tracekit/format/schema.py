@@ -459,6 +459,10 @@ class Step(SchemaRecord):
     grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
     # Every LoRA adapter in the engine's slots when the forward ran (the requests' and any other)
     lora_adapters: list[LoRAAdapter] = field(default_factory=list)
+    # Which requests used what beyond tokens and sampling settings ("structured_outputs", "lora",
+    # "speculative_decoding", "multimodal", "prompt_embeds", "pooling": their req_ids); None in
+    # bundles recorded before the field (`tracekit.integrations.vllm.step_features`)
+    features: dict[str, list[str]] | None = None
 
     def request(self, req_id: str) -> RequestState:
         """The recorded state of request `req_id` (a `BundleError` when the step has none)."""

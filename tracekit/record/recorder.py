@@ -149,9 +149,17 @@ class Recorder:
             shadows = self.adapter.observe(self)
             shadows.__enter__()
             self._shadows = shadows
+            self._say_what_cannot_be_replayed()
         except Exception as error:
             self._give_up(f"cannot arm on this runner: {type(error).__name__}: {error}")
         return self
+
+    def _say_what_cannot_be_replayed(self) -> None:
+        """Once, at arming: the steps of this engine that can be recorded but not replayed yet."""
+        kinds = self.adapter.kinds_not_replayable()
+        if kinds:
+            logger.warning("tracekit: steps with %s can be recorded but not yet replayed by this tracekit "
+                           "(their replay ends with the verdict cannot_replay_yet, exit 5)", " or ".join(kinds))
 
     def disarm(self) -> None:
         shadows, self._shadows = self._shadows, None

@@ -22,6 +22,7 @@ from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm import grammar, runner_state, spec_decode
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark
 from tracekit.integrations.vllm.runner_state import hidden_states_of
+from tracekit.integrations.vllm.step_features import step_features
 
 
 class KVTaken(str, Enum):
@@ -83,6 +84,7 @@ def capture(
         rng=dict(mark.rng),
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
+        features=step_features(adapter.request_objects(mark), mark.scheduler_output),
         lora_adapters=adapter.lora_adapters(mark),
     )
     step.timing.host_copy_us = (time.perf_counter() - started) * 1e6
@@ -114,6 +116,7 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
         rng=dict(mark.rng),  # host tensors (a CUDA generator's state too)
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
+        features=step_features(adapter.request_objects(mark), mark.scheduler_output),
         lora_adapters=adapter.lora_adapters(mark),
     )
 

@@ -34,6 +34,7 @@ from tracekit.integrations.vllm.replay_engine import (
     require_drafting_known,
     require_recomputable,
     require_replayable_here,
+    require_replayable_kind,
 )
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_layers, check_step, padding_findings
@@ -116,7 +117,7 @@ class OpenedStep:
 
 def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
     """Read the bundle's step and refuse what no machine could replay (bad input or usage: 2; a
-    KV mode of a newer tracekit: 3)."""
+    KV mode of a newer tracekit: 3; a step that used what tracekit cannot replay yet: 5)."""
     opened = OpenedBundle.of(bundle)
     name = str(opened.path)
     content, step = opened.content, opened.load_step(options.step)
@@ -127,6 +128,7 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
             f"{name} is rank {content.parallel.rank} of a {content.parallel.world_size}-rank step: "
             "replay it with tracekit.replay.multirank.replay_rank_set (the CLI does)"
         )
+    require_replayable_kind(step)
     if step.kv.mode == KVMode.RECOMPUTE.value:
         require_recomputable(name, step)
     require_drafting_known(name, content, step, options.engine_overrides)

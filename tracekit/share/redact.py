@@ -130,6 +130,7 @@ def redact_step(step: Step) -> tuple[Step, RedactionRecord]:
         requests=[new for _, new in pairs],
         error=error,
         grammar=grammar,
+        features=_renamed_strings(step.features, mapping),
         extras={},
     )
     return redacted, record

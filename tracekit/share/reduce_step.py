@@ -78,6 +78,10 @@ def step_running(step: Step, pairs: list[tuple[RequestState, RequestState]], inp
         # what the drafter did after sampling is an output too
         spec_decode=dataclasses.replace(step.spec_decode, proposals=None, drafter_calls=[]) if step.spec_decode else None,
         grammar=reduced_grammar(step.grammar, requests),
+        features=None if step.features is None else {
+            name: kept for name, req_ids in step.features.items()
+            if (kept := [req_id for req_id in req_ids if req_id in {request.req_id for request in requests}])
+        },
         extras=dict(step.extras),
     )
 

@@ -200,6 +200,7 @@ def shrink(
     """Cut the step down while `until` holds and write the result to `output`. Pass `llm` to
     replay on an engine you hold (it must be built for the bundle's engine arguments)."""
     from tracekit.format.content import load_step
+    from tracekit.integrations.vllm.replay_engine import require_replayable_kind
 
     started = time.perf_counter()
     console = console or Console(stderr=True, highlight=False)
@@ -207,6 +208,7 @@ def shrink(
     output = Path(output)
     require_parent(output)
     content, recorded = load_step(bundle, step)
+    require_replayable_kind(recorded)
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
     with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir, \

@@ -76,7 +76,8 @@ class Release:
         "structured_output_request_ids", "grammar_bitmask", "num_acceptable_drafts", "lora_config",
         "lora_manager", "_adapter_manager", "lora_index_to_id", "lora_name", "lora_int_id", "lora_path",
         "remove_all_adapters", "add_adapter", "add_dummy_lora", "dummy_lora_cache", "activate_adapter",
-        "remove_adapter", "max_lora_rank",
+        "remove_adapter", "max_lora_rank", "speculative_config", "is_multimodal_model", "enable_prompt_embeds",
+        "runner_type", "pooling_params", "structured_outputs",
     })
 
     def __init__(self, version: str):
@@ -330,14 +331,6 @@ class Release:
         finish = SchedulerOutput.make_empty()
         finish.finished_req_ids = set(req_ids)
         return finish
-
-    def unsupported_in(self, step: Step) -> str | None:
-        """What in a recorded step this tracekit cannot replay yet, in words (None: nothing)."""
-        plain = step.scheduler_output
-        for request in plain.get("scheduled_new_reqs", []):
-            if request.get("mm_features") or request.get("prompt_embeds") is not None:
-                return "multimodal or prompt-embeds requests"
-        return None
 
     # -- engine settings ---------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError
+from tracekit.errors import BundleError, CannotRunHere, NotReplayableYet, TracekitError, UsageError
 from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import default_device
@@ -40,6 +40,7 @@ from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, need
 from tracekit.integrations.vllm.lora_adapters import LocatedAdapters, locate
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
+from tracekit.integrations.vllm.step_features import not_replayable_reason
 from tracekit.integrations.vllm.step_records import logits_rows
 from tracekit.integrations.vllm.version import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.weights import weights_fingerprint
@@ -49,8 +50,8 @@ __all__ = [
     "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "build_replay_engine",
     "LocatedAdapters", "engine_key", "engine_of", "locate_lora_adapters", "logits_rows", "needs_of",
     "release_llm", "replay_engine_args", "require_drafting_known", "require_layout_buildable", "require_recomputable",
-    "require_recorded_release_here", "require_replayable_here", "union_of", "unpack_mask", "worker_adapter",
-    "worker_error",
+    "require_recorded_release_here", "require_replayable_here", "require_replayable_kind", "union_of", "unpack_mask",
+    "worker_adapter", "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
@@ -64,6 +65,14 @@ _SPECULATIVE_ARG = "speculative_config"
 
 
 # -- before any engine: is the bundle one vLLM here can replay --------------------------------------
+
+
+def require_replayable_kind(step: Step) -> None:
+    """Refuse (exit 5) a step that used what this tracekit records but cannot replay yet: replayed
+    without it, it would be another step (`step_features`)."""
+    reason = not_replayable_reason(step)
+    if reason is not None:
+        raise NotReplayableYet(reason)
 
 
 def locate_lora_adapters(step: Step, given: Mapping[str, str], allow_mismatch: bool) -> LocatedAdapters:

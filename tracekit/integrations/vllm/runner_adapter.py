@@ -39,6 +39,7 @@ from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepOb
 from tracekit.integrations.vllm import runner_state, spec_decode
 from tracekit.integrations.vllm.lora_adapters import lora_request, resident_adapters, restore_slots, slot_table
 from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
+from tracekit.integrations.vllm.step_features import not_replayable_in
 from tracekit.integrations.vllm.step_shadows import StepShadows
 
 # (object, {method name: wrapper factory}) pairs, shadowed together for a session.
@@ -348,6 +349,10 @@ class RunnerAdapter:
         from tracekit.integrations.vllm import ranks
 
         return ranks.rank_of(self.runner, set_id)
+
+    def kinds_not_replayable(self) -> list[str]:
+        """What this engine's steps may hold that tracekit records but cannot replay yet, in words."""
+        return not_replayable_in(self.runner.vllm_config)
 
     def engine_args(self) -> dict[str, Any]:
         """The engine arguments that rebuild an engine whose forward matches this one's."""

@@ -55,6 +55,8 @@ class Release(ReleaseBase):
         Setting("pipeline_parallel_size", "parallel_config.pipeline_parallel_size"),
         Setting("enable_expert_parallel", "parallel_config.enable_expert_parallel"),
         Setting("disable_custom_all_reduce", "parallel_config.disable_custom_all_reduce"),
+        # Routes every request through the embedding input, token ids too: another forward.
+        Setting("enable_prompt_embeds", "model_config.enable_prompt_embeds"),
         # LoRA: the slots the adapters sit in and the kernels' shapes (`enable_lora` is derived).
         Setting("max_loras", "lora_config.max_loras"),
         Setting("max_lora_rank", "lora_config.max_lora_rank"),
