@@ -18,6 +18,7 @@ or at the recorded one, and checks the fingerprint either way.
 """
 
 import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,6 +29,8 @@ import torch
 from tracekit.errors import BundleError, CannotRunHere
 from tracekit.format.schema import ADAPTER_CONFIG, KEPT_WEIGHTS_SUFFIX, LoRAAdapter, Step
 from tracekit.integrations.vllm.weights import adapter_fingerprint, weight_files
+
+logger = logging.getLogger("tracekit.record")
 
 # Adapters whose files add up to at most this are kept in the bundle (`--keep-lora-weights`: any size).
 KEEP_LIMIT = 64 << 20
@@ -77,24 +80,36 @@ class AdapterFiles:
         self.keep_always = keep_always
         self.keep_limit = keep_limit
         self._known: dict[tuple[int, str], dict[str, Any]] = {}
+        self._unreadable: set[tuple[int, str]] = set()  # said once each
 
     def complete(self, step: Step) -> None:
-        """Fill in each resident adapter's identity from its files, and the files when kept."""
+        """Fill in each resident adapter's identity from its files, and the files when kept. An
+        adapter whose files cannot be read (gone, unreadable, a broken config) keeps only its name,
+        id, slot and path, said once: the bundle is written all the same."""
         for adapter in step.lora_adapters:
             folder = _local_folder(adapter.path)
             if folder is None:
                 continue
-            facts = self._facts(adapter.int_id, folder)
+            try:
+                facts = self._facts(adapter.int_id, folder)
+                files = ({path.name: _bytes_tensor(path.read_bytes()) for path in facts["files"]}
+                         if facts["keepable"] and (self.keep_always or facts["size_bytes"] <= self.keep_limit) else {})
+            except (OSError, ValueError) as error:  # (json's errors are ValueErrors)
+                if (adapter.int_id, str(folder)) not in self._unreadable:
+                    self._unreadable.add((adapter.int_id, str(folder)))
+                    logger.warning("tracekit: LoRA adapter %r at %s cannot be read (%s: %s): bundles name it "
+                                   "without a fingerprint or its files", adapter.name, folder, type(error).__name__, error)
+                continue
             adapter.fingerprint, adapter.size_bytes = facts["fingerprint"], facts["size_bytes"]
             adapter.rank, adapter.alpha, adapter.target_modules = facts["rank"], facts["alpha"], facts["target_modules"]
-            if facts["keepable"] and (self.keep_always or facts["size_bytes"] <= self.keep_limit):
-                adapter.files = {path.name: _bytes_tensor(path.read_bytes()) for path in facts["files"]}
+            adapter.files = files
 
     def _facts(self, int_id: int, folder: Path) -> dict[str, Any]:
         key = (int_id, str(folder))
         if key not in self._known:
             files = weight_files(folder, ADAPTER_CONFIG)
             config = json.loads((folder / ADAPTER_CONFIG).read_text()) if (folder / ADAPTER_CONFIG).is_file() else {}
+            config = config if isinstance(config, dict) else {}
             targets = config.get("target_modules") or []
             self._known[key] = {
                 "fingerprint": adapter_fingerprint(folder),
