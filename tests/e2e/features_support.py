@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from e2e_support import bundles_by_step, engine_script, read_step, tracekit
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -50,3 +51,30 @@ def grammar_kinds(path: Path) -> set[str]:
         spec = step.request(req_id).sampling_params["structured_outputs"]
         kinds |= {kind for kind in ("json", "regex", "grammar") if spec.get(kind) is not None}
     return kinds
+
+
+# Edits of real recordings (`rewrite_bundle`), negative controls on the CPU and the GPU alike.
+
+def flip_one_allowed_token(metadata, tensors):
+    """Clear the bit of the first allowed token in the first row of the grammar mask."""
+    mask = tensors["steps/0/grammar/bitmask"]
+    word = int(torch.nonzero(mask[0]).flatten()[0])
+    value = int(mask[0, word]) & 0xFFFFFFFF
+    bit = (value & -value).bit_length() - 1
+    value ^= 1 << bit
+    mask[0, word] = value - (1 << 32) if value >= 1 << 31 else value
+    metadata["steps"][0]["test_flipped_token"] = 32 * word + bit  # kept by readers as an unknown field
+
+
+def swap_lora_slots(metadata, tensors):
+    """The first two resident adapters trade slots."""
+    adapters = metadata["steps"][0]["lora_adapters"]
+    adapters[0]["slot"], adapters[1]["slot"] = adapters[1]["slot"], adapters[0]["slot"]
+
+
+def drop_adapter_files(metadata, tensors):
+    """The bundle keeps no adapter's files: the replay must find them elsewhere."""
+    for position, adapter in enumerate(metadata["steps"][0]["lora_adapters"]):
+        for name in adapter["files"]:
+            del tensors[f"steps/0/lora_adapters/{position}/files/{name}"]
+        adapter["files"] = {}

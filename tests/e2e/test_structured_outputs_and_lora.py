@@ -11,9 +11,17 @@ its recorded slot, which the slot-swapping control shows."""
 import shutil
 
 import pytest
-import torch
 from e2e_support import assert_replayed_bit_exact, engine_script, error_lines, read_step
-from features_support import checks_by_item, grammar_kinds, make_adapter, record_features, replay_records
+from features_support import (
+    checks_by_item,
+    drop_adapter_files,
+    flip_one_allowed_token,
+    grammar_kinds,
+    make_adapter,
+    record_features,
+    replay_records,
+    swap_lora_slots,
+)
 
 from tracekit.format.rewrite import rewrite_bundle
 from tracekit.integrations.vllm.weights import adapter_fingerprint
@@ -78,29 +86,6 @@ def test_lora_steps_keep_every_resident_adapter_with_its_slot_and_fingerprint(re
     assert beside, "no step ran requests on both adapters beside one without"
 
 
-def _flip_one_allowed_token(metadata, tensors):
-    """Clear the bit of the first allowed token in the first row of the grammar mask."""
-    mask = tensors["steps/0/grammar/bitmask"]
-    word = int(torch.nonzero(mask[0]).flatten()[0])
-    value = int(mask[0, word]) & 0xFFFFFFFF
-    bit = (value & -value).bit_length() - 1
-    value ^= 1 << bit
-    mask[0, word] = value - (1 << 32) if value >= 1 << 31 else value
-    metadata["steps"][0]["test_flipped_token"] = 32 * word + bit  # kept by readers as an unknown field
-
-
-def _swap_slots(metadata, tensors):
-    adapters = metadata["steps"][0]["lora_adapters"]
-    adapters[0]["slot"], adapters[1]["slot"] = adapters[1]["slot"], adapters[0]["slot"]
-
-
-def _drop_adapter_files(metadata, tensors):
-    for position, adapter in enumerate(metadata["steps"][0]["lora_adapters"]):
-        for name in adapter["files"]:
-            del tensors[f"steps/0/lora_adapters/{position}/files/{name}"]
-        adapter["files"] = {}
-
-
 def test_negative_controls_are_caught_and_named(recorded, adapters, work, tmp_path):
     """One replay engine for three edits of real recordings: a flipped mask bit (the grammar item
     names the row and token), the two adapters' slots swapped (only the request without an
@@ -109,9 +94,9 @@ def test_negative_controls_are_caught_and_named(recorded, adapters, work, tmp_pa
     masked = next(path for path in recorded.values() if read_step(path).grammar is not None)
     beside = next(path for path in recorded.values()
                   if {"a", "b", None} <= {request.lora_adapter for request in read_step(path).requests})
-    flipped = rewrite_bundle(masked, tmp_path / "flipped.zst", _flip_one_allowed_token)
-    swapped = rewrite_bundle(beside, tmp_path / "swapped.zst", _swap_slots)
-    unkept = rewrite_bundle(beside, tmp_path / "unkept.zst", _drop_adapter_files)
+    flipped = rewrite_bundle(masked, tmp_path / "flipped.zst", flip_one_allowed_token)
+    swapped = rewrite_bundle(beside, tmp_path / "swapped.zst", swap_lora_slots)
+    unkept = rewrite_bundle(beside, tmp_path / "unkept.zst", drop_adapter_files)
     elsewhere = {name: shutil.copytree(folder, tmp_path / f"elsewhere-{name}") for name, folder in adapters.items()}
     finished, records = replay_records(tmp_path, "controls", flipped, swapped, unkept, "--no-timing", "--keep-going",
                                        *[f"--lora={name}={folder}" for name, folder in elsewhere.items()])
@@ -135,10 +120,10 @@ def test_negative_controls_are_caught_and_named(recorded, adapters, work, tmp_pa
 def test_adapter_not_kept_and_not_found_or_not_the_recorded_one_exits_3_before_any_engine(recorded, adapters,
                                                                                           tmp_path):
     path = next(iter(recorded.values()))
-    unkept = rewrite_bundle(path, tmp_path / "unkept.zst", _drop_adapter_files)
+    unkept = rewrite_bundle(path, tmp_path / "unkept.zst", drop_adapter_files)
 
     def moved(metadata, tensors):
-        _drop_adapter_files(metadata, tensors)
+        drop_adapter_files(metadata, tensors)
         for adapter in metadata["steps"][0]["lora_adapters"]:
             adapter["path"] = str(tmp_path / "gone" / adapter["name"])
 
