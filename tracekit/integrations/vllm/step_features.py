@@ -123,10 +123,11 @@ def _inferred(step: Step) -> dict[str, list[str]]:
             if _present(request.get(field_name)):
                 used.setdefault(name, []).append(req_id)
     drafts = record.get("scheduled_spec_decode_tokens")
-    if isinstance(drafts, dict) and any(drafts.values()):
-        used["speculative_decoding"] = [str(req_id) for req_id, tokens in drafts.items() if tokens]
+    drafted = [str(req_id) for req_id, tokens in drafts.items() if _present(tokens)] if isinstance(drafts, dict) else []
+    if drafted:
+        used["speculative_decoding"] = drafted
     structured = [request.req_id for request in step.requests
-                  if isinstance(request.sampling_params, dict) and request.sampling_params.get("structured_outputs")]
+                  if _present((request.sampling_params or {}).get("structured_outputs"))]
     if structured:
         used["structured_outputs"] = structured
     return used
