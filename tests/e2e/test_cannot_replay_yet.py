@@ -70,6 +70,17 @@ def test_drafted_grammar_steps_have_a_mask_row_per_draft_position_and_are_refuse
     assert_not_replayable_yet(records, drafted, "speculative decoding")
 
 
+def test_a_step_failing_in_sampling_keeps_the_grammar_mask_it_was_given(drafts):
+    """Armed for failures only, the recorder copies a step's mask only once the step is kept."""
+    result, _ = drafts
+    (path,) = result["failed_written"]
+    step = read_step(path)
+    assert (step.error["phase"], step.error["message"]) == ("sampling", "injected failure in sampling")
+    scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens") or {}
+    assert step.grammar is not None and step.grammar.rows_per_request == [
+        1 + len(scheduled.get(req_id, ())) for req_id in step.grammar.request_ids]
+
+
 def test_a_structured_step_recorded_without_its_grammar_mask_is_refused_not_diverged(drafts, tmp_path):
     """A bundle of tracekit before issue 31 held no mask: replayed without it, sampling would not
     be the recorded one."""

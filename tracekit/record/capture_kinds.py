@@ -96,8 +96,9 @@ class StepCapture:
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         """`sample_tokens` returned: `read()` gives the drafter's proposals for the next step."""
 
-    def grammar_received(self, grammar: GrammarRecord) -> None:
-        """`sample_tokens` received the step's grammar mask (its bitmask already a host copy)."""
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        """`sample_tokens` received the step's grammar mask; `read()` copies it (valid until the
+        scheduler computes the next step's mask: in this step, or before the next is scheduled)."""
 
     def grammar_applied(self, logits: Any) -> None:
         """The grammar mask is on the logits, which sampling reads next."""
@@ -166,8 +167,8 @@ class CopiedStep(StepCapture):
         step_capture.capture_proposals(self.step, read(), copy)
         copy.finish()
 
-    def grammar_received(self, grammar: GrammarRecord) -> None:
-        self.step.grammar = grammar
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        self.step.grammar = read()
 
     def grammar_applied(self, logits: Any) -> None:
         copy = self.recorder.new_copy(self.pending)
@@ -218,9 +219,10 @@ class MarkedStep(StepCapture):
         self.logits: Any = None
         self.finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
         self.finite_confirmed: bool | None = None  # its answer, once read
-        # The grammar mask sampling received (a host copy); the mask as applied is not taken: it
-        # would cost a device op on every step of an always-on recorder.
-        self.grammar: GrammarRecord | None = None
+        # What reads the grammar mask sampling received, copied only once the step is to be kept
+        # (or its check deferred past the scheduler's next mask); the mask as applied is not taken:
+        # it would cost a device op on every step of an always-on recorder.
+        self.grammar: Callable[[], GrammarRecord] | None = None
 
     def after_forward(self, output: Any) -> None:
         self.output, self.pending.phase = output, Phase.LOGITS
@@ -236,8 +238,8 @@ class MarkedStep(StepCapture):
         # A copy on the device: sampling changes the logits in place (temperature, penalties)
         self.logits = device_clone(logits)
 
-    def grammar_received(self, grammar: GrammarRecord) -> None:
-        self.grammar = grammar
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        self.grammar = read
 
     def receiver(self) -> Receiver:
         """Whether the outputs were finite. Read now when the device has passed the check (it
@@ -255,6 +257,9 @@ class MarkedStep(StepCapture):
         mark = self.mark
         kept = dataclasses.replace(mark, input_ids=device_clone(mark.input_ids), positions=device_clone(mark.positions))
         self.output = device_clone(hidden_states_of(self.output))
+        if self.grammar is not None:  # the scheduler's next mask may be computed before this is read
+            copied = self.grammar()
+            self.grammar = lambda: copied
         recorder.deferral_started()
 
         def receive(sampled: Any) -> None:
@@ -309,7 +314,7 @@ class MarkedStep(StepCapture):
         recorder = self.recorder
         copy = recorder.new_copy(self.pending)
         step = step_capture.capture(recorder.adapter, mark, self.pending.index, trigger, kv.value, copy, taken)
-        step.grammar = self.grammar
+        step.grammar = self.grammar() if self.grammar is not None else None
         if self.output is not None:
             step_capture.capture_after_forward(recorder.adapter, step, self.output, copy)
             step_capture.capture_logits(step, self.logits, copy)

@@ -267,7 +267,7 @@ class Recorder:
     def grammar_received(self, read: Callable[[], Any]) -> None:
         pending = self._pending
         if pending is not None and pending.capture is not None:
-            pending.capture.grammar_received(read())
+            pending.capture.grammar_received(read)
 
     @_engine_boundary
     def grammar_applied(self, logits: Any) -> None:

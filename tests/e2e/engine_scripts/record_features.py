@@ -7,19 +7,22 @@ adapters, drafts, prompt embeddings — and what the recorder said when it armed
                  Runner V2's mask kernel does not run in Triton's interpreter), requests on two
                  LoRA adapters (ADAPTER_DIR a, b) and without one, one batch
   grammar_drafts a regex request over digit prompts with ngram speculative decoding (drafts the
-                 grammar mask must cover, one row per draft position)
+                 grammar mask must cover, one row per draft position); then, armed for failures
+                 only, sampling fails in a drafted grammar step
   prompt_embeds  a request given as prompt embeddings beside a token prompt
 
-Writes {"written": [...], "failures": [...], "outputs": token ids, "warnings": tracekit's log}.
+Writes {"written": [...], "failures": [...], "outputs": token ids, "warnings": tracekit's log,
+"failed_written": the failing step's bundle (grammar_drafts)}.
 """
 
 import logging
 import os
 import sys
+from pathlib import Path
 
 from engine_common import eager_llm, write_result
 
-from tracekit.integrations.vllm.engine import generate
+from tracekit.integrations.vllm.engine import find_runner, generate
 from tracekit.record.api import recording
 
 JSON_SCHEMA = {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}
@@ -48,11 +51,40 @@ def grammar_lora(llm, out_dir, adapter_a, adapter_b):
 
 
 def grammar_drafts(llm, out_dir):
+    """Every step recorded; then, armed for failures only, sampling made to fail in a drafted
+    grammar step (the recorder keeps the mask of a step it only marked)."""
     prompts = [[DIGIT_TOKENS[(7 * i + 3 * (i // 10)) % 10] for i in range(60)], [5 + (11 * i) % 400 for i in range(40)]]
     sampling = [{"temperature": 0.0, "structured_outputs": {"regex": "[0-9]{12}"}}, {"temperature": 0.0}]
     with recording(llm, f"{out_dir}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
         outputs = generate(llm, prompts, [{"max_tokens": 12, **entry} for entry in sampling])
+    llm.reset_prefix_cache()
+    failed_dir = Path(out_dir) / "failed"
+    failed_dir.mkdir()
+    with recording(llm, f"{failed_dir}/step{{step}}.zst", on=("exception",)) as failing:
+        fail_in_sampling(find_runner(llm), on_call=FAILING_SAMPLE)
+        try:
+            generate(llm, prompts, [{"max_tokens": 12, **entry} for entry in sampling])
+        except Exception:  # the injected failure, as the engine passes it on: the step is what counts
+            pass
+    recorder.failed_written = [str(path) for path in failing.written]
     return recorder, outputs
+
+
+FAILING_SAMPLE = 4  # the fourth step samples under the grammar, with drafts
+INJECTED_ERROR = "injected failure in sampling"
+
+
+def fail_in_sampling(runner, on_call):
+    """The runner's `_sample` (over the recorder's shadow of it) raises on call `on_call`."""
+    shadow, calls = runner._sample, [0]
+
+    def sample(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == on_call:
+            raise RuntimeError(INJECTED_ERROR)
+        return shadow(*args, **kwargs)
+
+    runner._sample = sample
 
 
 def prompt_embeds(llm, out_dir):
@@ -97,4 +129,4 @@ if __name__ == "__main__":
     if not isinstance(outputs[0], list):
         outputs = [list(output.outputs[0].token_ids) for output in outputs]
     write_result({"written": [str(p) for p in recorder.written], "failures": recorder.failures, "outputs": outputs,
-                  "warnings": warnings.messages})
+                  "warnings": warnings.messages, "failed_written": getattr(recorder, "failed_written", [])})
