@@ -1,9 +1,10 @@
 """Issue 31 on a GPU: structured outputs (JSON schema, choice, regex) and LoRA adapters, on Model
 Runner V2 and V1 with vLLM's H200 defaults (FULL_AND_PIECEWISE CUDA graphs, async scheduling),
 recorded with `tracekit record --prompts` and replayed bit-exact in one fresh process, every
-grammar mask checked row for row; a flipped mask bit must be named. With drafts (ngram over digit
-prompts): the mask holds one row per draft position; until drafts are replayed (issue 31, part
-2) those steps are refused with exit 5 before any engine, never called diverged.
+grammar mask checked row for row; a flipped mask bit must be named. With drafts (ngram on V1 —
+vLLM 0.26's V2 has no ngram — and EAGLE with the tiny draft config of tests/models on V2, over
+digit prompts): the mask holds one row per draft position, and every drafted step replays
+bit-exact with each row checked.
 
     bash tools/gpu_run.sh -k grammar_lora
 """
@@ -13,6 +14,8 @@ import json
 import pytest
 from gpu_support import (
     CONFIGS,
+    HAS_V1,
+    MODELS,
     checks_by_item,
     flip_one_allowed_token,
     grammar_kinds,
@@ -20,7 +23,6 @@ from gpu_support import (
     make_adapter,
     read_step,
     record_steps,
-    release_has_v1,
     tracekit,
 )
 
@@ -55,7 +57,7 @@ def write_lines(path, lines):
 @pytest.fixture(scope="module", params=CONFIGURATIONS)
 def recorded(request, tmp_path_factory):
     runner, args = CONFIGS[request.param]
-    if runner == "v1" and not release_has_v1():
+    if runner == "v1" and not HAS_V1:
         pytest.skip("this vLLM release has no Model Runner V1")
     work = tmp_path_factory.mktemp(f"grammar-lora-{request.param}")
     adapters = {"a": make_adapter(work / "adapter-a", seed=1), "b": make_adapter(work / "adapter-b", seed=2)}
@@ -104,18 +106,25 @@ def test_a_flipped_mask_bit_is_named(recorded):
     assert row["tokens_only_recorded"] == [step.extras["test_flipped_token"]]
 
 
-@pytest.mark.parametrize("name", CONFIGURATIONS)
-def test_drafted_grammar_steps_hold_a_mask_row_per_draft_position(name, tmp_path):
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+EAGLE = {"method": "eagle", "model": str(MODELS / "tiny-eagle-llama"), "num_speculative_tokens": 3,
+         "draft_load_config": {"load_format": "dummy"}}
+# configuration: drafter (vLLM 0.26's Model Runner V2 has no ngram)
+DRAFTED = {"v1-bf16-graphs": NGRAM, "v2-bf16-graphs": EAGLE}
+
+
+@pytest.mark.parametrize("name", sorted(DRAFTED))
+def test_drafted_grammar_steps_replay_bit_exact_with_a_mask_row_per_draft_position(name, tmp_path):
     runner, args = CONFIGS[name]
-    if runner == "v1" and not release_has_v1():
+    if runner == "v1" and not HAS_V1:
         pytest.skip("this vLLM release has no Model Runner V1")
-    speculative = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     digits = [DIGIT_TOKENS[(7 * i + 3 * (i // 10)) % 10] for i in range(60)]
     prompts = write_lines(tmp_path / "prompts.jsonl", [
         {"prompt_token_ids": digits, "temperature": 0.0, "structured_outputs": {"regex": "[0-9]{12}"}},
         {"prompt_token_ids": [5 + (11 * i) % 400 for i in range(40)], "temperature": 0.0},
     ])
-    steps = record_steps(tmp_path, prompts, "0:60", 12, [*args, "--speculative-config", json.dumps(speculative)], runner)
+    steps = record_steps(tmp_path, prompts, "0:60", 12, [*args, "--speculative-config", json.dumps(DRAFTED[name])],
+                         runner)
     drafted = []
     for path in steps.glob("step*.zst"):
         step = read_step(path)
@@ -125,6 +134,9 @@ def test_drafted_grammar_steps_hold_a_mask_row_per_draft_position(name, tmp_path
             assert step.grammar.rows_per_request == [1 + len(scheduled.get(r, ())) for r in step.grammar.request_ids]
     assert any(max(read_step(path).grammar.rows_per_request) > 1 for path in drafted), "no drafted grammar step"
     result = tmp_path / "replays.jsonl"
-    replay = tracekit("replay", *drafted, "--keep-going", "--no-timing", "--json", result, runner=runner)
-    assert replay.returncode == 5, replay.explain()
-    assert {record["verdict"] for record in json_records(result).values()} == {"cannot_replay_yet"}
+    replay = tracekit("replay", steps, "--keep-going", "--no-timing", "--json", result, runner=runner)
+    assert replay.returncode == 0, replay.explain()
+    records = json_records(result)
+    assert {record["verdict"] for record in records.values()} == {"bit_exact"}
+    for path in drafted:
+        assert checks_by_item(records[str(path)])["grammar_bitmask"]["bit_exact"], path.name
