@@ -2,11 +2,12 @@
 from a live V1 engine and replayed bit-exact in a fresh process, the grammar mask checked row
 for row; negative controls that must be caught and named.
 
-One engine records every step of one batch: grammar requests (greedy and seeded), requests on two
-adapters and one without, a prompt long enough to be prefilled in chunks before it samples under
-its grammar. vLLM 0.32's CPU LoRA kernels give a request without an adapter the adapter of the
+One engine records every step of two batches: a short one on one adapter, then grammar requests
+(greedy and seeded), requests on two adapters and one without, a prompt long enough to be
+prefilled in chunks before it samples under its grammar. vLLM 0.32's CPU LoRA kernels give a request without an adapter the adapter of the
 last slot (`lora_adapters.py`): the replay reproduces that only by putting each adapter back into
-its recorded slot, which the slot-swapping control shows."""
+its recorded slot, which the slot-swapping control shows, and by emptying the slots the
+recording had empty (an earlier replayed step may have filled them)."""
 
 import shutil
 
@@ -87,18 +88,21 @@ def test_lora_steps_keep_every_resident_adapter_with_its_slot_and_fingerprint(re
 
 
 def test_negative_controls_are_caught_and_named(recorded, adapters, work, tmp_path):
-    """One replay engine for three edits of real recordings: a flipped mask bit (the grammar item
-    names the row and token), the two adapters' slots swapped (only the request without an
-    adapter moves: it reads the last slot), and the adapters' files dropped from the bundle,
-    found elsewhere through --lora (bit-exact)."""
-    masked = next(path for path in recorded.values() if read_step(path).grammar is not None)
+    """One replay engine for three edits of real recordings: the two adapters' slots swapped (only
+    the request without an adapter moves: it reads the last slot), the adapters' files dropped
+    from the bundle, found elsewhere through --lora (bit-exact), and last a flipped mask bit (the
+    grammar item names the row and token, and nothing before it differs)."""
+    masked = next(path for path in recorded.values() if read_step(path).grammar is not None
+                  and len(read_step(path).lora_adapters) == 1 and None in {r.lora_adapter for r in read_step(path).requests})
     beside = next(path for path in recorded.values()
                   if {"a", "b", None} <= {request.lora_adapter for request in read_step(path).requests})
     flipped = rewrite_bundle(masked, tmp_path / "flipped.zst", flip_one_allowed_token)
     swapped = rewrite_bundle(beside, tmp_path / "swapped.zst", swap_lora_slots)
     unkept = rewrite_bundle(beside, tmp_path / "unkept.zst", drop_adapter_files)
     elsewhere = {name: shutil.copytree(folder, tmp_path / f"elsewhere-{name}") for name, folder in adapters.items()}
-    finished, records = replay_records(tmp_path, "controls", flipped, swapped, unkept, "--no-timing", "--keep-going",
+    # The masked step (one adapter resident, a request without one reading the empty slot) after
+    # two with both: the slot it had empty must not keep the adapter the steps before left there.
+    finished, records = replay_records(tmp_path, "controls", swapped, unkept, flipped, "--no-timing", "--keep-going",
                                        *[f"--lora={name}={folder}" for name, folder in elsewhere.items()])
     assert finished.returncode == 1, finished.explain()
 

@@ -5,7 +5,8 @@ adapters, drafts, prompt embeddings — and what the recorder said when it armed
 
   grammar_lora   JSON-schema, choice and regex requests (greedy and seeded; on V1 only: Model
                  Runner V2's mask kernel does not run in Triton's interpreter), requests on two
-                 LoRA adapters (ADAPTER_DIR a, b) and without one, one batch
+                 LoRA adapters (ADAPTER_DIR a, b) and without one, one batch (after a short one
+                 on adapter a alone)
   grammar_drafts a regex request over digit prompts with ngram speculative decoding (drafts the
                  grammar mask must cover, one row per draft position); then, armed for failures
                  only, sampling fails in a drafted grammar step
@@ -45,6 +46,11 @@ def grammar_lora(llm, out_dir, adapter_a, adapter_b):
     sampling = [{**params, **({"structured_outputs": grammar} if grammar and on_v1 else {})}
                 for _, params, _, grammar in requests]
     with recording(llm, f"{out_dir}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
+        # First a batch on adapter a alone: its steps leave the second slot empty, and the request
+        # without an adapter reads that slot on 0.32's CPU kernels (a replay after steps that filled
+        # it must empty it again).
+        generate(llm, ["Pick one:", "Once upon a time"], [{"max_tokens": 2, **sampling[1]}, {"max_tokens": 2, **sampling[3]}],
+                 [None, a])
         outputs = generate(llm, [prompt for prompt, *_ in requests], [{"max_tokens": 8, **entry} for entry in sampling],
                            [adapter for _, _, adapter, _ in requests])
     return recorder, outputs

@@ -233,7 +233,12 @@ def lora_request(adapter: LoRAAdapter, path: str) -> Any:
 def restore_slots(runner: Any, adapters: list[LoRAAdapter], paths: dict[int, str]) -> None:
     """Load the recorded adapters into the recorded slots (the step's own activation then finds
     each where it was). vLLM fills the first free slot: a slot the recording had empty before an
-    occupied one gets one of vLLM's zero warm-up adapters while the next is placed, then is freed."""
+    occupied one gets one of vLLM's zero warm-up adapters while the next is placed, then is freed.
+    Every slot the recording had empty is zeroed last: vLLM frees a slot without clearing its
+    weights, and a request without an adapter may read one (0.32's CPU kernels read the last), so
+    an adapter an earlier replayed step left there would change this step. Zero is a slot never
+    used since the engine started; a recording engine whose freed slot still held an adapter's
+    weights is not reproduced (the recorder does not see stale weights)."""
     manager = getattr(runner, "lora_manager", None)
     if manager is None:
         if adapters:
@@ -259,3 +264,7 @@ def restore_slots(runner: Any, adapters: list[LoRAAdapter], paths: dict[int, str
             fillers.append(filler)
     for filler in fillers:
         manager.remove_adapter(filler)
+    for slot in range(len(slots.lora_index_to_id)):
+        if slot not in by_slot:
+            for module in slots.modules.values():
+                module.reset_lora(slot)
