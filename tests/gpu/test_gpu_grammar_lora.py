@@ -6,7 +6,12 @@ vLLM 0.26's V2 has no ngram — and EAGLE with the tiny draft config of tests/mo
 digit prompts): the mask holds one row per draft position, and every drafted step replays
 bit-exact with each row checked.
 
-    bash tools/gpu_run.sh -k grammar_lora
+    bash tools/gpu_run.sh --vllm 0.26 -k grammar_lora    (V2 and V1)
+    bash tools/gpu_run.sh --vllm 0.34 -k grammar_lora    (V2; 0.34 has no V1)
+
+With EAGLE's dummy weights the drafts are mostly grammar-illegal: under async scheduling vLLM pads
+the drafts it drops with -1 and keeps their mask rows (all tokens allowed), so a drafted request
+still owns 1 + num_speculative_tokens rows — the case of vLLM #54437.
 """
 
 import json
