@@ -105,6 +105,8 @@ SHARED_NAMES = {
     "dispatch", "shutdown", "get_output", "sampled_token_ids", "prefill_len", "worker", "kv_cache", "batch_descriptor",
     "req_id_to_index", "engine_core", "num_blocks", "block_size", "finished_req_ids", "add_request", "compilation_config",
     "mode", "cudagraph_mode", "num_reqs", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "seed",
+    # a step's grammar record and the feature named after it
+    "grammar_bitmask", "num_acceptable_drafts", "structured_outputs",
 }
 
 

@@ -197,10 +197,26 @@ def filled_in_schema_2(metadata: dict, tensors: dict) -> None:
                    "input_ids": step["input_ids"], "positions": step["positions"], "graph": step["graph"],
                    "rng": step["rng"], "outputs": {name: step["outputs"][name]
                                                    for name in ("hidden_states", "logits", "sampled_token_ids")},
-                   "timing": {"forward_us": 1.5}, "grammar_output": None}],
+                   "timing": {"forward_us": 1.5}, "grammar": None}],
         "held_requests": [],
         "calls": [{"call": call, "step": index} for index in (step["index"], later) for call in ("execute", "sample", "output")],
     }
+    # Issue 31: a grammar mask (as received, as it reached the logits), a LoRA adapter kept whole,
+    # and which requests used them.
+    first = step["requests"][0]["req_id"]
+    words = -(-np.asarray(tensors["steps/0/outputs/logits"]).shape[-1] // 32)
+    tensors["steps/0/grammar/bitmask"] = np.full((3, words), -1, dtype=np.int32)  # its token and 2 drafts
+    tensors["steps/0/outputs/grammar_bitmask"] = np.full((len(step["requests"]), words), -1, dtype=np.int32)
+    step["grammar"] = {"request_ids": [first], "rows_per_request": [3], "num_acceptable_drafts": [2],
+                       "bitmask": {"$tensor": "steps/0/grammar/bitmask"}}
+    step["outputs"]["grammar_bitmask"] = {"$tensor": "steps/0/outputs/grammar_bitmask"}
+    config = "steps/0/lora_adapters/0/files/adapter_config.json"
+    tensors[config] = np.frombuffer(b'{"r": 8, "lora_alpha": 16}', dtype=np.uint8).copy()
+    step["lora_adapters"] = [{"name": "a", "int_id": 1, "slot": 0, "path": "/adapters/a", "rank": 8, "alpha": 16.0,
+                              "target_modules": ["q_proj"], "fingerprint": "blake2b-128:00", "size_bytes": 26,
+                              "files": {"adapter_config.json": {"$tensor": config}}}]
+    step["requests"][0]["lora_adapter"] = "a"
+    step["features"] = {"structured_outputs": [first], "lora": [first], "speculative_decoding": [first]}
 
 
 def seed_paths(directory: Path) -> list[Path]:

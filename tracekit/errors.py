@@ -4,7 +4,8 @@ The exit codes are a contract (`git bisect run`, CI): 0 reproduced/ok, 1 ran but
 reproduce, 2 bad input or usage, 3 this machine cannot do it (missing weights, vLLM absent or
 incompatible, no graph-capable device), 4 the replay itself failed inside vLLM, CUDA or tracekit
 (a device-side assert, an illegal address, an unexpected exception): it says nothing yet about
-whether the step reproduces.
+whether the step reproduces; 5 no machine can replay it with this tracekit: the step used
+something tracekit records but cannot replay yet (multimodal inputs, prompt embeds, ...).
 """
 
 EXIT_OK = 0
@@ -12,6 +13,7 @@ EXIT_NOT_REPRODUCED = 1
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_RUN_HERE = 3
 EXIT_REPLAY_FAILED = 4
+EXIT_NOT_REPLAYABLE_YET = 5
 
 
 class TracekitError(Exception):
@@ -32,6 +34,13 @@ class CannotRunHere(TracekitError):
     """The request is valid but this machine cannot carry it out."""
 
     exit_code = EXIT_CANNOT_RUN_HERE
+
+
+class NotReplayableYet(TracekitError):
+    """The step used something this tracekit records but cannot replay yet: no machine could
+    replay it with this tracekit (unlike `CannotRunHere`, which another machine may)."""
+
+    exit_code = EXIT_NOT_REPLAYABLE_YET
 
 
 class ReplayFailed(TracekitError):

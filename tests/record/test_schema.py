@@ -72,3 +72,59 @@ def test_a_request_recomputing_past_its_prompt_after_preemption_is_a_prefill(com
     # its next decode computes the newest token (index 4).
     request = RequestState("r", [1, 2, 3], [7, 8], [[0]], num_computed_tokens=computed, num_scheduled_tokens=1)
     assert request.is_prefill
+
+
+def _step_plain(**fields) -> dict:
+    """A step record's plain form with only what the schema requires, and `fields` on top."""
+    return {
+        "index": 0, "trigger": "steps 0", "scheduler_output": {}, "batch_order": ["r"],
+        "requests": [{"req_id": "r", "prompt_token_ids": [1], "output_token_ids": [], "block_ids": [[0]],
+                      "num_computed_tokens": 0, "num_scheduled_tokens": 1}],
+        "input_ids": None, "positions": None, "kv": {"mode": "read"},
+        "graph": {"compilation_mode": "NONE", "cudagraph_mode": "NONE"}, **fields,
+    }
+
+
+def test_grammar_lora_and_features_round_trip():
+    from tracekit.format.schema import Step
+
+    plain = _step_plain(
+        grammar={"request_ids": ["r"], "rows_per_request": [3], "bitmask": {"$tensor": "m"},
+                 "num_acceptable_drafts": [2]},
+        lora_adapters=[{"name": "a", "int_id": 1, "slot": 1, "rank": 8, "target_modules": ["q_proj"],
+                        "fingerprint": "blake2b-128:00", "files": {}}],
+        features={"structured_outputs": ["r"], "lora": ["r"]},
+    )
+    plain["requests"][0]["lora_adapter"] = "a"
+    step = Step.from_plain(plain)
+    assert step.grammar.rows_of("r") == range(0, 3) and step.grammar.rows_of("other") == range(0)
+    assert (step.lora_adapters[0].slot, step.requests[0].lora_adapter) == (1, "a")
+    assert Step.from_plain(step.to_plain()).to_plain() == step.to_plain()
+    # a bundle from before these fields: none of them
+    old = Step.from_plain(_step_plain())
+    assert (old.grammar, old.lora_adapters, old.features, old.requests[0].lora_adapter) == (None, [], None, None)
+
+
+MASK = {"$tensor": "m"}
+
+
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"grammar": {"request_ids": "r", "rows_per_request": [1], "bitmask": MASK}}, "grammar.request_ids should be a list"),
+        ({"grammar": {"request_ids": ["r"], "rows_per_request": [0], "bitmask": MASK}},
+         r"grammar.rows_per_request\[0\] should be from 1"),
+        ({"grammar": {"request_ids": ["r"], "rows_per_request": [1], "bitmask": MASK, "num_acceptable_drafts": [1, 2]}},
+         r"should hold rows_per_request \(and num_acceptable_drafts\) for each of its request_ids"),
+        ({"features": {"lora": "r"}}, r"features\['lora'\] should be a list"),
+        ({"lora_adapters": [{"name": "a"}]}, "lacks required field"),
+        ({"lora_adapters": [{"name": "a", "int_id": 0, "slot": 0}]}, r"lora_adapters\[0\].int_id should be from 1"),
+        ({"lora_adapters": [{"name": "a", "int_id": 1, "slot": 0, "files": {"../x.safetensors": MASK}}]},
+         "only adapter_config.json and \\*.safetensors files are kept"),
+    ],
+)
+def test_malformed_grammar_lora_or_features_are_refused(fields, problem):
+    from tracekit.format.schema import Step
+
+    with pytest.raises(BundleError, match=problem):
+        Step.from_plain(_step_plain(**fields))

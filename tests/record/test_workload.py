@@ -18,6 +18,17 @@ def test_json_lines_with_text_token_ids_and_sampling_params(tmp_path):
     assert (second.prompt, second.sampling) == ([1, 5, 9], {"max_tokens": 4})
 
 
+def test_json_lines_may_carry_a_grammar_and_a_lora_adapter(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        '{"prompt": "Pick", "structured_outputs": {"choice": ["yes", "no"]}, "lora": {"name": "a", "path": "/a"}}\n'
+        '{"prompt": "Plain"}\n'
+    )
+    first, second = load_prompts(path)
+    assert first.sampling == {"structured_outputs": {"choice": ["yes", "no"]}}
+    assert (first.lora, second.lora) == ({"name": "a", "path": "/a"}, None)
+
+
 def test_plain_text_is_one_prompt_per_line(tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_text("first prompt\nsecond prompt\n")
@@ -31,6 +42,7 @@ def test_plain_text_is_one_prompt_per_line(tmp_path):
         ('{"prompt": "ok"}\n[1, 2]\n', r":2: each line must be a JSON object"),
         ('{"prompt_token_ids": ["a"]}\n', r":1: needs \"prompt\""),
         ("\n\n", "holds no prompts"),
+        ('{"prompt": "ok", "lora": "a"}\n', r':1: "lora" needs a "name" and a "path"'),
     ],
 )
 def test_bad_prompts_files_name_the_line(tmp_path, text, problem):

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from tracekit.bundles import find_bundles, unique_names
-from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, UsageError
+from tracekit.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_RUN_HERE,
+    EXIT_NOT_REPLAYABLE_YET,
+    EXIT_NOT_REPRODUCED,
+    EXIT_OK,
+    UsageError,
+)
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
 from tracekit.replay.suite import engine_key, worst_exit_code
@@ -41,10 +48,11 @@ def test_names_widen_only_where_stems_clash(tree):
     assert unique_names(paths) == ["a__step1", "b__step1", "step2"]
 
 
-def test_the_worst_exit_code_is_a_divergence_then_bad_input_then_cannot_run_here():
+def test_the_worst_exit_code_is_a_divergence_then_bad_input_then_not_replayable_yet_then_cannot_run_here():
     assert worst_exit_code([]) == EXIT_OK
     assert worst_exit_code([EXIT_OK, EXIT_CANNOT_RUN_HERE]) == EXIT_CANNOT_RUN_HERE
-    assert worst_exit_code([EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_OK]) == EXIT_BAD_INPUT
+    assert worst_exit_code([EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPLAYABLE_YET, EXIT_OK]) == EXIT_NOT_REPLAYABLE_YET
+    assert worst_exit_code([EXIT_NOT_REPLAYABLE_YET, EXIT_BAD_INPUT, EXIT_OK]) == EXIT_BAD_INPUT
     assert worst_exit_code([EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_CANNOT_RUN_HERE]) == EXIT_NOT_REPRODUCED
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent
+from tracekit.format.schema import BundleContent, GrammarRecord
 from tracekit.integrations.vllm.runner_state import blocks_read_and_written
 from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact_step
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
@@ -211,3 +211,28 @@ def test_shrink_refuses_a_property_that_does_not_hold_and_writes_nothing(until, 
     (line,) = [line for line in finished.stderr.splitlines() if line.startswith("tracekit: error:")]
     assert complaint in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cut_keeps_the_grammar_rows_and_features_of_the_requests_left(sample):
+    """Two decodes sample under a grammar (rows in the scheduler's order, the second with a draft
+    row); cut to one of them and the prefill chunk, only that request's rows stay."""
+    step = dataclasses.replace(sample.steps[0])
+    first, second = step.batch_order[1], step.batch_order[3]
+    prefill = next(r.req_id for r in step.requests if r.is_prefill)
+    bitmask = torch.arange(3 * 16, dtype=torch.int32).view(3, 16)
+    step.grammar = GrammarRecord([second, first], [2, 1], bitmask, num_acceptable_drafts=[1, 0])
+    step.features = {"structured_outputs": [first, second], "lora": [prefill]}
+    reduced = reduce_step(step, {first: 1, prefill: 5})
+    assert (reduced.grammar.request_ids, reduced.grammar.rows_per_request) == ([first], [1])
+    assert torch.equal(reduced.grammar.bitmask, bitmask[2:3]) and reduced.grammar.num_acceptable_drafts == [0]
+    assert reduced.features == {"structured_outputs": [first], "lora": [prefill]}
+    assert reduce_step(step, {prefill: 5}).grammar is None  # a chunk cut short samples nothing
+
+
+def test_redaction_renames_the_grammar_and_feature_requests(sample):
+    step = dataclasses.replace(sample.steps[0])
+    first = step.batch_order[2]
+    step.grammar = GrammarRecord([first], [1], torch.zeros(1, 16, dtype=torch.int32))
+    step.features = {"structured_outputs": [first]}
+    redacted, _ = redact_step(step)
+    assert redacted.grammar.request_ids == ["req-2"] and redacted.features == {"structured_outputs": ["req-2"]}

@@ -20,6 +20,7 @@ from tracekit.format import open_bundle
 from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
 from tracekit.format.untrusted import is_tensor_ref
+from tracekit.integrations.vllm.step_features import not_replayable_reason
 
 MAX_TABLE_ROWS = 200
 
@@ -109,6 +110,15 @@ def _summary(reader, full: bool = False) -> dict:
             "outputs_finite": step.outputs.finite if step.outputs is not None else None,
             "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if step.error is not None else None,
             "window": _window_summary(step),
+            "grammar": {"requests": step.grammar.request_ids, "rows": sum(step.grammar.rows_per_request)}
+            if step.grammar is not None else None,
+            "lora_adapters": [
+                {"name": adapter.name, "slot": adapter.slot, "rank": adapter.rank, "fingerprint": adapter.fingerprint,
+                 "size_bytes": adapter.size_bytes, "kept": bool(adapter.files)}
+                for adapter in step.lora_adapters
+            ],
+            "features": step.features,
+            "cannot_replay_yet": not_replayable_reason(step),
         }
         for step in content.steps
     ]
@@ -266,6 +276,15 @@ def _print_table(summary: dict, verify_report) -> None:
                 console.print(f"  forward {timing['forward'] / 1000:.3f} ms, step {timing['step'] / 1000:.3f} ms in the engine")
             if step["outputs_finite"] is False:
                 console.print("  [red]outputs are not finite[/]")
+            if step["grammar"]:
+                console.print(f"  grammar mask: {step['grammar']['rows']} row(s) for structured-output request(s) "
+                              f"{inert(', '.join(map(str, step['grammar']['requests'])))}")
+            for adapter in step["lora_adapters"][:MAX_TABLE_ROWS]:
+                kept = "kept in the bundle" if adapter["kept"] else "not kept (found by fingerprint when replayed)"
+                console.print(f"  LoRA slot {inert(adapter['slot'])}: {inert(adapter['name'])}, rank {inert(adapter['rank'])}, "
+                              f"{inert(adapter['fingerprint'])}, {kept}")
+            if step["cannot_replay_yet"]:
+                console.print(f"  [yellow]cannot be replayed yet: {inert(step['cannot_replay_yet'])}[/]")
             if step["error"]:
                 error = step["error"]
                 console.print(

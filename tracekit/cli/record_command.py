@@ -41,8 +41,12 @@ DEFAULT_OUTPUT = "tracekit-bundle.zst"
               help="Keep this many consecutive steps in each bundle from a firing step on: the first whole, "
                    "each later one as the engine handed it to the model runner and what came out, so a replay "
                    "lets the runner carry its state from step to step. Starts at --steps/--when.")
+@click.option("--keep-lora-weights", is_flag=True,
+              help="Keep every LoRA adapter's files in the bundles, whatever their size (by default only "
+                   "adapters up to 64 MiB; a replay finds the others by fingerprint, or through --lora).")
 @click.pass_context
-def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles, layers, window):
+def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, output, max_bundles, layers, window,
+                   keep_lora_weights):
     """Record engine steps of a real vLLM engine into bundles."""
     from tracekit.record.session import record_workload
 
@@ -61,6 +65,7 @@ def record_command(ctx, model, prompts, max_tokens, steps, when, events, kv, out
         max_bundles=max_bundles,
         layers=layers,
         window=window,
+        keep_lora_weights=keep_lora_weights,
     )
     if not written:
         raise UsageError("no step matched the trigger; nothing was recorded")

@@ -7,8 +7,9 @@ Exit codes (for `git bisect run` and CI): 0 for the verdicts bit_exact, within_t
 platform_difference, release_difference and error_reproduced (with --strict: bit_exact only), 1
 for diverged, error_not_reproduced and, under another vLLM release than the recording's,
 error_gone, error_appeared, nonfinite_gone and nonfinite_appeared, 2 bad input or usage, 3 this
-machine (or this vLLM release) cannot replay it. A suite exits
-with the worst of its bundles' codes, in the order 0 < 3 < 2 < 1 (`tracekit.replay.suite`).
+machine (or this vLLM release) cannot replay it, 4 the replay crashed, 5 (cannot_replay_yet) the
+step used something tracekit records but cannot replay yet. A suite exits with the worst of its
+bundles' codes, in the order 0 < 3 < 5 < 2 < 4 < 1 (`tracekit.replay.suite`).
 """
 
 import sys
@@ -30,7 +31,11 @@ from tracekit.errors import CannotRunHere, UsageError
               help="In a window of steps: rebuild the model runner's state at this step as a single-step replay "
                    "builds it, instead of letting the runner carry it there (the steps before still run, carried).")
 @click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
-@click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
+@click.option("--allow-weights-mismatch", is_flag=True,
+              help="Replay even if the weights' fingerprint (the model's, a LoRA adapter's) differs.")
+@click.option("--lora", "loras", multiple=True, metavar="NAME=PATH",
+              help="Where LoRA adapter NAME is here, when the bundle does not keep its files and it is not at "
+                   "the recorded path (checked against the recorded fingerprint). Repeatable.")
 @click.option("--mode", "modes", default="reference", show_default=True,
               help="Modes to run and time the forward in: eager|compiled|compiled-no-graph|vllm-piecewise|graph|"
                    "piecewise|all, or reference (the mode the engine ran: compiled, or eager if it did not compile).")
@@ -57,8 +62,8 @@ from tracekit.errors import CannotRunHere, UsageError
               help="Draw the latency distributions against the recorded time (and, where a replay is "
                    "not bit-exact, the relative error per layer) into this PNG. Needs matplotlib.")
 @click.pass_context
-def replay_command(ctx, arguments, step, from_step, model, allow_weights_mismatch, modes, no_timing, iters, samples,
-                   tolerance, strict, layers_out, json_out, keep_going, profile_dir, full_engine, plot_path):
+def replay_command(ctx, arguments, step, from_step, model, allow_weights_mismatch, loras, modes, no_timing, iters,
+                   samples, tolerance, strict, layers_out, json_out, keep_going, profile_dir, full_engine, plot_path):
     """Rebuild the engine of each BUNDLE (a file, a folder of .zst bundles, a glob), run its
     step, compare with the recording. Any vLLM engine argument after the bundles overrides the
     recorded one."""
@@ -96,6 +101,7 @@ def replay_command(ctx, arguments, step, from_step, model, allow_weights_mismatc
         step=step,
         model=model,
         allow_weights_mismatch=allow_weights_mismatch,
+        lora_paths=_lora_paths(loras),
         modes=None if no_timing else modes,
         iters=iters,
         samples=samples,
@@ -177,6 +183,17 @@ def _engine_overrides(engine_argv: list[str]) -> dict:
     from tracekit.integrations.vllm.engine import parse_engine_cli_args
 
     return parse_engine_cli_args(engine_argv)
+
+
+def _lora_paths(specs: tuple[str, ...]) -> dict[str, str]:
+    """`--lora NAME=PATH` values as {name: path}."""
+    paths = {}
+    for spec in specs:
+        name, equals, path = spec.partition("=")
+        if not equals or not name or not path:
+            raise UsageError(f"bad --lora {spec!r}: give NAME=PATH (the adapter's recorded name, its folder here)")
+        paths[name] = path
+    return paths
 
 
 def _split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:

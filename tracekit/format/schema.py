@@ -172,6 +172,7 @@ class RequestState(SchemaRecord):
     # Speculative decoding: the draft tokens this step verifies after the request's last sampled
     # token (the last `len` of its scheduled tokens), as the forward read them.
     draft_token_ids: list[TokenId] = field(default_factory=list)
+    lora_adapter: str | None = None  # the name of the LoRA adapter it runs with (`Step.lora_adapters`)
 
     # Schema version 1 kept these beside the common fields.
     _VERSION_1_RUNNER_FIELDS: ClassVar[tuple[str, ...]] = ("generator_state", "seed", "prefill_len")
@@ -179,6 +180,13 @@ class RequestState(SchemaRecord):
     @property
     def is_prefill(self) -> bool:
         return is_prefill(self.num_computed_tokens, len(self.prompt_token_ids), len(self.output_token_ids))
+
+    @property
+    def samples(self) -> bool:
+        """Whether the step samples a token for it: its scheduled tokens reach the end of those it
+        knows (a prefill chunk that stops short samples nothing)."""
+        known = len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self.num_computed_tokens + self.num_scheduled_tokens >= known
 
     @classmethod
     def from_plain(cls, data: Any, where: str = "") -> "RequestState":
@@ -302,9 +310,43 @@ class StepOutputs(SchemaRecord):
     # file so that a diff meets them before the final hidden states they lead to).
     layers: dict[str, Tensor] = field(default_factory=dict)
     hidden_states: Tensor | None = None  # [num_tokens_padded, hidden]
-    logits: Tensor | None = None  # [num_sampled, vocab]
+    logits: Tensor | None = None  # [num_sampled, vocab], as the model computed them (before any grammar mask)
+    # A step with a grammar (`Step.grammar`): the mask as it reached the logits, per logits row,
+    # int32 [rows, ceil(vocab / 32)], bit j of word i set = token 32i+j was not at -inf when
+    # sampling began (`tracekit.integrations.vllm.grammar.applied_mask`). Step triggers only.
+    grammar_bitmask: Tensor | None = None
     sampled_token_ids: list[list[TokenId]] | None = None  # per request, batch order
     finite: bool = True
+
+
+@dataclass
+class GrammarRecord(SchemaRecord):
+    """The structured-output grammar mask of a step, as it reached the runner's `sample_tokens`
+    (vLLM's `GrammarOutput`, which the scheduler sends apart from the scheduler output)."""
+
+    request_ids: list[str]  # the requests sampling under a grammar, in the order of the bitmask rows
+    rows_per_request: list[Size]  # the rows each owns: 1 + its drafts this step
+    # int32 [sum(rows_per_request), ceil(vocab / 32)]: bit j of word i set = token 32i+j allowed
+    bitmask: Tensor
+    # per request: how many leading drafts the mask constrained (vLLM 0.32+; None where vLLM has none)
+    num_acceptable_drafts: list[Count] | None = None
+
+    def check_values(self, where: str) -> None:
+        counts = [len(self.rows_per_request)]
+        if self.num_acceptable_drafts is not None:
+            counts.append(len(self.num_acceptable_drafts))
+        if any(count != len(self.request_ids) for count in counts):
+            raise BundleError(f"bundle content: {where} should hold rows_per_request (and num_acceptable_drafts) "
+                              "for each of its request_ids")
+
+    def rows_of(self, req_id: str) -> range:
+        """The bitmask rows of one request."""
+        start = 0
+        for owner, count in zip(self.request_ids, self.rows_per_request):
+            if owner == req_id:
+                return range(start, start + count)
+            start += count
+        return range(0)
 
 
 @dataclass
@@ -405,9 +447,7 @@ class CarriedStep(SchemaRecord):
     outputs: StepOutputs | None = None
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised (the window's last step)
-    # The `GrammarOutput` the engine handed `sample_tokens` (structured outputs), a tagged vLLM
-    # object; None: none.
-    grammar_output: dict[str, Any] | None = None
+    grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
 
 
 @dataclass
@@ -435,6 +475,37 @@ class StepWindow(SchemaRecord):
             if call["call"] not in RUNNER_CALLS:
                 raise BundleError(f"bundle content: {where}.calls[{number}].call {call['call']!r} is none of "
                                   f"{', '.join(RUNNER_CALLS)}")
+LoRAId = Annotated[int, Range(1, INT32_MAX)]  # vLLM's lora_int_id (0 means none)
+ADAPTER_CONFIG = "adapter_config.json"  # a peft adapter's config file
+KEPT_WEIGHTS_SUFFIX = ".safetensors"  # the weight files a bundle may keep (loading one executes nothing)
+
+
+@dataclass
+class LoRAAdapter(SchemaRecord):
+    """A LoRA adapter resident in one of the engine's LoRA slots when the step ran: its identity,
+    and its files when the bundle keeps them."""
+
+    name: str | None  # vLLM's lora_name (None: loaded before the recorder was armed)
+    int_id: LoRAId
+    slot: Count  # its index among the engine's `max_loras` slots
+    path: str | None = None  # where the recording engine loaded it from
+    rank: Count | None = None  # `r` of its adapter_config.json
+    alpha: float | None = None  # `lora_alpha`
+    target_modules: list[str] = field(default_factory=list)
+    # blake2b-128 over the relative names and bytes of adapter_config.json and its weight files
+    # (the model's `weights_fingerprint`, over the adapter's files); None where they could not be read
+    fingerprint: str | None = None
+    size_bytes: Annotated[int, Range(0, INT64_MAX)] | None = None  # of those files
+    # file name -> uint8 tensor of its bytes, when kept: adapter_config.json and *.safetensors only
+    files: dict[str, Tensor] = field(default_factory=dict)
+
+    def check_values(self, where: str) -> None:
+        """A kept file is written back into a folder by that name: a plain name of the two kinds."""
+        for name in self.files:
+            plain = "/" not in name and "\\" not in name and name not in ("", ".", "..")
+            if not (plain and (name == ADAPTER_CONFIG or name.endswith(KEPT_WEIGHTS_SUFFIX))):
+                raise BundleError(f"bundle content: {where}.files holds {name!r}: only {ADAPTER_CONFIG} and "
+                                  f"*{KEPT_WEIGHTS_SUFFIX} files are kept and written back")
 
 
 @dataclass
@@ -454,6 +525,13 @@ class Step(SchemaRecord):
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised
     spec_decode: SpecDecodeRecord | None = None  # the engine decodes speculatively
+    grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
+    # Every LoRA adapter in the engine's slots when the forward ran (the requests' and any other)
+    lora_adapters: list[LoRAAdapter] = field(default_factory=list)
+    # Which requests used what beyond tokens and sampling settings ("structured_outputs", "lora",
+    # "speculative_decoding", "multimodal", "prompt_embeds", "pooling": their req_ids); None in
+    # bundles recorded before the field (`tracekit.integrations.vllm.step_features`)
+    features: dict[str, list[str]] | None = None
     # The steps recorded after this one as a window (`tracekit record --window N`); None: a single step
     window: StepWindow | None = None
 

@@ -65,15 +65,19 @@ class StepObserver(Protocol):
     `tracking` is true while the current step is being captured; adapters skip work done only
     for a captured step (copying logits, waiting for sampled ids) when it is false.
     `before_forward` comes just before the model call, with the padded input ids and positions
-    the model reads; `after_forward` just after it, with its output. `output_receiver()` is
-    called once `sample_tokens` has returned: it detaches the step from the observer (the next
-    step may start before an async output is read) and returns the function that takes its
-    sampled ids. Under speculative decoding the drafter runs inside `sample_tokens`: each call of
-    its model is reported (`drafter_called`, keyword inputs and output), and just before
-    `output_receiver()` `drafts_proposed` gets a function that reads its proposals (an observer
-    that does not keep them does not call it). `sampling` comes as `sample_tokens` is called, with
-    the grammar output the engine hands it. `idle_step` reports a scheduler output without tokens
-    (it only finishes requests; no step runs).
+    the model reads; `after_forward` just after it, with its output. `sampling` comes as
+    `sample_tokens` is called. A step whose sampling has a structured-output grammar reports it
+    as `sample_tokens` receives it (`grammar_received`, with a function that reads it as a
+    `GrammarRecord`, copying its bitmask to host) and again once the mask is on the logits, just
+    before sampling reads them (`grammar_applied`, the masked logits on the device; only where a
+    grammar came in this step). `output_receiver()` is called once `sample_tokens` has returned:
+    it detaches the step from the observer (the next step may start before an async output is
+    read) and returns the function that takes its sampled ids. Under speculative decoding the
+    drafter runs inside `sample_tokens`: each call of its model is reported (`drafter_called`,
+    keyword inputs and output), and just before `output_receiver()` `drafts_proposed` gets a
+    function that reads its proposals (an observer that does not keep them does not call it).
+    `idle_step` reports a scheduler output without tokens (it only finishes requests; no step
+    runs).
     """
 
     tracking: bool
@@ -88,13 +92,17 @@ class StepObserver(Protocol):
 
     def logits_computed(self, logits: Any) -> None: ...
 
+    def grammar_received(self, read: Callable[[], Any]) -> None: ...
+
+    def grammar_applied(self, logits: Any) -> None: ...
+
     def phase_entered(self, phase: Phase) -> None: ...
 
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None: ...
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None: ...
 
-    def sampling(self, grammar_output: Any) -> None: ...
+    def sampling(self) -> None: ...
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]: ...
 
@@ -110,6 +118,7 @@ class ObservedStep:
     positions: Any = None
     hidden_states: Any = None
     logits: Any = None
+    grammar_bitmask: Any = None  # the grammar mask as it reached the logits (`StepOutputs.grammar_bitmask`)
     sampled_token_ids: list[list[int]] | None = None
     kv_after: list[dict[str, Any]] = field(default_factory=list)  # per KV group: layer -> written blocks
     # Per KV group, layer -> the blocks a step rebuilt on the KV cache as earlier steps left it

@@ -46,20 +46,23 @@ def recording(
     max_bundles: int = DEFAULT_MAX_BUNDLES,
     layers: bool = False,
     window: int = 1,
+    keep_lora_weights: bool = False,
 ) -> Iterator[Recorder | WorkerRecording]:
     """Arm a recorder on `llm` for the block; bundles are all written when it exits. `layers`:
     also store every decoder layer's output of a recorded step (eager engines only). `window`:
     each bundle keeps that many consecutive steps from a firing step on, the runner carrying its
-    state from one to the next (`tracekit record --window`)."""
+    state from one to the next (`tracekit record --window`). `keep_lora_weights`: keep every
+    LoRA adapter's files in the bundles, whatever their size (by default only those up to
+    `lora_adapters.KEEP_LIMIT`)."""
     triggers = TriggerSet(steps=steps, when=when, events=tuple(on))
     if workers.runner_in_this_process(llm):
         recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles, layers=layers,
-                            window=window)
+                            window=window, keep_lora_weights=keep_lora_weights)
         with recorder:
             yield recorder
         return
     with _recording_in_workers(
-        llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles, layers, window
+        llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles, layers, window, keep_lora_weights
     ) as remote:
         yield remote
 

@@ -17,7 +17,8 @@ _recorders: dict[str, Recorder] = {}
 
 
 def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when: str | None,
-                 events: tuple[str, ...], kv: str, max_bundles: int, layers: bool, window: int) -> dict[str, Any]:
+                 events: tuple[str, ...], kv: str, max_bundles: int, layers: bool, window: int,
+                 keep_lora_weights: bool = False) -> dict[str, Any]:
     try:
         recorder = Recorder(
             runner_of(worker),
@@ -28,6 +29,7 @@ def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when
             layers=layers,
             set_id=session,
             window=window,
+            keep_lora_weights=keep_lora_weights,
         )
     except TracekitError as error:
         return reported(error)

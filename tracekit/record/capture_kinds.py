@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tracekit.format.schema import KVMode, RequestState, Step
+from tracekit.format.schema import GrammarRecord, KVMode, RequestState, Step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
@@ -103,8 +103,15 @@ class StepCapture:
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         """`sample_tokens` returned: `read()` gives the drafter's proposals for the next step."""
 
-    def sampling(self, grammar_output: Any) -> None:
-        """`sample_tokens` is called with this grammar output (None: no structured outputs)."""
+    def sampling(self) -> None:
+        """`sample_tokens` is called."""
+
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        """`sample_tokens` received the step's grammar mask; `read()` copies it (valid until the
+        scheduler computes the next step's mask: in this step, or before the next is scheduled)."""
+
+    def grammar_applied(self, logits: Any) -> None:
+        """The grammar mask is on the logits, which sampling reads next."""
 
     def receiver(self) -> Receiver:
         """`sample_tokens` returned: what takes the step's sampled ids (maybe after the next step started)."""
@@ -187,6 +194,14 @@ class CopiedStep(StepCapture):
         step_capture.capture_proposals(self.step, read(), copy)
         copy.finish()
 
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        self.step.grammar = read()
+
+    def grammar_applied(self, logits: Any) -> None:
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_grammar_applied(self.step, logits, copy)
+        copy.finish()
+
     def receiver(self) -> Receiver:
         recorder, pending, step = self.recorder, self.pending, self.step
 
@@ -231,6 +246,10 @@ class MarkedStep(StepCapture):
         self.logits: Any = None
         self.finite: DeviceFlag | None = None  # whether the step's hidden states and logits are finite
         self.finite_confirmed: bool | None = None  # its answer, once read
+        # What reads the grammar mask sampling received, copied only once the step is to be kept
+        # (or its check deferred past the scheduler's next mask); the mask as applied is not taken:
+        # it would cost a device op on every step of an always-on recorder.
+        self.grammar: Callable[[], GrammarRecord] | None = None
 
     def after_forward(self, output: Any) -> None:
         self.output, self.pending.phase = output, Phase.LOGITS
@@ -245,6 +264,9 @@ class MarkedStep(StepCapture):
         self.finite = flag  # else read at the step's end, without a sync of its own
         # A copy on the device: sampling changes the logits in place (temperature, penalties)
         self.logits = device_clone(logits)
+
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        self.grammar = read
 
     def receiver(self) -> Receiver:
         """Whether the outputs were finite. Read now when the device has passed the check (it
@@ -262,6 +284,9 @@ class MarkedStep(StepCapture):
         mark = self.mark
         kept = dataclasses.replace(mark, input_ids=device_clone(mark.input_ids), positions=device_clone(mark.positions))
         self.output = device_clone(hidden_states_of(self.output))
+        if self.grammar is not None:  # the scheduler's next mask may be computed before this is read
+            copied = self.grammar()
+            self.grammar = lambda: copied
         recorder.deferral_started()
 
         def receive(sampled: Any) -> None:
@@ -316,6 +341,7 @@ class MarkedStep(StepCapture):
         recorder = self.recorder
         copy = recorder.new_copy(self.pending)
         step = step_capture.capture(recorder.adapter, mark, self.pending.index, trigger, kv.value, copy, taken)
+        step.grammar = self.grammar() if self.grammar is not None else None
         if self.output is not None:
             step_capture.capture_after_forward(recorder.adapter, step, self.output, copy)
             step_capture.capture_logits(step, self.logits, copy)

@@ -15,6 +15,8 @@ the writer thread when the process exits.
     TRACEKIT_RECORD_KV      `read` (default), `written` or `none`
     TRACEKIT_RECORD_MAX_BUNDLES  with `{step}`: the most bundles one process writes (default 16)
     TRACEKIT_RECORD_WINDOW  consecutive steps per bundle from a firing step on (default 1)
+    TRACEKIT_RECORD_LORA_WEIGHTS `1`: keep every LoRA adapter's files in the bundles, whatever
+                            their size (by default only adapters up to 64 MiB are kept)
 """
 
 import atexit
@@ -61,6 +63,7 @@ def _arm_on(runner: Any) -> None:
             kv=os.environ.get("TRACEKIT_RECORD_KV", "read"),
             max_bundles=_int_env("TRACEKIT_RECORD_MAX_BUNDLES", DEFAULT_MAX_BUNDLES),
             window=_int_env("TRACEKIT_RECORD_WINDOW", 1),
+            keep_lora_weights=os.environ.get("TRACEKIT_RECORD_LORA_WEIGHTS", "") == "1",
         ).arm()
     except Exception as error:  # bad settings, or anything else: the engine starts unrecorded
         logger.error("tracekit: recorder not armed: %s", error)

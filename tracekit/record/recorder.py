@@ -38,6 +38,7 @@ from tracekit.graphs.host_copy import HostCopy
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import ranks
+from tracekit.integrations.vllm.lora_adapters import AdapterFiles
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
 from tracekit.integrations.vllm.step_driver import unknown_tokens_to_recompute
 from tracekit.integrations.vllm.version import installed_release
@@ -77,6 +78,7 @@ class Recorder:
         layers: bool = False,
         set_id: str | None = None,
         window: int = 1,
+        keep_lora_weights: bool = False,
     ):
         if kv not in KV_MODES:
             raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(KV_MODES)}")
@@ -100,6 +102,8 @@ class Recorder:
         self.max_bundles = 1 if self.output.single else max_bundles
         self.window = window  # steps per bundle from a firing step on (`record --window N`)
         self._window: OpenWindow | None = None  # the window taking the next steps, if one is
+        # the LoRA adapters' files, read on the writer thread (kept up to a size, or always)
+        self._adapter_files = AdapterFiles(keep_always=keep_lora_weights)
         self.steps_seen = 0
         self.head_start_us = DEFAULT_HEAD_START_US  # of the next recorded forward's timer
         self.sizes_seen: set[int] = set()  # padded token counts of the forwards seen since arming
@@ -152,9 +156,17 @@ class Recorder:
             shadows = self.adapter.observe(self)
             shadows.__enter__()
             self._shadows = shadows
+            self._say_what_cannot_be_replayed()
         except Exception as error:
             self._give_up(f"cannot arm on this runner: {type(error).__name__}: {error}")
         return self
+
+    def _say_what_cannot_be_replayed(self) -> None:
+        """Once, at arming: the steps of this engine that can be recorded but not replayed yet."""
+        kinds = self.adapter.kinds_not_replayable()
+        if kinds:
+            logger.warning("tracekit: steps with %s can be recorded but not yet replayed by this tracekit "
+                           "(their replay ends with the verdict cannot_replay_yet, exit 5)", " or ".join(kinds))
 
     def disarm(self) -> None:
         shadows, self._shadows = self._shadows, None
@@ -275,6 +287,18 @@ class Recorder:
             pending.capture.drafts_proposed(read)
 
     @_engine_boundary
+    def grammar_received(self, read: Callable[[], Any]) -> None:
+        pending = self._pending
+        if pending is not None and pending.capture is not None:
+            pending.capture.grammar_received(read)
+
+    @_engine_boundary
+    def grammar_applied(self, logits: Any) -> None:
+        pending = self._pending
+        if pending is not None and pending.capture is not None:
+            pending.capture.grammar_applied(logits)
+
+    @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
         if self._pending is not None:
             self._pending.phase = phase
@@ -288,14 +312,14 @@ class Recorder:
             window.stop_taking()
 
     @_engine_boundary
-    def sampling(self, grammar_output: Any) -> None:
+    def sampling(self) -> None:
         pending = self._pending
         if pending is None:
             return
         if pending.window is not None:
             pending.window.log(RunnerCall.SAMPLE, pending.index)
         if pending.capture is not None:
-            pending.capture.sampling(grammar_output)
+            pending.capture.sampling()
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
         pending, self._pending = self._pending, None
@@ -344,6 +368,7 @@ class Recorder:
         step.error = _error_record(error, pending.phase)
         self.count_bundle()
         _copies_landed(step, pending.copies)
+        self._adapter_files.complete(step)
         self._persister.write_now(*self._destination(self._completed(step)))
 
     # -- what the capture kinds share ----------------------------------------------------------
@@ -388,7 +413,12 @@ class Recorder:
             pending.window.first_finished(step, pending.copies)
             return
         copies = list(pending.copies)
-        self._persister.submit(*self._destination(self._completed(step)), ready=lambda: _copies_landed(step, copies))
+
+        def ready() -> None:  # on the writer thread
+            _copies_landed(step, copies)
+            self._adapter_files.complete(step)
+
+        self._persister.submit(*self._destination(self._completed(step)), ready=ready)
 
     def write_window(self, first: Step, copies: list[HostCopy], now: bool) -> None:
         """Write a window's bundle (its first step, the window hanging off it) once every step's

@@ -49,6 +49,7 @@ def record_workload(
     max_bundles: int = DEFAULT_MAX_BUNDLES,
     layers: bool = False,
     window: int = 1,
+    keep_lora_weights: bool = False,
 ) -> list[Path]:
     """Record the steps the triggers pick from a workload run; returns the bundles written."""
     installed_release()
@@ -60,7 +61,7 @@ def record_workload(
     llm = vllm_engine.build_llm(recording_engine_args(model, engine_argv, engine_args))
     engine_failure = None
     with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles,
-                   layers=layers, window=window) as recorder:
+                   layers=layers, window=window, keep_lora_weights=keep_lora_weights) as recorder:
         try:
             workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
         except TracekitError:

@@ -28,9 +28,10 @@ from tracekit.format.schema import (
     StepTiming,
 )
 from tracekit.graphs.host_copy import HostCopy
-from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm import grammar, runner_state, spec_decode
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark
 from tracekit.integrations.vllm.runner_state import hidden_states_of
+from tracekit.integrations.vllm.step_features import step_features
 
 
 class KVTaken(str, Enum):
@@ -98,6 +99,8 @@ def capture(
         rng=dict(mark.rng),
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
+        features=step_features(adapter.request_objects(mark), mark.scheduler_output),
+        lora_adapters=adapter.lora_adapters(mark),
     )
     step.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return step
@@ -128,6 +131,8 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
         rng=dict(mark.rng),  # host tensors (a CUDA generator's state too)
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
+        features=step_features(adapter.request_objects(mark), mark.scheduler_output),
+        lora_adapters=adapter.lora_adapters(mark),
     )
 
 
@@ -196,6 +201,15 @@ def capture_proposals(step: Step, proposals: torch.Tensor | None, copy: HostCopy
     """The drafter's proposals for the next step, copied to host."""
     if step.spec_decode is not None and proposals is not None:
         step.spec_decode.proposals = copy.copy(proposals)
+
+
+def capture_grammar_applied(step: Step | CarriedStep, logits: torch.Tensor, copy: HostCopy) -> None:
+    """The grammar mask as it reached the logits (`StepOutputs.grammar_bitmask`): packed on the
+    device, copied to host."""
+    if step.outputs is not None:
+        started = time.perf_counter()
+        step.outputs.grammar_bitmask = copy.copy(grammar.applied_mask(logits))
+        step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
 
 
 def capture_sampled(step: Step | CarriedStep, sampled_token_ids: list[list[int]] | None) -> None:

@@ -6,7 +6,7 @@ Model Runner V2's request slots — need the steps that carried it. When a step 
 `--window N`, that step is copied whole as any recorded step (`CopiedStep`) and an `OpenWindow`
 opens on it: each of the next N-1 steps is a `CarriedStepCapture`, which keeps only what the
 engine handed the runner and what came out — the scheduler output as the runner received it,
-the grammar output, the batch order, what the runner kind keeps per request, the inputs, the
+the grammar mask, the batch order, what the runner kind keeps per request, the inputs, the
 dispatch, the RNG states and the outputs — no request states and no KV blocks. The window also
 keeps the requests the runner held outside the first step's batch and the order of the runner
 calls (under async scheduling the engine reads a step's output after the next step started).
@@ -18,9 +18,9 @@ the recorder is disarmed.
 """
 
 import time
-from typing import Any
+from typing import Any, Callable
 
-from tracekit.format.schema import CarriedStep, RequestState, RunnerCall, Step, StepWindow
+from tracekit.format.schema import CarriedStep, GrammarRecord, RequestState, RunnerCall, Step, StepWindow
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm.runner_adapter import StepMark
@@ -156,10 +156,19 @@ class CarriedStepCapture(StepCapture):
         step_capture.capture_logits(self.carried, logits, copy)
         copy.finish()
 
-    def sampling(self, grammar_output: Any) -> None:
+    def sampling(self) -> None:
         self.window.log(RunnerCall.SAMPLE, self.pending.index)
-        if self.carried is not None and grammar_output is not None:
-            self.carried.grammar_output = self.recorder.adapter.release.to_versioned_plain(grammar_output, "grammar_output")
+
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        if self.carried is not None:
+            self.carried.grammar = read()
+
+    def grammar_applied(self, logits: Any) -> None:
+        if self.carried is None:
+            return
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_grammar_applied(self.carried, logits, copy)
+        copy.finish()
 
     def receiver(self) -> Receiver:
         recorder, pending, window = self.recorder, self.pending, self.window

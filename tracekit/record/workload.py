@@ -7,7 +7,9 @@ prefill chunks beside the others' decodes, greedy, seeded and unseeded sampling,
 `min_tokens` (end-of-sequence masked until then) and sampled-token logprobs.
 
 A prompts file is JSON lines — `{"prompt": "text"}` or `{"prompt_token_ids": [1, 2, 3]}`, with
-any `SamplingParams` fields beside them — or plain text with one prompt per line.
+any `SamplingParams` fields beside them (`"structured_outputs": {"json": {...}}`, `{"choice":
+[...]}` or `{"regex": "..."}` for a grammar) and `"lora": {"name": "a", "path": "/adapters/a"}`
+for a LoRA adapter — or plain text with one prompt per line.
 """
 
 import json
@@ -40,6 +42,7 @@ _LONG_PROMPT = " ".join(
 class WorkloadRequest:
     prompt: str | list[int]
     sampling: dict[str, Any] = field(default_factory=dict)
+    lora: dict[str, Any] | None = None  # {"name", "path"}: the LoRA adapter it runs with
 
 
 BUILTIN_WORKLOAD = [
@@ -78,7 +81,11 @@ def load_prompts(path: str | Path) -> list[WorkloadRequest]:
         valid_ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)
         if not (valid_text or valid_ids):
             raise UsageError(f"{path}:{number}: needs \"prompt\" (text) or \"prompt_token_ids\" (ints)")
-        requests.append(WorkloadRequest(prompt, entry))
+        lora = entry.pop("lora", None)
+        if lora is not None and not (isinstance(lora, dict) and isinstance(lora.get("name"), str)
+                                     and isinstance(lora.get("path"), str)):
+            raise UsageError(f"{path}:{number}: \"lora\" needs a \"name\" and a \"path\" (the adapter's folder)")
+        requests.append(WorkloadRequest(prompt, entry, lora))
     return requests
 
 
@@ -86,4 +93,5 @@ def run_workload(llm: Any, requests: list[WorkloadRequest], max_tokens: int) -> 
     """Send every request in one `generate` call, so they share engine steps."""
     from tracekit.integrations.vllm.engine import generate
 
-    return generate(llm, [r.prompt for r in requests], [{"max_tokens": max_tokens, **r.sampling} for r in requests])
+    return generate(llm, [r.prompt for r in requests], [{"max_tokens": max_tokens, **r.sampling} for r in requests],
+                    [r.lora for r in requests])

@@ -19,6 +19,7 @@ import torch
 
 from tracekit.format.schema import Step
 from tracekit.integrations.seam import ObservedStep
+from tracekit.integrations.vllm.replay_engine import logits_rows, unpack_mask
 from tracekit.numerics import compare_tensors
 
 
@@ -128,6 +129,41 @@ def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
     return item
 
 
+# The tokens named per differing row of the grammar mask.
+TOKENS_NAMED = 8
+
+
+def _grammar_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
+    """The grammar mask as it reached the logits must be equal, row for row; where a row
+    differs, whose row it is (the request, and the position: 0 its sampled token, i its i-th
+    draft) and which tokens only the recording or only the replay left unmasked."""
+    here, recorded = observed.grammar_bitmask, step.outputs.grammar_bitmask
+    if recorded is None:
+        return None
+    if here is None:
+        return CheckedItem("grammar_bitmask", False, False, {"problem": "no grammar mask reached the replay's logits"})
+    if here.shape != recorded.shape:
+        return CheckedItem("grammar_bitmask", False, False,
+                           {"shape_mismatch": [list(here.shape), list(recorded.shape)]})
+    if torch.equal(here, recorded):
+        return CheckedItem("grammar_bitmask", True, True, {})
+    outputs = step.outputs
+    vocab = outputs.logits.shape[-1] if outputs.logits is not None else here.shape[1] * 32
+    owners = logits_rows(step)
+    allowed_here, allowed_recorded = unpack_mask(here, vocab), unpack_mask(recorded, vocab)
+    rows = []
+    for row in torch.nonzero((here != recorded).any(dim=1)).flatten().tolist():
+        only_recorded = torch.nonzero(allowed_recorded[row] & ~allowed_here[row]).flatten().tolist()
+        only_here = torch.nonzero(allowed_here[row] & ~allowed_recorded[row]).flatten().tolist()
+        req_id, position = owners[row] if row < len(owners) else (None, None)
+        rows.append({
+            "row": row, "req_id": req_id, "position": position,
+            "allowed_only_recorded": len(only_recorded), "allowed_only_here": len(only_here),
+            "tokens_only_recorded": only_recorded[:TOKENS_NAMED], "tokens_only_here": only_here[:TOKENS_NAMED],
+        })
+    return CheckedItem("grammar_bitmask", False, False, {"differing_mask_rows": rows})
+
+
 def _row_items(name: str, actual: Any, expected: Any, step: Step, tolerance: float) -> list[CheckedItem | None]:
     """The real rows of a per-token tensor as `name` (they decide); rows past the scheduled
     tokens — padding, present when the step ran at a padded size — as `name/padding` (they do
@@ -182,6 +218,7 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> li
     if outputs is not None:
         items.extend(_row_items("hidden_states", observed.hidden_states, outputs.hidden_states, step, tolerance))
         items.append(_tensor_item("logits", observed.logits, outputs.logits, tolerance))
+        items.append(_grammar_item(observed, step))
         items.append(_accepted_item(observed, step))
         items.append(_sampled_item(observed, step))
     items.extend(_drafter_items(observed, step, tolerance))

@@ -24,6 +24,7 @@ from tracekit.integrations.vllm.replay_engine import (
     build_replay_engine,
     require_layout_buildable,
     require_recorded_release_here,
+    require_replayable_kind,
 )
 from tracekit.replay import replay_in_workers
 from tracekit.replay.checks import first_divergence
@@ -125,6 +126,8 @@ def replay_rank_set(
         rank_set.require_complete()
         content = opened.content
     overrides = dict(engine_overrides or {})
+    for step in content.steps:
+        require_replayable_kind(step)
     require_recorded_release_here(content)
     require_layout_buildable(content.parallel, overrides)
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]

@@ -12,11 +12,18 @@ from typing import Any
 from tracekit.environment import environment_differences
 from tracekit.errors import CannotRunHere, TracekitError, UsageError
 from tracekit.format.content import load_step
-from tracekit.integrations.vllm.replay_engine import StepDriver, worker_adapter, worker_error
+from tracekit.integrations.vllm.replay_engine import (
+    LocatedAdapters,
+    StepDriver,
+    locate_lora_adapters,
+    worker_adapter,
+    worker_error,
+)
 from tracekit.replay.checks import check_step
 
-# Worker-process state, keyed by the session id the driver made.
-_prepared: dict[str, StepDriver] = {}
+# Worker-process state, keyed by the session id the driver made: the step's driver, and where
+# its LoRA adapters are here (a folder of kept files is removed after the run).
+_prepared: dict[str, tuple[StepDriver, LocatedAdapters]] = {}
 
 
 def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, Any]:
@@ -29,10 +36,15 @@ def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, A
             raise UsageError(f"{bundles[rank]} is rank {content.parallel.rank}'s bundle, not rank {rank}'s")
         if step.error is not None:
             raise CannotRunHere("replaying a multi-rank step whose forward raised is not supported yet")
-        driver = StepDriver(adapter, step)
+        located = locate_lora_adapters(step, {}, allow_mismatch=False)
+        try:
+            driver = StepDriver(adapter, step, located.paths)
+        except BaseException:
+            located.close()
+            raise
     except TracekitError as error:
         return worker_error(error)
-    _prepared[session] = driver
+    _prepared[session] = driver, located
     differences = [
         {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
         for name, before, now, numeric in environment_differences(content.environment, adapter.environment())
@@ -44,7 +56,7 @@ def run_replay(worker: Any, session: str, tolerance: float, timed_runs: int) -> 
     """Run the prepared step (every rank at once), check it against this rank's recording, then
     run the forward `timed_runs` more times (the same count on every rank: each one runs the
     collectives) timing each."""
-    driver = _prepared.pop(session)
+    driver, located = _prepared.pop(session)
     backend = driver.adapter.device_backend
     times_us: list[float] = []
 
@@ -56,7 +68,8 @@ def run_replay(worker: Any, session: str, tolerance: float, timed_runs: int) -> 
             backend.synchronize()
             times_us.append((time.perf_counter() - started) * 1e6)
 
-    observed = driver.run(time_forwards if timed_runs else None)
+    with located:
+        observed = driver.run(time_forwards if timed_runs else None)
     return {
         "reference_mode": driver.adapter.reference_mode,
         "checks": check_step(observed, driver.step, tolerance),

@@ -34,10 +34,12 @@ from tracekit.integrations.vllm.replay_engine import (
     build_replay_engine,
     engine_of,
     expand_window,
+    locate_lora_adapters,
     needs_of,
     require_drafting_known,
     require_recomputable,
     require_replayable_here,
+    require_replayable_kind,
 )
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_step, error_item, padding_findings
@@ -79,6 +81,9 @@ class ReplayOptions:
     full_engine: bool = False
     engine_needs: EngineNeeds | None = None
     kernel_choices: list[KernelChoice] | None = None
+    # LoRA adapter name -> its folder here, where the bundle does not keep its files and it is
+    # not at the recorded path (`--lora NAME=PATH`)
+    lora_paths: dict[str, str] = field(default_factory=dict)
 
 
 def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
@@ -89,19 +94,21 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     options = options or ReplayOptions(**fields)
     opened = checked_before_engine(bundle, options)
     choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
-    # Inductor's kernels are built with the engine and autotuned at their first launch: both
-    # happen under the recorded choices.
-    with kernel_choices.choices_applied(choices):
-        engine = engine_for(opened, options, llm)
-        here = engine.environment()
-        engine.require_kv_layout_of(opened.content.environment, here)
-        if opened.window is not None:
-            differences = _environment_differences(opened.content, here, engine.set_in_process)
-            return run_window(engine, opened.bundle, opened.window, opened.step, options.from_step, options.tolerance,
-                              options.strict, differences, options.engine_overrides)
-        ran = run_and_compare(engine, opened, options)
-    if ran.own_engine_modes:
-        ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options))
+    with locate_lora_adapters(opened.step, options.lora_paths, options.allow_weights_mismatch) as adapters:
+        # Inductor's kernels are built with the engine and autotuned at their first launch: both
+        # happen under the recorded choices.
+        with kernel_choices.choices_applied(choices):
+            engine = engine_for(opened, options, llm)
+            here = engine.environment()
+            engine.require_kv_layout_of(opened.content.environment, here)
+            if opened.window is not None:
+                differences = _environment_differences(opened.content, here, engine.set_in_process)
+                return run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
+                                  options.tolerance, options.strict, differences, options.engine_overrides,
+                                  lora_paths=adapters.paths)
+            ran = run_and_compare(engine, opened, options, adapters.paths)
+        if ran.own_engine_modes:
+            ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
     return report(opened, options, engine, here, ran)
 
 
@@ -123,7 +130,7 @@ class OpenedStep:
 
 def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
     """Read the bundle's step and refuse what no machine could replay (bad input or usage: 2; a
-    KV mode of a newer tracekit: 3)."""
+    KV mode of a newer tracekit: 3; a step that used what tracekit cannot replay yet: 5)."""
     opened = OpenedBundle.of(bundle)
     name = str(opened.path)
     content, step = opened.content, opened.load_step(options.step)
@@ -134,6 +141,7 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
             f"{name} is rank {content.parallel.rank} of a {content.parallel.world_size}-rank step: "
             "replay it with tracekit.replay.multirank.replay_rank_set (the CLI does)"
         )
+    require_replayable_kind(step)
     if step.kv.mode == KVMode.RECOMPUTE.value:
         require_recomputable(name, step)
     require_drafting_known(name, content, step, options.engine_overrides)
@@ -216,9 +224,10 @@ class StepRun:
     captured_layers: dict[str, Any] = field(default_factory=dict)
 
 
-def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOptions) -> StepRun:
-    """Run the step through the engine's runner, compare it with the recording, and time on the
-    way (`on_forward`) the modes that run on this engine."""
+def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOptions,
+                    lora_paths: dict[int, str]) -> StepRun:
+    """Run the step through the engine's runner (its LoRA adapters from `lora_paths`), compare it
+    with the recording, and time on the way (`on_forward`) the modes that run on this engine."""
     step = opened.step
     requested = [engine.reference_mode] if options.modes == "reference" else opened.explicit_modes
     # Graph modes need an engine of their own (vLLM's graphs off, or tracekit's piecewise
@@ -242,7 +251,7 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
                 ran.measured[mode] = measure(mode, handle, step, options.iters, options.samples, options.warmup_s,
                                              trace_to=trace_path(options.profile_prefix, mode))
 
-    driver = engine.driver(step)
+    driver = engine.driver(step, lora_paths)
     try:
         if step.error is not None:
             ran.checks = [_replay_failing_step(driver)]
@@ -273,8 +282,8 @@ def _replay_failing_step(driver: StepDriver) -> CheckedItem:
 # -- time ------------------------------------------------------------------------------------------------------
 
 
-def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[str],
-                        options: ReplayOptions) -> dict[str, dict[str, Any]]:
+def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[str], options: ReplayOptions,
+                        lora_paths: dict[int, str]) -> dict[str, dict[str, Any]]:
     """Time the modes that need an engine of their own, one after the other; the replay engine
     is released first (its engine arguments, read back, rebuild each)."""
     engine_args, has_graphs = engine.engine_args(), engine.has_graphs
@@ -282,7 +291,7 @@ def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[st
     return {
         mode: measure_in_own_engine(mode, opened.content.engine, engine_args, opened.step, options.iters,
                                     options.samples, options.warmup_s, trace_path(options.profile_prefix, mode),
-                                    has_graphs=has_graphs)
+                                    has_graphs=has_graphs, lora_paths=lora_paths)
         for mode in modes
     }
 

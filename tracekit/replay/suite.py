@@ -22,6 +22,7 @@ from tracekit.bundles import unique_names
 from tracekit.errors import (
     EXIT_BAD_INPUT,
     EXIT_CANNOT_RUN_HERE,
+    EXIT_NOT_REPLAYABLE_YET,
     EXIT_NOT_REPRODUCED,
     EXIT_OK,
     EXIT_REPLAY_FAILED,
@@ -31,14 +32,23 @@ from tracekit.errors import (
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, KernelChoice
 from tracekit.graphs.kernel_choices import merged_if_consistent
-from tracekit.integrations.vllm.replay_engine import EngineNeeds, engine_key, needs_of, release_llm, union_of
+from tracekit.integrations.vllm.replay_engine import (
+    EngineNeeds,
+    engine_key,
+    needs_of,
+    release_llm,
+    require_replayable_kind,
+    union_of,
+)
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
 
 # Worst last. A divergence is the finding a suite exists for, so it wins over everything; a
 # replay that crashed (the step's fate is unknown) next; a bad bundle or argument (the suite
-# itself needs fixing) over a bundle this machine cannot run.
-EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED, EXIT_NOT_REPRODUCED)
+# itself needs fixing) next; then a step no machine can replay with this tracekit (a gap in what
+# the suite checks), over a bundle only this machine cannot run.
+EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPLAYABLE_YET, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED,
+                 EXIT_NOT_REPRODUCED)
 
 
 def verdict_of(result: ReplayResult) -> str:
@@ -142,9 +152,16 @@ def run_suite(
                                        error="holds no recorded step"))
             on_done(records[-1])
             continue
+        step = next((s for s in content.steps if replay_options.get("step") in (None, s.index)), None)
+        try:
+            if step is not None:
+                require_replayable_kind(step)
+        except TracekitError as error:  # no engine needed to say so
+            records.append(_error_record(bundle, names[bundle], error))
+            on_done(records[-1])
+            continue
         key = _engine_with_kernels(engine_key(content), content.engine.kernel_choices, choices)
         groups.setdefault(key, []).append(bundle)
-        step = next((s for s in content.steps if replay_options.get("step") in (None, s.index)), None)
         if step is not None:  # a bundle without the step is refused by its replay
             needs.setdefault(key, []).append(needs_of(step, replay_options.get("modes")))
     queue = [bundle for group in groups.values() for bundle in group]

@@ -48,7 +48,7 @@ def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, sample
 
 def measure_in_own_engine(
     mode: str, engine: EngineConfig, engine_args: dict[str, Any], recorded: Step, iters: int, samples: int,
-    warmup_s: float, trace_to: Path | None = None, has_graphs: bool = True,
+    warmup_s: float, trace_to: Path | None = None, has_graphs: bool = True, lora_paths: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
     "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
@@ -84,7 +84,7 @@ def measure_in_own_engine(
                     "pieces_compiled_with": "inductor", "pieces_captured": has_graphs, **probed.to_plain(),
                 }
 
-        own.driver(recorded).run(time_it)
+        own.driver(recorded, lora_paths).run(time_it)
     finally:
         own.release()
     return report

@@ -23,7 +23,8 @@ from tracekit.numerics import within_platform_bound
 from tracekit.replay.checks import ERROR_ITEM, CheckedItem
 from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
-__all__ = ["NOT_REPLAYED", "Verdict", "VerdictName", "decide", "describe_differing_row", "near_tie_summary"]
+__all__ = ["NOT_REPLAYED", "Verdict", "VerdictName", "decide", "describe_differing_row", "describe_mask_row",
+           "near_tie_summary"]
 
 
 @dataclass
@@ -161,6 +162,16 @@ def describe_differing_row(row: dict[str, Any]) -> str:
     return (
         f"request {row['req_id']}: sampled ids differ, recorded top-2 logit margin "
         f"{row['top2_margin']:.3g} vs logits moved up to {row['logits_max_abs_here']:.3g} here: {kind}"
+    )
+
+
+def describe_mask_row(row: dict[str, Any]) -> str:
+    """One logits row whose grammar mask differs (a row of `checks._grammar_item`), in words."""
+    where = "its sampled token" if row["position"] == 0 else f"draft {row['position']}"
+    return (
+        f"grammar mask row {row['row']} (request {row['req_id']}, {where}): "
+        f"{row['allowed_only_recorded']} token(s) allowed only in the recording {row['tokens_only_recorded']}, "
+        f"{row['allowed_only_here']} only here {row['tokens_only_here']}"
     )
 
 

@@ -6,12 +6,19 @@ parent process, which never imports torch (`cli/isolation.py`), can name a crash
 
 from enum import Enum
 
-from tracekit.errors import EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_REPLAY_FAILED
+from tracekit.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_RUN_HERE,
+    EXIT_NOT_REPLAYABLE_YET,
+    EXIT_NOT_REPRODUCED,
+    EXIT_OK,
+    EXIT_REPLAY_FAILED,
+)
 
 
 class VerdictName(str, Enum):
     """Every verdict a bundle can get: the six of a replayed step, the five only a replay under
-    another vLLM release than the recording's gives, and the four of a step that did not replay."""
+    another vLLM release than the recording's gives, and the five of a step that did not replay."""
 
     BIT_EXACT = "bit_exact"
     WITHIN_TOLERANCE = "within_tolerance"
@@ -28,6 +35,8 @@ class VerdictName(str, Enum):
     NONFINITE_APPEARED = "nonfinite_appeared"
     BAD_INPUT = "bad_input"
     CANNOT_RUN_HERE = "cannot_run_here"
+    # the step used something tracekit records but cannot replay yet (exit 5): no machine can
+    CANNOT_REPLAY_YET = "cannot_replay_yet"
     CRASHED = "crashed"  # the replay itself failed (exit 4)
     NO_STEP = "no_step"  # a bundle holding no recorded step: nothing to replay
 
@@ -45,11 +54,13 @@ _EXIT_CODES = {
     VerdictName.NONFINITE_APPEARED: EXIT_NOT_REPRODUCED,
     VerdictName.BAD_INPUT: EXIT_BAD_INPUT,
     VerdictName.CANNOT_RUN_HERE: EXIT_CANNOT_RUN_HERE,
+    VerdictName.CANNOT_REPLAY_YET: EXIT_NOT_REPLAYABLE_YET,
     VerdictName.CRASHED: EXIT_REPLAY_FAILED,
 }
 # The verdict of a bundle that did not replay, by the exit code of what stopped it.
 NOT_REPLAYED = {
     EXIT_BAD_INPUT: VerdictName.BAD_INPUT,
     EXIT_CANNOT_RUN_HERE: VerdictName.CANNOT_RUN_HERE,
+    EXIT_NOT_REPLAYABLE_YET: VerdictName.CANNOT_REPLAY_YET,
     EXIT_REPLAY_FAILED: VerdictName.CRASHED,
 }

@@ -153,12 +153,14 @@ def rebuilt_steps(steps: list[WindowStep], from_step: int | None) -> set[int]:
 
 def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first: Step, from_step: int | None,
                tolerance: float, strict: bool, differences: list[dict[str, Any]], overrides: dict[str, Any],
-               until: int | None = None, keep_kv_read: bool = False) -> WindowReplayResult:
+               until: int | None = None, keep_kv_read: bool = False,
+               lora_paths: dict[int, str] | None = None) -> WindowReplayResult:
     """Run the window's steps on the engine (from the first, rebuilding at `from_step`, up to
-    `until`) and check each against the recording (`keep_kv_read`: see `WindowReplayResult.kv_read`)."""
+    `until`) and check each against the recording (`keep_kv_read`: see `WindowReplayResult.kv_read`;
+    `lora_paths`: where the first step's LoRA adapters are here, by int id)."""
     rebuild = rebuilt_steps(steps, from_step)
     try:
-        run = engine.window_driver(steps, first.window, rebuild, until, keep_kv_read).run()
+        run = engine.window_driver(steps, first.window, rebuild, until, keep_kv_read, lora_paths).run()
     finally:
         engine.forget_cached_prefixes()
     results, not_run = [], []

@@ -23,6 +23,7 @@ baseline and that variant again capturing every module's output and names the fi
 rows for the moved request differ.
 """
 
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -239,15 +240,10 @@ def logits_rows(observed: ObservedStep, step: Step) -> dict[str, int]:
     rows = 0 if observed.logits is None else int(observed.logits.shape[0])
     if rows == len(observed.batch_order):
         return {req_id: row for row, req_id in enumerate(observed.batch_order)}
-    sampling = [req_id for req_id in observed.batch_order if _samples(step.request(req_id))]
+    sampling = [req_id for req_id in observed.batch_order if step.request(req_id).samples]
     if rows == len(sampling):
         return {req_id: row for row, req_id in enumerate(sampling)}
     raise CannotRunHere(f"the replay produced {rows} logits row(s) for {len(observed.batch_order)} request(s)")
-
-
-def _samples(request: RequestState) -> bool:
-    end = request.num_computed_tokens + request.num_scheduled_tokens
-    return end >= len(request.prompt_token_ids) + len(request.output_token_ids)
 
 
 def _sampled(observed: ObservedStep) -> dict[str, list[int]]:
@@ -335,6 +331,7 @@ def check_invariance(
     """Replay the bundle's step and its variants of `kinds` (a tuple, or the `--variants` text)
     on one engine (built once, or `llm`)."""
     from tracekit.format.content import load_step
+    from tracekit.integrations.vllm.replay_engine import require_replayable_kind
     from tracekit.share.shrink_trials import EngineReplayer
 
     kinds = variant_kinds(kinds)
@@ -346,8 +343,15 @@ def check_invariance(
     if any(request.draft_token_ids for request in recorded.requests):
         raise UsageError(f"{bundle} holds a step that verifies draft tokens (speculative decoding): its variants are "
                          "not supported yet (a drafted request has a logits row per draft); pick a step without drafts")
+    require_replayable_kind(recorded)
+    with closing(EngineReplayer(content, llm, model, allow_weights_mismatch, recorded=recorded)) as replayer:
+        return _check_variants(bundle, kinds, content, recorded, replayer, on_variant)
+
+
+def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, recorded: Step, replayer: Any,
+                    on_variant: Callable[[VariantOutcome], None] | None) -> InvarianceReport:
+    """The baseline and every variant of `kinds`, run by `replayer`; the first broken variant's layer."""
     args = content.engine.engine_args
-    replayer = EngineReplayer(content, llm, model, allow_weights_mismatch)
     adapter = replayer.adapter()
     max_tokens = int(args.get("max_num_batched_tokens") or recorded.num_real_rows)
     thresholds = token_thresholds(recorded, adapter.compile_range_ends if adapter.compiled else [], max_tokens)

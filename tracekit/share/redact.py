@@ -121,6 +121,8 @@ def redact_step(step: Step) -> tuple[Step, RedactionRecord]:
     error = step.error and {key: renamed_in_text(value) if isinstance(value, str) else value
                             for key, value in step.error.items()}
     record.unknown_fields_removed.extend(f"steps[].{name}" for name in sorted(step.extras))
+    grammar = step.grammar and dataclasses.replace(
+        step.grammar, request_ids=[mapping.get(req_id, req_id) for req_id in step.grammar.request_ids], extras={})
     redacted = dataclasses.replace(
         step,
         trigger=renamed_in_text(step.trigger),
@@ -128,6 +130,8 @@ def redact_step(step: Step) -> tuple[Step, RedactionRecord]:
         batch_order=[names[req_id] for req_id in step.batch_order],
         requests=[new for _, new in pairs],
         error=error,
+        grammar=grammar,
+        features=_renamed_strings(step.features, mapping),
         extras={},
     )
     return redacted, record

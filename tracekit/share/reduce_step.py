@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import KVGroupSnapshot, KVSnapshot, RequestState, Step, StepTiming
+from tracekit.format.schema import GrammarRecord, KVGroupSnapshot, KVSnapshot, RequestState, Step, StepTiming
 from tracekit.integrations.vllm.runner_state import blocks_read_and_written
 from tracekit.integrations.vllm.step_records import rebuild_scheduler_output
 
@@ -77,7 +77,32 @@ def step_running(step: Step, pairs: list[tuple[RequestState, RequestState]], inp
         timing=StepTiming(),
         # what the drafter did after sampling is an output too
         spec_decode=dataclasses.replace(step.spec_decode, proposals=None, drafter_calls=[]) if step.spec_decode else None,
+        grammar=reduced_grammar(step.grammar, requests),
+        features=None if step.features is None else {
+            name: kept for name, req_ids in step.features.items()
+            if (kept := [req_id for req_id in req_ids if req_id in {request.req_id for request in requests}])
+        },
         extras=dict(step.extras),
+    )
+
+
+def reduced_grammar(grammar: GrammarRecord | None, requests: list[RequestState]) -> GrammarRecord | None:
+    """The grammar mask rows of the requests that still sample (a prefill chunk cut short samples
+    nothing: vLLM sends no mask for it); None where none is left."""
+    if grammar is None:
+        return None
+    sampling = {request.req_id for request in requests if request.samples}
+    kept = [index for index, req_id in enumerate(grammar.request_ids) if req_id in sampling]
+    if not kept:
+        return None
+    rows = [row for index in kept for row in grammar.rows_of(grammar.request_ids[index])]
+    acceptable = grammar.num_acceptable_drafts
+    return GrammarRecord(
+        request_ids=[grammar.request_ids[index] for index in kept],
+        rows_per_request=[grammar.rows_per_request[index] for index in kept],
+        bitmask=grammar.bitmask.index_select(0, torch.tensor(rows, dtype=torch.long)),
+        num_acceptable_drafts=[acceptable[index] for index in kept] if acceptable is not None else None,
+        extras=dict(grammar.extras),
     )
 
 

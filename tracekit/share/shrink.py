@@ -14,6 +14,7 @@ The result records where it came from (file name and sha256), the property and t
 
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -75,23 +76,26 @@ def shrink(
     """Cut the step down while `until` holds and write the result to `output`. Pass `llm` to
     replay on an engine you hold (it must be built for the bundle's engine arguments)."""
     from tracekit.format.content import load_step
+    from tracekit.integrations.vllm.replay_engine import require_replayable_kind
 
     started = time.perf_counter()
     console = console or Console(stderr=True, highlight=False)
     output = Path(output)
     require_parent(output)
     content, recorded = load_step(bundle, step)
+    require_replayable_kind(recorded)
     if recorded.window is not None:
         from tracekit.share.shrink_window import shrink_window
 
-        replayer = EngineReplayer(content, llm, model, allow_weights_mismatch)
-        return shrink_window(bundle, output, until, content=content, first=recorded, replayer=replayer, console=console)
+        with closing(EngineReplayer(content, llm, model, allow_weights_mismatch, recorded=recorded)) as replayer:
+            return shrink_window(bundle, output, until, content=content, first=recorded, replayer=replayer,
+                                 console=console)
     prop = parse_property(until, tolerance)
     prop.check_bundle(recorded)
     original = scheduled_tokens(recorded)
-    with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir:
-        trials = _Trials(recorded, prop, EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir)),
-                         console)
+    with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir, \
+            closing(EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir), recorded)) as replayer:
+        trials = _Trials(recorded, prop, replayer, console)
         console.print(f"[bold]shrink[/bold] {bundle}: {len(original)} request(s), {sum(original.values())} "
                       f"token(s), until {until}", highlight=False)
         if not trials.holds(original):

@@ -92,9 +92,11 @@ class EngineReplayer(StepReplayer):
     `tracekit invariance`'s variants)."""
 
     def __init__(self, content: BundleContent, llm: Any, model: str | None, allow_weights_mismatch: bool,
-                 workdir: Path | None = None):
+                 workdir: Path | None = None, recorded: Step | None = None):
         self.content = content
         self.llm = llm
+        self.recorded = recorded  # the step the trials cut (its LoRA adapters are found with the engine)
+        self.adapters: Any = None  # where they are here (`LocatedAdapters`), once the engine is built
         self.model = model
         self.allow_weights_mismatch = allow_weights_mismatch
         self.workdir = workdir
@@ -106,15 +108,28 @@ class EngineReplayer(StepReplayer):
             EngineSpec,
             build_replay_engine,
             engine_of,
+            locate_lora_adapters,
             require_recorded_release_here,
         )
 
         content = self.content
+        if self.adapters is None and self.recorded is not None:
+            self.adapters = locate_lora_adapters(self.recorded, {}, self.allow_weights_mismatch)
         if self.llm is None:
             require_recorded_release_here(content)
             self.llm = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=self.model,
                                                       allow_weights_mismatch=self.allow_weights_mismatch)).llm
         return engine_of(self.llm, content.engine.runner)
+
+    @property
+    def lora_paths(self) -> dict[int, str] | None:
+        """Where the recorded step's LoRA adapters are here, by int id (None: not looked for)."""
+        return self.adapters.paths if self.adapters is not None else None
+
+    def close(self) -> None:
+        """Remove what was written to find the LoRA adapters (the engine stays: `llm`)."""
+        if self.adapters is not None:
+            self.adapters.close()
 
     def adapter(self) -> Any:
         return self.engine().adapter
@@ -122,7 +137,7 @@ class EngineReplayer(StepReplayer):
     def run(self, step: Step, on_forward: Any) -> Any:
         engine = self.engine()
         try:
-            return engine.driver(step).run(on_forward)
+            return engine.driver(step, self.lora_paths).run(on_forward)
         finally:
             engine.forget_cached_prefixes()
 

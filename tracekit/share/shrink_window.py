@@ -71,7 +71,7 @@ class _WindowTrials:
         engine = self.replayer.engine()
         self.replays += 1
         return run_window(engine, "candidate", expand_window(first, self.replayer.content), first, from_step, 0.0,
-                          False, [], {}, until=last, keep_kv_read=keep_kv_read)
+                          False, [], {}, until=last, keep_kv_read=keep_kv_read, lora_paths=self.replayer.lora_paths)
 
     def judge(self, result: Any, before: int | None = None) -> _Trial:
         """Whether the replay keeps the property: the steps before `before` (a rebuilt step) bit-exact,
@@ -203,8 +203,9 @@ def _drop_requests(trials: _WindowTrials, first: Step, requests: list[str]) -> t
     if trials.until == "diverges" and trials.target.split("/", 1)[1] not in FED_ITEMS:
         return first, (f"the window parts first at {trials.target}, which a smaller batch may change by itself "
                        "(float rounding, random draws): its requests are kept")
-    if any(carried.grammar_output is not None for carried in (first.window.steps if first.window else [])):
-        return first, "a step holds a grammar output (structured outputs): its requests are kept"
+    if first.grammar is not None or any(carried.grammar is not None
+                                        for carried in (first.window.steps if first.window else [])):
+        return first, "a step holds a grammar mask (structured outputs): its requests are kept"
     steps = expand_window(first, trials.replayer.content)
     judged: dict[tuple[str, ...], bool] = {}
 

@@ -17,7 +17,13 @@ the V2 GPU runner), so recording and replaying code talks to vLLM only through t
   serialize.py      vLLM objects <-> plain data, field by field, no pickle
   engine.py         building in-process engines (`build_llm`, the one place an LLM is made),
                     reaching their runner
-  weights.py        naming a model's weights by their bytes
+  weights.py        naming weights by their bytes: the model's, a LoRA adapter's
+  grammar.py        a step's structured-output grammar mask: vLLM's GrammarOutput as a record
+                    and back, and the mask as it reached the logits
+  lora_adapters.py  the LoRA adapters in a step's slots: read when recording, found, checked and
+                    put back into their slots when replaying
+  step_features.py  what a step used beyond tokens (grammar, LoRA, drafts, multimodal inputs,
+                    prompt embeddings), and what of it this tracekit cannot replay yet
   replay_engine.py  the one seam `tracekit.replay` reaches vLLM through: a replay engine (lean,
                     full, or one for a timing mode), its adapter, a step driver, machine checks
   lean_build.py     building a replay engine with only what its steps need

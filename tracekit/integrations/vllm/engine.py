@@ -115,18 +115,51 @@ def parse_engine_cli_args(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def generate(llm: Any, prompts: list[str | list[int]], sampling: list[dict[str, Any]]) -> list[Any]:
+def generate(llm: Any, prompts: list[str | list[int]], sampling: list[dict[str, Any]],
+             loras: list[dict[str, Any] | None] | None = None) -> list[Any]:
     """`llm.generate` of text prompts or token-id prompts with `SamplingParams` keyword values
-    (a bad sampling field is a usage error)."""
+    (`structured_outputs` as a map of `StructuredOutputsParams` fields: `{"json": {...}}`,
+    `{"choice": [...]}`, `{"regex": "..."}`) and, per request, a LoRA adapter (`{"name", "path"}`,
+    optionally `"id"`: the same name keeps one id). A bad field is a usage error."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import StructuredOutputsParams
 
     inputs = [TokensPrompt(prompt_token_ids=prompt) if isinstance(prompt, list) else prompt for prompt in prompts]
     try:
-        params = [SamplingParams(**fields) for fields in sampling]
+        params = []
+        for fields in sampling:
+            grammar = fields.get("structured_outputs")
+            if isinstance(grammar, dict):
+                fields = {**fields, "structured_outputs": StructuredOutputsParams(**grammar)}
+            params.append(SamplingParams(**fields))
     except (TypeError, ValueError) as error:
         raise UsageError(f"bad sampling parameters: {error}") from error
-    return llm.generate(inputs, params, use_tqdm=False)
+    return llm.generate(inputs, params, use_tqdm=False, lora_request=_lora_requests(loras or [None] * len(prompts)))
+
+
+# LoRA adapter name -> the id vLLM knows it by in this process (vLLM keys loaded adapters by id).
+_lora_ids: dict[str, int] = {}
+
+
+def _lora_requests(loras: list[dict[str, Any] | None]) -> list[Any] | None:
+    """vLLM's LoRARequest of each request's adapter (`{"name", "path", "id"?}`), None without one;
+    an adapter keeps one id in a process, however many calls name it."""
+    from vllm.lora.request import LoRARequest
+
+    if not any(loras):
+        return None
+    ids = _lora_ids
+    requests = []
+    for lora in loras:
+        if lora is None:
+            requests.append(None)
+            continue
+        if not (isinstance(lora, dict) and isinstance(lora.get("name"), str) and isinstance(lora.get("path"), str)):
+            raise UsageError(f"bad lora {lora!r}: give {{\"name\": ..., \"path\": ...}}")
+        int_id = ids.setdefault(lora["name"], int(lora.get("id") or len(ids) + 1))
+        requests.append(LoRARequest(lora_name=lora["name"], lora_int_id=int_id, lora_path=lora["path"]))
+    return requests
 
 
 def adapter_of(llm: Any) -> Any:

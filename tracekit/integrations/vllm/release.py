@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from tracekit.errors import CannotRunHere, UsageError
-from tracekit.format.schema import EngineConfig, ModelInfo, RequestState, Step
+from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, RequestState, Step
 from tracekit.integrations.seam import RUNNER_KINDS, RunnerKind
-from tracekit.integrations.vllm import serialize
+from tracekit.integrations.vllm import grammar, serialize
 from tracekit.integrations.vllm.weights import weights_fingerprint
 
 
@@ -73,6 +73,11 @@ class Release:
         "architectures", "mode", "cudagraph_mode", "compile_or_warm_up_model", "model_runner", "get_output",
         "sampled_token_ids", "make_empty", "finished_req_ids", "scheduled_spec_decode_tokens", "mm_features",
         "lora_request", "prompt_embeds", "num_common_prefix_blocks", "capture_model", "compile_ranges_endpoints",
+        "structured_output_request_ids", "grammar_bitmask", "num_acceptable_drafts", "lora_config",
+        "lora_manager", "_adapter_manager", "lora_index_to_id", "lora_name", "lora_int_id", "lora_path",
+        "remove_all_adapters", "add_adapter", "add_dummy_lora", "dummy_lora_cache", "activate_adapter",
+        "remove_adapter", "max_lora_rank", "speculative_config", "is_multimodal_model", "enable_prompt_embeds",
+        "runner_type", "pooling_params", "structured_outputs",
     })
 
     def __init__(self, version: str):
@@ -175,17 +180,32 @@ class Release:
         output.get_output = get_output
         return output
 
+    # -- structured outputs ------------------------------------------------------------------
+
+    def grammar_record(self, grammar_output: Any, scheduler_output: Any) -> GrammarRecord:
+        """The grammar `sample_tokens` received, as a record (its bitmask copied to host)."""
+        return grammar.grammar_record(grammar_output, scheduler_output)
+
+    def grammar_output(self, record: GrammarRecord | None) -> Any:
+        """The `GrammarOutput` a replay hands `sample_tokens` (None: the step had no grammar)."""
+        if record is None:
+            return None
+        from vllm.v1.core.sched.output import GrammarOutput
+
+        return grammar.grammar_output(record, GrammarOutput)
+
     # -- vLLM objects <-> plain data ---------------------------------------------------------
 
     def allowed_types(self) -> dict[str, type]:
         from vllm.forward_context import BatchDescriptor
+        from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams, StructuredOutputsParams
         from vllm.v1.core.sched import output
 
         classes = [
             output.SchedulerOutput, output.NewRequestData, output.CachedRequestData,
             output.ScheduledEncoderInputStats, output.GrammarOutput, SamplingParams,
-            StructuredOutputsParams, BatchDescriptor,
+            StructuredOutputsParams, BatchDescriptor, LoRARequest,  # a new request's adapter (a window's later step)
         ]
         return {cls.__name__: cls for cls in classes}
 
@@ -252,12 +272,15 @@ class Release:
 
     # -- the scheduler outputs a replay hands the runner -------------------------------------
 
-    def new_request(self, request: RequestState) -> Any:
+    def new_request(self, request: RequestState, loras: dict[str, Any]) -> Any:
         """A recorded request as new: its prompt, computed tokens and block ids, with prompt and
         outputs in `prefill_token_ids` (Model Runner V2 reads them; V1 gets its outputs back
-        through its adapter)."""
+        through its adapter), and its LoRA adapter's request from `loras` (by adapter name)."""
         from vllm.v1.core.sched.output import NewRequestData
 
+        if request.lora_adapter is not None and request.lora_adapter not in loras:
+            raise CannotRunHere(f"request {request.req_id} ran with LoRA adapter {request.lora_adapter!r}, "
+                                "which the replay has not located")
         return NewRequestData(
             req_id=request.req_id,
             prompt_token_ids=list(request.prompt_token_ids),
@@ -266,7 +289,7 @@ class Release:
             pooling_params=None,
             block_ids=tuple(list(ids) for ids in request.block_ids),
             num_computed_tokens=request.num_computed_tokens,
-            lora_request=None,
+            lora_request=loras.get(request.lora_adapter) if request.lora_adapter is not None else None,
             prefill_token_ids=[*request.prompt_token_ids, *request.output_token_ids],
         )
 
@@ -275,15 +298,17 @@ class Release:
 
         return SchedulerOutput(**fields)
 
-    def new_requests_output(self, step: Step, held: list[RequestState] = ()) -> Any:
+    def new_requests_output(self, step: Step, held: list[RequestState] = (), loras: dict[str, Any] | None = None) -> Any:
         """The step's requests, all new, scheduled in the recorded batch order; `held` new too,
         but not scheduled (requests the runner holds outside the batch: Model Runner V2 adds
-        every new request and runs those it schedules)."""
+        every new request and runs those it schedules). `loras`: the LoRARequest of each adapter
+        the requests name."""
         from vllm.v1.core.sched.output import CachedRequestData
 
         scheduled = {req_id: step.request(req_id).num_scheduled_tokens for req_id in step.batch_order}
         output = self.scheduler_output(
-            scheduled_new_reqs=[self.new_request(request) for request in [*map(step.request, step.batch_order), *held]],
+            scheduled_new_reqs=[self.new_request(request, loras or {})
+                                for request in [*map(step.request, step.batch_order), *held]],
             scheduled_cached_reqs=CachedRequestData.make_empty(),
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
@@ -317,14 +342,6 @@ class Release:
         finish.finished_req_ids = set(req_ids)
         return finish
 
-    def unsupported_in(self, step: Step) -> str | None:
-        """What in a recorded step this tracekit cannot replay yet, in words (None: nothing)."""
-        plain = step.scheduler_output
-        for request in plain.get("scheduled_new_reqs", []):
-            if request.get("mm_features") or request.get("lora_request") or request.get("prompt_embeds") is not None:
-                return "multimodal, LoRA or prompt-embeds requests"
-        return None
-
     # -- engine settings ---------------------------------------------------------------------
 
     def engine_args_from_config(self, vllm_config: Any) -> dict[str, Any]:
@@ -340,6 +357,10 @@ class Release:
                if hasattr(compilation, name)},
         }
         args["speculative_config"] = self.speculative_settings(vllm_config)
+        if getattr(vllm_config, "lora_config", None) is not None:  # the LoRA settings above only with it
+            args["enable_lora"] = True
+            if args.get("lora_dtype") == args.get("dtype"):  # what "auto" resolved to (and the only way to say float32)
+                args["lora_dtype"] = "auto"
         return {name: value for name, value in args.items() if value is not None}
 
     def speculative_settings(self, vllm_config: Any) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError
+from tracekit.errors import BundleError, CannotRunHere, NotReplayableYet, TracekitError, UsageError
 from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step, StepWindow
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import default_device
@@ -34,10 +34,14 @@ from tracekit.integrations.vllm.engine import (
     forget_cached_prefixes,
     release_llm,
 )
+from tracekit.integrations.vllm.grammar import unpack_mask
 from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager_forward
 from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
+from tracekit.integrations.vllm.lora_adapters import LocatedAdapters, locate
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
+from tracekit.integrations.vllm.step_features import not_replayable_reason
+from tracekit.integrations.vllm.step_records import logits_rows
 from tracekit.integrations.vllm.version import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.weights import weights_fingerprint
 from tracekit.integrations.vllm.window_driver import WindowDriver, WindowRun
@@ -45,10 +49,11 @@ from tracekit.integrations.vllm.window_records import WindowStep, window_steps
 from tracekit.models import tiny_model_path
 
 __all__ = [
-    "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "ReplayEngine", "StepDriver", "WindowRun",
-    "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window", "needs_of", "release_llm",
-    "replay_engine_args", "require_drafting_known", "require_layout_buildable", "require_recomputable",
-    "require_recorded_release_here", "require_replayable_here", "union_of", "worker_adapter", "worker_error",
+    "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "LocatedAdapters", "ReplayEngine", "StepDriver",
+    "WindowRun", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
+    "locate_lora_adapters", "logits_rows", "needs_of", "release_llm", "replay_engine_args", "require_drafting_known",
+    "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
+    "require_replayable_kind", "union_of", "unpack_mask", "worker_adapter", "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
@@ -62,6 +67,20 @@ _SPECULATIVE_ARG = "speculative_config"
 
 
 # -- before any engine: is the bundle one vLLM here can replay --------------------------------------
+
+
+def require_replayable_kind(step: Step) -> None:
+    """Refuse (exit 5) a step that used what this tracekit records but cannot replay yet: replayed
+    without it, it would be another step (`step_features`)."""
+    reason = not_replayable_reason(step)
+    if reason is not None:
+        raise NotReplayableYet(reason)
+
+
+def locate_lora_adapters(step: Step, given: Mapping[str, str], allow_mismatch: bool) -> LocatedAdapters:
+    """Find the LoRA adapters the step's slots held, on this machine (exit 3 where one is not
+    found or not the recorded one): kept files written to a folder the result removes on close."""
+    return locate(step, dict(given), allow_mismatch)
 
 
 def require_recomputable(bundle: str | Path, step: Step) -> None:
@@ -342,17 +361,19 @@ class ReplayEngine:
                     "record with compilation enabled to time it compiled")
         return None
 
-    def driver(self, step: Step) -> StepDriver:
-        """A driver of `step` through this engine's runner (refused where the step does not fit it)."""
-        return StepDriver(self.adapter, step)
+    def driver(self, step: Step, lora_paths: dict[int, str] | None = None) -> StepDriver:
+        """A driver of `step` through this engine's runner (refused where the step does not fit
+        it); `lora_paths`: where its LoRA adapters are here (`locate_lora_adapters`)."""
+        return StepDriver(self.adapter, step, lora_paths)
 
     def window_driver(self, steps: list[WindowStep], window: StepWindow | None, rebuild: set[int] = frozenset(),
-                      until: int | None = None, keep_kv_read: bool = False) -> WindowDriver:
+                      until: int | None = None, keep_kv_read: bool = False,
+                      lora_paths: dict[int, str] | None = None) -> WindowDriver:
         """A driver of a window's steps (`expand_window`) through this engine's runner, the runner
         carrying its state from step to step except where a step in `rebuild` is rebuilt; the
         steps after `until` are not run; `keep_kv_read`: a rebuilt step's KV blocks are copied as
-        its forward reads them."""
-        return WindowDriver(self.adapter, steps, window, rebuild, until, keep_kv_read)
+        its forward reads them; `lora_paths`: where the first step's LoRA adapters are here."""
+        return WindowDriver(self.adapter, steps, window, rebuild, until, keep_kv_read, lora_paths)
 
     def capture_layers(self, handle: ForwardHandle) -> LayerCapture:
         """Every watched layer's output of one eager run of the step's forward."""

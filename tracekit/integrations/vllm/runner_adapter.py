@@ -18,7 +18,7 @@ requests are added.
 
 from collections.abc import Container
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -26,7 +26,9 @@ import torch
 from tracekit.format.schema import (
     EngineConfig,
     Environment,
+    GrammarRecord,
     GraphDispatch,
+    LoRAAdapter,
     ParallelRank,
     RequestState,
     SpecDecodeRecord,
@@ -35,7 +37,9 @@ from tracekit.format.schema import (
 from tracekit.graphs.device import DeviceBackend, get_device_backend
 from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.lora_adapters import lora_request, resident_adapters, restore_slots, slot_table
 from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
+from tracekit.integrations.vllm.step_features import not_replayable_in
 from tracekit.integrations.vllm.step_shadows import StepShadows
 
 # (object, {method name: wrapper factory}) pairs, shadowed together for a session.
@@ -58,6 +62,7 @@ class StepMark:
     positions: torch.Tensor | None
     rng: dict[str, torch.Tensor]
     kept: Any  # what the runner kind needs to read its requests back (`kind_mark`)
+    lora_slots: list[int | None] = field(default_factory=list)  # the adapter id in each LoRA slot
 
 
 class RunnerAdapter:
@@ -80,6 +85,7 @@ class RunnerAdapter:
     def __init__(self, runner: Any, release: Any):
         self.runner = runner
         self.release = release
+        self.lora_requests: dict[int, Any] = {}  # int id -> the LoRARequest last seen with it
 
     # -- per runner kind ---------------------------------------------------------------------
 
@@ -98,6 +104,11 @@ class RunnerAdapter:
     def kind_shadows(self, observer: StepObserver) -> Shadows:
         """Extra shadows this runner kind needs while observed (may be none)."""
         return []
+
+    def grammar_shadows(self, applied: Callable[[torch.Tensor], None]) -> Shadows:
+        """Shadows that call `applied(logits)` where this runner kind has masked the logits with
+        the step's grammar and is about to sample from them."""
+        raise NotImplementedError
 
     def replay_shadows(self, step: Step, held: list[RequestState] = ()) -> Shadows:
         """Shadows that put back what this runner keeps per request, as the step's requests (and
@@ -139,7 +150,11 @@ class RunnerAdapter:
         raise NotImplementedError
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
-        """Remember what the runner forgets about new requests (nothing, for most kinds)."""
+        """Remember what the runner forgets about new requests: the LoRA adapters they named (the
+        slots keep only ids), and whatever else the runner kind forgets."""
+        for request in scheduler_output.scheduled_new_reqs:
+            if request.lora_request is not None:
+                self.lora_requests[request.lora_request.lora_int_id] = request.lora_request
 
     def batch_facts(self, scheduler_output: Any) -> BatchFacts:
         raise NotImplementedError
@@ -184,13 +199,29 @@ class RunnerAdapter:
         """The marked step's requests, in batch order."""
         raise NotImplementedError
 
+    def request_objects(self, mark: StepMark) -> list[tuple[str, Any]]:
+        """Each request of the marked step with the vLLM object that describes it (what it was
+        brought with: prompt embeds, multimodal features, LoRA, pooling), None where the runner
+        keeps none; batch order."""
+        raise NotImplementedError
+
     def preempted(self, scheduler_output: Any) -> frozenset[str]:
         """The requests a scheduler output preempts (their KV blocks may go to other requests)."""
         return frozenset(getattr(scheduler_output, "preempted_req_ids", None) or ())
 
     def mark(self, scheduler_output: Any, input_ids: torch.Tensor | None, positions: torch.Tensor | None) -> StepMark:
         """The step about to run its forward, kept cheaply (see `StepMark`)."""
-        return StepMark(scheduler_output, input_ids, positions, self.rng_states(), self.kind_mark(scheduler_output))
+        return StepMark(scheduler_output, input_ids, positions, self.rng_states(), self.kind_mark(scheduler_output),
+                        slot_table(self.runner))
+
+    def lora_adapters(self, mark: StepMark) -> list[LoRAAdapter]:
+        """The adapters in the LoRA slots when the marked step ran (their files are read later)."""
+        known = dict(self.lora_requests)
+        for _, request in self.request_objects(mark):
+            lora_request = getattr(request, "lora_request", None)
+            if lora_request is not None:
+                known[lora_request.lora_int_id] = lora_request
+        return resident_adapters(mark.lora_slots, known)
 
     # -- the step, observed ------------------------------------------------------------------
 
@@ -204,6 +235,7 @@ class RunnerAdapter:
                            self.bookkeeping_method: step.bookkeeping}),
             (self.runner.model, {"compute_logits": step.compute_logits}),
             *self.kind_shadows(observer),
+            *self.grammar_shadows(step.grammar_applied),
         ]
         contexts = self.model_call_shadows(step.model_call)
         drafter = self.drafter_model()
@@ -220,10 +252,21 @@ class RunnerAdapter:
         """While the runner adds the step's requests (and `held`), put back what it keeps per request."""
         return _entered(self.replay_shadows(step, held))
 
-    def scheduler_output_for(self, step: Step, held: list[RequestState] = ()) -> Any:
+    def scheduler_output_for(self, step: Step, held: list[RequestState] = (),
+                             loras: dict[str, Any] | None = None) -> Any:
         """A `SchedulerOutput` in which every recorded request of the step is new, and `held`,
-        requests the runner holds outside the batch, are added without being scheduled."""
-        return self.release.new_requests_output(step, held)
+        requests the runner holds outside the batch, are added without being scheduled
+        (`loras`: the LoRARequest of each adapter their requests name, `lora_requests_for`)."""
+        return self.release.new_requests_output(step, held, loras)
+
+    def lora_requests_for(self, adapters: list[LoRAAdapter], paths: dict[int, str]) -> dict[str, Any]:
+        """The LoRARequest of each located adapter, by name, as the replayed requests name them."""
+        return {adapter.name: lora_request(adapter, paths[adapter.int_id]) for adapter in adapters
+                if adapter.int_id in paths}
+
+    def restore_lora_slots(self, adapters: list[LoRAAdapter], paths: dict[int, str]) -> None:
+        """Load the recorded adapters into the recorded LoRA slots (`lora_adapters.restore_slots`)."""
+        restore_slots(self.runner, adapters, paths)
 
     def forget_previous_step(self) -> None:
         """Drop what the runner keeps of its last step for the next (where it keeps anything
@@ -233,15 +276,15 @@ class RunnerAdapter:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
         return self.release.finishing_output(req_ids)
 
-    def execute_and_sample(self, scheduler_output: Any) -> list[str]:
-        """Run a step's two halves (the observer takes the logits and sampled ids); returns the
-        batch order the runner ran."""
+    def execute_and_sample(self, scheduler_output: Any, grammar: GrammarRecord | None = None) -> list[str]:
+        """Run a step's two halves, sampling under `grammar`'s mask if given (the observer takes
+        the logits and sampled ids); returns the batch order the runner ran."""
         runner = self.runner
         try:
             if runner.execute_model(scheduler_output) is not None:
                 raise RuntimeError("the runner produced no forward for the recorded step")
             batch_order = self.batch_order_after_execute()
-            output = runner.sample_tokens(None)
+            output = runner.sample_tokens(self.release.grammar_output(grammar))
             if hasattr(output, "get_output"):  # async: the observer's receiver runs when it is read
                 output.get_output()
         finally:
@@ -347,6 +390,10 @@ class RunnerAdapter:
         from tracekit.integrations.vllm import ranks
 
         return ranks.rank_of(self.runner, set_id)
+
+    def kinds_not_replayable(self) -> list[str]:
+        """What this engine's steps may hold that tracekit records but cannot replay yet, in words."""
+        return not_replayable_in(self.runner.vllm_config)
 
     def engine_args(self) -> dict[str, Any]:
         """The engine arguments that rebuild an engine whose forward matches this one's."""

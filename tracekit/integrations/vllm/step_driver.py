@@ -26,7 +26,7 @@ from tracekit.errors import CannotRunHere
 from tracekit.format.schema import KVMode, Step
 from tracekit.graphs.modes import ReplayMode
 from tracekit.integrations.seam import ObservedStep, Phase
-from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm import grammar, runner_state, spec_decode
 from tracekit.integrations.vllm.runner_state import hidden_states_of
 
 
@@ -134,6 +134,13 @@ class ReplayObserver:
         if self.observed.logits is None and logits is not None:
             self.observed.logits = _to_host(logits)
 
+    def grammar_received(self, read: Callable[[], Any]) -> None:
+        pass  # the driver handed it over: the recorded one
+
+    def grammar_applied(self, logits: Any) -> None:
+        if self.observed.grammar_bitmask is None:
+            self.observed.grammar_bitmask = _to_host(grammar.applied_mask(logits))
+
     def phase_entered(self, phase: Phase) -> None:
         pass
 
@@ -146,7 +153,7 @@ class ReplayObserver:
     def idle_step(self, scheduler_output: Any) -> None:
         pass
 
-    def sampling(self, grammar_output: Any) -> None:
+    def sampling(self) -> None:
         pass
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
@@ -182,7 +189,7 @@ def unknown_tokens_to_recompute(step: Step) -> int:
     return unknown
 
 
-def recompute_kv(adapter: Any, step: Step) -> None:
+def recompute_kv(adapter: Any, step: Step, loras: dict[str, Any]) -> None:
     """Rebuild the KV blocks `step` reads by prefilling, through the runner, each request's
     recorded tokens before the step (`[0, num_computed_tokens)`) into its recorded block ids: a
     `--kv recompute` bundle saved none (its device context was lost when it was recorded). Each
@@ -201,20 +208,22 @@ def recompute_kv(adapter: Any, step: Step) -> None:
             )
             prefill = dataclasses.replace(step, requests=[piece], batch_order=[request.req_id])
             try:
-                adapter.execute_and_sample(adapter.scheduler_output_for(prefill))
+                adapter.execute_and_sample(adapter.scheduler_output_for(prefill, loras=loras))
             finally:
                 adapter.finish([request.req_id])
 
 
 class StepDriver:
-    def __init__(self, adapter: Any, step: Step):
-        reason = adapter.release.unsupported_in(step)
-        if reason is not None:
-            raise CannotRunHere(f"replaying {reason} is not supported yet: record a step without them")
+    """Runs one recorded step through a runner (`lora_paths`: where each of its LoRA adapters is
+    here, by int id; `lora_adapters.locate`)."""
+
+    def __init__(self, adapter: Any, step: Step, lora_paths: dict[int, str] | None = None):
         self.adapter = adapter
         self.runner = adapter.runner
         self.step = step
         spec_decode.fill_drafts_from_inputs(step)
+        self.lora_paths = dict(lora_paths or {})
+        self.loras = adapter.lora_requests_for(step.lora_adapters, self.lora_paths)
         self.groups = adapter.kv_groups()
         if len(self.groups) != len(step.kv.groups):
             raise CannotRunHere(
@@ -231,14 +240,17 @@ class StepDriver:
 
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
         observed = ObservedStep()
-        adapter = self.adapter
-        if self.step.kv.mode == KVMode.RECOMPUTE.value:
+        adapter, step = self.adapter, self.step
+        if step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
-                recompute_kv(adapter, self.step)
+                adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
+                recompute_kv(adapter, step, self.loras)
+        adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
         model_call = self.model_call(observed, on_forward)
-        with torch.inference_mode(), adapter.replaying(self.step), adapter.observe(ReplayObserver(observed), model_call):
+        with torch.inference_mode(), adapter.replaying(step), adapter.observe(ReplayObserver(observed), model_call):
             try:
-                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(self.step))
+                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(step, loras=self.loras),
+                                                                  step.grammar)
             finally:
                 adapter.finish(list(self.step.batch_order))
         return observed

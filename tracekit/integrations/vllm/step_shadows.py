@@ -22,6 +22,8 @@ class StepShadows:
         self.observer = observer
         self.replay_call = replay_call  # takes the place of every model call (a replay)
         self.logits_pending = False  # the next compute_logits of the step is its sampling logits
+        self.grammar_pending = False  # sample_tokens received a grammar mask for this step
+        self.scheduler_output: Any = None  # of the step in progress
 
     def execute_model(self, original: Callable) -> Callable:
         """A step starts (not a dummy run); a step that ends here (no `sample_tokens` follows)
@@ -34,6 +36,7 @@ class StepShadows:
                 return original(scheduler_output, *args, **kwargs)
             self.adapter.step_begins()
             self.logits_pending = True
+            self.scheduler_output = scheduler_output
             self.observer.step_started(scheduler_output)
             result = self._reporting_failures(original)(scheduler_output, *args, **kwargs)
             if self.observer.tracking and result is not None:
@@ -67,13 +70,18 @@ class StepShadows:
         return wrapper
 
     def sample_tokens(self, original: Callable) -> Callable:
-        """Sampling (and, with speculative decoding, the drafter), with the grammar output the engine
-        hands it; the observer may read the drafter's proposals now, and takes the sampled ids when
-        `sample_tokens`' output holds them."""
-        def wrapper(grammar_output: Any = None, *args: Any, **kwargs: Any) -> Any:
-            self.observer.sampling(grammar_output)
-            output = self._reporting_failures(original)(grammar_output, *args, **kwargs)
-            self.logits_pending = False
+        """Sampling (and, with speculative decoding, the drafter), with the grammar mask the scheduler
+        sent for it (structured outputs), which the observer gets first; the observer may read the
+        drafter's proposals now, and takes the sampled ids when `sample_tokens`' output holds them."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            grammar_output = args[0] if args else kwargs.get("grammar_output")
+            self.observer.sampling()
+            self.grammar_pending = grammar_output is not None
+            if self.grammar_pending and self.observer.tracking:
+                scheduler_output, release = self.scheduler_output, self.adapter.release
+                self.observer.grammar_received(lambda: release.grammar_record(grammar_output, scheduler_output))
+            output = self._reporting_failures(original)(*args, **kwargs)
+            self.logits_pending = self.grammar_pending = False
             if not self.observer.tracking:
                 return output
             self.observer.drafts_proposed(self.adapter.proposals)
@@ -91,6 +99,12 @@ class StepShadows:
             return output
 
         return wrapper
+
+    def grammar_applied(self, logits: Any) -> None:
+        """The runner masked the logits with this step's grammar; sampling reads them next (the
+        adapter calls this where its runner kind goes from the one to the other)."""
+        if self.grammar_pending and self.observer.tracking and logits is not None:
+            self.observer.grammar_applied(logits)
 
     def bookkeeping(self, original: Callable) -> Callable:
         """The runner updates its request states with the sampled ids."""

@@ -19,6 +19,7 @@ import torch
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind
 from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.lora_adapters import request_adapter_name
 from tracekit.integrations.vllm.method_patch import shadowed
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
 from tracekit.integrations.vllm.runner_state import PLACEHOLDER_TOKEN
@@ -49,12 +50,24 @@ class V1Adapter(RunnerAdapter):
         "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
         "dispatch", "num_tokens", "generators", "cudagraph_keys", "drafter", "_draft_token_ids", "_draft_probs",
         "_draft_prob_req_ids", "scheduled_spec_decode_tokens", "num_computed_tokens", "manual_seed", "seed",
-        "prev_sampled_token_ids", "prev_req_id_to_index",
+        "prev_sampled_token_ids", "prev_req_id_to_index", "_sample",
     }
 
     @classmethod
     def matches(cls, runner: Any) -> bool:
         return hasattr(runner, "input_batch") and hasattr(runner, "requests") and hasattr(type(runner), "_model_forward")
+
+    def grammar_shadows(self, applied: Callable[[torch.Tensor], None]) -> Shadows:
+        """`sample_tokens` masks the logits (`apply_grammar_bitmask`) and hands them straight to
+        `_sample`."""
+        def sample(original: Callable) -> Callable:
+            def wrapper(logits: Any, *args: Any, **kwargs: Any) -> Any:
+                applied(logits)
+                return original(logits, *args, **kwargs)
+
+            return wrapper
+
+        return [(self.runner, {"_sample": sample})]
 
     def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
         return [shadowed(self.runner, {"_model_forward": model_call})]
@@ -133,6 +146,9 @@ class V1Adapter(RunnerAdapter):
     def marked_req_ids(self, mark: StepMark) -> list[str]:
         return list(mark.kept.req_ids)
 
+    def request_objects(self, mark: StepMark) -> list[tuple[str, Any]]:
+        return list(zip(mark.kept.req_ids, mark.kept.states))
+
     def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
         """Per-request state in batch order, prompt and output tokens kept apart; an output
         still a placeholder (async scheduling) is taken from the input ids the forward reads."""
@@ -154,6 +170,7 @@ class V1Adapter(RunnerAdapter):
                     num_scheduled_tokens=int(scheduled[req_id]),
                     sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
                     runner_state=runner_states.get(req_id, {}),
+                    lora_adapter=request_adapter_name(state),
                 )
             )
         if spec_decode.speculative_config(self.runner) is not None:
@@ -218,16 +235,17 @@ class V1Adapter(RunnerAdapter):
                     keys.discard(key)
         return sorted(set(kept))
 
-    def scheduler_output_for(self, step: Step, held: list[RequestState] = ()) -> Any:
+    def scheduler_output_for(self, step: Step, held: list[RequestState] = (),
+                             loras: dict[str, Any] | None = None) -> Any:
         """The step's requests, all new; `held` (requests the runner holds outside the batch) go
         straight into the runner's request objects: V1 adds every new request of a scheduler
         output to its persistent batch, so the scheduler output cannot carry a request it does
-        not schedule."""
+        not schedule. `loras`: the LoRARequest of each adapter the requests name."""
         for request in held:
-            self.runner.requests[request.req_id] = self._request_object(request)
-        return self.release.new_requests_output(step)
+            self.runner.requests[request.req_id] = self._request_object(request, loras or {})
+        return self.release.new_requests_output(step, loras=loras)
 
-    def _request_object(self, request: RequestState) -> Any:
+    def _request_object(self, request: RequestState, loras: dict[str, Any]) -> Any:
         """A `CachedRequestState` holding a recorded request, built as the runner builds one for a
         new request (its generator seeded, then set to the recorded state)."""
         from vllm.v1.worker.gpu_input_batch import CachedRequestState
@@ -249,6 +267,7 @@ class V1Adapter(RunnerAdapter):
             block_ids=tuple(list(ids) for ids in request.block_ids),
             num_computed_tokens=request.num_computed_tokens,
             output_token_ids=list(request.output_token_ids),
+            lora_request=loras.get(request.lora_adapter) if request.lora_adapter is not None else None,
         )
 
     def forget_previous_step(self) -> None:

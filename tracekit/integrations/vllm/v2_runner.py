@@ -26,6 +26,7 @@ import torch
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
 from tracekit.integrations.vllm import runner_state, spec_decode
+from tracekit.integrations.vllm.lora_adapters import request_adapter_name
 from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
 
@@ -51,7 +52,8 @@ class V2Adapter(RunnerAdapter):
         "idx_mapping_np", "num_computed_tokens_np", "prefill_len_np", "num_reqs", "input_ids", "positions", "cg_mode",
         "scheduled_new_reqs", "preempted_req_ids", "finished_req_ids", "num_blocks", "gpu", "np", "copy_to_uva",
         "input_batch", "req_ids", "num_scheduled_tokens", "sampling_params", "add_request", "prepare_attn",
-        "cudagraph_runtime_mode", "batch_descriptor", "speculator", "draft_tokens", "draft_logits", "_capture_descs", "_candidates", "num_tokens",
+        "cudagraph_runtime_mode", "batch_descriptor", "speculator", "draft_tokens", "draft_logits", "_capture_descs",
+        "_candidates", "num_tokens", "structured_outputs_worker", "apply_grammar_bitmask",
     }
 
     def __init__(self, runner: Any, release: Any):
@@ -103,6 +105,24 @@ class V2Adapter(RunnerAdapter):
             shadows.append((self.runner.cudagraph_manager, {"dispatch": dispatch}))
         return shadows
 
+    def grammar_shadows(self, applied: Callable[[torch.Tensor], None]) -> Shadows:
+        """`sample` computes the logits, masks them (`structured_outputs_worker.apply_grammar_bitmask`,
+        in place) and samples: reported once the mask is on (a runner without structured outputs
+        has no worker)."""
+        worker = getattr(self.runner, "structured_outputs_worker", None)
+        if worker is None:
+            return []
+
+        def apply_grammar_bitmask(original: Callable) -> Callable:
+            def wrapper(logits: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(logits, *args, **kwargs)
+                applied(logits)
+                return result
+
+            return wrapper
+
+        return [(worker, {"apply_grammar_bitmask": apply_grammar_bitmask})]
+
     def model_call_shadows(self, model_call: Callable[[Callable], Callable]) -> list[AbstractContextManager]:
         contexts = [call_shadowed(self.runner.model, model_call)]
         if self.runner.cudagraph_manager is not None:
@@ -118,6 +138,7 @@ class V2Adapter(RunnerAdapter):
 
     def scheduler_output_seen(self, scheduler_output: Any) -> None:
         """Remember what V2 forgets: each new (or resumed) request's sampling params."""
+        super().scheduler_output_seen(scheduler_output)
         self._scheduled = list(scheduler_output.num_scheduled_tokens)
         for req_id in (*scheduler_output.finished_req_ids, *(scheduler_output.preempted_req_ids or ())):
             self._new_requests.pop(req_id, None)
@@ -164,6 +185,11 @@ class V2Adapter(RunnerAdapter):
     def marked_req_ids(self, mark: StepMark) -> list[str]:
         return [req_id for _, req_id, _ in self._rows(mark.kept)]
 
+    def request_objects(self, mark: StepMark) -> list[tuple[str, Any]]:
+        """The `NewRequestData` each request came with (V2 keeps no request objects); None for
+        a request that started before the adapter saw it."""
+        return [(req_id, self._new_requests.get(req_id)) for req_id in self.marked_req_ids(mark)]
+
     def request_states(self, mark: StepMark, input_ids: torch.Tensor | None) -> list[RequestState]:
         """Each request's tokens as they stood before the step: its `prefill_len` tokens, or
         through the tokens the step computes when it is past them (bookkeeping appends the
@@ -208,6 +234,7 @@ class V2Adapter(RunnerAdapter):
             num_scheduled_tokens=num_scheduled,
             sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
             runner_state=self._runner_state(slot),
+            lora_adapter=request_adapter_name(new_request),
         )
 
     def runner_states(self, mark: StepMark) -> dict[str, dict[str, Any]]:

@@ -1,7 +1,9 @@
-"""Naming a model's weights by their bytes, so that a replay can tell it found the recorded ones.
+"""Naming weights by their bytes, so that a replay can tell it found the recorded ones.
 
-A bundle stores the fingerprint of the weights its engine loaded; a replay on another machine
-finds them at another path (or under `--model`) and compares. Kept apart from the modules that
+A bundle stores the fingerprint of the weights its engine loaded — the model's, and each LoRA
+adapter's; a replay on another machine finds them at another path (or under `--model`, `--lora`)
+and compares. One definition for both: a hash over the relative names and bytes of the weight
+files and the config file that shapes them, sorted by path. Kept apart from the modules that
 build engines because the release support (`release.Release.engine_config`) needs it too, and
 importing those from there would close an import loop.
 """
@@ -9,22 +11,39 @@ importing those from there would close an import loop.
 import hashlib
 from pathlib import Path
 
+from tracekit.format.schema import ADAPTER_CONFIG
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+MODEL_CONFIG = "config.json"
 
 
-def weights_fingerprint(model_path: str, load_format: str | None) -> str | None:
-    """A hash over the weight files' names and bytes, plus config.json; None where the weights
-    are not a local folder (a hub id resolved elsewhere)."""
-    if load_format == "dummy":
-        return "dummy"
-    root = Path(model_path)
+def weight_files(root: Path, config_name: str) -> list[Path]:
+    """The files a fingerprint covers: every weight file under `root`, and its config file."""
+    return sorted(path for path in root.rglob("*")
+                  if path.is_file() and (path.suffix in WEIGHT_SUFFIXES or path.name == config_name))
+
+
+def files_fingerprint(root: Path, config_name: str) -> str | None:
+    """`blake2b-128:HEX` over the relative names and bytes of `weight_files`; None where `root` is
+    not a local folder (a hub id resolved elsewhere)."""
     if not root.is_dir():
         return None
     digest = hashlib.blake2b(digest_size=16)
-    files = sorted(p for p in root.rglob("*") if p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
-    for path in files:
+    for path in weight_files(root, config_name):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         with path.open("rb") as stream:
             for chunk in iter(lambda: stream.read(1 << 20), b""):
                 digest.update(chunk)
     return "blake2b-128:" + digest.hexdigest()
+
+
+def weights_fingerprint(model_path: str, load_format: str | None) -> str | None:
+    """The model's: its weight files and config.json ("dummy" for vLLM's dummy weights)."""
+    if load_format == "dummy":
+        return "dummy"
+    return files_fingerprint(Path(model_path), MODEL_CONFIG)
+
+
+def adapter_fingerprint(adapter_path: str | Path) -> str | None:
+    """A LoRA adapter's: its weight files and adapter_config.json."""
+    return files_fingerprint(Path(adapter_path), ADAPTER_CONFIG)

@@ -60,20 +60,23 @@ class WindowDriver:
     """Runs the steps of a window (`window_records.window_steps`) through the adapter's runner."""
 
     def __init__(self, adapter: Any, steps: list[WindowStep], window: StepWindow | None,
-                 rebuild: set[int] = frozenset(), until: int | None = None, keep_kv_read: bool = False):
+                 rebuild: set[int] = frozenset(), until: int | None = None, keep_kv_read: bool = False,
+                 lora_paths: dict[int, str] | None = None):
         self.adapter = adapter
         self.runner = adapter.runner
         self.steps = {each.index: each for each in steps if until is None or each.index <= until}
         self.first = steps[0].index
         self.rebuild = {self.first, *rebuild}
         self.keep_kv_read = keep_kv_read  # copy the KV blocks a rebuilt step reads (`ObservedStep.kv_read`)
-        self.drivers = {index: StepDriver(adapter, each.step) for index, each in self.steps.items()}
+        self.drivers = {index: StepDriver(adapter, each.step, lora_paths) for index, each in self.steps.items()}
+        # where the first step's LoRA adapters are here (the later steps find the slots as it left them)
+        self.lora_paths = dict(lora_paths or {})
+        self.loras = adapter.lora_requests_for(steps[0].step.lora_adapters, self.lora_paths)
         calls = window.calls if window is not None else [
             {"call": call.value, "step": self.first} for call in (RunnerCall.EXECUTE, RunnerCall.SAMPLE, RunnerCall.OUTPUT)]
         self.calls = [call for call in calls if call["step"] in self.steps]
-        self.grammar = {index: adapter.release.from_plain(each.carried.grammar_output)
-                        for index, each in self.steps.items()
-                        if each.carried is not None and each.carried.grammar_output is not None}
+        self.grammar = {index: adapter.release.grammar_output(each.step.grammar)
+                        for index, each in self.steps.items() if each.step.grammar is not None}
 
     def run(self) -> WindowRun:
         run = WindowRun({index: ObservedStep() for index in self.steps})
@@ -91,8 +94,10 @@ class WindowDriver:
         first = self.steps[self.first].step
         outputs: dict[int, Any] = {}
         with torch.inference_mode():
+            self.adapter.restore_lora_slots(first.lora_adapters, self.lora_paths)
             if first.kv.mode == KVMode.RECOMPUTE.value:
-                recompute_kv(self.adapter, first)
+                recompute_kv(self.adapter, first, self.loras)
+                self.adapter.restore_lora_slots(first.lora_adapters, self.lora_paths)
             with self.adapter.observe(observer, model_call):
                 try:
                     for call in self.calls:
@@ -123,10 +128,11 @@ class WindowDriver:
         if index in self.rebuild:
             if index != self.first:
                 self._let_go()
-            scheduler_output = adapter.scheduler_output_for(each.step, each.held)
+            scheduler_output = adapter.scheduler_output_for(each.step, each.held, loras=self.loras)
             putting_back = adapter.replaying(each.step, each.held)
         else:
             scheduler_output = adapter.release.from_plain(each.step.scheduler_output)
+            self._locate_loras(scheduler_output)
             new = dataclasses.replace(each.step, requests=each.new, batch_order=[r.req_id for r in each.new],
                                       input_ids=None)
             putting_back = adapter.replaying(new)
@@ -134,6 +140,14 @@ class WindowDriver:
             if self.runner.execute_model(scheduler_output) is not None:
                 raise RuntimeError(f"the runner produced no forward for step {index}")
         run.observed[index].batch_order = adapter.batch_order_after_execute()
+
+    def _locate_loras(self, scheduler_output: Any) -> None:
+        """A recorded new request's LoRA adapter, where the replay located it here (the recorded
+        path may not exist on this machine)."""
+        for new_request in scheduler_output.scheduled_new_reqs:
+            recorded = getattr(new_request, "lora_request", None)
+            if recorded is not None and recorded.lora_name in self.loras:
+                new_request.lora_request = self.loras[recorded.lora_name]
 
     def _let_go(self) -> None:
         """Before a rebuilt step: the runner lets go of every request and of its last step."""

@@ -200,7 +200,14 @@ def _new_request(entry: Any, where: str) -> RequestState:
         num_computed_tokens=_count(entry.get("num_computed_tokens"), where),
         num_scheduled_tokens=0,
         sampling_params=entry.get("sampling_params"),
+        lora_adapter=_lora_name(entry.get("lora_request")),
     )
+
+
+def _lora_name(tagged: Any) -> str | None:
+    """The adapter a recorded `LoRARequest` names (None: none, or nothing readable)."""
+    name = tagged.get("lora_name") if isinstance(tagged, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) -> Step:
@@ -229,6 +236,8 @@ def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) ->
         outputs=carried.outputs,
         timing=carried.timing or StepTiming(),
         error=carried.error,
+        grammar=carried.grammar,
+        lora_adapters=list(first.lora_adapters),  # the slots as the first step left them
     )
 
 

@@ -55,6 +55,16 @@ class Release(ReleaseBase):
         Setting("pipeline_parallel_size", "parallel_config.pipeline_parallel_size"),
         Setting("enable_expert_parallel", "parallel_config.enable_expert_parallel"),
         Setting("disable_custom_all_reduce", "parallel_config.disable_custom_all_reduce"),
+        # Routes every request through the embedding input, token ids too: another forward.
+        Setting("enable_prompt_embeds", "model_config.enable_prompt_embeds"),
+        # LoRA: the slots the adapters sit in and the kernels' shapes (`enable_lora` is derived).
+        Setting("max_loras", "lora_config.max_loras"),
+        Setting("max_lora_rank", "lora_config.max_lora_rank"),
+        Setting("max_cpu_loras", "lora_config.max_cpu_loras"),
+        Setting("fully_sharded_loras", "lora_config.fully_sharded_loras"),
+        Setting("lora_dtype", "lora_config.lora_dtype"),
+        Setting("lora_target_modules", "lora_config.target_modules"),
+        Setting("specialize_active_lora", "lora_config.specialize_active_lora"),
     )
     speculative_fields = (
         "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "quantization", "revision",
@@ -73,4 +83,5 @@ class Release(ReleaseBase):
         "max_cudagraph_capture_size",
         "cudagraph_num_of_warmups",
         "use_inductor_graph_partition",
+        "cudagraph_specialize_lora",
     )

@@ -1,0 +1,148 @@
+"""Issue 31: steps with structured outputs (JSON schema, choice, regex) and LoRA adapters, recorded
+from a live V1 engine and replayed bit-exact in a fresh process, the grammar mask checked row
+for row; negative controls that must be caught and named.
+
+One engine records every step of two batches: a short one on one adapter, then grammar requests
+(greedy and seeded), requests on two adapters and one without, a prompt long enough to be
+prefilled in chunks before it samples under its grammar. vLLM 0.32's CPU LoRA kernels give a request without an adapter the adapter of the
+last slot (`lora_adapters.py`): the replay reproduces that only by putting each adapter back into
+its recorded slot, which the slot-swapping control shows, and by emptying the slots the
+recording had empty (an earlier replayed step may have filled them)."""
+
+import shutil
+
+import pytest
+from e2e_support import assert_replayed_bit_exact, engine_script, error_lines, read_step
+from features_support import (
+    checks_by_item,
+    drop_adapter_files,
+    flip_one_allowed_token,
+    grammar_kinds,
+    make_adapter,
+    record_features,
+    replay_records,
+    swap_lora_slots,
+)
+
+from tracekit.format.rewrite import rewrite_bundle
+from tracekit.integrations.vllm.weights import adapter_fingerprint
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("grammar-lora")
+
+
+@pytest.fixture(scope="module")
+def adapters(work):
+    return {"a": make_adapter(work / "adapter-a", seed=1), "b": make_adapter(work / "adapter-b", seed=2)}
+
+
+@pytest.fixture(scope="module")
+def recorded(work, adapters):
+    return record_features(work, "grammar_lora", adapters["a"], adapters["b"])[1]
+
+
+@pytest.fixture(scope="module")
+def replays(work, recorded):
+    return engine_script("replay_many", work / "replays.json", *recorded.values())
+
+
+def test_every_step_replays_bit_exact_its_grammar_mask_checked(recorded, replays):
+    assert_replayed_bit_exact(replays, recorded)
+    masked = {index: path for index, path in recorded.items() if read_step(path).grammar is not None}
+    assert masked, "no step sampled under a grammar"
+    for index, path in masked.items():
+        checks = checks_by_item(replays["replays"][str(path)])
+        assert checks["grammar_bitmask"]["bit_exact"], f"step {index}: {checks['grammar_bitmask']}"
+    assert set().union(*map(grammar_kinds, masked.values())) == {"json", "grammar", "regex"}  # grammar: the choice
+    # The chunked prompt's grammar request reaches the mask only once its prefill is done.
+    chunked = [read_step(path) for path in recorded.values()
+               if any(r.sampling_params.get("structured_outputs") and not r.samples for r in read_step(path).requests)]
+    assert chunked and all(len(step.grammar.request_ids) < len(step.features["structured_outputs"]) for step in chunked)
+
+
+def test_grammar_rows_follow_the_scheduler_and_cover_each_sampled_position(recorded):
+    for path in recorded.values():
+        grammar = read_step(path).grammar
+        if grammar is not None:
+            assert grammar.rows_per_request == [1] * len(grammar.request_ids)  # no drafts in this workload
+            assert grammar.num_acceptable_drafts == [0] * len(grammar.request_ids)
+
+
+def test_lora_steps_keep_every_resident_adapter_with_its_slot_and_fingerprint(recorded, adapters):
+    fingerprints = {name: adapter_fingerprint(folder) for name, folder in adapters.items()}
+    beside = 0
+    for path in recorded.values():
+        step = read_step(path)
+        resident = {adapter.name: adapter for adapter in step.lora_adapters}
+        used = {request.lora_adapter for request in step.requests} - {None}
+        assert used <= set(resident) and len({adapter.slot for adapter in resident.values()}) == len(resident)
+        for name, adapter in resident.items():
+            assert adapter.fingerprint == fingerprints[name] and adapter.rank == 8
+            assert set(adapter.files) == {"adapter_config.json", "adapter_model.safetensors"}
+        beside += {"a", "b", None} <= {request.lora_adapter for request in step.requests}
+    assert beside, "no step ran requests on both adapters beside one without"
+
+
+def test_negative_controls_are_caught_and_named(recorded, adapters, work, tmp_path):
+    """One replay engine for three edits of real recordings: the two adapters' slots swapped (only
+    the request without an adapter moves: it reads the last slot), the adapters' files dropped
+    from the bundle, found elsewhere through --lora (bit-exact), and last a flipped mask bit (the
+    grammar item names the row and token, and nothing before it differs)."""
+    masked = next(path for path in recorded.values() if read_step(path).grammar is not None
+                  and len(read_step(path).lora_adapters) == 1 and None in {r.lora_adapter for r in read_step(path).requests})
+    beside = next(path for path in recorded.values()
+                  if {"a", "b", None} <= {request.lora_adapter for request in read_step(path).requests})
+    flipped = rewrite_bundle(masked, tmp_path / "flipped.zst", flip_one_allowed_token)
+    swapped = rewrite_bundle(beside, tmp_path / "swapped.zst", swap_lora_slots)
+    unkept = rewrite_bundle(beside, tmp_path / "unkept.zst", drop_adapter_files)
+    elsewhere = {name: shutil.copytree(folder, tmp_path / f"elsewhere-{name}") for name, folder in adapters.items()}
+    # The masked step (one adapter resident, a request without one reading the empty slot) after
+    # two with both: the slot it had empty must not keep the adapter the steps before left there.
+    finished, records = replay_records(tmp_path, "controls", swapped, unkept, flipped, "--no-timing", "--keep-going",
+                                       *[f"--lora={name}={folder}" for name, folder in elsewhere.items()])
+    assert finished.returncode == 1, finished.explain()
+
+    grammar = checks_by_item(records["flipped.zst"])["grammar_bitmask"]
+    assert records["flipped.zst"]["first_divergence"] == "grammar_bitmask"
+    (row,) = grammar["differing_mask_rows"]
+    step = read_step(flipped)
+    assert row["req_id"] == step.grammar.request_ids[0] and row["position"] == 0
+    assert row["tokens_only_recorded"] == [step.extras["test_flipped_token"]]
+    assert row["allowed_only_recorded"] == 1 and row["allowed_only_here"] == 0
+
+    swapped_checks = checks_by_item(records["swapped.zst"])
+    without_adapter = [request.req_id for request in read_step(beside).requests if request.lora_adapter is None]
+    assert set(swapped_checks["hidden_states"]["requests_moved"]) == set(without_adapter)
+
+    assert records["unkept.zst"]["verdict"] == "bit_exact", records["unkept.zst"]
+
+
+def test_adapter_not_kept_and_not_found_or_not_the_recorded_one_exits_3_before_any_engine(recorded, adapters,
+                                                                                          tmp_path):
+    path = next(iter(recorded.values()))
+    unkept = rewrite_bundle(path, tmp_path / "unkept.zst", drop_adapter_files)
+
+    def moved(metadata, tensors):
+        drop_adapter_files(metadata, tensors)
+        for adapter in metadata["steps"][0]["lora_adapters"]:
+            adapter["path"] = str(tmp_path / "gone" / adapter["name"])
+
+    gone = rewrite_bundle(path, tmp_path / "gone.zst", moved)
+    finished, records = replay_records(tmp_path, "gone", gone, "--no-timing")
+    assert finished.returncode == 3, finished.explain()
+    (line,) = error_lines(finished.stderr)
+    assert "is not in the bundle" in line and "--lora" in line and records["gone.zst"]["engine"] is None
+
+    changed = tmp_path / "changed-a"
+    shutil.copytree(adapters["a"], changed)
+    weights = changed / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    finished, records = replay_records(tmp_path, "changed", unkept, "--no-timing", f"--lora=a={changed}")
+    assert finished.returncode == 3, finished.explain()
+    assert "differs from the recorded one" in error_lines(finished.stderr)[0]
