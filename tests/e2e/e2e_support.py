@@ -194,10 +194,18 @@ def past_the_vocabulary(metadata: dict[str, Any], tensors: Any) -> None:
     """A `rewrite_bundle` edit that makes a real failure inside vLLM: a prefill's first computed
     prompt token past the vocabulary (the eager engine raises IndexError in the embedding lookup;
     the compiled one's Inductor kernel aborts the process)."""
-    for request in metadata["steps"][0]["requests"]:
+    step = metadata["steps"][0]
+    requests = {request["req_id"]: request for request in step["requests"]}
+    row = 0  # the forward's rows hold each request's scheduled tokens in batch order
+    for req_id in step["batch_order"]:
+        request = requests[req_id]
         if request["num_computed_tokens"] < len(request["prompt_token_ids"]):  # a prefill reads its prompt
             request["prompt_token_ids"][request["num_computed_tokens"]] = 1 << 24
+            # the recorded forward read it too: the bundle stays consistent (a replay refuses one
+            # whose requests and input ids disagree), so the failure is the engine's
+            tensors[step["input_ids"]["$tensor"]][row] = 1 << 24
             return
+        row += request["num_scheduled_tokens"]
     raise AssertionError("the step has no prefill")
 
 

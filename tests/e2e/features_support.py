@@ -57,13 +57,18 @@ def grammar_kinds(path: Path) -> set[str]:
 
 def flip_one_allowed_token(metadata, tensors):
     """Clear the bit of the first allowed token in the first row of the grammar mask."""
-    mask = tensors["steps/0/grammar/bitmask"]
+    flipped = clear_first_allowed_bit(tensors["steps/0/grammar/bitmask"])
+    metadata["steps"][0]["test_flipped_token"] = flipped  # kept by readers as an unknown field
+
+
+def clear_first_allowed_bit(mask: torch.Tensor) -> int:
+    """Clear, in place, the bit of the first allowed token in the mask's first row; returns that token."""
     word = int(torch.nonzero(mask[0]).flatten()[0])
     value = int(mask[0, word]) & 0xFFFFFFFF
     bit = (value & -value).bit_length() - 1
     value ^= 1 << bit
     mask[0, word] = value - (1 << 32) if value >= 1 << 31 else value
-    metadata["steps"][0]["test_flipped_token"] = 32 * word + bit  # kept by readers as an unknown field
+    return 32 * word + bit
 
 
 def swap_lora_slots(metadata, tensors):

@@ -204,3 +204,29 @@ def test_a_draft_step_without_its_speculative_config_is_refused_before_any_engin
     assert finished.returncode == 2, finished.explain()
     assert "--speculative-config" in finished.stdout + finished.stderr
     assert finished.seconds < 60, "refused after building an engine"
+
+
+WINDOW = 8
+
+
+def test_a_window_of_drafted_steps_replays_bit_exact_carried_and_rebuilt_at_a_drafted_step(tmp_path):
+    """Issues 31 and 32 together (V1, ngram): a window from step 0 whose later steps verify drafts
+    the runner proposed in the step before (carried, never rebuilt from the bundle) replays
+    bit-exact, and so does it rebuilt at its first drafted step (`--from`)."""
+    result = engine_script("record_spec_decode", tmp_path / "result.json", tmp_path, "ngram", 16, "greedy", WINDOW)
+    assert not result["failures"], result
+    (window,) = bundles_by_step(tmp_path).values()
+    first = read_step(window)
+    assert first.window_indices == list(range(WINDOW))
+    drafted_steps = [carried.index for carried in first.window.steps
+                     if any(carried.scheduler_output["scheduled_spec_decode_tokens"].values())]
+    assert drafted_steps, "no later step of the window verified drafts"
+    for arguments in ([], ["--from", str(drafted_steps[0])]):
+        out = tmp_path / f"replay{len(arguments)}.jsonl"
+        finished = tracekit("replay", window, *arguments, "--no-timing", "--json", out)
+        assert finished.returncode == 0, finished.explain()
+        records = {record["step"]: record for record in map(json.loads, out.read_text().splitlines())}
+        assert sorted(records) == first.window_indices
+        assert all(record["verdict"] == "bit_exact" for record in records.values()), arguments
+        assert {index for index, record in records.items() if record["window"]["state"] == "rebuilt"} == \
+            {0, *map(int, arguments[1:])}

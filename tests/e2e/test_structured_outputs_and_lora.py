@@ -9,12 +9,14 @@ last slot (`lora_adapters.py`): the replay reproduces that only by putting each 
 its recorded slot, which the slot-swapping control shows, and by emptying the slots the
 recording had empty (an earlier replayed step may have filled them)."""
 
+import json
 import shutil
 
 import pytest
-from e2e_support import assert_replayed_bit_exact, engine_script, error_lines, read_step
+from e2e_support import assert_replayed_bit_exact, engine_script, error_lines, read_step, tracekit
 from features_support import (
     checks_by_item,
+    clear_first_allowed_bit,
     drop_adapter_files,
     flip_one_allowed_token,
     grammar_kinds,
@@ -146,3 +148,54 @@ def test_adapter_not_kept_and_not_found_or_not_the_recorded_one_exits_3_before_a
     finished, records = replay_records(tmp_path, "changed", unkept, "--no-timing", f"--lora=a={changed}")
     assert finished.returncode == 3, finished.explain()
     assert "differs from the recorded one" in error_lines(finished.stderr)[0]
+
+
+WINDOW = 6  # record_features.py's grammar_lora_window
+
+
+def _window_records(work, name, *args):
+    """`tracekit replay WINDOW --json`: the finished process and each step's record, by step."""
+    out = work / f"{name}.jsonl"
+    finished = tracekit("replay", *args, "--no-timing", "--json", out)
+    return finished, {record["step"]: record for record in map(json.loads, out.read_text().splitlines())}
+
+
+def test_a_window_of_grammar_and_lora_steps_replays_bit_exact_and_a_later_steps_mask_goes_back(work, adapters,
+                                                                                              tmp_path):
+    """Issues 31 and 32 together: a window whose later steps sample under grammars and run on two
+    adapters replays bit-exact with the runner carrying its state, each step's mask checked; a bit
+    cleared in a later step's recorded mask makes that step, and no step before it, part at its
+    grammar item (the later step's mask is what its sampling gets back)."""
+    _, bundles = record_features(work, "grammar_lora_window", adapters["a"], adapters["b"])
+    (window,) = bundles.values()
+    first = read_step(window)
+    assert len(first.window_indices) == WINDOW and first.lora_adapters
+    added_later = [new["lora_request"]["lora_name"] for carried in first.window.steps
+                   for new in carried.scheduler_output["scheduled_new_reqs"] if new.get("lora_request")]
+    assert {request.lora_adapter for request in first.requests} | set(added_later) >= {"a", "b"}
+    masked = [position for position, carried in enumerate(first.window.steps) if carried.grammar is not None]
+    assert masked, "no later step of the window sampled under a grammar"
+
+    finished, steps = _window_records(tmp_path, "clean", window)
+    assert finished.returncode == 0, finished.explain()
+    assert sorted(steps) == first.window_indices
+    for index, record in steps.items():
+        assert record["verdict"] == "bit_exact", (index, record["verdict"], record["first_divergence"])
+        assert record["window"]["state"] == ("rebuilt" if index == first.index else "carried")
+    for position in masked:
+        check = checks_by_item(steps[first.window.steps[position].index])["grammar_bitmask"]
+        assert check["bit_exact"], check
+
+    position = masked[0]
+    target = first.window.steps[position].index
+
+    def cleared(metadata, tensors):
+        clear_first_allowed_bit(tensors[f"steps/0/window/steps/{position}/grammar/bitmask"])
+
+    edited = rewrite_bundle(window, tmp_path / "cleared.zst", cleared)
+    finished, steps = _window_records(tmp_path, "cleared", edited)
+    assert finished.returncode == 1, finished.explain()
+    assert steps[target]["window"]["first_divergence"] == f"step {target}/grammar_bitmask"
+    (row,) = checks_by_item(steps[target])["grammar_bitmask"]["differing_mask_rows"]
+    assert row["position"] == 0 and len(row["tokens_only_recorded"]) == 1
+    assert all(record["bit_exact"] for index, record in steps.items() if index < target)

@@ -110,6 +110,22 @@ def test_only_allow_listed_vllm_types_are_rebuilt(plain):
         installed_release().from_plain(plain)
 
 
+def test_a_new_requests_lora_request_round_trips_and_a_value_vllm_refuses_is_the_bundles_fault():
+    """`LoRARequest` has fields without defaults and checks its values: a window's later step
+    carries it in a new request."""
+    from vllm.lora.request import LoRARequest
+
+    plain = to_plain(LoRARequest(lora_name="b", lora_int_id=2, lora_path="/adapters/b"))
+    rebuilt = installed_release().from_plain(plain)
+    assert (rebuilt.lora_name, rebuilt.lora_int_id, rebuilt.lora_path) == ("b", 2, "/adapters/b")
+    for edit, problem in (({"lora_int_id": 0}, "refused by vLLM: id must be > 0"),
+                          ({"lora_path": ""}, "refused by vLLM")):
+        with pytest.raises(BundleError, match=problem):
+            installed_release().from_plain({**plain, **edit})
+    with pytest.raises(BundleError, match="lacks lora_name"):
+        installed_release().from_plain({key: value for key, value in plain.items() if key != "lora_name"})
+
+
 def test_a_field_another_release_recorded_is_left_out_when_empty_and_refused_otherwise():
     """A bundle of another vLLM release may hold fields this vLLM's classes lack: empty ones (the
     feature they belong to was off) are left out; one that was in use is refused (exit 3),

@@ -625,7 +625,6 @@ class Step(SchemaRecord):
         return None
 
 
-
 @dataclass
 class ParallelRank(SchemaRecord):
     """Which rank of a multi-rank engine (tensor / pipeline parallel) wrote this bundle, and what

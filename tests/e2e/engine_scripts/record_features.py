@@ -7,6 +7,8 @@ adapters, drafts, prompt embeddings — and what the recorder said when it armed
                  Runner V2's mask kernel does not run in Triton's interpreter), requests on two
                  LoRA adapters (ADAPTER_DIR a, b) and without one, one batch (after a short one
                  on adapter a alone)
+  grammar_lora_window  the same workload, recorded as one window of WINDOW steps from the
+                 second batch's first step
   grammar_drafts a regex request over digit prompts with ngram speculative decoding (drafts the
                  grammar mask must cover, one row per draft position); then, armed for failures
                  only, sampling fails in a drafted grammar step
@@ -32,7 +34,7 @@ LONG_PROMPT = "the lighthouse keeper counts the ships that pass and writes each 
 DIGIT_TOKENS = list(range(18, 28))  # the embedded tokenizer's "0".."9"
 
 
-def grammar_lora(llm, out_dir, adapter_a, adapter_b):
+def grammar_lora(llm, out_dir, adapter_a, adapter_b, window=1):
     on_v1 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "1"
     a, b = {"name": "a", "path": adapter_a}, {"name": "b", "path": adapter_b}
     requests = [  # (prompt, sampling, adapter, grammar)
@@ -45,7 +47,9 @@ def grammar_lora(llm, out_dir, adapter_a, adapter_b):
     ]
     sampling = [{**params, **({"structured_outputs": grammar} if grammar and on_v1 else {})}
                 for _, params, _, grammar in requests]
-    with recording(llm, f"{out_dir}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
+    # A window starts at the second batch's first step (the first with more than two requests).
+    triggers = {"steps": "0:", "max_bundles": 1000} if window == 1 else {"when": "num_reqs>=3", "max_bundles": 1}
+    with recording(llm, f"{out_dir}/step{{step}}.zst", window=window, **triggers) as recorder:
         # First a batch on adapter a alone: its steps leave the second slot empty, and the request
         # without an adapter reads that slot on 0.32's CPU kernels (a replay after steps that filled
         # it must empty it again).
@@ -108,8 +112,11 @@ def _greedy(llm, max_tokens):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
 
+WINDOW = 6
+LORA_ENGINE = {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8}
 SCENARIOS = {
-    "grammar_lora": (grammar_lora, {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8}),
+    "grammar_lora": (grammar_lora, LORA_ENGINE),
+    "grammar_lora_window": (lambda llm, out_dir, a, b: grammar_lora(llm, out_dir, a, b, window=WINDOW), LORA_ENGINE),
     "grammar_drafts": (grammar_drafts, {"speculative_config": {
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}}),
     "prompt_embeds": (prompt_embeds, {"enable_prompt_embeds": True}),

@@ -1,6 +1,8 @@
 """Record every step of generations under speculative decoding, one bundle a step.
 
-    python record_spec_decode.py RESULT.json OUT_DIR ngram|eagle MAX_TOKENS greedy|mixed
+    python record_spec_decode.py RESULT.json OUT_DIR ngram|eagle MAX_TOKENS greedy|mixed [WINDOW]
+
+With WINDOW, one bundle: a window of that many steps from step 0.
 
 `ngram` drafts from the request's own tokens (V1); `eagle` runs the tiny EAGLE drafter shipped as
 a config (`tests/models/tiny-eagle-llama`, dummy weights) beside the embedded model's real ones.
@@ -46,8 +48,10 @@ if __name__ == "__main__":
     from vllm.inputs import TokensPrompt
 
     out_dir, method, max_tokens, sampling = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    window = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     llm = eager_llm(speculative_config=SPECULATIVE_CONFIGS[method])
     requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts()]
-    with recording(llm, f"{out_dir}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
+    with recording(llm, f"{out_dir}/step{{step}}.zst", steps="0:" if window == 1 else "0", max_bundles=1000,
+                   window=window) as recorder:
         outputs = generate_token_ids(llm, requests, SAMPLING[sampling], max_tokens)
     write_result({"outputs": outputs, "written": [str(path) for path in recorder.written], "failures": recorder.failures})

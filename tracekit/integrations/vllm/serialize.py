@@ -112,13 +112,30 @@ def _build(plain: dict[str, Any], allowed: AllowList) -> Any:
     _refuse_unknown_fields(cls, plain, known)
     fields = {key: from_plain(v, allowed) for key, v in plain.items() if key in known}
     if struct:
-        # msgspec structs: start from defaults, then set every recorded field as it was
-        # (constructor validation would re-derive private fields differently).
-        obj = cls()
+        # msgspec structs: built from their required fields alone, then every recorded field set
+        # as it was (constructor validation would re-derive private fields differently).
+        obj = _struct_from_required(cls, fields)
         for name, value in fields.items():
             setattr(obj, name, value)
         return obj
     return cls(**fields)
+
+
+def _struct_from_required(cls: type, fields: dict[str, Any]) -> Any:
+    """A msgspec struct to set the recorded fields on: from its defaults where it has a default
+    for every field (`SamplingParams`); else built from the recorded public fields, which its own
+    checks see (`LoRARequest`), a value they refuse being the bundle's fault."""
+    names = cls.__struct_fields__
+    required = names[:len(names) - len(cls.__struct_defaults__)]  # the fields with defaults come last
+    if not required:
+        return cls()
+    missing = [name for name in required if name not in fields]
+    if missing:
+        raise BundleError(f"bundle content: a recorded {cls.__name__} lacks {', '.join(missing)}")
+    try:
+        return cls(**{name: value for name, value in fields.items() if not name.startswith("_")})
+    except (TypeError, ValueError, AssertionError) as error:
+        raise BundleError(f"bundle content: a recorded {cls.__name__} is refused by vLLM: {error}") from None
 
 
 def _refuse_unknown_fields(cls: type, plain: dict[str, Any], known: set[str]) -> None:

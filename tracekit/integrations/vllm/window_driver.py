@@ -146,7 +146,7 @@ class WindowDriver:
         path may not exist on this machine)."""
         for new_request in scheduler_output.scheduled_new_reqs:
             recorded = getattr(new_request, "lora_request", None)
-            if recorded is not None and recorded.lora_name in self.loras:
+            if recorded is not None and isinstance(recorded.lora_name, str) and recorded.lora_name in self.loras:
                 new_request.lora_request = self.loras[recorded.lora_name]
 
     def _let_go(self) -> None:
