@@ -77,9 +77,9 @@ class RequestLedger:
     def apply(self, record: dict[str, Any], where: str) -> set[str]:
         """One recorded scheduler output applied to the held requests; returns the ids it adds."""
         held = self.held
-        gone = set(_members(record.get("finished_req_ids")))
+        gone = set(_req_ids(record.get("finished_req_ids"), f"{where}: finished_req_ids"))
         if self.frees_preempted:
-            gone |= set(_members(record.get("preempted_req_ids")))
+            gone |= set(_req_ids(record.get("preempted_req_ids"), f"{where}: preempted_req_ids"))
         for req_id in gone:
             held.pop(req_id, None)
         added = set()
@@ -90,12 +90,12 @@ class RequestLedger:
         cached = record.get("scheduled_cached_reqs")
         if not isinstance(cached, dict):
             raise BundleError(f"{where}: its scheduler output has no scheduled_cached_reqs map")
-        req_ids = _entries(cached.get("req_ids"), f"{where}: scheduled_cached_reqs.req_ids")
+        req_ids = _req_ids(cached.get("req_ids"), f"{where}: scheduled_cached_reqs.req_ids")
         columns = {name: _entries(cached.get(name), f"{where}: scheduled_cached_reqs.{name}")
                    for name in ("num_computed_tokens", "new_block_ids", "num_output_tokens")}
         if any(len(values) != len(req_ids) for values in columns.values()):
             raise BundleError(f"{where}: scheduled_cached_reqs' columns differ in length")
-        resumed = set(_members(cached.get("resumed_req_ids")))
+        resumed = set(_req_ids(cached.get("resumed_req_ids"), f"{where}: scheduled_cached_reqs.resumed_req_ids"))
         every_token = cached.get("all_token_ids") if isinstance(cached.get("all_token_ids"), dict) else {}
         for number, req_id in enumerate(req_ids):
             request = held.get(req_id)
@@ -113,8 +113,8 @@ class RequestLedger:
                     ids.extend(more)
             outputs = _count(columns["num_output_tokens"][number], where)
             tokens = every_token.get(req_id)
-            if isinstance(tokens, list) and outputs > 0:
-                request.output_token_ids = list(tokens[-outputs:])
+            if tokens is not None and outputs > 0:
+                request.output_token_ids = _token_ids(tokens, f"{where}: all_token_ids of {req_id!r}")[-outputs:]
             elif outputs < len(request.output_token_ids):
                 del request.output_token_ids[outputs:]
         return added
@@ -189,9 +189,9 @@ def _require_blocks_below(requests: list[RequestState], num_kv_blocks: int, wher
 def _new_request(entry: Any, where: str) -> RequestState:
     if not isinstance(entry, dict) or not isinstance(entry.get("req_id"), str):
         raise BundleError(f"{where}: a scheduled_new_reqs entry is no request")
-    prompt = _entries(entry.get("prompt_token_ids"), f"{where}: {entry['req_id']}.prompt_token_ids")
+    prompt = _token_ids(entry.get("prompt_token_ids"), f"{where}: {entry['req_id']}.prompt_token_ids")
     prefill = entry.get("prefill_token_ids")
-    outputs = list(prefill[len(prompt):]) if isinstance(prefill, list) else []
+    outputs = _token_ids(prefill, f"{where}: {entry['req_id']}.prefill_token_ids")[len(prompt):]
     return RequestState(
         req_id=entry["req_id"],
         prompt_token_ids=list(prompt),
@@ -241,11 +241,22 @@ def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) ->
     )
 
 
-def _members(tagged: Any) -> list[Any]:
-    """The members of a recorded set (`{"$set": [...]}`), or of a list."""
+def _req_ids(tagged: Any, where: str) -> list[str]:
+    """The request ids of a recorded set (`{"$set": [...]}`) or list (none where it holds neither)."""
     if isinstance(tagged, dict):
         tagged = tagged.get("$set")
-    return list(tagged) if isinstance(tagged, list) else []
+    ids = list(tagged) if isinstance(tagged, list) else []
+    if not all(isinstance(req_id, str) for req_id in ids):
+        raise BundleError(f"{where} should hold request ids (strings)")
+    return ids
+
+
+def _token_ids(value: Any, where: str) -> list[int]:
+    """A recorded list of token ids (empty where there is none)."""
+    ids = _entries(value, where)
+    if not all(type(token) is int for token in ids):
+        raise BundleError(f"{where} should hold token ids (whole numbers)")
+    return list(ids)
 
 
 def _entries(value: Any, where: str) -> list[Any]:
