@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gpu_support import CONFIGS, read_content, release_has_v1, tracekit
+from gpu_support import CONFIGS, HAS_V1, read_content, tracekit
 
 # vLLM's GPU defaults for V2, and V1 with async scheduling (its default too) and graphs.
 WINDOW_CONFIGS = ("v2-bf16-graphs", "v1-bf16-graphs")
@@ -29,7 +29,7 @@ def _records(path: Path) -> list[dict]:
 def window(request, tmp_path_factory, prompts_file):
     name = request.param
     runner, args = CONFIGS[name]
-    if runner == "v1" and not release_has_v1():
+    if runner == "v1" and not HAS_V1:
         pytest.skip("this vLLM release has no Model Runner V1")
     folder = tmp_path_factory.mktemp(f"window-{name}")
     bundle = folder / "window.zst"
