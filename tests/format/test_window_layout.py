@@ -96,8 +96,15 @@ def _new_prompt_holds_text(scheduler_output):
                                                "num_computed_tokens": 0}]
 
 
+def _count_is_a_tensor(scheduler_output):
+    import torch
+
+    scheduler_output["scheduled_cached_reqs"]["num_computed_tokens"][0] = torch.zeros(64, 64)
+
+
 @pytest.mark.parametrize("edit, where", [
     (_finished_holds_a_map, "finished_req_ids should hold request ids"),
+    (_count_is_a_tensor, "a token count should be a whole number, not Tensor$"),
     (_cached_id_is_a_number, "scheduled_cached_reqs.req_ids should hold request ids"),
     (_new_prompt_holds_text, "new-0.prompt_token_ids should hold token ids"),
 ])
@@ -110,5 +117,6 @@ def test_a_later_steps_scheduler_output_holding_the_wrong_types_is_refused_with_
     content = window_content()
     first = content.steps[0]
     edit(first.window.steps[0].scheduler_output)
-    with pytest.raises(BundleError, match=f"step {first.index + 1} of the window: .*{where}"):
+    with pytest.raises(BundleError, match=f"step {first.index + 1} of the window: .*{where}") as refused:
         window_steps(first, False, content.engine.num_kv_blocks)
+    assert "\n" not in str(refused.value)  # one line, whatever the value held

@@ -176,3 +176,27 @@ def test_ngram_proposals_are_packed_with_placeholders():
     packed = spec_decode.proposals_tensor([[4, 5, 6], [], [7]], 3)
     assert packed.tolist() == [[4, 5, 6], [-1, -1, -1], [7, -1, -1]]
     assert spec_decode.proposals_tensor(torch.tensor([[1, 2], [3, 4]]), 2).tolist() == [[1, 2], [3, 4]]
+
+
+def test_recorded_drafts_are_the_entries_a_stranger_cannot_make_ambiguous():
+    """A bundle's scheduler output is an untyped vLLM object: a tensor or a map where the drafts
+    belong reads as no drafts (a fuzzed bundle once made `bool(tensor)` raise), a malformed entry
+    is left out, and the rows and the refusal of an unknown drafter follow."""
+    from tracekit.integrations.vllm.replay_engine import require_drafting_known
+    from tracekit.integrations.vllm.step_records import logits_rows
+
+    step = drafted_step()
+    assert spec_decode.recorded_drafts(step.scheduler_output) == {"drafted": DRAFTS}
+    for hostile in (torch.ones(2, 3), {"drafted": torch.ones(3), 7: [1]}, [[1, 2]]):
+        step.scheduler_output["scheduled_spec_decode_tokens"] = hostile
+        assert spec_decode.recorded_drafts(step.scheduler_output) == {}
+        assert logits_rows(step) == [("chunk", 0), ("drafted", 0), ("plain", 0)]
+        for request in step.requests:
+            request.draft_token_ids = []
+        require_drafting_known("b.zst", _content_without_drafter(), step, {})  # nothing scheduled: no refusal
+
+
+def _content_without_drafter():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(engine=SimpleNamespace(engine_args={}))

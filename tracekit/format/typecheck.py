@@ -179,12 +179,16 @@ def record_fields(record: type) -> dict[str, Any]:
 def wrong_type(where: str, annotation: Any, value: Any) -> BundleError:
     """The error for a value at `where` of another type than `annotation` asks for (it carries
     `where` as `wrong_type_at`: a union tries its next member then)."""
-    found = kind_of(value)
-    if isinstance(value, (int, float, str, bool)):
-        found += f" ({_shown(value)})"
-    error = BundleError(f"bundle content: {where} should be {describe(annotation)}, not {found}")
+    error = BundleError(f"bundle content: {where} should be {describe(annotation)}, not {found(value)}")
     error.wrong_type_at = where
     return error
+
+
+def found(value: Any) -> str:
+    """A value as a one-line message names what was found instead: its kind, and a scalar's value
+    cut short (never a tensor's or a container's contents)."""
+    text = kind_of(value)
+    return text + f" ({_shown(value)})" if isinstance(value, (int, float, str, bool)) else text
 
 
 def describe(annotation: Any) -> str:

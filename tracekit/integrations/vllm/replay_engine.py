@@ -39,6 +39,7 @@ from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager
 from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
 from tracekit.integrations.vllm.lora_adapters import LocatedAdapters, locate
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
+from tracekit.integrations.vllm.spec_decode import recorded_drafts
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
 from tracekit.integrations.vllm.step_features import not_replayable_reason
 from tracekit.integrations.vllm.step_records import logits_rows
@@ -99,8 +100,8 @@ def require_drafting_known(bundle: str | Path, content: BundleContent, step: Ste
     """Refuse (usage) a step that verifies draft tokens when the bundle does not say how its engine
     drafted (recorded before tracekit kept the speculative decoding config) and no engine argument
     says it either: its replay would build an engine without a drafter."""
-    drafted = any(request.draft_token_ids for request in step.requests) or bool(
-        step.scheduler_output.get("scheduled_spec_decode_tokens"))
+    drafted = any(request.draft_token_ids for request in step.requests) or any(
+        recorded_drafts(step.scheduler_output).values())
     if drafted and _SPECULATIVE_ARG not in content.engine.engine_args and _SPECULATIVE_ARG not in overrides:
         raise UsageError(
             f"{bundle}: step {step.index} verifies draft tokens (speculative decoding), and the bundle does not record "

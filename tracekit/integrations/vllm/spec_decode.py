@@ -86,16 +86,26 @@ def proposals_tensor(proposed: Any, num_requests: int) -> torch.Tensor:
     return packed
 
 
+def recorded_drafts(scheduler_output: dict[str, Any]) -> dict[str, list[Any]]:
+    """The draft tokens a recorded scheduler output schedules, per request: its entries that are a
+    request id and a list (a bundle's scheduler output is an untyped vLLM object: never asked for
+    the truth of whatever a stranger put there)."""
+    drafts = scheduler_output.get("scheduled_spec_decode_tokens")
+    if not isinstance(drafts, dict):
+        return {}
+    return {req_id: tokens for req_id, tokens in drafts.items() if isinstance(req_id, str) and isinstance(tokens, list)}
+
+
 def fill_drafts_from_inputs(step: Any) -> None:
     """A bundle recorded before tracekit kept each request's drafts (issue 31): take them from its
     scheduler output record's counts and its input ids, where the forward read them."""
-    scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens")
-    if not isinstance(scheduled, dict) or not scheduled or any(request.draft_token_ids for request in step.requests):
+    scheduled = recorded_drafts(step.scheduler_output)
+    if not scheduled or any(request.draft_token_ids for request in step.requests):
         return
     if step.input_ids is None:
         return
     requests = [step.request(req_id) for req_id in step.batch_order]
-    counts = {req_id: len(drafts) for req_id, drafts in scheduled.items() if isinstance(drafts, list)}
+    counts = {req_id: len(drafts) for req_id, drafts in scheduled.items()}
     _set_drafts(requests, counts, step.input_ids.tolist(), scheduled)
 
 

@@ -20,6 +20,7 @@ module knows, for the vLLM 0.32 series:
 from typing import Any
 
 from tracekit.format.schema import RequestState, Step
+from tracekit.integrations.vllm.spec_decode import recorded_drafts
 
 # SamplingParams fields (and their neutral values) that make sampling read earlier token ids.
 HISTORY_READERS = {
@@ -195,9 +196,9 @@ def logits_rows(step: Step) -> list[tuple[str, int]]:
     """Who each row of the step's sampling logits belongs to, in order: (request, position), a
     request's rows being its sampled token (position 0) and then each draft it verifies (1, 2,
     ...), in batch order — the rows vLLM's runners compute logits for."""
-    drafts = step.scheduler_output.get("scheduled_spec_decode_tokens") or {}
+    drafts = recorded_drafts(step.scheduler_output)
     rows = []
     for req_id in step.batch_order:
-        count = len(drafts.get(req_id) or ()) if isinstance(drafts, dict) else 0
+        count = len(drafts.get(req_id, ()))
         rows.extend((req_id, position) for position in range(1 + count))
     return rows

@@ -39,6 +39,7 @@ from tracekit.format.schema import (
     Step,
     StepTiming,
 )
+from tracekit.format.typecheck import found
 from tracekit.integrations.vllm.runner_state import blocks_read_and_written
 
 
@@ -280,5 +281,5 @@ def _block_groups(tagged: Any, where: str) -> list[list[int]] | None:
 
 def _count(value: Any, where: str) -> int:
     if type(value) is not int or value < 0:
-        raise BundleError(f"{where}: a token count should be a whole number, not {value!r}")
+        raise BundleError(f"{where}: a token count should be a whole number, not {found(value)}")
     return value
