@@ -83,23 +83,30 @@ def test_a_held_request_in_blocks_the_cache_lacks_is_refused(tmp_path):
     _refused(tmp_path, beyond, r"window.held_requests\[0\].block_ids holds block 1048576, beyond the")
 
 
-def _finished_holds_a_map(scheduler_output):
-    scheduler_output["finished_req_ids"] = {"$set": [{"not": "an id"}]}
+def _finished_holds_a_map(carried):
+    carried.scheduler_output["finished_req_ids"] = {"$set": [{"not": "an id"}]}
 
 
-def _cached_id_is_a_number(scheduler_output):
-    scheduler_output["scheduled_cached_reqs"]["req_ids"][0] = 7
+def _cached_id_is_a_number(carried):
+    carried.scheduler_output["scheduled_cached_reqs"]["req_ids"][0] = 7
 
 
-def _new_prompt_holds_text(scheduler_output):
-    scheduler_output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, "two"],
-                                               "num_computed_tokens": 0}]
+def _new_prompt_holds_text(carried):
+    carried.scheduler_output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, "two"],
+                                                       "num_computed_tokens": 0}]
 
 
-def _count_is_a_tensor(scheduler_output):
+def _count_is_a_tensor(carried):
     import torch
 
-    scheduler_output["scheduled_cached_reqs"]["num_computed_tokens"][0] = torch.zeros(64, 64)
+    carried.scheduler_output["scheduled_cached_reqs"]["num_computed_tokens"][0] = torch.zeros(64, 64)
+
+
+def _new_request_without_kv_groups(carried):
+    carried.scheduler_output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, 2],
+                                                       "num_computed_tokens": 0, "block_ids": {"$tuple": []}}]
+    carried.scheduler_output["num_scheduled_tokens"]["new-0"] = 2
+    carried.batch_order.append("new-0")
 
 
 @pytest.mark.parametrize("edit, where", [
@@ -107,16 +114,18 @@ def _count_is_a_tensor(scheduler_output):
     (_count_is_a_tensor, "a token count should be a whole number, not Tensor$"),
     (_cached_id_is_a_number, "scheduled_cached_reqs.req_ids should hold request ids"),
     (_new_prompt_holds_text, "new-0.prompt_token_ids should hold token ids"),
+    (_new_request_without_kv_groups, "request 'new-0' holds blocks for 0 KV cache group"),
 ])
 def test_a_later_steps_scheduler_output_holding_the_wrong_types_is_refused_with_its_place(edit, where):
     """A later step's scheduler output is a tagged vLLM object, not a schema record: the request
-    states a replay derives from it check each value they take (a fuzzed bundle with a map among
-    the finished ids crashed the derivation)."""
+    states a replay derives from it check each value they take (fuzzed bundles with a map among
+    the finished ids, or a new request without a block list per KV cache group, crashed the
+    derivation)."""
     from tracekit.integrations.vllm.window_records import window_steps
 
     content = window_content()
     first = content.steps[0]
-    edit(first.window.steps[0].scheduler_output)
+    edit(first.window.steps[0])
     with pytest.raises(BundleError, match=f"step {first.index + 1} of the window: .*{where}") as refused:
         window_steps(first, False, content.engine.num_kv_blocks)
     assert "\n" not in str(refused.value)  # one line, whatever the value held

@@ -171,7 +171,7 @@ def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list
             request.runner_state = dict(carried.runner_states.get(req_id, request.runner_state))
             ledger.held[req_id].runner_state = dict(request.runner_state)
             batch.append(request)
-        _require_blocks_below(batch, num_kv_blocks, where)
+        _require_blocks_fit(batch, len(first.kv.groups), num_kv_blocks, where)
         step = _as_step(first, carried, batch)
         steps.append(WindowStep(step, held=ledger.outside(set(carried.batch_order)),
                                 new=[request for request in batch if request.req_id in new], carried=carried))
@@ -179,8 +179,12 @@ def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list
     return steps
 
 
-def _require_blocks_below(requests: list[RequestState], num_kv_blocks: int, where: str) -> None:
+def _require_blocks_fit(requests: list[RequestState], num_groups: int, num_kv_blocks: int, where: str) -> None:
+    """Each request of a later step holds a block list per KV cache group, every block in the cache."""
     for request in requests:
+        if len(request.block_ids) != num_groups:
+            raise BundleError(f"{where}: request {request.req_id!r} holds blocks for {len(request.block_ids)} KV cache "
+                              f"group(s), not the {num_groups} of the first step")
         for ids in request.block_ids:
             if ids and max(ids) >= num_kv_blocks:
                 raise BundleError(f"{where}: request {request.req_id!r} holds block {max(ids)}, beyond the "
