@@ -238,14 +238,21 @@ class StepDriver:
                     "replay on the recorded model, without engine arguments that change its KV cache"
                 )
 
-    def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
-        observed = ObservedStep()
+    def prepare_runner(self) -> None:
+        """The runner's LoRA slots as the step found them and, for a `--kv recompute` bundle, its
+        KV blocks rebuilt by prefilling (under those slots: the prefill runs the requests' adapters,
+        and may move them, so they are put back after)."""
         adapter, step = self.adapter, self.step
         if step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
                 adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
                 recompute_kv(adapter, step, self.loras)
         adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
+
+    def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
+        observed = ObservedStep()
+        adapter, step = self.adapter, self.step
+        self.prepare_runner()
         model_call = self.model_call(observed, on_forward)
         with torch.inference_mode(), adapter.replaying(step), adapter.observe(ReplayObserver(observed), model_call):
             try:

@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import torch
 
-from tracekit.format.schema import KVMode, RunnerCall, StepWindow
+from tracekit.format.schema import RunnerCall, StepWindow
 from tracekit.integrations.seam import ObservedStep
-from tracekit.integrations.vllm.step_driver import ReplayObserver, StepDriver, recompute_kv
+from tracekit.integrations.vllm.step_driver import ReplayObserver, StepDriver
 from tracekit.integrations.vllm.window_records import WindowStep
 
 
@@ -68,10 +68,9 @@ class WindowDriver:
         self.first = steps[0].index
         self.rebuild = {self.first, *rebuild}
         self.keep_kv_read = keep_kv_read  # copy the KV blocks a rebuilt step reads (`ObservedStep.kv_read`)
+        # each step's LoRA adapters are the first step's (the later steps find the slots as it left them)
         self.drivers = {index: StepDriver(adapter, each.step, lora_paths) for index, each in self.steps.items()}
-        # where the first step's LoRA adapters are here (the later steps find the slots as it left them)
-        self.lora_paths = dict(lora_paths or {})
-        self.loras = adapter.lora_requests_for(steps[0].step.lora_adapters, self.lora_paths)
+        self.loras = self.drivers[self.first].loras  # the LoRARequest of each adapter located here, by name
         calls = window.calls if window is not None else [
             {"call": call.value, "step": self.first} for call in (RunnerCall.EXECUTE, RunnerCall.SAMPLE, RunnerCall.OUTPUT)]
         self.calls = [call for call in calls if call["step"] in self.steps]
@@ -91,13 +90,9 @@ class WindowDriver:
                                                               keep_kv_read=rebuilt and self.keep_kv_read)
             return calls[index](original, args, kwargs)
 
-        first = self.steps[self.first].step
         outputs: dict[int, Any] = {}
         with torch.inference_mode():
-            self.adapter.restore_lora_slots(first.lora_adapters, self.lora_paths)
-            if first.kv.mode == KVMode.RECOMPUTE.value:
-                recompute_kv(self.adapter, first, self.loras)
-                self.adapter.restore_lora_slots(first.lora_adapters, self.lora_paths)
+            self.drivers[self.first].prepare_runner()
             with self.adapter.observe(observer, model_call):
                 try:
                     for call in self.calls:
