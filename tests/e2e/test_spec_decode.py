@@ -206,27 +206,60 @@ def test_a_draft_step_without_its_speculative_config_is_refused_before_any_engin
     assert finished.seconds < 60, "refused after building an engine"
 
 
-WINDOW = 8
+# name: (drafter, runner, max tokens, sampling, window length)
+WINDOW_CONFIGS = {
+    "ngram-v1": ("ngram", "v1", 16, "greedy", 8),
+    "eagle-v1": ("eagle", "v1", 6, "greedy", 6),
+    "eagle-v2": ("eagle", "v2", 6, "mixed", 6),
+}
 
 
-def test_a_window_of_drafted_steps_replays_bit_exact_carried_and_rebuilt_at_a_drafted_step(tmp_path):
-    """Issues 31 and 32 together (V1, ngram): a window from step 0 whose later steps verify drafts
-    the runner proposed in the step before (carried, never rebuilt from the bundle) replays
-    bit-exact, and so does it rebuilt at its first drafted step (`--from`)."""
-    result = engine_script("record_spec_decode", tmp_path / "result.json", tmp_path, "ngram", 16, "greedy", WINDOW)
+def _changed_carried_proposal(index):
+    """Window step `index`'s first proposal for its last request, another id."""
+    def edit(metadata, tensors):
+        carried = next(step for step in metadata["steps"][0]["window"]["steps"] if step["index"] == index)
+        name = carried["proposals"]["$tensor"]
+        tensors[name] = tensors[name].clone()
+        tensors[name][-1, 0] = (tensors[name][-1, 0] + 1) % 512
+    return edit
+
+
+@pytest.mark.parametrize("name", sorted(WINDOW_CONFIGS))
+def test_a_window_of_drafted_steps_replays_bit_exact_carried_and_rebuilt_at_a_drafted_step(name, tmp_path):
+    """Issues 31 and 32 together: a window from step 0 whose later steps verify drafts the runner
+    proposed in the step before (carried, never rebuilt from the bundle) replays bit-exact, every
+    step's proposals checked, and so does it rebuilt at its first drafted step (`--from`). A
+    proposal changed in a middle step's record is named at that step alone: the runner carries
+    its own proposal to the next step, as the engine did."""
+    drafter, runner, max_tokens, sampling, length = WINDOW_CONFIGS[name]
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    result = engine_script("record_spec_decode", tmp_path / "result.json", steps, drafter, max_tokens, sampling, length,
+                           runner=runner)
     assert not result["failures"], result
-    (window,) = bundles_by_step(tmp_path).values()
+    (window,) = bundles_by_step(steps).values()
     first = read_step(window)
-    assert first.window_indices == list(range(WINDOW))
+    assert first.window_indices == list(range(length))
     drafted_steps = [carried.index for carried in first.window.steps
                      if any(carried.scheduler_output["scheduled_spec_decode_tokens"].values())]
     assert drafted_steps, "no later step of the window verified drafts"
-    for arguments in ([], ["--from", str(drafted_steps[0])]):
-        out = tmp_path / f"replay{len(arguments)}.jsonl"
-        finished = tracekit("replay", window, *arguments, "--no-timing", "--json", out)
-        assert finished.returncode == 0, finished.explain()
+    assert all(carried.proposals is not None for carried in first.window.steps)
+    middle = first.window.steps[len(first.window.steps) // 2].index
+    changed = rewrite_bundle(window, tmp_path / "changed_proposal.zst", _changed_carried_proposal(middle))
+    for bundle, arguments in ((window, []), (window, ["--from", str(drafted_steps[0])]), (changed, [])):
+        out = tmp_path / f"replay{len(arguments)}-{bundle.stem}.jsonl"
+        finished = tracekit("replay", bundle, *arguments, "--no-timing", "--json", out, runner=runner)
         records = {record["step"]: record for record in map(json.loads, out.read_text().splitlines())}
-        assert sorted(records) == first.window_indices
-        assert all(record["verdict"] == "bit_exact" for record in records.values()), arguments
+        assert sorted(records) == first.window_indices, finished.explain()
+        for index, record in records.items():
+            assert "spec_decode/proposals" in checks_by_item(record), (index, record)
+        parted = {index: record["first_divergence"] for index, record in records.items()
+                  if record["verdict"] != "bit_exact"}
+        if bundle == changed:
+            assert finished.returncode == 1, finished.explain()
+            assert parted == {middle: "spec_decode/proposals"}, parted
+            continue
+        assert finished.returncode == 0, finished.explain()
+        assert not parted, parted
         assert {index for index, record in records.items() if record["window"]["state"] == "rebuilt"} == \
             {0, *map(int, arguments[1:])}

@@ -3,7 +3,9 @@ async scheduling, both with CUDA graphs (FULL_AND_PIECEWISE), and replayed in a 
 with the runner carrying its own state step after step: every step bit-exact, dispatched to the
 graph it was recorded in, and the engine's overlap of steps (a step's output read after the next
 step ran) kept in the recorded call order and followed by the replay. `--from` a later step
-rebuilds the state there and is bit-exact too.
+rebuilds the state there and is bit-exact too. With the tiny EAGLE drafter (V2, and V1 async):
+each later step verifies the drafts the runner proposed in the step before, and its drafts,
+acceptances and proposals are checked.
 
     bash tools/gpu_run.sh -k window
 """
@@ -13,22 +15,33 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gpu_support import CONFIGS, HAS_V1, read_content, tracekit
+from gpu_support import CONFIGS, HAS_V1, MODELS, read_content, tracekit
 
-# vLLM's GPU defaults for V2, and V1 with async scheduling (its default too) and graphs.
-WINDOW_CONFIGS = ("v2-bf16-graphs", "v1-bf16-graphs")
+EAGLE = ["--speculative-config", json.dumps({"method": "eagle", "model": str(MODELS / "tiny-eagle-llama"),
+                                             "num_speculative_tokens": 3,
+                                             "draft_load_config": {"load_format": "dummy"}})]
+# vLLM's GPU defaults for V2, and V1 with async scheduling (its default too) and graphs; the same
+# with EAGLE drafting.
+WINDOW_CONFIGS = {
+    "v2-bf16-graphs": CONFIGS["v2-bf16-graphs"],
+    "v1-bf16-graphs": CONFIGS["v1-bf16-graphs"],
+    "v2-eagle-bf16-graphs": ("v2", [*CONFIGS["v2-bf16-graphs"][1], *EAGLE]),
+    "v1-eagle-bf16-graphs": ("v1", [*CONFIGS["v1-bf16-graphs"][1], *EAGLE]),
+}
 FIRST, LENGTH = 2, 8  # steps 2..9: the long prompt's chunks beside decodes, then decodes alone
 CORE_ITEMS = {"batch_order", "input_ids", "positions", "hidden_states", "logits", "sampled_token_ids"}
+# A later step of a drafting window: the drafts it verified, what was accepted, what it proposed
+DRAFTING_ITEMS = {"spec_decode/drafts", "spec_decode/accepted", "spec_decode/proposals"}
 
 
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.fixture(scope="module", params=WINDOW_CONFIGS)
+@pytest.fixture(scope="module", params=sorted(WINDOW_CONFIGS))
 def window(request, tmp_path_factory, prompts_file):
     name = request.param
-    runner, args = CONFIGS[name]
+    runner, args = WINDOW_CONFIGS[name]
     if runner == "v1" and not HAS_V1:
         pytest.skip("this vLLM release has no Model Runner V1")
     folder = tmp_path_factory.mktemp(f"window-{name}")
@@ -59,6 +72,8 @@ def test_every_step_of_the_window_replays_bit_exact_in_its_graph(window):
     for record in window.records:
         items = {check["item"] for check in record["checks"]}
         assert CORE_ITEMS <= items, (record["step"], items)
+        if "eagle" in window.name and record["step"] > FIRST:
+            assert DRAFTING_ITEMS <= items, (record["step"], items)
         assert record["verdict"] == "bit_exact", (window.name, record["step"], record.get("verdict_reason"))
         assert not record["dispatch"].get("differences"), (record["step"], record["dispatch"])
         assert record["window"]["state"] == ("rebuilt" if record["step"] == FIRST else "carried")

@@ -448,6 +448,9 @@ class CarriedStep(SchemaRecord):
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised (the window's last step)
     grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
+    # Speculative decoding: the drafter's proposals in this step for the next, as
+    # `SpecDecodeRecord.proposals` (the window's first step holds the method and its model calls)
+    proposals: Tensor | None = None
 
 
 @dataclass

@@ -203,6 +203,12 @@ def capture_proposals(step: Step, proposals: torch.Tensor | None, copy: HostCopy
         step.spec_decode.proposals = copy.copy(proposals)
 
 
+def capture_carried_proposals(carried: CarriedStep, proposals: torch.Tensor | None, copy: HostCopy) -> None:
+    """A window's later step: the drafter's proposals for the next step, copied to host."""
+    if proposals is not None:
+        carried.proposals = copy.copy(proposals)
+
+
 def capture_grammar_applied(step: Step | CarriedStep, logits: torch.Tensor, copy: HostCopy) -> None:
     """The grammar mask as it reached the logits (`StepOutputs.grammar_bitmask`): packed on the
     device, copied to host."""

@@ -43,6 +43,7 @@ class OpenWindow:
         # it reads from the prefix cache that are not among them.
         self.ledger = RequestLedger([*first_step.requests, *held], recorder.adapter.frees_preempted)
         self.block_sizes = [group.layout.block_size for group in first_step.kv.groups]
+        self.speculative = first_step.spec_decode is not None  # whether its steps keep proposals
         self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first_step.kv.groups]
         self.calls: list[dict[str, Any]] = [{"call": RunnerCall.EXECUTE.value, "step": first.index}]
         self.first: Step | None = None  # once its sampled ids are in
@@ -162,6 +163,13 @@ class CarriedStepCapture(StepCapture):
     def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
         if self.carried is not None:
             self.carried.grammar = read()
+
+    def drafts_proposed(self, read: Callable[[], Any]) -> None:
+        if self.carried is None or not self.window.speculative:
+            return
+        copy = self.recorder.new_copy(self.pending)
+        step_capture.capture_carried_proposals(self.carried, read(), copy)
+        copy.finish()
 
     def grammar_applied(self, logits: Any) -> None:
         if self.carried is None:

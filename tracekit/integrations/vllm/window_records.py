@@ -36,6 +36,7 @@ from tracekit.format.schema import (
     KVMode,
     KVSnapshot,
     RequestState,
+    SpecDecodeRecord,
     Step,
     StepTiming,
 )
@@ -243,7 +244,17 @@ def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) ->
         error=carried.error,
         grammar=carried.grammar,
         lora_adapters=list(first.lora_adapters),  # the slots as the first step left them
+        spec_decode=_proposing(first.spec_decode, carried.proposals),
     )
+
+
+def _proposing(first: SpecDecodeRecord | None, proposals: Any) -> SpecDecodeRecord | None:
+    """A later step's speculative decoding: the window's method, with the step's own proposals
+    (its drafter's model calls are not kept)."""
+    if first is None:
+        return None
+    return SpecDecodeRecord(method=first.method, num_speculative_tokens=first.num_speculative_tokens,
+                            proposals=proposals, padded_drafter_batch=first.padded_drafter_batch)
 
 
 def _req_ids(tagged: Any, where: str) -> list[str]:
