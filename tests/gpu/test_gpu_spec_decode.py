@@ -4,7 +4,8 @@ drafter's model calls and proposals checked — with a changed draft token named
 
 ngram on V1 (vLLM turns async scheduling off for it; 0.26's Model Runner V2 has no ngram), EAGLE
 and EAGLE3 with the tiny draft configs shipped in tests/models (dummy weights beside the
-embedded model's real ones) on V1 with async scheduling (vLLM's default) and without, and on V2
+embedded model's real ones) on V1 with async scheduling (vLLM's default) and without, MTP (the
+embedded model as MiMo with one MTP layer, `tools/make_tiny_mtp.py`) on V1 and V2, and on V2
 (async, FULL_AND_PIECEWISE graphs: its drafter may run as FULL graphs, with no model call to
 check: its proposals are checked), and probabilistic drafting on both runners (the rejection
 sampler reads the drafter's probabilities / logits). Greedy, penalised, seeded, unseeded and
@@ -13,6 +14,9 @@ top-k/top-p requests: on a GPU the rejection sampler's kernels are Triton's.
 
 import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from gpu_support import (
@@ -33,6 +37,8 @@ pytestmark = pytest.mark.gpu
 
 GRAPHS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": CAPTURE_SIZES})]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+MTP = {"method": "mtp", "num_speculative_tokens": 3}  # the target's own MTP layer, run three times
+MAKE_TINY_MTP = Path(__file__).resolve().parents[2] / "tools" / "make_tiny_mtp.py"
 
 
 def eagle(method: str = "eagle", draft: str = "tiny-eagle-llama", **extra) -> dict:
@@ -49,7 +55,17 @@ SPEC_CONFIGS = {
     "v1-eagle3": ("v1", eagle("eagle3", "tiny-eagle3-llama"), []),
     "v1-eagle-probabilistic": ("v1", eagle(draft_sample_method="probabilistic"), []),
     "v2-eagle-probabilistic": ("v2", eagle(draft_sample_method="probabilistic"), []),
+    "v1-mtp": ("v1", MTP, []),
+    "v2-mtp": ("v2", MTP, []),
 }
+
+
+def _mtp_target(folder) -> list[str]:
+    """MTP drafts from layers of the target's own checkpoint: the one the project's tool makes."""
+    done = subprocess.run([sys.executable, str(MAKE_TINY_MTP), str(folder / "tiny-mimo-mtp")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ["--model", str(folder / "tiny-mimo-mtp")]
 STEPS, MAX_TOKENS = "0:40", 16
 
 
@@ -84,8 +100,10 @@ def spec_recording(request, tmp_path_factory):
         pytest.skip("this vLLM release has no Model Runner V1")
     folder = tmp_path_factory.mktemp(name)
     prompts = _prompts(folder / "prompts.jsonl")
+    target = _mtp_target(folder) if config["method"] == "mtp" else []
     steps = record_steps(folder, prompts, STEPS, MAX_TOKENS,
-                         ["--dtype", "bfloat16", *GRAPHS, "--speculative-config", json.dumps(config), *args], runner)
+                         [*target, "--dtype", "bfloat16", *GRAPHS, "--speculative-config", json.dumps(config), *args],
+                         runner)
     bundles = bundles_by_step(steps)
     drafted = [path for path in bundles.values() if any(r.draft_token_ids for r in load_step(path)[1].requests)]
     assert drafted, f"{name}: no step verified drafts"
