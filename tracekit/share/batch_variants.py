@@ -109,9 +109,10 @@ def _free_blocks(step: Step, group_index: int) -> list[int]:
 
 
 def _tokens(request: RequestState) -> tuple[list[int], list[int]]:
-    """The input ids and positions of the tokens `request` schedules."""
+    """The input ids and positions of the tokens `request` schedules: a drafted request's last
+    sampled token, then the drafts it verifies."""
     start, end = request.num_computed_tokens, request.num_computed_tokens + request.num_scheduled_tokens
-    known = [*request.prompt_token_ids, *request.output_token_ids]
+    known = [*request.prompt_token_ids, *request.output_token_ids, *request.draft_token_ids]
     return known[start:end], list(range(start, end))
 
 

@@ -12,9 +12,10 @@ variants of its batch (`batch_variants`), all on one engine built once:
   recomputed    a request whose prompt prefix came from the prefix cache computes that prefix
                 again (not applicable where no request of the step hit the cache)
 
-A request stays invariant in a variant when its logits row (the one its sampled token comes
-from) is bit-identical to the baseline's, and — where its sampling is reproducible — its sampled
-ids too. Greedy and seeded requests sample reproducibly; on vLLM's V1 runner an unseeded random
+A request stays invariant in a variant when its logits rows (the one its sampled token comes
+from; under speculative decoding also one per draft it verifies, its drafts going with it into
+every variant) are bit-identical to the baseline's, and — where its sampling is reproducible —
+its sampled ids (the accepted drafts and the token after them) too. Greedy and seeded requests sample reproducibly; on vLLM's V1 runner an unseeded random
 request draws from a generator the whole batch shares, so its draw depends on the batch and only
 its logits are compared (V2 keeps a seed per request, recorded in the bundle).
 
@@ -33,6 +34,7 @@ import torch
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK, CannotRunHere, UsageError
 from tracekit.format.schema import RequestState, Step
 from tracekit.integrations.seam import ObservedStep
+from tracekit.integrations.vllm.spec_decode import fill_drafts_from_inputs
 from tracekit.integrations.vllm.step_records import prefix_cache_hits
 from tracekit.numerics import compare_tensors
 from tracekit.replay.checks import GREEDY_TEMPERATURE, check_step, first_divergence
@@ -66,7 +68,7 @@ class VariantOutcome:
     batch_order: list[str] = field(default_factory=list)  # as the runner ran it
     reordered_by_runner: bool = False  # the runner ran another order than the variant's (V2: decodes first)
     compared: list[str] = field(default_factory=list)  # the recorded requests it compared
-    # req_id -> how its logits row (and sampled ids) moved against the baseline
+    # req_id -> how its logits rows (and sampled ids) moved against the baseline
     moved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -235,14 +237,19 @@ def cached_prefixes(step: Step) -> dict[str, int]:
             if req_id in step.batch_order}
 
 
-def logits_rows(observed: ObservedStep, step: Step) -> dict[str, int]:
-    """The row of the observed logits each request's sampled token comes from."""
+def logits_rows(observed: ObservedStep, step: Step) -> dict[str, slice]:
+    """The rows of the observed logits each request's sampled tokens come from: one, and one more
+    per draft it verifies, in the order the runner ran the batch. A runner computes them for every
+    request, or for those that sample only (not a prefill chunk that ends before its prompt does)."""
     rows = 0 if observed.logits is None else int(observed.logits.shape[0])
-    if rows == len(observed.batch_order):
-        return {req_id: row for row, req_id in enumerate(observed.batch_order)}
-    sampling = [req_id for req_id in observed.batch_order if step.request(req_id).samples]
-    if rows == len(sampling):
-        return {req_id: row for row, req_id in enumerate(sampling)}
+    every = {req_id: 1 + len(step.request(req_id).draft_token_ids) for req_id in observed.batch_order}
+    sampling = {req_id: count for req_id, count in every.items() if step.request(req_id).samples}
+    for counts in (every, sampling):
+        if rows == sum(counts.values()):
+            slices, start = {}, 0
+            for req_id, count in counts.items():
+                slices[req_id], start = slice(start, start + count), start + count
+            return slices
     raise CannotRunHere(f"the replay produced {rows} logits row(s) for {len(observed.batch_order)} request(s)")
 
 
@@ -252,7 +259,7 @@ def _sampled(observed: ObservedStep) -> dict[str, list[int]]:
 
 def compare_requests(baseline: ObservedStep, base_step: Step, variant: ObservedStep, variant_step: Step,
                      reproducible: dict[str, str | None]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """The recorded requests the variant ran, and for those that moved: their logits row's
+    """The recorded requests the variant ran, and for those that moved: their logits rows'
     comparison (max_abs, relative_rms, argmax_agreement) and, where compared, the sampled ids."""
     base_rows, variant_rows = logits_rows(baseline, base_step), logits_rows(variant, variant_step)
     base_sampled, variant_sampled = _sampled(baseline), _sampled(variant)
@@ -261,8 +268,7 @@ def compare_requests(baseline: ObservedStep, base_step: Step, variant: ObservedS
         if batch_variants.is_filler(req_id) or req_id not in base_rows:
             continue
         compared.append(req_id)
-        base_row, variant_row = base_rows[req_id], variant_rows[req_id]
-        comparison = compare_tensors(variant.logits[variant_row: variant_row + 1], baseline.logits[base_row: base_row + 1])
+        comparison = compare_tensors(variant.logits[variant_rows[req_id]], baseline.logits[base_rows[req_id]])
         entry: dict[str, Any] = {}
         if not comparison.pop("bit_exact"):
             entry["logits"] = comparison
@@ -331,7 +337,7 @@ def check_invariance(
     """Replay the bundle's step and its variants of `kinds` (a tuple, or the `--variants` text)
     on one engine (built once, or `llm`)."""
     from tracekit.format.content import load_step
-    from tracekit.integrations.vllm.replay_engine import require_replayable_kind
+    from tracekit.integrations.vllm.replay_engine import require_drafting_known, require_replayable_kind
     from tracekit.share.shrink_trials import EngineReplayer
 
     kinds = variant_kinds(kinds)
@@ -340,9 +346,8 @@ def check_invariance(
         raise CannotRunHere("a multi-rank step's variants are not supported yet: its ranks run one batch together")
     if recorded.error is not None:
         raise UsageError(f"{bundle} holds a step whose forward raised: it has no outputs to compare across batches")
-    if any(request.draft_token_ids for request in recorded.requests):
-        raise UsageError(f"{bundle} holds a step that verifies draft tokens (speculative decoding): its variants are "
-                         "not supported yet (a drafted request has a logits row per draft); pick a step without drafts")
+    require_drafting_known(bundle, content, recorded, {})
+    fill_drafts_from_inputs(recorded)  # the variants' inputs hold each drafted request's drafts
     require_replayable_kind(recorded)
     with closing(EngineReplayer(content, llm, model, allow_weights_mismatch, recorded=recorded)) as replayer:
         return _check_variants(bundle, kinds, content, recorded, replayer, on_variant)
