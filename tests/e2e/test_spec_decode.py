@@ -22,6 +22,7 @@ from e2e_support import bundles_by_step, engine_script, read_content, read_step,
 
 from tracekit.format.content import load_step
 from tracekit.format.rewrite import rewrite_bundle
+from tracekit.share.redact import redact
 
 pytestmark = pytest.mark.slow
 
@@ -91,11 +92,17 @@ def spec_run(request, tmp_path_factory):
     proposing = next((path for path in bundles.values() if read_step(path).spec_decode.drafter_calls), None)
     if proposing is not None:
         edited["changed_proposal"] = rewrite_bundle(proposing, controls / "changed_proposal.zst", _changed_proposal)
+    redacted_dir = work / "redacted"
+    redacted_dir.mkdir()
+    redacted = {index: redacted_dir / path.name for index, path in bundles.items()}
+    redactions = {index: redact(bundles[index], path) for index, path in redacted.items()}
     out = work / "replays.jsonl"
-    replay = tracekit("replay", steps, *edited.values(), "--keep-going", "--no-timing", "--json", out, runner=runner)
+    replay = tracekit("replay", steps, *edited.values(), *redacted.values(), "--keep-going", "--no-timing", "--json", out,
+                      runner=runner)
     records = {record["bundle"]: record for record in map(json.loads, out.read_text().splitlines())} if out.exists() else {}
     return SimpleNamespace(name=name, drafter=drafter, runner=runner, bundles=bundles, edited=edited, replay=replay,
-                           records=records, with_drafts=with_drafts, outputs=result["outputs"], work=work)
+                           records=records, with_drafts=with_drafts, outputs=result["outputs"], work=work,
+                           redacted=redacted, redactions=redactions)
 
 
 def record_of(run, path):
@@ -229,6 +236,23 @@ def test_a_draft_step_without_its_speculative_config_is_refused_before_any_engin
     assert finished.seconds < 60, "refused after building an engine"
 
 
+
+def test_redacted_steps_replay_bit_exact_keeping_what_the_drafter_reads(spec_run):
+    """`tracekit redact` keeps the token ids the drafter reads besides those the step computes:
+    every one for the n-gram drafter (it proposes from them), and for a model drafter the token
+    its prefill chunk's last row reads (the prompt token after the chunk, or the request's newest
+    with vLLM's padded drafter batch); every other id is blanked, and each redacted step
+    replays bit-exact, its drafter's calls and proposals checked."""
+    blanked = 0
+    for index, path in spec_run.redacted.items():
+        record = record_of(spec_run, path)
+        assert record["verdict"] == "bit_exact", (spec_run.name, index, record["first_divergence"])
+        (steps,) = spec_run.redactions[index]["steps"]
+        blanked += sum(steps["token_ids_blanked"].values())
+        if spec_run.drafter == "ngram":
+            assert all(readers[-1] == "ngram drafter" for readers in steps["history_kept"].values()), steps
+            assert len(steps["history_kept"]) == len(read_step(path).requests)
+    assert (blanked == 0) == (spec_run.drafter == "ngram"), (spec_run.name, blanked)
 
 def test_a_drafted_step_is_checked_for_batch_invariance_with_its_drafts(spec_run, tmp_path):
     """`tracekit invariance` of a step that verifies drafts: each request takes its drafts into

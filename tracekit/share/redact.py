@@ -6,8 +6,10 @@ Removed:
   `num_computed_tokens`) and those of the prompt after this step's chunk, replaced by the neutral
   id `NEUTRAL_TOKEN_ID` so every length stays (the runner decides prefill vs decode, and whether a
   request samples, from the prompt and output lengths). Kept in full for requests whose sampling
-  reads earlier tokens (penalties, bad words, a thinking budget), listed in the record; the
-  token after the chunk is kept for requests that ask for prompt logprobs;
+  reads earlier tokens (penalties, bad words, a thinking budget) or the engine's drafter does (an
+  n-gram drafter proposes from them), listed in the record; the token after the chunk is kept
+  for requests that ask for prompt logprobs, and with a model drafter (EAGLE, MTP) also a prefill
+  chunk's request's newest token (its drafter reads one of the two);
 * request ids, replaced in batch order by `req-0`, `req-1`, ... everywhere they occur; other
   requests the scheduler output names (finished, preempted) become `other-0`, ...;
 * sampling fields no runner reads: `stop` strings, `bad_words` text (their token ids stay),
@@ -29,6 +31,7 @@ from tracekit.environment import numerics_relevant_env
 from tracekit.errors import UsageError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, RequestState, Step
+from tracekit.integrations.vllm.spec_decode import drafter_reads
 from tracekit.integrations.vllm.step_records import (
     history_readers,
     ids_outside_the_batch,
@@ -53,26 +56,36 @@ class RedactionRecord:
     unknown_fields_removed: list[str] = dataclasses.field(default_factory=list)
 
 
-def _kept_window(request: RequestState) -> tuple[int, int] | None:
-    """Positions of `prompt + output` the step reads; None: all of them."""
-    if history_readers(request.sampling_params):
+def _history_readers(request: RequestState, drafter: str | None, method: str | None) -> list[str]:
+    """What reads the request's token ids before those the step computes: sampling settings, the drafter."""
+    return [*history_readers(request.sampling_params), *([f"{method} drafter"] if drafter == "history" else [])]
+
+
+def _kept_positions(request: RequestState, drafter: str | None) -> set[int] | None:
+    """Positions of `prompt + output` the step reads (`drafter`: what the engine's drafter reads,
+    `spec_decode.drafter_reads`); None: all of them."""
+    if history_readers(request.sampling_params) or drafter == "history":
         return None
     start = request.num_computed_tokens
-    end = start + request.num_scheduled_tokens + (1 if reads_next_prompt_token(request.sampling_params) else 0)
-    return start, end
+    end = start + request.num_scheduled_tokens
+    kept = set(range(start, end))
+    if reads_next_prompt_token(request.sampling_params) or drafter == "next":
+        kept.add(end)
+    if drafter == "next":  # a padded drafter batch's backup token for a prefill chunk
+        kept.add(len(request.prompt_token_ids) + len(request.output_token_ids) - 1)
+    return kept
 
 
-def _redact_request(request: RequestState, new_id: str, record: RedactionRecord) -> RequestState:
-    readers = history_readers(request.sampling_params)
+def _redact_request(request: RequestState, new_id: str, record: RedactionRecord, drafter: str | None,
+                    method: str | None) -> RequestState:
+    readers = _history_readers(request, drafter, method)
     if readers:
         record.history_kept[new_id] = readers
     tokens = request.prompt_token_ids + request.output_token_ids
-    window = _kept_window(request)
-    if window is not None:
-        start, end = window
-        blanked = [tok if start <= position < end else NEUTRAL_TOKEN_ID for position, tok in enumerate(tokens)]
-        record.token_ids_blanked[new_id] = sum(1 for position in range(len(tokens)) if not start <= position < end)
-        tokens = blanked
+    kept = _kept_positions(request, drafter)
+    if kept is not None:
+        record.token_ids_blanked[new_id] = sum(1 for position in range(len(tokens)) if position not in kept)
+        tokens = [token if position in kept else NEUTRAL_TOKEN_ID for position, token in enumerate(tokens)]
     sampling_params, removed = redact_sampling_params(request.sampling_params)
     if removed:
         record.sampling_fields_removed[new_id] = removed
@@ -107,7 +120,9 @@ def redact_step(step: Step) -> tuple[Step, RedactionRecord]:
     others = sorted(ids_outside_the_batch(step.scheduler_output) - set(names))
     other_names = {req_id: f"other-{position}" for position, req_id in enumerate(others)}
     record.request_ids_renamed, record.other_ids_renamed = len(names), len(other_names)
-    pairs = [(request, _redact_request(request, names[request.req_id], record)) for request in step.requests]
+    drafter, method = drafter_reads(step.spec_decode), step.spec_decode.method if step.spec_decode else None
+    pairs = [(request, _redact_request(request, names[request.req_id], record, drafter, method))
+             for request in step.requests]
     ordered_pairs = sorted(pairs, key=lambda pair: step.batch_order.index(pair[0].req_id))
     mapping = {**names, **other_names}
     scheduler_output = _renamed_strings(rebuild_scheduler_output(step.scheduler_output, ordered_pairs, other_names),

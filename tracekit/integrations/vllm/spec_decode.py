@@ -17,6 +17,21 @@ import torch
 from tracekit.format.schema import DrafterPass, RequestState, SpecDecodeRecord, draft_rows, token_runs
 from tracekit.integrations.vllm.runner_state import PLACEHOLDER_TOKEN, hidden_states_of
 
+# Drafters that propose from a request's own token ids (an n-gram lookup over its prompt and
+# output, suffix decoding's tree of them): they read every token id a drafting request holds.
+HISTORY_DRAFTERS = frozenset({"ngram", "ngram_gpu", "suffix"})
+
+
+def drafter_reads(record: SpecDecodeRecord | None) -> str | None:
+    """What of a request's token ids the step's drafter reads beyond those the step computes:
+    "history" (all of them: `HISTORY_DRAFTERS`), "next" (a model drafter reads the target's
+    tokens shifted by one; a prefill chunk's last row reads the prompt token after the chunk, or
+    with vLLM's padded drafter batch the request's newest token), None (the engine does not
+    draft)."""
+    if record is None:
+        return None
+    return "history" if record.method in HISTORY_DRAFTERS else "next"
+
 
 def speculative_config(runner: Any) -> Any:
     """The engine's speculative decoding config (None: it decodes one token a step)."""
