@@ -229,6 +229,32 @@ def test_a_cut_keeps_the_grammar_rows_and_features_of_the_requests_left(sample):
     assert reduce_step(step, {prefill: 5}).grammar is None  # a chunk cut short samples nothing
 
 
+def test_a_drafted_request_cut_shorter_keeps_the_drafts_among_its_tokens(sample):
+    """A decode verifying drafts [7, 9] schedules its last sampled token and then them; cut to
+    two tokens it verifies [7], to one none: its drafts, the scheduler output's and its grammar
+    rows (one, and one per draft) follow."""
+    from tracekit.share import batch_variants
+
+    step = sample.steps[0]
+    req_id = step.batch_order[0]
+    old = step.request(req_id)
+    drafted = dataclasses.replace(old, draft_token_ids=[7, 9], num_scheduled_tokens=3, extras=dict(old.extras))
+    step = batch_variants.reordered(dataclasses.replace(
+        step, requests=[drafted if r.req_id == req_id else r for r in step.requests],
+        scheduler_output={**step.scheduler_output, "scheduled_spec_decode_tokens": {req_id: [7, 9]},
+                          "num_invalid_spec_tokens": {req_id: 2}}), step.batch_order)
+    step.grammar = GrammarRecord([req_id], [3], torch.arange(3 * 16, dtype=torch.int32).view(3, 16),
+                                 num_acceptable_drafts=[2])
+    for count, drafts in ((3, [7, 9]), (2, [7]), (1, [])):
+        reduced = reduce_step(step, {req_id: count})
+        assert reduced.request(req_id).draft_token_ids == drafts
+        assert reduced.scheduler_output["scheduled_spec_decode_tokens"] == ({req_id: drafts} if drafts else {})
+        assert reduced.scheduler_output["num_invalid_spec_tokens"] == {req_id: len(drafts)}
+        assert reduced.grammar.rows_per_request == [1 + len(drafts)]
+        assert torch.equal(reduced.grammar.bitmask, step.grammar.bitmask[:1 + len(drafts)])
+        assert reduced.grammar.num_acceptable_drafts == [len(drafts)]
+        assert reduced.input_ids.tolist() == [old.output_token_ids[-1], 7, 9][:count]
+
 def test_redaction_renames_the_grammar_and_feature_requests(sample):
     step = dataclasses.replace(sample.steps[0])
     first = step.batch_order[2]

@@ -2,7 +2,8 @@
 
 `tracekit shrink` tries many such cuts. A cut keeps, for each request it keeps, the first
 `n` of its scheduled tokens (a chunk can only end earlier: its start is fixed by the KV cache
-already computed). Everything else follows from that choice: the batch order (the recorded one,
+already computed; a drafted request's tokens are its last sampled token and then its drafts, so
+it keeps the drafts among its first `n`). Everything else follows from that choice: the batch order (the recorded one,
 filtered), the input ids and positions (each kept request's slice of the recorded ones), the KV
 blocks (only those the cut batch reads, from the recorded snapshot), and the scheduler output
 record. What the forward produced for the whole batch (outputs, KV written, timing, graph
@@ -42,7 +43,8 @@ def reduce_step(step: Step, keep: dict[str, int]) -> Step:
         old, count = by_id[req_id], keep[req_id]
         if not 1 <= count <= old.num_scheduled_tokens:
             raise UsageError(f"request {req_id} schedules {old.num_scheduled_tokens} tokens, not {count}")
-        pairs.append((old, dataclasses.replace(old, num_scheduled_tokens=count, extras=dict(old.extras))))
+        pairs.append((old, dataclasses.replace(old, num_scheduled_tokens=count, draft_token_ids=drafts_kept(old, count),
+                                               extras=dict(old.extras))))
     token_slices = [
         torch.arange(offsets[req_id], offsets[req_id] + keep[req_id], dtype=torch.long) for req_id in order
     ]
@@ -52,6 +54,12 @@ def reduce_step(step: Step, keep: dict[str, int]) -> Step:
         step.input_ids.index_select(-1, rows) if step.input_ids is not None else None,
         step.positions.index_select(-1, rows) if step.positions is not None else None,
     )
+
+
+def drafts_kept(request: RequestState, count: int) -> list[int]:
+    """The drafts among a request's first `count` scheduled tokens (its drafts come last)."""
+    undrafted = request.num_scheduled_tokens - len(request.draft_token_ids)
+    return list(request.draft_token_ids[:max(count - undrafted, 0)])
 
 
 def step_running(step: Step, pairs: list[tuple[RequestState, RequestState]], input_ids: Any, positions: Any) -> Step:
@@ -77,7 +85,7 @@ def step_running(step: Step, pairs: list[tuple[RequestState, RequestState]], inp
         timing=StepTiming(),
         # what the drafter did after sampling is an output too
         spec_decode=dataclasses.replace(step.spec_decode, proposals=None, drafter_calls=[]) if step.spec_decode else None,
-        grammar=reduced_grammar(step.grammar, requests),
+        grammar=reduced_grammar(step.grammar, pairs),
         features=None if step.features is None else {
             name: kept for name, req_ids in step.features.items()
             if (kept := [req_id for req_id in req_ids if req_id in {request.req_id for request in requests}])
@@ -86,22 +94,25 @@ def step_running(step: Step, pairs: list[tuple[RequestState, RequestState]], inp
     )
 
 
-def reduced_grammar(grammar: GrammarRecord | None, requests: list[RequestState]) -> GrammarRecord | None:
+def reduced_grammar(grammar: GrammarRecord | None, pairs: list[tuple[RequestState, RequestState]]) -> GrammarRecord | None:
     """The grammar mask rows of the requests that still sample (a prefill chunk cut short samples
-    nothing: vLLM sends no mask for it); None where none is left."""
+    nothing: vLLM sends no mask for it), a drafted request's first row and those of the drafts it
+    keeps (`pairs`: each request as recorded and as it runs now); None where none is left."""
     if grammar is None:
         return None
-    sampling = {request.req_id for request in requests if request.samples}
-    kept = [index for index, req_id in enumerate(grammar.request_ids) if req_id in sampling]
+    cut = {new.req_id: len(old.draft_token_ids) - len(new.draft_token_ids) for old, new in pairs if new.samples}
+    kept = [index for index, req_id in enumerate(grammar.request_ids) if req_id in cut]
     if not kept:
         return None
-    rows = [row for index in kept for row in grammar.rows_of(grammar.request_ids[index])]
+    counts = [max(grammar.rows_per_request[index] - cut[grammar.request_ids[index]], 1) for index in kept]
+    rows = [row for index, count in zip(kept, counts) for row in grammar.rows_of(grammar.request_ids[index])[:count]]
     acceptable = grammar.num_acceptable_drafts
     return GrammarRecord(
         request_ids=[grammar.request_ids[index] for index in kept],
-        rows_per_request=[grammar.rows_per_request[index] for index in kept],
+        rows_per_request=counts,
         bitmask=grammar.bitmask.index_select(0, torch.tensor(rows, dtype=torch.long)),
-        num_acceptable_drafts=[acceptable[index] for index in kept] if acceptable is not None else None,
+        num_acceptable_drafts=[min(acceptable[index], count - 1) for index, count in zip(kept, counts)]
+        if acceptable is not None else None,
         extras=dict(grammar.extras),
     )
 

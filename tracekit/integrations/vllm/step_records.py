@@ -17,7 +17,7 @@ module knows, for the vLLM 0.32 series:
   forward or sampling.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 from tracekit.format.schema import RequestState, Step
 from tracekit.integrations.vllm.spec_decode import recorded_drafts
@@ -142,9 +142,10 @@ def rebuild_scheduler_output(
     scheduled = {new.req_id: new.num_scheduled_tokens for _, new in requests}
     result["num_scheduled_tokens"] = scheduled
     result["total_num_scheduled_tokens"] = sum(scheduled.values())
-    for name in ("scheduled_spec_decode_tokens", "scheduled_encoder_inputs", "num_invalid_spec_tokens"):
-        if isinstance(record.get(name), dict):
-            result[name] = {rename(key): value for key, value in record[name].items() if key in by_old}
+    if isinstance(record.get("scheduled_encoder_inputs"), dict):
+        result["scheduled_encoder_inputs"] = {rename(key): value for key, value in record["scheduled_encoder_inputs"].items()
+                                              if key in by_old}
+    _cut_drafts(record, result, by_old, rename)
     for name in ("finished_req_ids", "preempted_req_ids"):
         value = record.get(name)
         if isinstance(value, dict) and "$set" in value:
@@ -160,6 +161,29 @@ def rebuild_scheduler_output(
             _common_prefix([new.block_ids[g] for _, new in requests]) for g in range(len(common))
         ]
     return result
+
+
+def _cut_drafts(record: dict[str, Any], result: dict[str, Any],
+                by_old: dict[str, tuple[RequestState, RequestState]], rename: Callable[[str], str]) -> None:
+    """The drafts each kept request schedules (its last scheduled tokens): as many fewer as it
+    schedules fewer tokens; a request left with none is not listed (as vLLM's scheduler does)."""
+    drafts = record.get("scheduled_spec_decode_tokens")
+    if isinstance(drafts, dict):
+        kept = {}
+        for req_id, tokens in drafts.items():
+            if req_id not in by_old or not isinstance(tokens, list):
+                continue
+            old, new = by_old[req_id]
+            count = max(len(tokens) - max(old.num_scheduled_tokens - new.num_scheduled_tokens, 0), 0)
+            if count:
+                kept[rename(req_id)] = tokens[:count]
+        result["scheduled_spec_decode_tokens"] = kept
+    invalid = record.get("num_invalid_spec_tokens")
+    if isinstance(invalid, dict):
+        counts = {key: len(tokens) for key, tokens in result.get("scheduled_spec_decode_tokens", {}).items()}
+        result["num_invalid_spec_tokens"] = {
+            rename(req_id): min(value, counts.get(rename(req_id), 0)) if isinstance(value, int) else value
+            for req_id, value in invalid.items() if req_id in by_old}
 
 
 def _common_prefix(block_lists: list[list[int]]) -> int:
