@@ -210,21 +210,31 @@ def _without_later_kv(source: Path, target: Path) -> Path:
     return rewrite_bundle(source, target, drop)
 
 
+def _redacted(source: Path, target: Path, runner_kind: str) -> Path:
+    """`tracekit redact` of a window (its later steps' request states derived by the runner kind)."""
+    finished = tracekit("redact", source, "-o", target, runner=runner_kind)
+    assert finished.returncode == 0, finished.explain()
+    return target
+
+
 @pytest.fixture(scope="session")
 def window_scenario_replays(e2e_dir, runner_kind, window_scenario_bundles):
     """Every window of the scenario where something happens besides steps running on, replayed on
     one engine; first, where a later step saved blocks it read from the prefix cache, a control
-    without them (first: no replay before it left those blocks in the engine's cache)."""
+    without them (first: no replay before it left those blocks in the engine's cache). Last, each
+    of those windows redacted."""
     events = {index: _window_events(path) for index, path in window_scenario_bundles.items()}
     chosen = {index: path for index, path in window_scenario_bundles.items() if any(events[index].values())}
     with_kv = next((index for index, found in events.items() if found["kv"]), None)
     controls = []
     if with_kv is not None:
         controls = [_without_later_kv(window_scenario_bundles[with_kv], e2e_dir / "window-without-later-kv.zst")]
+    redacted = {source: _redacted(source, e2e_dir / f"redacted-{source.name}", runner_kind)
+                for source in chosen.values()}
     result = engine_script("replay_many", e2e_dir / "window_scenario_replays.json", *controls, *chosen.values(),
-                           runner=runner_kind)
+                           *redacted.values(), runner=runner_kind)
     control = (controls[0], events[with_kv]["kv"][0]) if controls else None
-    return {**result, "events": events, "chosen": chosen, "control": control}
+    return {**result, "events": events, "chosen": chosen, "control": control, "redacted": redacted}
 
 
 def test_the_scenario_holds_what_a_window_must_carry(window_scenario_replays, runner_kind):
@@ -250,3 +260,30 @@ def test_without_the_blocks_a_later_step_found_cached_the_window_parts_there(win
     result = window_scenario_replays["replays"][str(control)]
     assert result["verdict"] == "diverged", result
     assert result["first_divergence"].startswith(f"step {step}/"), result["first_divergence"]
+
+
+def test_a_redacted_window_replays_bit_exact_and_names_no_request_or_unread_token(window_scenario_replays):
+    """`tracekit redact` of a window keeps, for each request, the token ids any step of the window
+    reads (its later steps compute further chunks, resumed requests recompute theirs) and blanks
+    the rest — in the first step's states, the requests its runner held, and the later steps'
+    new requests and resumed token ids — renaming every request alike in every step. A blanked id
+    that some step read would part the replay (or be refused: the states would disagree with the
+    input ids the forward read)."""
+    blanked = 0
+    for source, redacted in window_scenario_replays["redacted"].items():
+        result = window_scenario_replays["replays"][str(redacted)]
+        assert "error" not in result, (source.name, result.get("error"))
+        assert result["verdict"] == "bit_exact", (source.name, result["first_divergence"])
+        assert len(result["steps"]) == len(result["window"]["steps"]), source.name
+        with open_bundle(source) as reader:
+            original = reader.metadata
+        with open_bundle(redacted) as reader:
+            text, derivation = repr(reader.metadata), reader.metadata["derivations"][-1]
+        first = original["steps"][0]
+        ids = {*first["batch_order"], *(request["req_id"] for request in first["window"]["held_requests"]),
+               *(req_id for carried in first["window"]["steps"] for req_id in carried["batch_order"])}
+        assert not [req_id for req_id in ids if req_id in text], source.name
+        (record,) = derivation["steps"]
+        blanked += sum(record["token_ids_blanked"].values())
+        assert record["request_ids_renamed"] == len(ids)
+    assert blanked > 0, "no window started with tokens already in the KV cache"

@@ -192,7 +192,7 @@ def derivation_lines(derivations: list[dict]) -> list[str]:
             for step in _listed(entry.get("steps")):
                 kept = step.get("history_kept") if isinstance(step, dict) else None
                 for req_id, readers in (kept.items() if isinstance(kept, dict) else ()):
-                    lines.append(f"  kept every token id of {req_id}: its sampling reads them ({', '.join(map(str, _listed(readers)))})")
+                    lines.append(f"  kept every token id of {req_id}: its sampling or the drafter reads them ({', '.join(map(str, _listed(readers)))})")
             if _listed(entry.get("env_vars_removed")):
                 lines.append(f"  environment variables removed: {', '.join(map(str, entry['env_vars_removed']))}")
         else:

@@ -28,7 +28,7 @@ def redact_command(bundle, output):
         console.print(f"  {step['request_ids_renamed']} request id(s) renamed, {blanked} token id(s) set to "
                       f"{record['neutral_token_id']}")
         for req_id, readers in step["history_kept"].items():
-            console.print(f"  [yellow]kept[/yellow] every token id of {req_id}: its sampling reads them "
+            console.print(f"  [yellow]kept[/yellow] every token id of {req_id}: its sampling or the drafter reads them "
                           f"({', '.join(readers)})")
         for req_id, fields in step["sampling_fields_removed"].items():
             console.print(f"  removed {', '.join(fields)} of {req_id}")

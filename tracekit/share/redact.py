@@ -17,6 +17,9 @@ Removed:
 * environment variables that do not shape the numbers (`tracekit.environment`), and fields of
   the step this tracekit does not know (they might hold anything).
 
+A window of steps is redacted as one (`plan_for` its steps): a request keeps the token ids any
+of its steps reads, and is renamed alike in each.
+
 Kept: the scheduled tokens, KV blocks, block tables, sampling parameters sampling reads, the
 generator and RNG states, the recorded outputs (needed to check the replay), the engine
 configuration and the error of a failing step. What a KV cache still reveals is in the README.
@@ -28,15 +31,15 @@ from typing import Any
 
 from tracekit import __version__
 from tracekit.environment import numerics_relevant_env
-from tracekit.errors import UsageError
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, RequestState, Step
+from tracekit.format.schema import BundleContent, CarriedStep, GrammarRecord, RequestState, Step
 from tracekit.integrations.vllm.spec_decode import drafter_reads
 from tracekit.integrations.vllm.step_records import (
     history_readers,
     ids_outside_the_batch,
     reads_next_prompt_token,
     rebuild_scheduler_output,
+    redact_later_scheduler_output,
     redact_sampling_params,
 )
 from tracekit.outputs import require_parent
@@ -54,6 +57,27 @@ class RedactionRecord:
     request_ids_renamed: int = 0
     other_ids_renamed: int = 0
     unknown_fields_removed: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class RedactionPlan:
+    """What a redaction renames and keeps, decided over every step it covers: a single step, or
+    each step of a window (a request keeps the token ids any of its steps reads)."""
+
+    names: dict[str, str]  # the requests: req_id -> req-N, in order of first appearance
+    other_names: dict[str, str]  # other ids the scheduler outputs name (finished, preempted): other-N
+    kept: dict[str, set[int] | None]  # req_id -> positions of prompt + output kept (None: all)
+    readers: dict[str, list[str]]  # req_id -> what reads its earlier token ids
+
+    @property
+    def mapping(self) -> dict[str, str]:
+        return {**self.names, **self.other_names}
+
+    def renamed_in_text(self, text: str) -> str:
+        """A trigger (`req_id==ID`) or an error's message with the ids renamed."""
+        for old, new in sorted(self.mapping.items(), key=lambda item: -len(item[0])):
+            text = text.replace(old, new)
+        return text
 
 
 def _history_readers(request: RequestState, drafter: str | None, method: str | None) -> list[str]:
@@ -76,16 +100,43 @@ def _kept_positions(request: RequestState, drafter: str | None) -> set[int] | No
     return kept
 
 
-def _redact_request(request: RequestState, new_id: str, record: RedactionRecord, drafter: str | None,
-                    method: str | None) -> RequestState:
-    readers = _history_readers(request, drafter, method)
-    if readers:
-        record.history_kept[new_id] = readers
-    tokens = request.prompt_token_ids + request.output_token_ids
-    kept = _kept_positions(request, drafter)
-    if kept is not None:
-        record.token_ids_blanked[new_id] = sum(1 for position in range(len(tokens)) if position not in kept)
-        tokens = [token if position in kept else NEUTRAL_TOKEN_ID for position, token in enumerate(tokens)]
+def plan_for(steps: list[Step], held: list[RequestState] = ()) -> RedactionPlan:
+    """The plan for `steps` (one, or a window's in order, each with its requests' states) and the
+    requests a window's runner held outside its first batch (`held`)."""
+    names: dict[str, str] = {}
+    kept: dict[str, set[int] | None] = {}
+    readers: dict[str, list[str]] = {}
+    for req_id in [*steps[0].batch_order, *(request.req_id for request in held),
+                   *(req_id for step in steps[1:] for req_id in step.batch_order)]:
+        names.setdefault(req_id, f"req-{len(names)}")
+    for step in steps:
+        drafter, method = drafter_reads(step.spec_decode), step.spec_decode.method if step.spec_decode else None
+        for request in step.requests:
+            here = _kept_positions(request, drafter)
+            before = kept.get(request.req_id, set())
+            kept[request.req_id] = None if here is None or before is None else before | here
+            for reader in _history_readers(request, drafter, method):
+                if reader not in readers.setdefault(request.req_id, []):
+                    readers[request.req_id].append(reader)
+    others = sorted(set().union(*(ids_outside_the_batch(step.scheduler_output) for step in steps)) - set(names))
+    return RedactionPlan(names, {req_id: f"other-{number}" for number, req_id in enumerate(others)}, kept, readers)
+
+
+def _blanked(tokens: list[int], kept: set[int] | None) -> tuple[list[int], int]:
+    """The token ids at positions not kept set to the neutral id, and how many were."""
+    if kept is None:
+        return list(tokens), 0
+    return ([token if position in kept else NEUTRAL_TOKEN_ID for position, token in enumerate(tokens)],
+            sum(1 for position in range(len(tokens)) if position not in kept))
+
+
+def _redact_request(request: RequestState, plan: RedactionPlan, record: RedactionRecord) -> RequestState:
+    new_id = plan.names[request.req_id]
+    if plan.readers.get(request.req_id):
+        record.history_kept[new_id] = plan.readers[request.req_id]
+    tokens, blanked = _blanked(request.prompt_token_ids + request.output_token_ids, plan.kept.get(request.req_id, set()))
+    if plan.kept.get(request.req_id, set()) is not None:
+        record.token_ids_blanked[new_id] = record.token_ids_blanked.get(new_id, 0) + blanked
     sampling_params, removed = redact_sampling_params(request.sampling_params)
     if removed:
         record.sampling_fields_removed[new_id] = removed
@@ -114,49 +165,93 @@ def _renamed_strings(value: Any, mapping: dict[str, str]) -> Any:
     return value
 
 
-def redact_step(step: Step) -> tuple[Step, RedactionRecord]:
-    record = RedactionRecord()
-    names = {req_id: f"req-{position}" for position, req_id in enumerate(step.batch_order)}
-    others = sorted(ids_outside_the_batch(step.scheduler_output) - set(names))
-    other_names = {req_id: f"other-{position}" for position, req_id in enumerate(others)}
-    record.request_ids_renamed, record.other_ids_renamed = len(names), len(other_names)
-    drafter, method = drafter_reads(step.spec_decode), step.spec_decode.method if step.spec_decode else None
-    pairs = [(request, _redact_request(request, names[request.req_id], record, drafter, method))
-             for request in step.requests]
+def _renamed_error(error: dict[str, Any] | None, plan: RedactionPlan) -> dict[str, Any] | None:
+    return error and {key: plan.renamed_in_text(value) if isinstance(value, str) else value for key, value in error.items()}
+
+
+def _renamed_grammar(grammar: GrammarRecord | None, plan: RedactionPlan) -> GrammarRecord | None:
+    return grammar and dataclasses.replace(
+        grammar, request_ids=[plan.mapping.get(req_id, req_id) for req_id in grammar.request_ids], extras={})
+
+
+def redact_step(step: Step, plan: RedactionPlan | None = None) -> tuple[Step, RedactionRecord]:
+    """`step` redacted by `plan` (by default, the plan of this step alone)."""
+    plan = plan or plan_for([step])
+    record = RedactionRecord(request_ids_renamed=len(plan.names), other_ids_renamed=len(plan.other_names))
+    pairs = [(request, _redact_request(request, plan, record)) for request in step.requests]
     ordered_pairs = sorted(pairs, key=lambda pair: step.batch_order.index(pair[0].req_id))
-    mapping = {**names, **other_names}
-    scheduler_output = _renamed_strings(rebuild_scheduler_output(step.scheduler_output, ordered_pairs, other_names),
-                                        mapping)
-
-    def renamed_in_text(text: str) -> str:  # the trigger (`req_id==ID`), an error's message
-        for old, new in sorted(mapping.items(), key=lambda item: -len(item[0])):
-            text = text.replace(old, new)
-        return text
-
-    error = step.error and {key: renamed_in_text(value) if isinstance(value, str) else value
-                            for key, value in step.error.items()}
+    scheduler_output = _renamed_strings(rebuild_scheduler_output(step.scheduler_output, ordered_pairs, plan.other_names),
+                                        plan.mapping)
     record.unknown_fields_removed.extend(f"steps[].{name}" for name in sorted(step.extras))
-    grammar = step.grammar and dataclasses.replace(
-        step.grammar, request_ids=[mapping.get(req_id, req_id) for req_id in step.grammar.request_ids], extras={})
     redacted = dataclasses.replace(
         step,
-        trigger=renamed_in_text(step.trigger),
+        trigger=plan.renamed_in_text(step.trigger),
         scheduler_output=scheduler_output,
-        batch_order=[names[req_id] for req_id in step.batch_order],
+        batch_order=[plan.names[req_id] for req_id in step.batch_order],
         requests=[new for _, new in pairs],
-        error=error,
-        grammar=grammar,
-        features=_renamed_strings(step.features, mapping),
+        error=_renamed_error(step.error, plan),
+        grammar=_renamed_grammar(step.grammar, plan),
+        features=_renamed_strings(step.features, plan.mapping),
         extras={},
     )
     return redacted, record
+
+
+def _redact_window(first: Step, content: BundleContent) -> tuple[Step, RedactionRecord]:
+    """A window redacted as one: its first step, the requests its runner held, and each later
+    step's scheduler output (new requests' prompts, resumed requests' token ids, sampling
+    parameters), batch order, runner states and grammar, every request renamed alike."""
+    from tracekit.integrations.vllm.replay_engine import expand_window
+
+    window = first.window
+    plan = plan_for([each.step for each in expand_window(first, content)], window.held_requests)
+    redacted, record = redact_step(first, plan)
+    held = [_redact_request(request, plan, record) for request in window.held_requests]
+    steps = [_redact_carried(carried, plan, record) for carried in window.steps]
+    if window.extras:
+        record.unknown_fields_removed.extend(f"window.{name}" for name in sorted(window.extras))
+    redacted.window = dataclasses.replace(window, steps=steps, held_requests=held, extras={})
+    return redacted, record
+
+
+def _redact_carried(carried: CarriedStep, plan: RedactionPlan, record: RedactionRecord) -> CarriedStep:
+    """A window's later step redacted by the window's plan."""
+    if carried.extras:
+        record.unknown_fields_removed.extend(f"window.steps[].{name}" for name in sorted(carried.extras))
+    return dataclasses.replace(
+        carried,
+        scheduler_output=_renamed_strings(_blanked_scheduler_output(carried.scheduler_output, plan, record),
+                                          plan.mapping),
+        batch_order=[plan.mapping.get(req_id, req_id) for req_id in carried.batch_order],
+        runner_states={plan.mapping.get(req_id, req_id): state for req_id, state in carried.runner_states.items()},
+        error=_renamed_error(carried.error, plan),
+        grammar=_renamed_grammar(carried.grammar, plan),
+        extras={},
+    )
+
+
+def _blanked_scheduler_output(output: dict[str, Any], plan: RedactionPlan, record: RedactionRecord) -> dict[str, Any]:
+    """A later step's scheduler output with the token ids its requests' steps never read blanked
+    and their sampling parameters redacted."""
+    def blanked(req_id: Any, tokens: list[int]) -> list[int]:
+        kept = plan.kept.get(req_id, set())
+        tokens, count = _blanked(tokens, kept)
+        if kept is not None:
+            name = plan.names.get(req_id, req_id)
+            record.token_ids_blanked[name] = record.token_ids_blanked.get(name, 0) + count
+        return tokens
+
+    result, removed = redact_later_scheduler_output(output, blanked)
+    for req_id, fields in removed.items():
+        record.sampling_fields_removed[plan.names.get(req_id, req_id)] = fields
+    return result
 
 
 def redact_content(content: BundleContent) -> BundleContent:
     """The content with every step redacted, environment trimmed, and a `redact` derivation."""
     steps, records = [], []
     for step in content.steps:
-        redacted, record = redact_step(step)
+        redacted, record = _redact_window(step, content) if step.window is not None else redact_step(step)
         steps.append(redacted)
         records.append(dataclasses.asdict(record))
     environment = content.environment
@@ -193,10 +288,6 @@ def redact(bundle: str | Path, output: str | Path) -> dict[str, Any]:
     require_parent(output)
     with open_bundle(bundle) as reader:
         content = BundleContent.from_plain(reader.resolve(reader.metadata, to="torch"))
-    if any(step.window is not None for step in content.steps):
-        # Its later steps' scheduler outputs carry new requests' prompts and resumed requests' tokens.
-        raise UsageError(f"{bundle} holds a window of steps, which redact does not rewrite yet: redact single-step "
-                         "bundles (record the steps one by one, --steps A:B)")
     redacted = redact_content(content)
     write_content(output, redacted)
     return redacted.derivations[-1]

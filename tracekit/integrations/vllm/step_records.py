@@ -163,6 +163,35 @@ def rebuild_scheduler_output(
     return result
 
 
+def redact_later_scheduler_output(record: dict[str, Any], tokens: Callable[[Any, list[int]], list[int]]
+                                  ) -> tuple[dict[str, Any], dict[Any, list[str]]]:
+    """A window's later `SchedulerOutput` record with each request's token ids passed through
+    `tokens(req_id, ids)` — new requests' prompt and prefill ids, resumed requests'
+    `all_token_ids` — and the sampling fields no runner reads removed from new requests' sampling
+    parameters. Returns it and, per request, the fields removed."""
+    result, removed = dict(record), {}
+    entries = []
+    for entry in record.get("scheduled_new_reqs") or []:
+        if isinstance(entry, dict):
+            entry = dict(entry)
+            for name in ("prompt_token_ids", "prefill_token_ids"):
+                if isinstance(entry.get(name), list):
+                    entry[name] = tokens(entry.get("req_id"), entry[name])
+            if isinstance(entry.get("sampling_params"), dict):
+                entry["sampling_params"], fields = redact_sampling_params(entry["sampling_params"])
+                if fields:
+                    removed[entry.get("req_id")] = fields
+        entries.append(entry)
+    if "scheduled_new_reqs" in record:
+        result["scheduled_new_reqs"] = entries
+    cached = record.get("scheduled_cached_reqs")
+    if isinstance(cached, dict) and isinstance(cached.get("all_token_ids"), dict):
+        result["scheduled_cached_reqs"] = {**cached, "all_token_ids": {
+            req_id: tokens(req_id, ids) if isinstance(ids, list) else ids
+            for req_id, ids in cached["all_token_ids"].items()}}
+    return result, removed
+
+
 def _cut_drafts(record: dict[str, Any], result: dict[str, Any],
                 by_old: dict[str, tuple[RequestState, RequestState]], rename: Callable[[str], str]) -> None:
     """The drafts each kept request schedules (its last scheduled tokens): as many fewer as it
