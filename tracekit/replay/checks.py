@@ -19,7 +19,7 @@ import torch
 
 from tracekit.format.schema import Step
 from tracekit.integrations.seam import ObservedStep
-from tracekit.integrations.vllm.replay_engine import logits_rows, unpack_mask
+from tracekit.integrations.vllm.replay_engine import STATEFUL_DRAFTERS, logits_rows, unpack_mask
 from tracekit.numerics import compare_tensors
 
 
@@ -227,9 +227,6 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> li
 
 # -- speculative decoding ---------------------------------------------------------------------
 
-# Drafters whose proposals depend on what they kept from earlier requests (suffix decoding's tree
-# of past outputs, a user's class), which no bundle holds: their proposals are shown, not decisive.
-STATEFUL_DRAFTERS = frozenset({"suffix", "custom_class"})
 
 
 def _drafts_item(observed: ObservedStep, step: Step) -> CheckedItem | None:

@@ -39,7 +39,7 @@ from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager
 from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
 from tracekit.integrations.vllm.lora_adapters import LocatedAdapters, locate
 from tracekit.integrations.vllm.platform_facts import kv_layout_difference
-from tracekit.integrations.vllm.spec_decode import recorded_drafts
+from tracekit.integrations.vllm.spec_decode import STATEFUL_DRAFTERS, recorded_drafts
 from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
 from tracekit.integrations.vllm.step_features import not_replayable_reason
 from tracekit.integrations.vllm.step_records import logits_rows
@@ -50,7 +50,8 @@ from tracekit.integrations.vllm.window_records import WindowStep, window_steps
 from tracekit.models import tiny_model_path
 
 __all__ = [
-    "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "LocatedAdapters", "ReplayEngine", "StepDriver",
+    "STATEFUL_DRAFTERS", "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "LocatedAdapters", "ReplayEngine",
+    "StepDriver",
     "WindowRun", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
     "locate_lora_adapters", "logits_rows", "needs_of", "release_llm", "replay_engine_args", "require_drafting_known",
     "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",

@@ -20,6 +20,9 @@ from tracekit.integrations.vllm.runner_state import PLACEHOLDER_TOKEN, hidden_st
 # Drafters that propose from a request's own token ids (an n-gram lookup over its prompt and
 # output, suffix decoding's tree of them): they read every token id a drafting request holds.
 HISTORY_DRAFTERS = frozenset({"ngram", "ngram_gpu", "suffix"})
+# Drafters whose proposals depend on what they kept from earlier requests (suffix decoding's tree
+# of past outputs, a user's class), which no bundle holds: their proposals are shown, not decisive.
+STATEFUL_DRAFTERS = frozenset({"suffix", "custom_class"})
 
 
 def drafter_reads(record: SpecDecodeRecord | None) -> str | None:
