@@ -57,7 +57,8 @@ Each case is classified (a case lands in the first class that applies):
                      the reader accepts whose metadata holds recorded content, every command
                      that reads metadata runs, in this process through click's test runner:
                      `inspect` (table), `inspect --json --full`, `diff --json` against its seed,
-                     `export --shapes -o -`, and `replay --no-timing` up to the engine build
+                     `export --shapes -o -`, `redact` (since 2026-12-05: it derives a window's
+                     later request states), and `replay --no-timing` up to the engine build
                      (the functions the command calls, `checked_before_engine` last: it stops where
                      vLLM would take over)
   memory             MemoryError escaped, or the worker died (the RLIMIT_AS cap or a signal)
@@ -710,13 +711,14 @@ def run_command(args: list[str], exit_codes: tuple[int, ...]) -> tuple[str, str 
 
 # The commands that read a bundle's metadata, with the exit codes each may end with, run on every
 # bundle the reader accepts whose metadata holds recorded content; BUNDLE is the case's bundle,
-# SEED the bundle it was mutated from.
-BUNDLE, SEED = "{bundle}", "{seed}"
+# SEED the bundle it was mutated from, OUT a file a command may write.
+BUNDLE, SEED, OUT = "{bundle}", "{seed}", "{out}"
 COMMANDS = {
     "inspect": (["inspect", BUNDLE], (0, 2)),
     "inspect --json --full": (["inspect", "--json", "--full", BUNDLE], (0, 2)),
     "diff": (["diff", "--json", BUNDLE, SEED], (0, 1, 2)),
     "export --shapes": (["export", "--shapes", "-o", "-", BUNDLE], (0, 2)),
+    "redact": (["redact", BUNDLE, "-o", OUT], (0, 2)),
 }
 REPLAY = "replay --no-timing, to the engine build"
 
@@ -753,8 +755,10 @@ def check_commands(path: Path, seed: Path) -> tuple[dict[str, str], list[str]]:
     """Every command that reads metadata, on one accepted bundle: ({command: how it ended},
     [what went wrong])."""
     outcomes, problems = {}, []
+    out = path.with_suffix(".out.zst")
     for name, (args, exit_codes) in COMMANDS.items():
-        outcome, problem = run_command([arg.format(bundle=path, seed=seed) for arg in args], exit_codes)
+        out.unlink(missing_ok=True)
+        outcome, problem = run_command([arg.format(bundle=path, seed=seed, out=out) for arg in args], exit_codes)
         outcomes[name] = outcome
         if problem:
             problems.append(f"{name}: {problem}")

@@ -96,6 +96,11 @@ def _new_prompt_holds_text(carried):
                                                        "num_computed_tokens": 0}]
 
 
+def _new_sampling_params_are_a_list(carried):
+    carried.scheduler_output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, 2],
+                                                       "num_computed_tokens": 0, "sampling_params": ["seed"]}]
+
+
 def _count_is_a_tensor(carried):
     import torch
 
@@ -114,13 +119,14 @@ def _new_request_without_kv_groups(carried):
     (_count_is_a_tensor, "a token count should be a whole number, not Tensor$"),
     (_cached_id_is_a_number, "scheduled_cached_reqs.req_ids should hold request ids"),
     (_new_prompt_holds_text, "new-0.prompt_token_ids should hold token ids"),
+    (_new_sampling_params_are_a_list, "new-0.sampling_params should be a map, not a list"),
     (_new_request_without_kv_groups, "request 'new-0' holds blocks for 0 KV cache group"),
 ])
 def test_a_later_steps_scheduler_output_holding_the_wrong_types_is_refused_with_its_place(edit, where):
     """A later step's scheduler output is a tagged vLLM object, not a schema record: the request
     states a replay derives from it check each value they take (fuzzed bundles with a map among
     the finished ids, or a new request without a block list per KV cache group, crashed the
-    derivation)."""
+    derivation; sampling parameters that are no map, the redaction's plan)."""
     from tracekit.integrations.vllm.window_records import window_steps
 
     content = window_content()

@@ -195,6 +195,9 @@ def _require_blocks_fit(requests: list[RequestState], num_groups: int, num_kv_bl
 def _new_request(entry: Any, where: str) -> RequestState:
     if not isinstance(entry, dict) or not isinstance(entry.get("req_id"), str):
         raise BundleError(f"{where}: a scheduled_new_reqs entry is no request")
+    params = entry.get("sampling_params")
+    if params is not None and not isinstance(params, dict):
+        raise BundleError(f"{where}: {entry['req_id']}.sampling_params should be a map, not {found(params)}")
     prompt = _token_ids(entry.get("prompt_token_ids"), f"{where}: {entry['req_id']}.prompt_token_ids")
     prefill = entry.get("prefill_token_ids")
     outputs = _token_ids(prefill, f"{where}: {entry['req_id']}.prefill_token_ids")[len(prompt):]
@@ -205,7 +208,7 @@ def _new_request(entry: Any, where: str) -> RequestState:
         block_ids=_block_groups(entry.get("block_ids"), where) or [],
         num_computed_tokens=_count(entry.get("num_computed_tokens"), where),
         num_scheduled_tokens=0,
-        sampling_params=entry.get("sampling_params"),
+        sampling_params=params,
         lora_adapter=_lora_name(entry.get("lora_request")),
     )
 
