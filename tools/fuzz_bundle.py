@@ -951,7 +951,9 @@ def replay_case(args) -> None:
               check_cli(path, table=False, full=True) or "ok")
         if holds_content(path):
             for name, (command_args, exit_codes) in COMMANDS.items():
-                print(f"{name}:", run_command([arg.format(bundle=path, seed=seed) for arg in command_args], exit_codes))
+                out = path.with_suffix(".out.zst")
+                print(f"{name}:", run_command([arg.format(bundle=path, seed=seed, out=out) for arg in command_args],
+                                              exit_codes))
             print(f"{REPLAY}:", replay_until_engine_build(path))
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from tracekit import __version__
 from tracekit.environment import numerics_relevant_env
+from tracekit.errors import BundleError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, CarriedStep, GrammarRecord, RequestState, Step
 from tracekit.integrations.vllm.spec_decode import drafter_reads
@@ -174,8 +175,17 @@ def _renamed_grammar(grammar: GrammarRecord | None, plan: RedactionPlan) -> Gram
         grammar, request_ids=[plan.mapping.get(req_id, req_id) for req_id in grammar.request_ids], extras={})
 
 
+def _require_states_of_the_batch(step: Step) -> None:
+    """One request state per request of the batch, and none besides: what redact renames and
+    blanks, request by request (a replay refuses a bundle without them too)."""
+    if sorted(step.batch_order) != sorted(request.req_id for request in step.requests):
+        raise BundleError(f"bundle content: step {step.index}'s request states and batch order name different "
+                          "requests: redact rewrites them request by request")
+
+
 def redact_step(step: Step, plan: RedactionPlan | None = None) -> tuple[Step, RedactionRecord]:
     """`step` redacted by `plan` (by default, the plan of this step alone)."""
+    _require_states_of_the_batch(step)
     plan = plan or plan_for([step])
     record = RedactionRecord(request_ids_renamed=len(plan.names), other_ids_renamed=len(plan.other_names))
     pairs = [(request, _redact_request(request, plan, record)) for request in step.requests]
@@ -204,6 +214,7 @@ def _redact_window(first: Step, content: BundleContent) -> tuple[Step, Redaction
     from tracekit.integrations.vllm.replay_engine import expand_window
 
     window = first.window
+    _require_states_of_the_batch(first)
     plan = plan_for([each.step for each in expand_window(first, content)], window.held_requests)
     redacted, record = redact_step(first, plan)
     held = [_redact_request(request, plan, record) for request in window.held_requests]

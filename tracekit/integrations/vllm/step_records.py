@@ -130,7 +130,7 @@ def rebuild_scheduler_output(
         cached["req_ids"] = [rename(old_ids[i]) for i in kept]
         resumed = cached.get("resumed_req_ids")
         if isinstance(resumed, dict) and "$set" in resumed:
-            cached["resumed_req_ids"] = {"$set": sorted(rename(r) for r in resumed["$set"] if r in by_old)}
+            cached["resumed_req_ids"] = {"$set": sorted(rename(r) for r in _set_ids(resumed) if r in by_old)}
         all_token_ids = cached.get("all_token_ids")
         if isinstance(all_token_ids, dict):
             cached["all_token_ids"] = {
@@ -149,7 +149,7 @@ def rebuild_scheduler_output(
     for name in ("finished_req_ids", "preempted_req_ids"):
         value = record.get(name)
         if isinstance(value, dict) and "$set" in value:
-            result[name] = {"$set": sorted(rename(req_id) for req_id in value["$set"])}
+            result[name] = {"$set": sorted(rename(req_id) for req_id in _set_ids(value))}
     blocks = {block for _, new in requests for group in new.block_ids for block in group}
     zeroed = record.get("new_block_ids_to_zero")
     if isinstance(zeroed, list):
@@ -215,6 +215,12 @@ def _cut_drafts(record: dict[str, Any], result: dict[str, Any],
             for req_id, value in invalid.items() if req_id in by_old}
 
 
+def _set_ids(tagged: dict[str, Any]) -> list[str]:
+    """The request ids of a recorded set (`{"$set": [...]}`); what is no id is not one."""
+    items = tagged.get("$set")
+    return [item for item in items if isinstance(item, str)] if isinstance(items, list) else []
+
+
 def _common_prefix(block_lists: list[list[int]]) -> int:
     length = 0
     for column in zip(*block_lists):
@@ -241,7 +247,7 @@ def ids_outside_the_batch(record: dict[str, Any]) -> set[str]:
     for name in ("finished_req_ids", "preempted_req_ids"):
         value = record.get(name)
         if isinstance(value, dict):
-            found.update(item for item in value.get("$set", []) if isinstance(item, str))
+            found.update(_set_ids(value))
     return found
 
 
