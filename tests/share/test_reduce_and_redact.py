@@ -161,6 +161,32 @@ def test_redact_command_writes_a_bundle_inspect_marks_redacted(tmp_path):
     assert "VLLM_LOGGING_LEVEL" not in env and "VLLM_SSM_CONV_STATE_LAYOUT" in env
 
 
+def _batch_names_a_request_without_state(metadata, tensors):
+    metadata["steps"][0]["batch_order"][0] = "nobody"
+
+
+def _finished_ids_hold_no_list(metadata, tensors):
+    metadata["steps"][0]["scheduler_output"]["finished_req_ids"] = {"$set": None}
+
+
+@pytest.mark.parametrize("edit, code, complaint", [
+    (_batch_names_a_request_without_state, 2, "request states and batch order name different requests"),
+    (_finished_ids_hold_no_list, 0, None),
+])
+def test_redact_takes_hostile_steps_in_one_line_or_in_stride(edit, code, complaint, tmp_path):
+    """Found by fuzzing `redact` (2026-12-05): a batch naming a request with no state raised
+    KeyError, a recorded id set holding no list TypeError."""
+    from tracekit.format.rewrite import rewrite_bundle
+
+    edited = rewrite_bundle(SAMPLE, tmp_path / "edited.zst", edit)
+    out = tmp_path / "out.zst"
+    finished = subprocess.run([TRACEKIT, "redact", edited, "-o", out], capture_output=True, text=True)
+    assert finished.returncode == code, finished.stderr
+    if complaint:
+        (line,) = finished.stderr.splitlines()
+        assert line.startswith("tracekit: error: ") and complaint in line
+        assert not out.exists()
+
 def sha256(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
