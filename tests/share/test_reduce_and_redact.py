@@ -169,18 +169,29 @@ def _finished_ids_hold_no_list(metadata, tensors):
     metadata["steps"][0]["scheduler_output"]["finished_req_ids"] = {"$set": None}
 
 
+def _new_requests_are_a_number(metadata, tensors):
+    metadata["steps"][0]["scheduler_output"]["scheduled_new_reqs"] = 7
+
+
+def _a_chunk_of_two_billion_tokens(metadata, tensors):
+    metadata["steps"][0]["requests"][0]["num_scheduled_tokens"] = 2_000_000_000
+
+
 @pytest.mark.parametrize("edit, code, complaint", [
     (_batch_names_a_request_without_state, 2, "request states and batch order name different requests"),
     (_finished_ids_hold_no_list, 0, None),
+    (_new_requests_are_a_number, 2, "scheduled_new_reqs should hold requests"),
+    (_a_chunk_of_two_billion_tokens, 0, None),
 ])
 def test_redact_takes_hostile_steps_in_one_line_or_in_stride(edit, code, complaint, tmp_path):
     """Found by fuzzing `redact` (2026-12-05): a batch naming a request with no state raised
-    KeyError, a recorded id set holding no list TypeError."""
+    KeyError, a recorded id set holding no list or a scheduler output record of other types
+    TypeError, and a huge scheduled count built a set of every position it names."""
     from tracekit.format.rewrite import rewrite_bundle
 
     edited = rewrite_bundle(SAMPLE, tmp_path / "edited.zst", edit)
     out = tmp_path / "out.zst"
-    finished = subprocess.run([TRACEKIT, "redact", edited, "-o", out], capture_output=True, text=True)
+    finished = subprocess.run([TRACEKIT, "redact", edited, "-o", out], capture_output=True, text=True, timeout=60)
     assert finished.returncode == code, finished.stderr
     if complaint:
         (line,) = finished.stderr.splitlines()

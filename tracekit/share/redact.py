@@ -91,13 +91,14 @@ def _kept_positions(request: RequestState, drafter: str | None) -> set[int] | No
     `spec_decode.drafter_reads`); None: all of them."""
     if history_readers(request.sampling_params) or drafter == "history":
         return None
+    length = len(request.prompt_token_ids) + len(request.output_token_ids)
     start = request.num_computed_tokens
     end = start + request.num_scheduled_tokens
-    kept = set(range(start, end))
+    kept = set(range(min(start, length), min(end, length)))  # a hostile count names no more positions
     if reads_next_prompt_token(request.sampling_params) or drafter == "next":
         kept.add(end)
     if drafter == "next":  # a padded drafter batch's backup token for a prefill chunk
-        kept.add(len(request.prompt_token_ids) + len(request.output_token_ids) - 1)
+        kept.add(length - 1)
     return kept
 
 

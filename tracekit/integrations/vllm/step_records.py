@@ -19,7 +19,9 @@ module knows, for the vLLM 0.32 series:
 
 from typing import Any, Callable
 
+from tracekit.errors import BundleError
 from tracekit.format.schema import RequestState, Step
+from tracekit.format.typecheck import found
 from tracekit.integrations.vllm.spec_decode import recorded_drafts
 
 # SamplingParams fields (and their neutral values) that make sampling read earlier token ids.
@@ -37,12 +39,16 @@ UNREAD_USER_FIELDS = {"stop": [], "bad_words": [], "extra_args": None}
 
 
 def history_readers(sampling_params: dict[str, Any] | None) -> list[str]:
-    """The sampling settings of a request that read token ids before the ones it computes."""
-    params = sampling_params or {}
-    return [
-        name for name, neutral in HISTORY_READERS.items()
-        if name in params and params[name] not in (neutral, None, [])
-    ]
+    """The sampling settings of a request that read token ids before the ones it computes (a
+    setting holding what no setting holds, a tensor, counts as set)."""
+    params = sampling_params if isinstance(sampling_params, dict) else {}
+    return [name for name, neutral in HISTORY_READERS.items() if name in params and _is_set(params[name], neutral)]
+
+
+def _is_set(value: Any, neutral: Any) -> bool:
+    if value is None or (isinstance(value, list) and not value):
+        return False
+    return not isinstance(value, type(neutral)) or value != neutral
 
 
 def reads_next_prompt_token(sampling_params: dict[str, Any] | None) -> bool:
@@ -63,13 +69,52 @@ def redact_sampling_params(sampling_params: dict[str, Any] | None) -> tuple[dict
     return redacted, removed
 
 
+# The most token comparisons `_same_slice` makes looking for a run in the middle of a request's ids.
+SEARCH_BUDGET = 10_000_000
+
+
 def _same_slice(values: list[int], before: list[int], after: list[int]) -> list[int]:
-    """`values` is a run of `before` (a request's token ids); the same run of `after`."""
+    """`values` is a run of `before` (a request's token ids); the same run of `after`. A run found
+    nowhere (or not within the search budget) comes back as neutral ids: nothing of it is kept."""
     width = len(values)
-    for start in range(len(before) - width, -1, -1):
-        if before[start : start + width] == values:
+    ends = [0, len(before) - width]  # a prompt starts the ids, the newest tokens end them
+    middle = range(len(before) - width - 1, 0, -1) if width * len(before) <= SEARCH_BUDGET else range(0)
+    for start in [*ends, *middle]:
+        if start >= 0 and before[start : start + width] == values:
             return after[start : start + width]
     return [0] * width
+
+
+def _require_rewritable(record: dict[str, Any]) -> None:
+    """The parts of a recorded `SchedulerOutput` a rebuild rewrites hold what vLLM's do, else a
+    one-line BundleError: request entries with ids, lists of ids, token and block id lists."""
+    where = "bundle content: the step's scheduler output record"
+    new = record.get("scheduled_new_reqs")
+    if new is not None and not (isinstance(new, list) and all(isinstance(entry, dict) and isinstance(
+            entry.get("req_id"), str) and all(_is_token_list(entry.get(name)) for name in ("prompt_token_ids",
+                                                                                        "prefill_token_ids"))
+            for entry in new)):
+        raise BundleError(f"{where}: scheduled_new_reqs should hold requests, each with an id and token id lists")
+    cached = record.get("scheduled_cached_reqs")
+    if cached is not None and not isinstance(cached, dict):
+        raise BundleError(f"{where}: scheduled_cached_reqs should be a map, not {found(cached)}")
+    cached = cached or {}
+    ids = cached.get("req_ids")
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(req_id, str) for req_id in ids)):
+        raise BundleError(f"{where}: scheduled_cached_reqs.req_ids should hold request ids")
+    new_tokens = cached.get("new_token_ids")
+    if isinstance(new_tokens, list) and not all(_is_token_list(tokens) for tokens in new_tokens):
+        raise BundleError(f"{where}: scheduled_cached_reqs.new_token_ids should hold token id lists")
+    every = cached.get("all_token_ids")
+    if isinstance(every, dict) and not all(_is_token_list(tokens) for tokens in every.values()):
+        raise BundleError(f"{where}: scheduled_cached_reqs.all_token_ids should hold token id lists")
+    zeroed = record.get("new_block_ids_to_zero")
+    if zeroed is not None and not (isinstance(zeroed, list) and all(type(block) is int for block in zeroed)):
+        raise BundleError(f"{where}: new_block_ids_to_zero should hold block ids")
+
+
+def _is_token_list(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and all(type(token) is int for token in value))
 
 
 def rebuild_scheduler_output(
@@ -85,6 +130,7 @@ def rebuild_scheduler_output(
     invariance`). `other_ids`
     renames requests outside the batch (finished or preempted ones the record names).
     """
+    _require_rewritable(record)
     other_ids = other_ids or {}
     by_old = {old.req_id: (old, new) for old, new in requests}
 
