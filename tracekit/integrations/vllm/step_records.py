@@ -46,8 +46,11 @@ def history_readers(sampling_params: dict[str, Any] | None) -> list[str]:
 
 
 def _is_set(value: Any, neutral: Any) -> bool:
+    """Whether a sampling setting differs from its neutral value."""
     if value is None or (isinstance(value, list) and not value):
         return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(neutral, float):
+        return value != neutral  # a penalty of 1 is 1.0
     return not isinstance(value, type(neutral)) or value != neutral
 
 
