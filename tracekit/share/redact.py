@@ -86,11 +86,9 @@ def _history_readers(request: RequestState, drafter: str | None, method: str | N
     return [*history_readers(request.sampling_params), *([f"{method} drafter"] if drafter == "history" else [])]
 
 
-def _kept_positions(request: RequestState, drafter: str | None) -> set[int] | None:
-    """Positions of `prompt + output` the step reads (`drafter`: what the engine's drafter reads,
-    `spec_decode.drafter_reads`); None: all of them."""
-    if history_readers(request.sampling_params) or drafter == "history":
-        return None
+def _kept_positions(request: RequestState, drafter: str | None) -> set[int]:
+    """Positions of `prompt + output` the step reads, where nothing reads the request's history
+    (`drafter`: what the engine's drafter reads, `spec_decode.drafter_reads`)."""
     length = len(request.prompt_token_ids) + len(request.output_token_ids)
     start = request.num_computed_tokens
     end = start + request.num_scheduled_tokens
@@ -114,31 +112,33 @@ def plan_for(steps: list[Step], held: list[RequestState] = ()) -> RedactionPlan:
     for step in steps:
         drafter, method = drafter_reads(step.spec_decode), step.spec_decode.method if step.spec_decode else None
         for request in step.requests:
-            here = _kept_positions(request, drafter)
+            reading = _history_readers(request, drafter, method)
             before = kept.get(request.req_id, set())
-            kept[request.req_id] = None if here is None or before is None else before | here
-            for reader in _history_readers(request, drafter, method):
+            kept[request.req_id] = None if reading or before is None else before | _kept_positions(request, drafter)
+            for reader in reading:
                 if reader not in readers.setdefault(request.req_id, []):
                     readers[request.req_id].append(reader)
     others = sorted(set().union(*(ids_outside_the_batch(step.scheduler_output) for step in steps)) - set(names))
     return RedactionPlan(names, {req_id: f"other-{number}" for number, req_id in enumerate(others)}, kept, readers)
 
 
-def _blanked(tokens: list[int], kept: set[int] | None) -> tuple[list[int], int]:
-    """The token ids at positions not kept set to the neutral id, and how many were."""
+def _blanked(req_id: Any, tokens: list[int], plan: RedactionPlan, record: RedactionRecord) -> list[int]:
+    """Request `req_id`'s token ids (`tokens`: from position 0) with the positions the plan does
+    not keep set to the neutral id, counted in the record."""
+    kept = plan.kept.get(req_id, set())
     if kept is None:
-        return list(tokens), 0
-    return ([token if position in kept else NEUTRAL_TOKEN_ID for position, token in enumerate(tokens)],
-            sum(1 for position in range(len(tokens)) if position not in kept))
+        return list(tokens)
+    name = plan.names.get(req_id, req_id)
+    record.token_ids_blanked[name] = record.token_ids_blanked.get(name, 0) + sum(
+        1 for position in range(len(tokens)) if position not in kept)
+    return [token if position in kept else NEUTRAL_TOKEN_ID for position, token in enumerate(tokens)]
 
 
 def _redact_request(request: RequestState, plan: RedactionPlan, record: RedactionRecord) -> RequestState:
     new_id = plan.names[request.req_id]
     if plan.readers.get(request.req_id):
         record.history_kept[new_id] = plan.readers[request.req_id]
-    tokens, blanked = _blanked(request.prompt_token_ids + request.output_token_ids, plan.kept.get(request.req_id, set()))
-    if plan.kept.get(request.req_id, set()) is not None:
-        record.token_ids_blanked[new_id] = record.token_ids_blanked.get(new_id, 0) + blanked
+    tokens = _blanked(request.req_id, request.prompt_token_ids + request.output_token_ids, plan, record)
     sampling_params, removed = redact_sampling_params(request.sampling_params)
     if removed:
         record.sampling_fields_removed[new_id] = removed
@@ -245,15 +245,7 @@ def _redact_carried(carried: CarriedStep, plan: RedactionPlan, record: Redaction
 def _blanked_scheduler_output(output: dict[str, Any], plan: RedactionPlan, record: RedactionRecord) -> dict[str, Any]:
     """A later step's scheduler output with the token ids its requests' steps never read blanked
     and their sampling parameters redacted."""
-    def blanked(req_id: Any, tokens: list[int]) -> list[int]:
-        kept = plan.kept.get(req_id, set())
-        tokens, count = _blanked(tokens, kept)
-        if kept is not None:
-            name = plan.names.get(req_id, req_id)
-            record.token_ids_blanked[name] = record.token_ids_blanked.get(name, 0) + count
-        return tokens
-
-    result, removed = redact_later_scheduler_output(output, blanked)
+    result, removed = redact_later_scheduler_output(output, lambda req_id, tokens: _blanked(req_id, tokens, plan, record))
     for req_id, fields in removed.items():
         record.sampling_fields_removed[plan.names.get(req_id, req_id)] = fields
     return result
