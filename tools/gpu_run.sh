@@ -68,7 +68,7 @@ mkdir -p "$OUT"
 export TRACEKIT_GPU_ACROSS_RELEASES_OUT="$OUT/across-releases"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 TMP=/tmp/tracekit-gpu-tmp/vllm-$VLLM
-rm -rf "$TMP"
+rm -rf "$TMP" && mkdir -p "$(dirname "$TMP")"
 started=$(date +%s)
 if [ -n "$quick" ]; then
   # V2 and V1 with vLLM's defaults, a float32 workload recorded twice, and the kernel choices
