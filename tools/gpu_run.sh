@@ -12,12 +12,14 @@
 #   beside this checkout being over the 64 MiB a call carries; for 0.34 they go to .gpu-kit34/extra,
 #   which the kit's `env` step installs first on PYTHONPATH)
 #
-# There, vLLM 0.26, three `run` calls back to back (../shared/gpu/README.md):
+# There, vLLM 0.26, four `run` calls back to back (../shared/gpu/README.md):
 #   carry [".gpu-kit/vllm.part00", ".gpu-kit/install.sh"]
 #   carry [".gpu-kit/vllm.part01", ".gpu-kit/install.sh", ".gpu-kit/extras"]
-#   carry [".gpu-kit/deps", ".gpu-kit/install.sh", ".gpu-kit/vllm.part00z"]
+#   carry [".gpu-kit/deps", ".gpu-kit/install.sh"]
+#   carry [".gpu-kit/vllm.part00z", ".gpu-kit/install.sh"]   (deps, 56 MiB, and part00z with this
+#   checkout exceed one call's 64 MiB: four calls)
 #   command: bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --vllm 0.26 --stash-extras
-# and the third runs the tests:
+# and the fourth runs the tests:
 #   bash .gpu-kit/install.sh stash && bash tools/gpu_run.sh --vllm 0.26 --stash-extras && bash tools/gpu_run.sh --vllm 0.26 [PYTEST ARGS]
 # There, vLLM 0.34, seven calls back to back, one kit part each:
 #   carry [".gpu-kit34/kit.partNN", ".gpu-kit34/install.sh", ".gpu-kit34/extract.py", ".gpu-kit34/index.txt"]
@@ -50,6 +52,12 @@ if [ "${1:-}" = "--add-kit-extras" ]; then
   part=.gpu-kit/vllm.part00 keep=$((56 * 1024 * 1024))
   if [ "$VLLM" = 0.26 ] && [ "$(stat -c %s $part)" -gt $keep ]; then
     tail -c +$((keep + 1)) $part > .gpu-kit/vllm.part00z && truncate -s $keep $part
+  fi
+  if [ "$VLLM" = 0.34 ] && [ "$(stat -c %s $KIT/kit.part00)" -gt $keep ]; then
+    # 60 MiB parts leave too little room for this checkout (~5 MiB) in a call's 64 MiB: cut again
+    # at 56 MiB (the parts are one byte stream; extract.py reads them in order)
+    chmod u+w $KIT && cat $KIT/kit.part* > $KIT/kit.all && rm $KIT/kit.part* &&
+      split -b $keep -d -a 2 $KIT/kit.all $KIT/kit.part && rm $KIT/kit.all
   fi
   exit $?
 fi
