@@ -51,15 +51,15 @@ if [ "${1:-}" = "--add-kit-extras" ]; then
     -d "$EXTRAS" msgpack click rich markdown-it-py mdurl pygments pytest pluggy iniconfig || exit $?
   part=.gpu-kit/vllm.part00 keep=$((56 * 1024 * 1024))
   if [ "$VLLM" = 0.26 ] && [ "$(stat -c %s $part)" -gt $keep ]; then
-    tail -c +$((keep + 1)) $part > .gpu-kit/vllm.part00z && truncate -s $keep $part
+    tail -c +$((keep + 1)) $part > .gpu-kit/vllm.part00z && truncate -s $keep $part || exit $?
   fi
   if [ "$VLLM" = 0.34 ] && [ "$(stat -c %s $KIT/kit.part00)" -gt $keep ]; then
     # 60 MiB parts leave too little room for this checkout (~5 MiB) in a call's 64 MiB: cut again
     # at 56 MiB (the parts are one byte stream; extract.py reads them in order)
     chmod u+w $KIT && cat $KIT/kit.part* > $KIT/kit.all && rm $KIT/kit.part* &&
-      split -b $keep -d -a 2 $KIT/kit.all $KIT/kit.part && rm $KIT/kit.all
+      split -b $keep -d -a 2 $KIT/kit.all $KIT/kit.part && rm $KIT/kit.all || exit $?
   fi
-  exit $?
+  exit 0
 fi
 if [ "${1:-}" = "--stash-extras" ]; then  # 0.26: beside the kit's own wheels, which its `env` step installs
   [ "$VLLM" = 0.26 ] || { echo "--stash-extras is for the 0.26 kit (0.34's env step installs $EXTRAS)" >&2; exit 2; }
