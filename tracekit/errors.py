@@ -51,6 +51,25 @@ class ReplayFailed(TracekitError):
 
 def one_line(error: BaseException) -> str:
     """`Type: message` of an exception, its message cut to the first line (CUDA errors come with
-    paragraphs of advice)."""
+    paragraphs of advice). An exception with no message (a bare `assert` in vLLM) names the line
+    that raised it instead: without it the line says nothing a user can act on."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+    if text:
+        return f"{type(error).__name__}: {text.splitlines()[0]}"
+    return f"{type(error).__name__}: (no message) raised at {raised_at(error)}"
+
+
+def raised_at(error: BaseException) -> str:
+    """`package/module.py:LINE in FUNCTION` of the frame that raised `error`; its path from the
+    top package (`vllm/...`, `tracekit/...`), not the machine's folders."""
+    frame = None
+    trace = error.__traceback__
+    while trace is not None:
+        frame, trace = trace, trace.tb_next
+    if frame is None:
+        return "an unknown place"
+    code = frame.tb_frame.f_code
+    parts = code.co_filename.replace("\\", "/").split("/")
+    tops = [index for index, part in enumerate(parts) if part in ("vllm", "tracekit", "torch", "vllm_ascend")]
+    path = "/".join(parts[tops[0]:] if tops else parts[-2:])
+    return f"{path}:{frame.tb_lineno} in {code.co_name}"

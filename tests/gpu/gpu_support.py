@@ -130,6 +130,21 @@ CONFIGS = {
 RECORD_ENV: dict[str, dict[str, str]] = {}
 
 
+# EAGLE drafting with the tiny draft config of tests/models (a config alone: dummy weights).
+TINY_EAGLE = {"method": "eagle", "model": str(MODELS / "tiny-eagle-llama"), "num_speculative_tokens": 3,
+              "draft_load_config": {"load_format": "dummy"}}
+
+
+def speculative_args(runner: str, config: dict[str, Any]) -> list[str]:
+    """`--speculative-config CONFIG`; for a drafter of dummy weights on Model Runner V2, the
+    target's weights dummy too: vLLM 0.26's V2 loads a drafter with the target's load config (its
+    `draft_load_config` unread) and finds no weights in a folder holding a config alone."""
+    args = ["--speculative-config", json.dumps(config)]
+    if runner == "v2" and config.get("draft_load_config", {}).get("load_format") == "dummy":
+        args += ["--load-format", "dummy"]
+    return args
+
+
 def long_prompt_config(name: str) -> bool:
     return "--max-model-len" in CONFIGS[name][1]
 

@@ -20,7 +20,7 @@ import pytest
 from gpu_support import (
     CONFIGS,
     HAS_V1,
-    MODELS,
+    TINY_EAGLE,
     checks_by_item,
     flip_one_allowed_token,
     grammar_kinds,
@@ -28,6 +28,7 @@ from gpu_support import (
     make_adapter,
     read_step,
     record_steps,
+    speculative_args,
     tracekit,
 )
 
@@ -112,10 +113,8 @@ def test_a_flipped_mask_bit_is_named(recorded):
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-EAGLE = {"method": "eagle", "model": str(MODELS / "tiny-eagle-llama"), "num_speculative_tokens": 3,
-         "draft_load_config": {"load_format": "dummy"}}
 # configuration: drafter (vLLM 0.26's Model Runner V2 has no ngram)
-DRAFTED = {"v1-bf16-graphs": NGRAM, "v2-bf16-graphs": EAGLE}
+DRAFTED = {"v1-bf16-graphs": NGRAM, "v2-bf16-graphs": TINY_EAGLE}
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTED))
@@ -128,7 +127,7 @@ def test_drafted_grammar_steps_replay_bit_exact_with_a_mask_row_per_draft_positi
         {"prompt_token_ids": digits, "temperature": 0.0, "structured_outputs": {"regex": "[0-9]{12}"}},
         {"prompt_token_ids": [5 + (11 * i) % 400 for i in range(40)], "temperature": 0.0},
     ])
-    steps = record_steps(tmp_path, prompts, "0:60", 12, [*args, "--speculative-config", json.dumps(DRAFTED[name])],
+    steps = record_steps(tmp_path, prompts, "0:60", 12, [*args, *speculative_args(runner, DRAFTED[name])],
                          runner)
     drafted = []
     for path in steps.glob("step*.zst"):

@@ -27,6 +27,7 @@ from gpu_support import (
     json_records,
     read_content,
     record_steps,
+    speculative_args,
     tracekit,
 )
 
@@ -102,7 +103,7 @@ def spec_recording(request, tmp_path_factory):
     prompts = _prompts(folder / "prompts.jsonl")
     target = _mtp_target(folder) if config["method"] == "mtp" else []
     steps = record_steps(folder, prompts, STEPS, MAX_TOKENS,
-                         [*target, "--dtype", "bfloat16", *GRAPHS, "--speculative-config", json.dumps(config), *args],
+                         [*target, "--dtype", "bfloat16", *GRAPHS, *speculative_args(runner, config), *args],
                          runner)
     bundles = bundles_by_step(steps)
     drafted = [path for path in bundles.values() if any(r.draft_token_ids for r in load_step(path)[1].requests)]

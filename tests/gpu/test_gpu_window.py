@@ -15,18 +15,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gpu_support import CONFIGS, HAS_V1, MODELS, read_content, tracekit
+from gpu_support import CONFIGS, HAS_V1, TINY_EAGLE, read_content, speculative_args, tracekit
 
-EAGLE = ["--speculative-config", json.dumps({"method": "eagle", "model": str(MODELS / "tiny-eagle-llama"),
-                                             "num_speculative_tokens": 3,
-                                             "draft_load_config": {"load_format": "dummy"}})]
 # vLLM's GPU defaults for V2, and V1 with async scheduling (its default too) and graphs; the same
 # with EAGLE drafting.
 WINDOW_CONFIGS = {
     "v2-bf16-graphs": CONFIGS["v2-bf16-graphs"],
     "v1-bf16-graphs": CONFIGS["v1-bf16-graphs"],
-    "v2-eagle-bf16-graphs": ("v2", [*CONFIGS["v2-bf16-graphs"][1], *EAGLE]),
-    "v1-eagle-bf16-graphs": ("v1", [*CONFIGS["v1-bf16-graphs"][1], *EAGLE]),
+    "v2-eagle-bf16-graphs": ("v2", [*CONFIGS["v2-bf16-graphs"][1], *speculative_args("v2", TINY_EAGLE)]),
+    "v1-eagle-bf16-graphs": ("v1", [*CONFIGS["v1-bf16-graphs"][1], *speculative_args("v1", TINY_EAGLE)]),
 }
 FIRST, LENGTH = 2, 8  # steps 2..9: the long prompt's chunks beside decodes, then decodes alone
 CORE_ITEMS = {"batch_order", "input_ids", "positions", "hidden_states", "logits", "sampled_token_ids"}

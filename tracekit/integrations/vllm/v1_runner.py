@@ -222,10 +222,18 @@ class V1Adapter(RunnerAdapter):
 
     def keep_only_graphs(self, keep: Callable[[str, int], bool]) -> list[tuple[str, int]]:
         """The graph dispatcher's keys are the graphs `capture_model` captures and the ones it
-        dispatches to (a runner without a dispatcher captures none)."""
+        dispatches to (a runner without a dispatcher captures none).
+
+        A model drafter (EAGLE, MTP) dispatches its own calls by its own keys, but its graphs are
+        captured in the runner's capture loop, at the runner's sizes: with the runner's keys cut,
+        the drafter would dispatch to graphs never captured, and vLLM refuses to capture one during
+        a step ("CUDA graph capturing detected at an inappropriate time"). Such a runner keeps
+        every graph."""
         dispatcher = getattr(self.runner, "cudagraph_dispatcher", None)
         if dispatcher is None:
             return []
+        if getattr(getattr(self.runner, "drafter", None), "cudagraph_dispatcher", None) is not None:
+            keep = lambda mode, size: True  # noqa: E731 - see the docstring
         kept = []
         for mode, keys in dispatcher.cudagraph_keys.items():
             for key in list(keys):
