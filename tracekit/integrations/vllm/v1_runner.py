@@ -50,7 +50,8 @@ class V1Adapter(RunnerAdapter):
         "batch_descriptor", "add_request", "get_state", "set_state", "attn_metadata", "cudagraph_dispatcher",
         "dispatch", "num_tokens", "generators", "cudagraph_keys", "drafter", "_draft_token_ids", "_draft_probs",
         "_draft_prob_req_ids", "scheduled_spec_decode_tokens", "num_computed_tokens", "manual_seed", "seed",
-        "prev_sampled_token_ids", "prev_req_id_to_index", "_sample",
+        "prev_sampled_token_ids", "prev_req_id_to_index", "_sample", "sampled_token_ids_cpu",
+        "async_copy_ready_event",
     }
 
     @classmethod
@@ -280,11 +281,16 @@ class V1Adapter(RunnerAdapter):
 
     def forget_previous_step(self) -> None:
         """Drop what the runner keeps of its last step for the next one (under async scheduling
-        the sampled ids on the device, by request id): requests added again under the same ids
-        take their inputs from their recorded tokens instead."""
+        the sampled ids on the device, by request id, and their copy on the host that repairs
+        the -1 placeholders of output tokens before sampling): requests added again under the
+        same ids take their inputs and output tokens from their recorded tokens instead. (With
+        the host copy kept and the index dropped, vLLM's `update_async_output_token_ids` fails
+        its assert on the next step that samples with penalties.)"""
         batch = self.runner.input_batch
         batch.prev_sampled_token_ids = None
         batch.prev_req_id_to_index = None
+        batch.sampled_token_ids_cpu = None
+        batch.async_copy_ready_event = None
 
     def replay_shadows(self, step: Step, held: list[RequestState] = ()) -> Shadows:
         """Put back each request's recorded output tokens and generator state as the runner
