@@ -35,7 +35,7 @@
 # Results land in $OUT/vllm-X.Y: pytest.log, junit.xml, every replay's JSON records (records.tgz), a
 # few bundles that did not reproduce (bundles/; the rest stay on the GPU machine, /tmp/tracekit-gpu-tmp),
 # and the steps recorded for replays across releases (across-releases/: commit them to
-# traces/h200-vllm0XX-greedy/ so that the other release's run replays them).
+# traces/h200-vllmXYZ-greedy/ so that the other release's run replays them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VLLM=0.26
@@ -73,7 +73,9 @@ fi
 source "$KIT/install.sh" env || exit 9
 OUT=${OUT:-/tmp/tracekit-gpu}/vllm-$VLLM
 mkdir -p "$OUT"
-export TRACEKIT_GPU_ACROSS_RELEASES_OUT="$OUT/across-releases"
+# (written outside $OUT and copied back one level deep: a call brings back no deeper folder)
+export TRACEKIT_GPU_ACROSS_RELEASES_OUT=/tmp/tracekit-gpu-across
+rm -rf "$TRACEKIT_GPU_ACROSS_RELEASES_OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 TMP=/tmp/tracekit-gpu-tmp/vllm-$VLLM
 rm -rf "$TMP" && mkdir -p "$(dirname "$TMP")"
@@ -94,6 +96,9 @@ status=${PIPESTATUS[0]}
 if [ -n "$quick" ]; then
   python3 tools/gpu_last_run.py --commit "$quick" --seconds $(( $(date +%s) - started )) --junit "$OUT/junit.xml" \
     --summary "$OUT/quick-summary.json" --gpu "$OUT/gpu.txt" --out "$OUT/last-run.json"
+fi
+if [ -d "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM" ]; then
+  mkdir -p "$OUT/across-releases" && cp "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM"/*.zst "$OUT/across-releases/"
 fi
 (cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | tar czf "$OUT/records.tgz" -T -)
 # The bundles whose replay was neither bit-exact nor a planned control come back too (at most 3).

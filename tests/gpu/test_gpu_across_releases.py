@@ -4,8 +4,9 @@
 Each release's run records the built-in workload, greedily (so that only the forward can part
 the two releases, not their samplers), on Model Runner V2 in bf16 with CUDA graphs, and leaves
 three of its steps — step 0, the first mixed (PIECEWISE) step, the first FULL-graph decode step —
-in `$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-X.Y/` (`tools/gpu_run.sh` brings them back). Committed
-to `traces/h200-vllmXYZ-greedy/`, the other release's run replays them. The verdict is derived,
+in `$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-X.Y/` (`tools/gpu_run.sh` brings them back, in
+`$OUT/vllm-X.Y/across-releases/`). Committed to `traces/h200-vllmXYZ-greedy/`, the other release's
+run replays them. The verdict is derived,
 not assumed: step 0 has the same inputs in both releases (prompts, seeds, an empty KV cache), so
 whether this release's own step 0 equals the other's bit for bit decides it: every step
 bit-exact if so, else `release_difference` (float rounding only) for each.
@@ -78,7 +79,7 @@ def forward_equal(ours: Path, theirs: Path) -> bool:
 def test_steps_of_another_release_replay_here_with_the_verdict_the_pair_gives(series, greedy_steps, tmp_path):
     if series == "none":
         pytest.skip(f"no steps of another release in traces/ yet: commit the other release's "
-                    f"$OUT/vllm-X.Y/across-releases/vllm-X.Y to traces/h200-vllmXY-greedy/ (this run left vLLM "
+                    f"$OUT/vllm-X.Y/across-releases/*.zst to traces/h200-vllmXYZ-greedy/ (this run left vLLM "
                     f"{INSTALLED_SERIES}'s)")
     folder = fixture_sets()[series]
     expected = "bit_exact" if forward_equal(greedy_steps["step0"], folder / "step0.zst") else "release_difference"
