@@ -23,6 +23,7 @@ from gpu_support import (
     CAPTURE_SIZES,
     HAS_V1,
     MODELS,
+    TINY_EAGLE,
     bundles_by_step,
     json_records,
     read_content,
@@ -43,8 +44,8 @@ MAKE_TINY_MTP = Path(__file__).resolve().parents[2] / "tools" / "make_tiny_mtp.p
 
 
 def eagle(method: str = "eagle", draft: str = "tiny-eagle-llama", **extra) -> dict:
-    return {"method": method, "model": str(MODELS / draft), "num_speculative_tokens": 3,
-            "draft_load_config": {"load_format": "dummy"}, **extra}
+    """The tiny EAGLE drafting of `TINY_EAGLE`, of another method or draft config, or with more."""
+    return {**TINY_EAGLE, "method": method, "model": str(MODELS / draft), **extra}
 
 
 # name: (runner, speculative config, other engine arguments)
