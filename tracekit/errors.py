@@ -8,6 +8,8 @@ whether the step reproduces; 5 no machine can replay it with this tracekit: the 
 something tracekit records but cannot replay yet (multimodal inputs, prompt embeds, ...).
 """
 
+import traceback
+
 EXIT_OK = 0
 EXIT_NOT_REPRODUCED = 1
 EXIT_BAD_INPUT = 2
@@ -62,14 +64,11 @@ def one_line(error: BaseException) -> str:
 def raised_at(error: BaseException) -> str:
     """`package/module.py:LINE in FUNCTION` of the frame that raised `error`; its path from the
     top package (`vllm/...`, `tracekit/...`), not the machine's folders."""
-    frame = None
-    trace = error.__traceback__
-    while trace is not None:
-        frame, trace = trace, trace.tb_next
-    if frame is None:
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
         return "an unknown place"
-    code = frame.tb_frame.f_code
-    parts = code.co_filename.replace("\\", "/").split("/")
+    raiser = frames[-1]
+    parts = raiser.filename.replace("\\", "/").split("/")
     tops = [index for index, part in enumerate(parts) if part in ("vllm", "tracekit", "torch", "vllm_ascend")]
     path = "/".join(parts[tops[0]:] if tops else parts[-2:])
-    return f"{path}:{frame.tb_lineno} in {code.co_name}"
+    return f"{path}:{raiser.lineno} in {raiser.name}"

@@ -6,10 +6,10 @@ the two releases, not their samplers), on Model Runner V2 in bf16 with CUDA grap
 three of its steps — step 0, the first mixed (PIECEWISE) step, the first FULL-graph decode step —
 in `$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-X.Y/` (`tools/gpu_run.sh` brings them back, in
 `$OUT/vllm-X.Y/across-releases/`). Committed to `traces/h200-vllmXYZ-greedy/`, the other release's
-run replays them. The verdict is derived,
-not assumed: step 0 has the same inputs in both releases (prompts, seeds, an empty KV cache), so
-whether this release's own step 0 equals the other's bit for bit decides it: every step
-bit-exact if so, else `release_difference` (float rounding only) for each.
+run replays them. The verdict is derived, not assumed: step 0 has the same inputs in both releases
+(prompts, seeds, an empty KV cache), so whether this release's own step 0 equals the other's bit
+for bit decides it: every step bit-exact if so, else `release_difference` (float rounding only)
+for each.
 """
 
 import json
