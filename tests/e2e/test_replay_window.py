@@ -131,6 +131,21 @@ def test_a_fault_in_the_carried_state_is_found_two_steps_later_by_the_window(win
     assert fault["steps"][str(step)]["verdict"] == fault["steps"][str(step + 1)]["verdict"] == "bit_exact"
 
 
+def test_the_window_says_where_the_kv_of_each_parted_step_came_from(window_replays):
+    """The damaged request parts in step N+2 in its own forward: the KV it reads there was written
+    bit-exact (in N and N+1 among others); in N+3 it reads the KV N+2 wrote where it parted."""
+    step = window_replays["fault_step"]
+    steps = window_replays["fault"]["steps"]
+    assert str(step + 3) in steps, list(steps)  # the window runs a step past the one that parts
+    assert not any(steps[str(index)]["kv_sources"] for index in range(step + 2))
+    at_fault = steps[str(step + 2)]["kv_sources"]
+    assert len(at_fault) == 1, at_fault  # the one request the fault damaged
+    (damaged, source), = at_fault.items()
+    assert source["parted_at"] == [] and {step, step + 1} <= set(source["written_at"]), source
+    assert steps[str(step + 3)]["kv_sources"][damaged]["parted_at"] == [step + 2]
+    assert not any(each["kv_sources"] for each in window_replays["clean"]["steps"].values())
+
+
 def test_single_step_replays_of_the_same_steps_do_not_see_it(window_replays):
     step = window_replays["fault_step"]
     singles = window_replays["singles"]

@@ -10,7 +10,10 @@ from rich.table import Table
 
 from tracekit.cli.replay_report import describe_engine_build, print_checks, print_differences, print_verdict
 from tracekit.cli.terminal import inert
+from tracekit.replay.kv_sources import describe
 from tracekit.replay.window import WindowReplayResult
+
+KV_SOURCE_LINES = 12  # the most lines on where parted steps' KV came from (`--json` has them all)
 
 
 def _ms(value: Any) -> str:
@@ -59,5 +62,17 @@ def print_window_report(result: WindowReplayResult, stream: TextIO | None = None
         print_checks(console, parted, parted.verdict)
         for finding in parted.padding_findings:
             console.print(f" [red]![/red] padding: {inert(finding)}")
+    _print_kv_sources(console, result)
     padding = any(not item.decides for step in result.steps for item in step.checks)
     print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
+
+
+def _print_kv_sources(console: Console, result: WindowReplayResult) -> None:
+    """Per parted step and request, where the KV it read came from: its own forward, or a step
+    before it that parted."""
+    lines = [describe(index, req_id, source) for index, sources in sorted(result.kv_sources.items())
+             for req_id, source in sources.items()]
+    for line in lines[:KV_SOURCE_LINES]:
+        console.print(f" [yellow]*[/yellow] {inert(line)}")
+    if len(lines) > KV_SOURCE_LINES:
+        console.print(f"   ... {len(lines) - KV_SOURCE_LINES} more (--json)")

@@ -10,7 +10,9 @@ window's: the first step and item that parted name it (`step 47/input_ids`).
 `from_step` (`replay --from K`) rebuilds the runner's state at step K as a single-step replay
 builds it, from the request states the bundle implies there, on the KV cache the steps before K
 left (those steps still run, carried, and are checked): if the window parts with its state carried
-and not from K, what parted lives in what the runner carried into K.
+and not from K, what parted lives in what the runner carried into K. Of the KV cache the runner
+carries, each parted step says more without another replay: per request whose rows parted, the
+steps whose KV it read and whether their rows had parted (`kv_sources`).
 """
 
 import dataclasses
@@ -22,6 +24,7 @@ from tracekit.format.schema import Step
 from tracekit.integrations.vllm.replay_engine import ReplayEngine, WindowStep
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_step, error_item, first_divergence, padding_findings
+from tracekit.replay.kv_sources import KVSource, kv_sources
 from tracekit.replay.result import ReplayResult, outcome_fields
 from tracekit.replay.verdict import Verdict, VerdictName, decide
 
@@ -44,6 +47,8 @@ class WindowReplayResult:
     # Per rebuilt step that had no KV blocks saved, the blocks it read as its forward read them
     # (asked for with `keep_kv_read`: a shrink makes such a step the first of a window); not written
     kv_read: dict[int, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    # Per step that parted, per request whose rows parted: where the KV it read came from
+    kv_sources: dict[int, dict[str, KVSource]] = field(default_factory=dict)
     llm: Any = field(default=None, repr=False)
 
     @property
@@ -124,6 +129,9 @@ class WindowReplayResult:
         if result is not None:
             fields["position"] = self.recorded.index(result.step_index)
             fields["state"] = "rebuilt" if result.step_index in self.rebuilt else "carried"
+            if result.step_index in self.kv_sources:
+                fields["kv_sources"] = {req_id: source.to_plain()
+                                        for req_id, source in self.kv_sources[result.step_index].items()}
         return fields
 
     def step_records(self) -> list[dict[str, Any]]:
@@ -181,6 +189,7 @@ def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first
         recorded=[each.index for each in steps], rebuilt=sorted(rebuild), from_step=from_step, not_run=not_run,
         tolerance=tolerance, strict=strict, overrides=dict(overrides),
         kv_read={index: observed.kv_read for index, observed in run.observed.items() if observed.kv_read is not None},
+        kv_sources=kv_sources([each.step for each in steps], results),
         engine_build={**engine.build.to_plain(), "built_for_this_step": engine.built_here} if engine.build else None,
         llm=engine.llm,
     )

@@ -72,12 +72,16 @@ def fault_in_carried_state(prompt_len: int, computed: int, position: int):
 
 def summary(result, fired: list[str]) -> dict:
     steps = getattr(result, "steps", [result])
+    sources = getattr(result, "kv_sources", {})
     return {
         "verdict": result.verdict.name.value,
         "first_divergence": result.first_divergence,
         "rebuilt": getattr(result, "rebuilt", None),
         "steps": {str(step.step_index): {"verdict": step.verdict.name.value, "first_divergence": step.first_divergence,
-                                         "items": [check.name for check in step.checks]} for step in steps},
+                                         "items": [check.name for check in step.checks],
+                                         "kv_sources": {req_id: source.to_plain()
+                                                        for req_id, source in sources.get(step.step_index, {}).items()}}
+                  for step in steps},
         "fired": len(fired),
     }
 

@@ -1,0 +1,137 @@
+"""Where the KV cache a parted window step reads came from (issue 32).
+
+A window replay lets the runner carry its KV cache from step to step: a later step reads, for
+each request, the KV that steps before it wrote, and what the first step (or a step that found
+blocks in the prefix cache) put back from the recording. When a step parts in a request's rows,
+the first question is whether the difference arose in that step's own forward or came in with
+the KV an earlier step wrote. The bundle says which step wrote each KV slot a request reads (its
+block ids, computed and scheduled tokens, step by step), and the checks say in which steps whose
+rows parted; together they name, for each request whose rows parted, the window steps whose KV
+it read and which of those had parted in the writing request's rows.
+
+A step whose writing rows were bit-exact wrote the recorded KV as far as its outputs show (the
+KV of every layer is computed from that layer's input, which the bit-exact hidden states follow
+from); one whose rows parted may have written other KV, or not (a difference that arose after
+the last layer's attention reaches no KV).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from tracekit.format.schema import Step
+from tracekit.replay.result import ReplayResult
+
+# Per-token items whose rows feed the KV a step writes: a request whose rows part here may write
+# other KV (its logits and sampled ids come after the KV is written, and do not count).
+KV_FEEDING_ITEMS = ("input_ids", "positions", "hidden_states")
+
+Writer = tuple[int, str]  # (window step, request) that wrote into a block
+
+
+@dataclass(frozen=True)
+class KVSource:
+    """For one request of a parted step: the window steps whose KV writes it read, and those
+    among them where the writing request's rows had parted."""
+
+    written_at: list[int]
+    parted_at: list[int]
+
+    def to_plain(self) -> dict[str, list[int]]:
+        return {"written_at": self.written_at, "parted_at": self.parted_at}
+
+
+def parted_rows(result: ReplayResult) -> set[str] | None:
+    """The requests whose KV-feeding rows parted in a replayed step; None when the step parted
+    there without naming them (every request of the step may have written other KV)."""
+    moved: set[str] = set()
+    for item in result.checks:
+        if not item.decides or item.bit_exact:
+            continue
+        if item.name.startswith("kv_written/"):
+            return None
+        if item.name in KV_FEEDING_ITEMS:
+            if "requests_moved" not in item.details:
+                return None
+            moved.update(item.details["requests_moved"])
+    return moved
+
+
+def kv_sources(steps: list[Step], results: list[ReplayResult]) -> dict[int, dict[str, KVSource]]:
+    """For each replayed step that parted, per request whose rows parted there (every request of
+    the step where the checks name none), where the KV it read came from. `steps`: the window's
+    steps in order (later ones with their derived request states), `results`: those that ran."""
+    ran = {result.step_index: result for result in results}
+    writers: dict[tuple[int, int], set[Writer]] = {}  # (KV cache group, block id) -> its writers
+    parted: dict[int, set[str] | None] = {}
+    found: dict[int, dict[str, KVSource]] = {}
+    for step in steps:
+        result = ran.get(step.index)
+        if result is None:
+            break
+        _put_back(step, writers)
+        parted[step.index] = parted_rows(result)
+        if not result.bit_exact:
+            moved = parted[step.index]
+            readers = [r for r in step.requests if moved is None or r.req_id in moved]
+            sources = {r.req_id: _sources(step, r, writers, parted) for r in readers}
+            if sources:
+                found[step.index] = sources
+        _written(step, writers)
+    return found
+
+
+def _block_sizes(step: Step) -> list[int]:
+    return [group.layout.block_size for group in step.kv.groups]
+
+
+def _put_back(step: Step, writers: dict[tuple[int, int], set[Writer]]) -> None:
+    """Blocks the step's replay puts back from the recording hold the recorded KV again."""
+    for group_index, group in enumerate(step.kv.groups):
+        for block in group.saved_block_ids:
+            writers.pop((group_index, block), None)
+
+
+def _sources(step: Step, request: Any, writers: dict[tuple[int, int], set[Writer]],
+             parted: dict[int, set[str] | None]) -> KVSource:
+    """The window steps whose writes `request` reads in `step` (its tokens before this step's)."""
+    read: set[Writer] = set()
+    for group_index, block_size in enumerate(_block_sizes(step)):
+        ids = request.block_ids[group_index] if group_index < len(request.block_ids) else []
+        for block in ids[: -(-request.num_computed_tokens // block_size)]:
+            read |= writers.get((group_index, block), set())
+
+    def parted_there(writer: Writer) -> bool:
+        moved = parted.get(writer[0])
+        return moved is None or writer[1] in moved
+
+    return KVSource(sorted({index for index, _ in read}), sorted({index for index, req in read if parted_there((index, req))}))
+
+
+def _written(step: Step, writers: dict[tuple[int, int], set[Writer]]) -> None:
+    """Record the step's KV writes: each request's scheduled tokens, at the slots after its
+    computed ones. A write from a block's first slot on makes the step its only writer (the
+    slots past it are read by nobody before they are written again)."""
+    for group_index, block_size in enumerate(_block_sizes(step)):
+        for request in step.requests:
+            start = request.num_computed_tokens
+            end = start + request.num_scheduled_tokens
+            ids = request.block_ids[group_index] if group_index < len(request.block_ids) else []
+            for number in range(start // block_size, min(-(-end // block_size), len(ids))):
+                key = (group_index, ids[number])
+                writer = (step.index, request.req_id)
+                if start <= number * block_size:
+                    writers[key] = {writer}
+                else:
+                    writers.setdefault(key, set()).add(writer)
+
+
+def describe(index: int, req_id: str, source: KVSource) -> str:
+    """One line a report prints for a request of a parted step."""
+    if source.parted_at:
+        steps = ", ".join(map(str, source.parted_at))
+        return (f"step {index}: request {req_id} reads KV that step(s) {steps} wrote where the writing rows parted: "
+                f"the difference may have come in with the KV cache")
+    written = ", ".join(map(str, source.written_at))
+    read = f"KV written by step(s) {written}, bit-exact there, and " if written else "only "
+    return (f"step {index}: request {req_id} reads {read}KV the replay put back from the bundle: "
+            f"it parts in step {index}'s own forward")
