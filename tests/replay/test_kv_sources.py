@@ -1,6 +1,6 @@
 """Where the KV a parted window step read came from (issue 32), from the steps' block ids and
 checks alone: a request whose rows part where every KV it reads was written bit-exact parts in
-its own forward; one that reads KV a parted step wrote is pointed there. Blocks here hold 4 slots.
+that step itself; one that reads KV a parted step wrote is pointed there. Blocks here hold 4 slots.
 
     step 0 (first)  A prefills tokens 0-7 (blocks 10, 11); B decodes at 5 (blocks 13, 14, put back)
     step 1          A prefills 8-11 (block 12, from its first slot)          A's rows part
@@ -52,7 +52,7 @@ def test_a_request_whose_kv_was_written_bit_exact_parts_in_its_own_forward():
     found = kv_sources(STEPS, results)
     assert set(found) == {1}  # the only step that parted
     assert found[1]["A"].to_plain() == {"written_at": [0], "parted_at": []}
-    assert "parts in step 1's own forward" in describe(1, "A", found[1]["A"])
+    assert "parts in step 1 itself" in describe(1, "A", found[1]["A"])
 
 
 def test_a_request_that_reads_what_a_parted_step_wrote_is_pointed_there():

@@ -68,8 +68,8 @@ def print_window_report(result: WindowReplayResult, stream: TextIO | None = None
 
 
 def _print_kv_sources(console: Console, result: WindowReplayResult) -> None:
-    """Per parted step and request, where the KV it read came from: its own forward, or a step
-    before it that parted."""
+    """Per parted step and request, where the KV it read came from: computed bit-exact (the step
+    parts in itself), or by a step before it that parted."""
     lines = [describe(index, req_id, source) for index, sources in sorted(result.kv_sources.items())
              for req_id, source in sources.items()]
     for line in lines[:KV_SOURCE_LINES]:

@@ -9,10 +9,11 @@ block ids, computed and scheduled tokens, step by step), and the checks say in w
 rows parted; together they name, for each request whose rows parted, the window steps whose KV
 it read and which of those had parted in the writing request's rows.
 
-A step whose writing rows were bit-exact wrote the recorded KV as far as its outputs show (the
-KV of every layer is computed from that layer's input, which the bit-exact hidden states follow
-from); one whose rows parted may have written other KV, or not (a difference that arose after
-the last layer's attention reaches no KV).
+A step whose writing rows were bit-exact wrote the recorded KV values as far as its outputs show
+(the KV of every layer is computed from that layer's input, which the bit-exact hidden states
+follow from), at the slots its block table gave; one whose rows parted may have written other KV,
+or not (a difference that arose after the last layer's attention reaches no KV). Where the KV
+went is the runner's: a block table carried wrong shows as a step that parts "in itself".
 """
 
 from dataclasses import dataclass
@@ -134,4 +135,4 @@ def describe(index: int, req_id: str, source: KVSource) -> str:
     written = ", ".join(map(str, source.written_at))
     read = f"KV written by step(s) {written}, bit-exact there, and " if written else "only "
     return (f"step {index}: request {req_id} reads {read}KV the replay put back from the bundle: "
-            f"it parts in step {index}'s own forward")
+            f"it parts in step {index} itself (its forward, or the blocks its block table points it to)")
