@@ -17,9 +17,8 @@ went is the runner's: a block table carried wrong shows as a step that parts "in
 """
 
 from dataclasses import dataclass
-from typing import Any
 
-from tracekit.format.schema import Step
+from tracekit.format.schema import RequestState, Step
 from tracekit.replay.result import ReplayResult
 
 # Per-token items whose rows feed the KV a step writes: a request whose rows part here may write
@@ -92,7 +91,7 @@ def _put_back(step: Step, writers: dict[tuple[int, int], set[Writer]]) -> None:
             writers.pop((group_index, block), None)
 
 
-def _sources(step: Step, request: Any, writers: dict[tuple[int, int], set[Writer]],
+def _sources(step: Step, request: RequestState, writers: dict[tuple[int, int], set[Writer]],
              parted: dict[int, set[str] | None]) -> KVSource:
     """The window steps whose writes `request` reads in `step` (its tokens before this step's)."""
     read: set[Writer] = set()
