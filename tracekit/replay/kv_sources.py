@@ -91,20 +91,19 @@ def _put_back(step: Step, writers: dict[tuple[int, int], set[Writer]]) -> None:
             writers.pop((group_index, block), None)
 
 
+def _group_blocks(request: RequestState, group_index: int) -> list[int]:
+    return request.block_ids[group_index] if group_index < len(request.block_ids) else []
+
+
 def _sources(step: Step, request: RequestState, writers: dict[tuple[int, int], set[Writer]],
              parted: dict[int, set[str] | None]) -> KVSource:
     """The window steps whose writes `request` reads in `step` (its tokens before this step's)."""
     read: set[Writer] = set()
     for group_index, block_size in enumerate(_block_sizes(step)):
-        ids = request.block_ids[group_index] if group_index < len(request.block_ids) else []
-        for block in ids[: -(-request.num_computed_tokens // block_size)]:
+        for block in _group_blocks(request, group_index)[: -(-request.num_computed_tokens // block_size)]:
             read |= writers.get((group_index, block), set())
-
-    def parted_there(writer: Writer) -> bool:
-        moved = parted.get(writer[0])
-        return moved is None or writer[1] in moved
-
-    return KVSource(sorted({index for index, _ in read}), sorted({index for index, req in read if parted_there((index, req))}))
+    parted_writers = {index for index, req_id in read if parted.get(index) is None or req_id in parted[index]}
+    return KVSource(sorted({index for index, _ in read}), sorted(parted_writers))
 
 
 def _written(step: Step, writers: dict[tuple[int, int], set[Writer]]) -> None:
@@ -115,7 +114,7 @@ def _written(step: Step, writers: dict[tuple[int, int], set[Writer]]) -> None:
         for request in step.requests:
             start = request.num_computed_tokens
             end = start + request.num_scheduled_tokens
-            ids = request.block_ids[group_index] if group_index < len(request.block_ids) else []
+            ids = _group_blocks(request, group_index)
             for number in range(start // block_size, min(-(-end // block_size), len(ids))):
                 key = (group_index, ids[number])
                 writer = (step.index, request.req_id)
