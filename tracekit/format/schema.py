@@ -425,6 +425,16 @@ class WindowCall(TypedDict):
 
 
 @dataclass
+class KVWritten(SchemaRecord):
+    """What one KV cache group's layers wrote in a window's later step, as a digest per layer and
+    request (`tracekit.integrations.vllm.kv_digest`): a later step keeps no KV blocks, and this
+    says which request wrote other KV there, from which layer on, without them."""
+
+    layer_names: list[str]  # the layers digested, the model's own (a drafter's write later), in row order
+    digests: Tensor  # int64 [len(layer_names), requests in batch order]
+
+
+@dataclass
 class CarriedStep(SchemaRecord):
     """A later step of a window: what the engine handed the runner and what came out. The runner's
     state is what it carried from the step before, so there are no request states and no KV
@@ -451,6 +461,8 @@ class CarriedStep(SchemaRecord):
     # Speculative decoding: the drafter's proposals in this step for the next, as
     # `SpecDecodeRecord.proposals` (the window's first step holds the method and its model calls)
     proposals: Tensor | None = None
+    # Per KV cache group, a digest of the KV the step wrote (since 2026-12-05; empty: not kept)
+    kv_written: list[KVWritten] = field(default_factory=list)
 
 
 @dataclass

@@ -18,7 +18,7 @@ assert, an illegal address): after one, nothing on the device can be read back.
 """
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -74,6 +74,17 @@ class HostCopy:
             return host
         with self.backend.module.stream(self._stream):
             return self._to_pinned(tensor.detach())
+
+    def computed(self, compute: Callable[[], torch.Tensor | None]) -> torch.Tensor | None:
+        """What `compute()` returns, computed where the copies run (after the engine's work so far,
+        before its next), as a new host tensor: a reduction of device state whose inputs need no
+        copy of their own. None where it returns None."""
+        if not self.asynchronous:
+            result = compute()
+            return self.copy(result) if result is not None else None
+        with self.backend.module.stream(self._stream):
+            result = compute()
+            return self._to_pinned(result) if result is not None else None
 
     def _to_pinned(self, source: torch.Tensor) -> torch.Tensor:
         host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)

@@ -77,7 +77,7 @@ class Release:
         "lora_manager", "_adapter_manager", "lora_index_to_id", "lora_name", "lora_int_id", "lora_path",
         "remove_all_adapters", "add_adapter", "add_dummy_lora", "dummy_lora_cache", "activate_adapter",
         "remove_adapter", "max_lora_rank", "speculative_config", "is_multimodal_model", "enable_prompt_embeds",
-        "runner_type", "pooling_params", "structured_outputs",
+        "runner_type", "pooling_params", "structured_outputs", "attn_backend", "get_name", "isa", "layer_name",
     })
 
     def __init__(self, version: str):

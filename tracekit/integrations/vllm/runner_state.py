@@ -27,6 +27,33 @@ class KVGroup:
     layer_names: list[str]
     caches: list[torch.Tensor]
     layout: KVLayout
+    # How a cache tensor holds each slot's entries (`slot_layout`); None: not known here
+    slot_layout: str | None = None
+
+
+# Attention backends whose cache tensor gives each slot a dimension of its own (its entries for
+# every head are indexed by block and slot); vLLM's CPU backend with its "vec" kernels keeps, per
+# block and head, the keys head-dimension-major ([head size, slots]) and then the values
+# slot-major, in a tensor shaped [blocks, heads, slots, 2 * head size]. Others: not known.
+SLOT_MAJOR_BACKENDS = frozenset({
+    "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA", "CUTLASS_MLA",
+    "FLASHINFER_MLA",
+})
+SLOT_MAJOR, CPU_VEC = "slot_major", "cpu_vec"
+
+
+def slot_layout(layer: Any) -> str | None:
+    """How `layer`'s attention backend lays a slot out in its cache tensor (see above)."""
+    backend = getattr(layer, "attn_backend", None)
+    try:
+        name = backend.get_name() if backend is not None else None
+    except Exception:  # a backend without a name: not known
+        return None
+    if name in SLOT_MAJOR_BACKENDS:
+        return SLOT_MAJOR
+    if name == "CPU_ATTN" and getattr(layer, "isa", None) == "vec":
+        return CPU_VEC
+    return None
 
 
 def hidden_states_of(output: Any) -> torch.Tensor | None:
@@ -56,6 +83,7 @@ def kv_groups(runner: Any) -> list[KVGroup]:
                     num_blocks=config.num_blocks,
                     block_size=group.kv_cache_spec.block_size,
                 ),
+                slot_layout=slot_layout(forward_context[group.layer_names[0]]),
             )
         )
     return groups
