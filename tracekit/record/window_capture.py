@@ -23,6 +23,7 @@ from typing import Any, Callable
 from tracekit.format.schema import CarriedStep, GrammarRecord, RequestState, RunnerCall, Step, StepWindow
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.seam import Phase
+from tracekit.integrations.vllm import kv_digest
 from tracekit.integrations.vllm.runner_adapter import StepMark
 from tracekit.integrations.vllm.window_records import RequestLedger
 from tracekit.record import step_capture
@@ -44,6 +45,8 @@ class OpenWindow:
         self.ledger = RequestLedger([*first_step.requests, *held], recorder.adapter.frees_preempted)
         self.block_sizes = [group.layout.block_size for group in first_step.kv.groups]
         self.speculative = first_step.spec_decode is not None  # whether its steps keep proposals
+        # Per KV cache group, the layers whose writes each later step digests (`kv_digest`)
+        self.digested_layers = kv_digest.digested_layers(recorder.adapter.kv_groups(), recorder.adapter.model)
         self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first_step.kv.groups]
         self.calls: list[dict[str, Any]] = [{"call": RunnerCall.EXECUTE.value, "step": first.index}]
         self.first: Step | None = None  # once its sampled ids are in
@@ -67,7 +70,8 @@ class OpenWindow:
         scheduler_output = self.recorder.adapter.scheduler_output_record(pending.scheduler_output)
         self.ledger.apply(scheduler_output, f"step {pending.index}")
         written = self.ledger.written(scheduler_output, self.block_sizes)
-        return CarriedStepCapture(self.recorder, pending, self, scheduler_output, written,
+        scheduled = self.ledger.scheduled_blocks(scheduler_output)
+        return CarriedStepCapture(self.recorder, pending, self, scheduler_output, written, scheduled,
                                   (time.perf_counter() - started) * 1e6)
 
     def stop_taking(self) -> None:
@@ -120,11 +124,13 @@ class CarriedStepCapture(StepCapture):
     come."""
 
     def __init__(self, recorder: Recording, pending: PendingStep, window: OpenWindow, scheduler_output: dict[str, Any],
-                 written: list[set[int]], recorded_us: float):
+                 written: list[set[int]], scheduled: dict[str, tuple[int, list[list[int]]]], recorded_us: float):
         super().__init__(recorder, pending)
         self.window = window
         self.scheduler_output = scheduler_output
         self.written = written  # per KV cache group, the blocks the step writes
+        self.scheduled = scheduled  # per request: its scheduled tokens, its blocks per KV cache group
+        self.positions: Any = None  # the forward's input positions, on the device
         self.recorded_us = recorded_us  # the recorder's host time on the scheduler output
         self.carried: CarriedStep | None = None
         self.forward_timer: ForwardTimer | None = None
@@ -133,6 +139,7 @@ class CarriedStepCapture(StepCapture):
         recorder, pending = self.recorder, self.pending
         copy = recorder.new_copy(pending)
         mark: StepMark = recorder.adapter.mark(pending.scheduler_output, input_ids, positions)
+        self.positions = mark.positions
         self.carried = step_capture.capture_carried(recorder.adapter, mark, pending.index, self.scheduler_output, copy,
                                                     self.window.known)
         for known, written in zip(self.window.known, self.written):
@@ -147,8 +154,21 @@ class CarriedStepCapture(StepCapture):
             return
         copy = self.recorder.new_copy(self.pending)
         step_capture.capture_after_forward(self.recorder.adapter, self.carried, output, copy)
+        self._digest_kv_written(copy)
         copy.finish()
         self.pending.phase = Phase.LOGITS
+
+    def _digest_kv_written(self, copy: HostCopy) -> None:
+        """A digest of the KV the forward wrote, per layer and request (`kv_digest`): computed
+        on the copy's side stream, before the next step can write the same blocks."""
+        started = time.perf_counter()
+        order = [req_id for req_id in self.carried.batch_order if req_id in self.scheduled]
+        if len(order) == len(self.carried.batch_order):
+            self.carried.kv_written = kv_digest.kv_written(
+                self.recorder.adapter.kv_groups(), self.window.digested_layers, self.positions,
+                [self.scheduled[req_id][0] for req_id in order], [self.scheduled[req_id][1] for req_id in order],
+                copy.computed)
+        self.carried.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
     def logits_computed(self, logits: Any) -> None:
         if self.carried is None:

@@ -147,6 +147,14 @@ class RequestLedger:
                 blocks.update(ids[start // size: -(-end // size)])
         return written
 
+    def scheduled_blocks(self, record: dict[str, Any]) -> dict[str, tuple[int, list[list[int]]]]:
+        """Per request a step schedules, once its scheduler output is applied: its scheduled
+        tokens and its blocks per KV cache group (copies: the ledger goes on)."""
+        scheduled = record.get("num_scheduled_tokens")
+        return {req_id: (count, [list(ids) for ids in self.held[req_id].block_ids])
+                for req_id, count in (scheduled.items() if isinstance(scheduled, dict) else ())
+                if req_id in self.held and type(count) is int}
+
     def outside(self, batch: set[str]) -> list[RequestState]:
         """The requests held outside a batch, as they stand."""
         return [copy.deepcopy(request) for req_id, request in self.held.items() if req_id not in batch]
