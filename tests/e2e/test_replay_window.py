@@ -112,6 +112,8 @@ def test_the_window_replays_bit_exact_step_after_step(window_replays):
     assert list(clean["steps"]) == [str(index) for index in range(WINDOW)]
     for index, step in clean["steps"].items():
         assert CORE_ITEMS <= set(step["items"]), (index, step["items"])
+        # a later step checks the KV it wrote against its recorded digest (the first, its blocks)
+        assert ("kv_written" in step["items"]) == (index != "0"), (index, step["items"])
         assert step["verdict"] == "bit_exact", (index, step)
     assert clean["verdict"] == "bit_exact" and clean["rebuilt"] == [0]
 
@@ -144,6 +146,23 @@ def test_the_window_says_where_the_kv_of_each_parted_step_came_from(window_repla
     assert source["parted_at"] == [] and {step, step + 1} <= set(source["written_at"]), source
     assert steps[str(step + 3)]["kv_sources"][damaged]["parted_at"] == [step + 2]
     assert not any(each["kv_sources"] for each in window_replays["clean"]["steps"].values())
+
+
+def test_a_step_that_wrote_other_kv_is_named_at_that_step(window_replays):
+    """One value of the KV the long prompt's chunk wrote in step N moved after the model ran: the
+    step's outputs are bit-exact, its digest of the KV it wrote names the request and the layer,
+    and the next step, which reads that KV, parts there and is pointed back to step N."""
+    step = window_replays["fault_step"]
+    fault = window_replays["kv_fault"]
+    assert fault["fired"] == 1, fault
+    assert fault["first_divergence"] == f"step {step}/kv_written", fault
+    at_fault = fault["steps"][str(step)]
+    assert at_fault["items"].index("kv_written") < at_fault["items"].index("hidden_states")
+    (damaged, layer), = at_fault["kv_written"]["requests_moved"].items()
+    assert layer == "model.layers.1.self_attn.attn" and at_fault["kv_written"]["layers_moved"] == 1
+    assert not at_fault["kv_sources"][damaged]["parted_at"]  # it parts in itself: its own writes
+    after = fault["steps"][str(step + 1)]
+    assert after["verdict"] == "diverged" and after["kv_sources"][damaged]["parted_at"] == [step], after
 
 
 def test_single_step_replays_of_the_same_steps_do_not_see_it(window_replays):

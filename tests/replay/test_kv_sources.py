@@ -10,7 +10,7 @@ that step itself; one that reads KV a parted step wrote is pointed there. Blocks
 """
 
 from tracekit.format.schema import GraphDispatch, KVGroupSnapshot, KVLayout, KVSnapshot, RequestState, Step
-from tracekit.replay.checks import CheckedItem
+from tracekit.replay.checks import KV_DIGEST_ITEM, CheckedItem
 from tracekit.replay.kv_sources import describe, kv_sources, parted_rows
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.window import WindowReplayResult
@@ -59,7 +59,7 @@ def test_a_request_that_reads_what_a_parted_step_wrote_is_pointed_there():
     results = [_result(0), _result(1, {"A": 0.5}), _result(2, {"A": 0.25}), _result(3), _result(4)]
     found = kv_sources(STEPS, results)
     assert found[2]["A"].to_plain() == {"written_at": [0, 1], "parted_at": [1]}
-    assert "step(s) 1 wrote where the writing rows parted" in describe(2, "A", found[2]["A"])
+    assert "step(s) 1 wrote where the writing request parted" in describe(2, "A", found[2]["A"])
     assert "B" not in found[2]  # its rows did not part
 
 
@@ -97,6 +97,27 @@ def test_logits_alone_parting_write_no_other_kv_and_a_window_record_names_the_so
     assert "kv_sources" not in records[0]["window"]
 
 
+def _with_digest(result: ReplayResult, moved: dict[str, str]) -> ReplayResult:
+    """`result` with a later step's digest of its KV writes, parted for the requests of `moved`."""
+    details = {"requests_moved": moved, "layers_moved": 1} if moved else {}
+    digest = CheckedItem(KV_DIGEST_ITEM, not moved, not moved, details, digest_only=True)
+    result.checks.insert(1, digest)
+    return result
+
+
+def test_a_later_steps_digest_of_its_kv_writes_says_which_requests_wrote_other_kv():
+    # step 1: A's rows part after its last attention (its KV digest equal); step 2: B's hidden
+    # states equal but its KV writes part. A reading step 1's writes parts in itself; B in step 3
+    # reads what step 2 wrote where it parted.
+    results = [_result(0), _with_digest(_result(1, {"A": 0.5}), {}), _with_digest(_result(2, {"A": 0.25}), {"B": "layers.0"}),
+               _with_digest(_result(3, {"B": 0.5}), {}), _result(4)]
+    found = kv_sources(STEPS, results)
+    assert found[2]["A"].to_plain() == {"written_at": [0, 1], "parted_at": []}
+    assert found[2]["B"].to_plain() == {"written_at": [0, 1], "parted_at": []}  # its digest parted: a reader too
+    assert found[3]["B"].to_plain() == {"written_at": [0, 1, 2], "parted_at": [2]}
+    assert parted_rows(results[2]) == {"A", "B"}
+
+
 def test_steps_after_the_last_that_ran_are_not_read():
     results = [_result(0), _result(1, {"A": 0.5})]
     assert set(kv_sources(STEPS, results)) == {1}
@@ -114,7 +135,7 @@ def test_the_window_report_says_it_per_parted_request_and_caps_the_lines():
     print_window_report(window, stream)
     text = " ".join(stream.getvalue().split())
     assert "step 1: request A reads KV written by step(s) 0, bit-exact there, and KV the replay put back" in text
-    assert "step 2: request A reads KV that step(s) 1 wrote where the writing rows parted" in text
+    assert "step 2: request A reads KV that step(s) 1 wrote where the writing request parted" in text
     many = {index: {f"R{n}": found for n in range(KV_SOURCE_LINES)} for index, found in
             ((index, sources["A"]) for index, sources in window.kv_sources.items())}
     stream = io.StringIO()

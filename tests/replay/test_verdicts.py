@@ -259,3 +259,18 @@ def test_an_error_gone_or_appeared_under_another_release_is_told_apart():
     appeared = verdicts.decide([CheckedItem(verdicts.ERROR_ITEM, False, False, {"raised": "IndexError: x", "recorded": None})],
                                ["vllm_version"], releases=ACROSS)
     assert appeared.name == verdicts.VerdictName.ERROR_APPEARED and "IndexError: x" in appeared.reason
+
+
+def test_a_kv_digest_that_differs_decides_only_where_exactness_is_expected(avx512, avx2):
+    """A window's later step also checks a digest of the KV it wrote (no magnitude): on the
+    recording's platform it parts the step; across ISAs, or under a tolerance that admits the
+    float items, the float items decide."""
+    (_, reference), (_, other) = avx512, avx2
+    digest = CheckedItem("kv_written", False, False, {"requests_moved": {"0": "layers.0"}}, digest_only=True)
+    same_numbers = [*check_step(observed_like(reference, reference.batch_order), reference), digest]
+    verdict = verdicts.decide(same_numbers, [])
+    assert verdict.name == verdicts.VerdictName.DIVERGED and "kv_written" in verdict.reason, verdict
+    isa_drift = [*check_step(observed_like(other, reference.batch_order), reference), digest]
+    assert verdicts.decide(isa_drift, ["cpu_isa"]).name == verdicts.VerdictName.PLATFORM_DIFFERENCE
+    loose = [*check_step(observed_like(other, reference.batch_order), reference, tolerance=1e-6), digest]
+    assert verdicts.decide(loose, [], tolerance=1e-6).name == verdicts.VerdictName.WITHIN_TOLERANCE

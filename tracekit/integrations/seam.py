@@ -126,6 +126,8 @@ class ObservedStep:
     kv_read: list[dict[str, Any]] | None = None
     # KV blocks the forward changed beyond those the step writes (per group, sorted)
     kv_changed_elsewhere: list[list[int]] = field(default_factory=list)
+    # A window's later step: per KV cache group, the digest of the KV it wrote (`KVWritten`)
+    kv_written: list[Any] = field(default_factory=list)
     forward_us: float | None = None  # the checked (first) forward
     dispatch: Any = None  # the GraphDispatch this replay's engine chose for the step
     # speculative decoding: the drafter's proposals ([requests, proposed]) and its model calls

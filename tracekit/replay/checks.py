@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tracekit.format.schema import Step
+from tracekit.format.schema import KVWritten, Step
 from tracekit.integrations.seam import ObservedStep
 from tracekit.integrations.vllm.replay_engine import STATEFUL_DRAFTERS, logits_rows, unpack_mask
 from tracekit.numerics import compare_tensors
@@ -34,6 +34,9 @@ class CheckedItem:
     float_dtype: str | None = None
     # Whether the item decides the verdict (padding rows do not).
     decides: bool = True
+    # A digest of float data (`kv_written`): equal or not, with no magnitude to hold against a
+    # tolerance or a platform's bound; those verdicts go by the float items it summarises.
+    digest_only: bool = False
 
     def to_plain(self) -> dict[str, Any]:
         plain = {"item": self.name, "bit_exact": self.bit_exact, "within_tolerance": self.within_tolerance}
@@ -195,13 +198,50 @@ def _requests_moved(actual: torch.Tensor, expected: torch.Tensor, step: Step) ->
     return moved
 
 
-def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0) -> list[CheckedItem]:
-    """Every comparable item, in forward order; tolerance is a relative RMS for float tensors."""
+KV_DIGEST_ITEM = "kv_written"
+
+
+def _kv_digest_item(observed: ObservedStep, recorded: list[KVWritten], step: Step) -> CheckedItem | None:
+    """A window's later step: the digest of the KV it wrote, per KV cache group, layer and request,
+    against the recorded one. Where it differs, each request whose KV differs with the first layer
+    where it does (`requests_moved`), and how many layers differ. A digest the replay could not
+    take, or a recorded one of another shape (a damaged bundle), is named and does not decide."""
+    if not recorded:
+        return None
+    here = observed.kv_written
+    problem = None
+    if len(here) != len(recorded):
+        problem = "the replay could not digest the KV it wrote (no slot dimension, or positions not one per row)"
+    moved: dict[str, str] = {}
+    layers_moved = 0
+    for group, (mine, theirs) in enumerate(zip(here, recorded)):
+        rows = {name: row for name, row in zip(mine.layer_names, mine.digests)}
+        shape = tuple(getattr(theirs.digests, "shape", ()))
+        if shape != (len(theirs.layer_names), len(step.batch_order)) or not set(theirs.layer_names) <= rows.keys():
+            problem = f"KV cache group {group}: the recorded digest (shape {list(shape)}) is not one per layer and request"
+            break
+        for name, recorded_row in zip(theirs.layer_names, theirs.digests):
+            differs = (rows[name] != recorded_row.to(rows[name].dtype)).tolist()
+            layers_moved += any(differs)
+            for req_id, moved_here in zip(step.batch_order, differs):
+                if moved_here:
+                    moved.setdefault(req_id, name)
+    if problem is not None:
+        return CheckedItem(KV_DIGEST_ITEM, False, False, {"problem": problem}, decides=False, digest_only=True)
+    details = {"requests_moved": moved, "layers_moved": layers_moved} if moved else {}
+    return CheckedItem(KV_DIGEST_ITEM, not moved, not moved, details, digest_only=True)
+
+
+def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0,
+               kv_written: list[KVWritten] | None = None) -> list[CheckedItem]:
+    """Every comparable item, in forward order; tolerance is a relative RMS for float tensors.
+    `kv_written`: a window's later step's recorded digest of the KV it wrote."""
     items = [
         _exact_item("batch_order", observed.batch_order, step.batch_order),
         _drafts_item(observed, step),
         *_row_items("input_ids", observed.input_ids, step.input_ids, step, 0.0),
         *_row_items("positions", observed.positions, step.positions, step, 0.0),
+        _kv_digest_item(observed, kv_written or [], step),
     ]
     for group_index, group in enumerate(step.kv.groups):
         live = observed.kv_after[group_index] if group_index < len(observed.kv_after) else {}

@@ -9,7 +9,10 @@ block ids, computed and scheduled tokens, step by step), and the checks say in w
 rows parted; together they name, for each request whose rows parted, the window steps whose KV
 it read and which of those had parted in the writing request's rows.
 
-A step whose writing rows were bit-exact wrote the recorded KV values as far as its outputs show
+A window's later step says itself which requests wrote other KV: its digest of the KV each
+request wrote (item `kv_written`, recorded per layer and request). Where a step has none (the
+first step, whose written blocks are compared whole, or a bundle recorded before the digest), a
+step whose writing rows were bit-exact wrote the recorded KV values as far as its outputs show
 (the KV of every layer is computed from that layer's input, which the bit-exact hidden states
 follow from), at the slots its block table gave; one whose rows parted may have written other KV,
 or not (a difference that arose after the last layer's attention reaches no KV). Where the KV
@@ -19,6 +22,7 @@ went is the runner's: a block table carried wrong shows as a step that parts "in
 from dataclasses import dataclass
 
 from tracekit.format.schema import RequestState, Step
+from tracekit.replay.checks import KV_DIGEST_ITEM
 from tracekit.replay.result import ReplayResult
 
 # Per-token items whose rows feed the KV a step writes: a request whose rows part here may write
@@ -31,7 +35,7 @@ Writer = tuple[int, str]  # (window step, request) that wrote into a block
 @dataclass(frozen=True)
 class KVSource:
     """For one request of a parted step: the window steps whose KV writes it read, and those
-    among them where the writing request's rows had parted."""
+    among them where the writing request had parted (`other_kv_writers`)."""
 
     written_at: list[int]
     parted_at: list[int]
@@ -41,19 +45,29 @@ class KVSource:
 
 
 def parted_rows(result: ReplayResult) -> set[str] | None:
-    """The requests whose KV-feeding rows parted in a replayed step; None when the step parted
-    there without naming them (every request of the step may have written other KV)."""
+    """The requests whose KV-feeding rows or KV writes parted in a replayed step; None when the
+    step parted there without naming them (every request of the step may have written other KV)."""
     moved: set[str] = set()
     for item in result.checks:
         if not item.decides or item.bit_exact:
             continue
         if item.name.startswith("kv_written/"):
             return None
-        if item.name in KV_FEEDING_ITEMS:
+        if item.name in (*KV_FEEDING_ITEMS, KV_DIGEST_ITEM):
             if "requests_moved" not in item.details:
                 return None
             moved.update(item.details["requests_moved"])
     return moved
+
+
+def other_kv_writers(result: ReplayResult) -> set[str] | None:
+    """The requests of a replayed step that may have written other KV than recorded: where the
+    step checked a digest of its KV writes, those whose digest parted; else those whose rows
+    parted (`parted_rows`)."""
+    digest = next((item for item in result.checks if item.name == KV_DIGEST_ITEM and item.decides), None)
+    if digest is not None:
+        return set(digest.details.get("requests_moved", {}))
+    return parted_rows(result)
 
 
 def kv_sources(steps: list[Step], results: list[ReplayResult]) -> dict[int, dict[str, KVSource]]:
@@ -69,9 +83,9 @@ def kv_sources(steps: list[Step], results: list[ReplayResult]) -> dict[int, dict
         if result is None:
             break
         _put_back(step, writers)
-        parted[step.index] = parted_rows(result)
+        parted[step.index] = other_kv_writers(result)
         if not result.bit_exact:
-            moved = parted[step.index]
+            moved = parted_rows(result)
             readers = [r for r in step.requests if moved is None or r.req_id in moved]
             sources = {r.req_id: _sources(step, r, writers, parted) for r in readers}
             if sources:
@@ -128,8 +142,8 @@ def describe(index: int, req_id: str, source: KVSource) -> str:
     """One line a report prints for a request of a parted step."""
     if source.parted_at:
         steps = ", ".join(map(str, source.parted_at))
-        return (f"step {index}: request {req_id} reads KV that step(s) {steps} wrote where the writing rows parted: "
-                f"the difference may have come in with the KV cache")
+        return (f"step {index}: request {req_id} reads KV that step(s) {steps} wrote where the writing request "
+                f"parted (its rows, or the KV it wrote): the difference may have come in with the KV cache")
     written = ", ".join(map(str, source.written_at))
     read = f"KV written by step(s) {written}, bit-exact there, and " if written else "only "
     return (f"step {index}: request {req_id} reads {read}KV the replay put back from the bundle: "

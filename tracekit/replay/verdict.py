@@ -78,12 +78,13 @@ def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance:
         return Verdict(VerdictName.ERROR_NOT_REPRODUCED, "the forward did not raise the recorded error")
     if all(item.bit_exact for item in items):
         return Verdict(VerdictName.BIT_EXACT, "every item is bit-identical to the recording")
-    if tolerance > 0 and all(item.within_tolerance for item in items):
+    judged = [item for item in items if not item.digest_only]  # those with a magnitude
+    if tolerance > 0 and all(item.within_tolerance for item in judged):
         return Verdict(VerdictName.WITHIN_TOLERANCE, f"every item within relative RMS {tolerance:g}")
     first = next(item for item in items if not item.within_tolerance)
     if not numeric_differences:
         return Verdict(VerdictName.DIVERGED, f"first divergence at {first.name} on the recording's own platform")
-    beyond = [item.name for item in items if not _platform_explains(item)]
+    beyond = [item.name for item in judged if not _platform_explains(item)]
     if not beyond:
         return Verdict(
             VerdictName.PLATFORM_DIFFERENCE,

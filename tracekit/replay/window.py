@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import Step
+from tracekit.format.schema import KVWritten, Step
 from tracekit.integrations.vllm.replay_engine import ReplayEngine, WindowStep
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import CheckedItem, check_step, error_item, first_divergence, padding_findings
@@ -182,8 +182,9 @@ def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first
             continue
         if failure is not None and each.step.error is None:
             raise failure[1]  # not the recording's failure: the replay crashed
+        kv_written = each.carried.kv_written if each.carried is not None else []
         results.append(_step_result(bundle, each.step, observed, failure, engine.reference_mode, tolerance, strict,
-                                    differences))
+                                    differences, kv_written))
     return WindowReplayResult(
         bundle=bundle, steps=results, requested=first.window.requested if first.window else 1,
         recorded=[each.index for each in steps], rebuilt=sorted(rebuild), from_step=from_step, not_run=not_run,
@@ -196,12 +197,14 @@ def run_window(engine: ReplayEngine, bundle: str, steps: list[WindowStep], first
 
 
 def _step_result(bundle: str, step: Step, observed: Any, failure: tuple[int, BaseException] | None, reference_mode: str,
-                 tolerance: float, strict: bool, differences: list[dict[str, Any]]) -> ReplayResult:
-    """One step of the window, checked as a single step is."""
+                 tolerance: float, strict: bool, differences: list[dict[str, Any]],
+                 kv_written: list[KVWritten]) -> ReplayResult:
+    """One step of the window, checked as a single step is, and a later step's KV writes against
+    their recorded digest."""
     if step.error is not None:
         checks = [error_item(step, failure[1] if failure is not None else None)]
     else:
-        checks = check_step(observed, step, tolerance)
+        checks = check_step(observed, step, tolerance, kv_written)
     audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed.dispatch is not None else {}
     return ReplayResult(
         bundle=bundle,

@@ -14,15 +14,19 @@ a later step) never does.
 With SHRUNK.zst, the window is also shrunk (`--until diverges`) with the fault planted, and the
 result replayed with and without it.
 
+A second fault moves one value of the KV the long prompt's chunk wrote in step STEP, once the
+model ran (`fault_in_written_kv`): the step's outputs are untouched, its KV writes are not.
+
 Writes {"clean": ..., "clean_from": ..., "fault": ..., "fault_from_next": ..., "fault_from_fault": ...,
-"singles": {bundle: ...}, "shrink": report, "shrunk_fault": ..., "shrunk_clean": ...}, each
-replay's summary with how often the fault fired in it.
+"singles": {bundle: ...}, "shrink": report, "shrunk_fault": ..., "shrunk_clean": ..., "kv_fault": ...},
+each replay's summary with how often its fault fired in it.
 """
 
 import os
 import sys
 from contextlib import contextmanager
 
+import torch
 from engine_common import write_result
 
 from tracekit.replay.replayer import replay
@@ -70,6 +74,43 @@ def fault_in_carried_state(prompt_len: int, computed: int, position: int):
         setattr(GPUModelRunner, name, original)
 
 
+@contextmanager
+def fault_in_written_kv(computed: int, layer: str = "model.layers.1.self_attn.attn"):
+    """For the block: in the forward whose rows include a chunk starting at position COMPUTED
+    (the long prompt's in step STEP), once the model ran, one value that chunk wrote to `layer`'s
+    KV cache moves by one unit in its last place, as a slot mapping or a cache write gone wrong
+    would leave it; yields the list of its firings. (vLLM's CPU backend keeps, per block and
+    head, the keys and then the values, each slot's value a row: `[blocks, heads, slots, 2 *
+    head size]`.)"""
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+
+    fired: list[int] = []
+    original = LlamaForCausalLM.forward
+
+    def planted(self, input_ids, positions, *args, **kwargs):
+        output = original(self, input_ids, positions, *args, **kwargs)
+        at = positions.tolist()  # a chunk's first row: none before it in its request
+        rows = [row for row in range(len(at) - 1)
+                if at[row] == computed and at[row + 1] == computed + 1 and (row == 0 or at[row - 1] != computed - 1)]
+        if rows:
+            context = get_forward_context()
+            slot = int(context.attn_metadata[layer].slot_mapping[rows[-1]])
+            cache = context.no_compile_layers[layer].kv_cache
+            blocks, heads, slots, width = cache.shape
+            values = cache.view(blocks, heads, 2, slots, width // 2)[:, :, 1]
+            entry = values[slot // slots, 0, slot % slots, 0:1]
+            entry.view(torch.int32 if entry.element_size() == 4 else torch.int16).add_(1)
+            fired.append(slot)
+        return output
+
+    LlamaForCausalLM.forward = planted
+    try:
+        yield fired
+    finally:
+        LlamaForCausalLM.forward = original
+
+
 def summary(result, fired: list[str]) -> dict:
     steps = getattr(result, "steps", [result])
     sources = getattr(result, "kv_sources", {})
@@ -79,6 +120,8 @@ def summary(result, fired: list[str]) -> dict:
         "rebuilt": getattr(result, "rebuilt", None),
         "steps": {str(step.step_index): {"verdict": step.verdict.name.value, "first_divergence": step.first_divergence,
                                          "items": [check.name for check in step.checks],
+                                         "kv_written": next((check.details for check in step.checks
+                                                             if check.name == "kv_written"), None),
                                          "kv_sources": {req_id: source.to_plain()
                                                         for req_id, source in sources.get(step.step_index, {}).items()}}
                   for step in steps},
@@ -109,6 +152,8 @@ if __name__ == "__main__":
 
             out["shrink"] = shrink(window, shrunk, "diverges", llm=engine["llm"]).to_plain()
             out["shrunk_fault"] = run(shrunk, fired)
+    with fault_in_written_kv(computed) as fired:
+        out["kv_fault"] = run(window, fired)
     out["clean_from"] = run(window, none, from_step=fault_step + 1)
     if shrunk != "-":
         out["shrunk_clean"] = run(shrunk, none)

@@ -87,7 +87,8 @@ class WindowDriver:
             if index not in calls:
                 rebuilt = index in self.rebuild
                 calls[index] = self.drivers[index].model_call(run.observed[index], restore=rebuilt,
-                                                              keep_kv_read=rebuilt and self.keep_kv_read)
+                                                              keep_kv_read=rebuilt and self.keep_kv_read,
+                                                              digest_kv=index != self.first)
             return calls[index](original, args, kwargs)
 
         outputs: dict[int, Any] = {}
