@@ -69,11 +69,14 @@ def test_every_step_of_the_window_replays_bit_exact_in_its_graph(window):
     for record in window.records:
         items = {check["item"] for check in record["checks"]}
         assert CORE_ITEMS <= items, (record["step"], items)
+        if record["step"] > FIRST:  # a later step checks the KV it wrote (FlashAttention's layout is known)
+            assert "kv_written" in items, (record["step"], items)
         if "eagle" in window.name and record["step"] > FIRST:
             assert DRAFTING_ITEMS <= items, (record["step"], items)
-        # where a step parts, the KV it read: computed bit-exact (it parts in itself) or by a parted step
+        # where a step parts: the KV it read (computed bit-exact, it parts in itself; or by a parted
+        # step), and what Inductor's kernels had to do with it
         assert record["verdict"] == "bit_exact", (window.name, record["step"], record.get("verdict_reason"),
-                                                  record["window"].get("kv_sources"))
+                                                  record["window"].get("kv_sources"), record.get("notes"))
         assert not record["dispatch"].get("differences"), (record["step"], record["dispatch"])
         assert record["window"]["state"] == ("rebuilt" if record["step"] == FIRST else "carried")
     assert window.records[0]["window"]["verdict"] == "bit_exact"
@@ -85,4 +88,4 @@ def test_from_a_later_step_the_window_replays_bit_exact(window):
     assert window.rebuilt_records and window.rebuilt_records[0]["window"]["rebuilt"] == [FIRST, later]
     for record in window.rebuilt_records:
         assert record["verdict"] == "bit_exact", (window.name, record["step"], record.get("verdict_reason"),
-                                                  record["window"].get("kv_sources"))
+                                                  record["window"].get("kv_sources"), record.get("notes"))

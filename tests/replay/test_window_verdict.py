@@ -57,3 +57,29 @@ def test_a_recorded_failure_at_the_end_decides_unless_a_step_before_parted():
     assert missed.verdict.name.value == "error_not_reproduced" and missed.exit_code == 1
     parted_before = _window(_step(4, _parted("sampled_token_ids")), _step(5, raised, error=True))
     assert parted_before.verdict.name.value == "diverged" and parted_before.first_divergence == "step 4/sampled_token_ids"
+
+
+def test_a_compiled_step_that_parts_by_rounding_says_what_the_kernels_had_to_do_with_it():
+    """One process ran every step of the window: its Inductor kernels are held against the
+    recorded choices once, and a compiled step that parted by float rounding alone says so."""
+    import dataclasses
+    from pathlib import Path
+
+    from tracekit.format.content import load_step
+    from tracekit.format.schema import KernelChoice
+    from tracekit.replay.replayer import with_kernel_choices
+
+    content, _ = load_step(Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst", None)
+    choice = KernelChoice("triton_red_fused_0", "0" * 64, {"XBLOCK": 1, "num_warps": 2, "num_stages": 1})
+    content = dataclasses.replace(content, engine=dataclasses.replace(content.engine, kernel_choices=[choice]))
+    steps = [dataclasses.replace(_step(index, _exact("input_ids"), item), reference_mode="compiled")
+             for index, item in ((4, _exact("hidden_states", "bfloat16")), (5, _parted("hidden_states", "bfloat16")))]
+    # (a later step's digest of its KV writes parts with its floats: it does not make them discrete)
+    steps[1].checks.insert(1, CheckedItem("kv_written", False, False, {}, digest_only=True))
+    window = with_kernel_choices(_window(*steps), content)
+    # (no Triton kernel runs in this process: none ran otherwise than recorded, none unrecorded)
+    assert window.kernel_choices == {"same": [], "other": [], "unrecorded": []}
+    assert window.to_plain()["kernel_choices"] == window.kernel_choices
+    assert not window.steps[0].notes
+    (note,) = window.steps[1].notes
+    assert "none of the 1 kernel choices the bundle records met a kernel autotuned or configured" in note

@@ -59,6 +59,8 @@ def print_window_report(result: WindowReplayResult, stream: TextIO | None = None
     parted = next((step for step in result.steps if step.verdict.exit_code() != 0), None)
     if parted is not None:
         console.print(f"step {parted.step_index}, where the window parts:")
+        for note in parted.notes:
+            console.print(f" [yellow]![/yellow] {inert(note)}")
         print_checks(console, parted, parted.verdict)
         for finding in parted.padding_findings:
             console.print(f" [red]![/red] padding: {inert(finding)}")

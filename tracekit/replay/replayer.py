@@ -103,9 +103,10 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
             engine.require_kv_layout_of(opened.content.environment, here)
             if opened.window is not None:
                 differences = _environment_differences(opened.content, here, engine.set_in_process)
-                return run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
-                                  options.tolerance, options.strict, differences, options.engine_overrides,
-                                  lora_paths=adapters.paths)
+                window = run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
+                                    options.tolerance, options.strict, differences, options.engine_overrides,
+                                    lora_paths=adapters.paths)
+                return with_kernel_choices(window, opened.content)
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
             ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
@@ -342,6 +343,18 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     )
 
 
+def with_kernel_choices(window: WindowReplayResult, content: BundleContent) -> WindowReplayResult:
+    """The window's Inductor kernels against the recorded choices (one process ran every step:
+    one comparison), and on each step that parted by float rounding alone, what they had to do
+    with it, as a single step's report says."""
+    kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices())
+    window.kernel_choices = kernels
+    for step in window.steps:
+        step.kernel_choices = kernels
+        step.notes.extend(_kernel_choice_notes(content, step.reference_mode, step.checks, kernels))
+    return window
+
+
 def _environment_differences(content: BundleContent, here: Any, set_by_tracekit: dict[str, str]) -> list[dict[str, Any]]:
     """Every difference between the recording machine and this one, less the variables tracekit
     itself set here to build the engine."""
@@ -378,7 +391,7 @@ def _kernel_choice_notes(content: BundleContent, reference_mode: str, checks: li
     kernels' configurations are ruled out."""
     deciding = [check for check in checks if check.decides]
     if (reference_mode != "compiled" or all(check.bit_exact for check in deciding)
-            or any(not check.bit_exact and check.float_dtype is None for check in deciding)):
+            or any(not check.bit_exact and check.float_dtype is None and not check.digest_only for check in deciding)):
         return []
     if kernels.get("other") or kernels.get("unrecorded"):
         named = [f"ran with another configuration than recorded: {'; '.join(kernels['other'])}"] if kernels.get("other") else []
@@ -386,6 +399,10 @@ def _kernel_choice_notes(content: BundleContent, reference_mode: str, checks: li
             named.append(f"autotuned here, no choice recorded: {', '.join(kernels['unrecorded'])}")
         return ["only float items parted, in a compiled step, and Inductor's kernels did not all run as recorded "
                 "(a reduction's block sizes decide its rounding): " + "; ".join(named)]
+    if content.engine.kernel_choices and not kernels.get("same"):
+        return [f"only float items parted, in a compiled step; none of the {len(content.engine.kernel_choices)} "
+                "kernel choices the bundle records met a kernel autotuned or configured in this process, so "
+                "Inductor's configurations are neither named nor ruled out"]
     if content.engine.kernel_choices:
         return [f"only float items parted, in a compiled step, though every one of the "
                 f"{len(kernels.get('same', []))} autotuned kernels ran with its recorded configuration: "

@@ -49,6 +49,8 @@ class WindowReplayResult:
     kv_read: dict[int, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     # Per step that parted, per request whose rows parted: where the KV it read came from
     kv_sources: dict[int, dict[str, KVSource]] = field(default_factory=dict)
+    # The window's Inductor kernels against the recorded choices (`ReplayResult.kernel_choices`)
+    kernel_choices: dict[str, list[str]] = field(default_factory=dict)
     llm: Any = field(default=None, repr=False)
 
     @property
@@ -146,6 +148,7 @@ class WindowReplayResult:
             "environment_differences": self.environment_differences,
             "overrides": self.overrides,
             "engine_build": self.engine_build,
+            "kernel_choices": self.kernel_choices,
             "steps": [result.to_plain() for result in self.steps],
         }
 
