@@ -126,3 +126,12 @@ def test_a_drafters_layers_are_left_out():
     group = _group("flash", layers=3)  # layers.2: the drafter's, in the same KV cache group
     assert digested_layers([group], model) == [["layers.0", "layers.1"]]
     assert digested_layers([group], object()) is None
+
+
+def test_rows_digested_a_few_at_a_time_give_the_same_digest(monkeypatch):
+    from tracekit.integrations.vllm import kv_digest
+
+    group = _group("flash")
+    whole = _digest(group)
+    monkeypatch.setattr(kv_digest, "ROWS_AT_ONCE", 1)
+    assert torch.equal(_digest(group), whole)

@@ -125,11 +125,24 @@ def kv_written_digest(group: KVGroup, layer_names: list[str], positions: Any, ro
     owners, blocks, offsets, valid = _written_slots(group, positions, rows, block_ids)
     digests = []
     for name in layer_names:
-        written = torch.cat([view[blocks, offsets].reshape(owners.shape[0], -1) for view in views[name]], dim=1)
-        words = written.view(torch.uint8 if written.element_size() == 1 else torch.int16).to(torch.int64)
-        per_row = (words * _weights(words.shape[1], words.device)).sum(1) % MODULUS * valid
-        digests.append(torch.zeros(len(rows), dtype=torch.int64, device=words.device).index_add_(0, owners, per_row))
+        digest = torch.zeros(len(rows), dtype=torch.int64, device=owners.device)
+        for start in range(0, owners.shape[0], ROWS_AT_ONCE):
+            part = slice(start, start + ROWS_AT_ONCE)
+            digest.index_add_(0, owners[part], _row_digests(views[name], blocks[part], offsets[part]) * valid[part])
+        digests.append(digest)
     return torch.stack(digests)
+
+
+# Rows digested at once: their entries widened to 64 bits take ~16 KiB a row for a model with 8
+# KV heads of 128 (a step's rows at once could take GiBs on a device the engine has filled).
+ROWS_AT_ONCE = 512
+
+
+def _row_digests(views: list[torch.Tensor], blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Each row's slot entries (across `views`), weighted and summed modulo `MODULUS`."""
+    written = torch.cat([view[blocks, offsets].reshape(blocks.shape[0], -1) for view in views], dim=1)
+    words = written.view(torch.uint8 if written.element_size() == 1 else torch.int16).to(torch.int64)
+    return (words * _weights(words.shape[1], words.device)).sum(1) % MODULUS
 
 
 def kv_written(groups: list[KVGroup], layers: list[list[str]] | None, positions: Any, rows: list[int],
