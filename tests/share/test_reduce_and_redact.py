@@ -299,3 +299,21 @@ def test_redaction_renames_the_grammar_and_feature_requests(sample):
     step.features = {"structured_outputs": [first]}
     redacted, _ = redact_step(step)
     assert redacted.grammar.request_ids == ["req-2"] and redacted.features == {"structured_outputs": ["req-2"]}
+
+
+def test_a_later_window_step_cut_keeps_its_kept_requests_proposals_and_no_kv_digest(sample):
+    """Shrinking a window by requests: the drafter's proposals (token ids) of the kept requests
+    stay, row for row; the digest of the step's KV writes goes (floats: they depend on the batch)."""
+    from tracekit.format.schema import CarriedStep, KVWritten
+    from tracekit.share.shrink_window import _as_carried
+
+    step = sample.steps[0]
+    kept = step.batch_order[1:3]
+    cut = reduce_step(step, {req_id: step.request(req_id).num_scheduled_tokens for req_id in kept})
+    proposals = torch.arange(len(step.batch_order) * 2).view(-1, 2)
+    recorded = CarriedStep(index=step.index, scheduler_output={}, batch_order=list(step.batch_order),
+                           proposals=proposals,
+                           kv_written=[KVWritten(["layers.0"], torch.zeros(1, len(step.batch_order), dtype=torch.int64))])
+    carried = _as_carried(cut, recorded, set(kept))
+    assert carried.batch_order == kept and carried.kv_written == []
+    assert carried.proposals.tolist() == proposals[1:3].tolist()

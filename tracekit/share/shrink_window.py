@@ -255,7 +255,12 @@ def _discrete_outputs(step: Step, kept: dict[str, int]) -> StepOutputs | None:
 
 
 def _as_carried(cut: Step, recorded: CarriedStep, keep: set[str]) -> CarriedStep:
-    """A cut later step back as a window's step."""
+    """A cut later step back as a window's step: the drafter's proposals of the kept requests (token
+    ids, as the sampled ones), and no digest of its KV writes (floats: they depend on the batch)."""
+    rows = [row for row, req_id in enumerate(recorded.batch_order) if req_id in keep]
+    proposals = recorded.proposals
+    if proposals is not None and proposals.dim() >= 1 and proposals.shape[0] == len(recorded.batch_order):
+        proposals = proposals[rows]
     return dataclasses.replace(
         recorded,
         scheduler_output=cut.scheduler_output,
@@ -266,5 +271,7 @@ def _as_carried(cut: Step, recorded: CarriedStep, keep: set[str]) -> CarriedStep
         graph=cut.graph,
         outputs=cut.outputs,
         timing=dataclasses.replace(recorded.timing),
+        proposals=proposals,
+        kv_written=[],
     )
 
