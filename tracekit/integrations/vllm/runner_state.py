@@ -64,10 +64,19 @@ def hidden_states_of(output: Any) -> torch.Tensor | None:
     return output if isinstance(output, torch.Tensor) else None
 
 
+def _splits_kv_across_ranks(runner: Any) -> bool:
+    """Whether context parallelism spreads a request's KV over ranks (each writes some slots)."""
+    parallel = getattr(getattr(runner, "vllm_config", None), "parallel_config", None)
+    return any(int(getattr(parallel, name, 1) or 1) > 1
+               for name in ("decode_context_parallel_size", "prefill_context_parallel_size"))
+
+
 def kv_groups(runner: Any) -> list[KVGroup]:
-    """The runner's KV cache tensors grouped as its KV cache config groups them."""
+    """The runner's KV cache tensors grouped as its KV cache config groups them (a slot's place in
+    them not known where context parallelism writes a request's slots on several ranks)."""
     config = runner.kv_cache_config
     forward_context = runner.compilation_config.static_forward_context
+    split = _splits_kv_across_ranks(runner)
     groups = []
     for group in config.kv_cache_groups:
         caches = [forward_context[name].kv_cache for name in group.layer_names]
@@ -83,7 +92,7 @@ def kv_groups(runner: Any) -> list[KVGroup]:
                     num_blocks=config.num_blocks,
                     block_size=group.kv_cache_spec.block_size,
                 ),
-                slot_layout=slot_layout(forward_context[group.layer_names[0]]),
+                slot_layout=None if split else slot_layout(forward_context[group.layer_names[0]]),
             )
         )
     return groups
