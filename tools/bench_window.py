@@ -54,9 +54,9 @@ def main() -> None:
     from tracekit.integrations.vllm.engine import adapter_of, build_llm
     from tracekit.models import tiny_model_path
     from tracekit.record.api import recording
-    from tracekit.record.workload import BUILTIN_WORKLOAD, DEFAULT_ENGINE_ARGS
+    from tracekit.record.workload import BUILTIN_WORKLOAD, EMBEDDED_MODEL_ENGINE_ARGS
 
-    llm = build_llm({**DEFAULT_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": not options.compile})
+    llm = build_llm({**EMBEDDED_MODEL_ENGINE_ARGS, "model": tiny_model_path(), "enforce_eager": not options.compile})
     adapter = adapter_of(llm)
     prompts = [request.prompt for request in BUILTIN_WORKLOAD]
     params = SamplingParams(max_tokens=options.max_tokens, temperature=0.0, ignore_eos=True)
