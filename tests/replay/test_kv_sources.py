@@ -142,3 +142,18 @@ def test_the_window_report_says_it_per_parted_request_and_caps_the_lines():
     print_window_report(WindowReplayResult("w.zst", results, requested=5, recorded=[0, 1, 2, 3, 4], rebuilt=[0],
                                            kv_sources=many), stream)
     assert f"... {KV_SOURCE_LINES} more (--json)" in stream.getvalue()
+
+
+def test_the_report_names_each_request_that_wrote_other_kv_and_the_layer():
+    import io
+
+    from tracekit.cli.replay_report import KV_WRITER_LINES
+    from tracekit.cli.window_report import print_window_report
+
+    moved = {f"R{n}": "model.layers.1.self_attn.attn" for n in range(KV_WRITER_LINES + 2)}
+    results = [_result(0), _with_digest(_result(1), moved), _result(2)]
+    stream = io.StringIO()
+    print_window_report(WindowReplayResult("w.zst", results, requested=3, recorded=[0, 1, 2], rebuilt=[0]), stream)
+    text = " ".join(stream.getvalue().split())
+    assert "request R0 wrote other KV than recorded, from layer model.layers.1.self_attn.attn on" in text
+    assert "... 2 more requests (--json)" in text and "step 1/kv_written" in text

@@ -15,6 +15,7 @@ from rich.table import Table
 from tracekit.cli.terminal import inert
 from tracekit.errors import EXIT_OK
 from tracekit.replay import verdict as verdicts
+from tracekit.replay.checks import KV_DIGEST_ITEM
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.suite import SuiteOutcome, SuiteRecord
 from tracekit.replay.verdict import VerdictName
@@ -182,6 +183,23 @@ def print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
     for item in result.checks:
         for row in item.details.get("differing_rows", []):
             console.print(f"   {inert(verdicts.describe_differing_row(row))}")
+        if item.name == KV_DIGEST_ITEM:
+            _print_kv_writes(console, item)
+
+
+KV_WRITER_LINES = 8  # the most requests named whose KV writes differ (`--json` has them all)
+
+
+def _print_kv_writes(console: Console, item: Any) -> None:
+    """A window step's digest of its KV writes: each request that wrote other KV, from which
+    layer on; or why the replay could not check them."""
+    if "problem" in item.details:
+        console.print(f"   kv_written not checked: {inert(item.details['problem'])}")
+    moved = list(item.details.get("requests_moved", {}).items())
+    for req_id, layer in moved[:KV_WRITER_LINES]:
+        console.print(f"   request {inert(req_id)} wrote other KV than recorded, from layer {inert(layer)} on")
+    if len(moved) > KV_WRITER_LINES:
+        console.print(f"   ... {len(moved) - KV_WRITER_LINES} more requests (--json)")
 
 
 def _print_dispatch(console: Console, audited: dict[str, Any], attention: bool) -> None:
