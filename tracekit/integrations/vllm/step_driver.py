@@ -309,22 +309,21 @@ class StepDriver:
             for live, recorded in zip(self.groups, self.step.kv.groups)
         ]
 
-    def _kv_written(self, positions: torch.Tensor | None) -> list[Any]:
-        """The digest of the KV the forward wrote, as a window's later step records it."""
+    def _kv_written(self, positions: torch.Tensor | None, layers: list[list[str]] | None) -> list[Any]:
+        """The digest of the KV the forward wrote to `layers`, as a window's later step records it."""
         requests = [self.step.request(req_id) for req_id in self.step.batch_order]
         return kv_digest.kv_written(
-            self.groups, kv_digest.digested_layers(self.groups, self.adapter.model), positions,
-            [request.num_scheduled_tokens for request in requests], [request.block_ids for request in requests],
-            lambda compute: _to_host(compute()))
+            self.groups, layers, positions, [request.num_scheduled_tokens for request in requests],
+            [request.block_ids for request in requests], lambda compute: _to_host(compute()))
 
     def model_call(self, observed: ObservedStep, on_forward: Callable | None = None, restore: bool = True,
-                   keep_kv_read: bool = False, digest_kv: bool = False) -> Callable:
+                   keep_kv_read: bool = False, digest_kv: list[list[str]] | None = None) -> Callable:
         """What runs in place of the runner's model call: restore (the recorded KV blocks, RNG
         states and padding rows; with `restore` False, a step whose runner carried its state from
         the step before, only the padding rows and the few KV blocks such a step saved), forward
         (timed), capture; `keep_kv_read`: also copy the blocks the forward reads
-        (`ObservedStep.kv_read`); `digest_kv`: the digest of the KV written, as a window's later
-        step records it (`ObservedStep.kv_written`)."""
+        (`ObservedStep.kv_read`); `digest_kv`: per KV cache group, the layers whose writes to
+        digest as a window's later step records them (`ObservedStep.kv_written`)."""
         adapter = self.adapter
         backend = adapter.device_backend
 
@@ -375,8 +374,8 @@ class StepDriver:
                     sorted(set(runner_state.changed_blocks(group, before)) - set(recorded.written_block_ids))
                     for group, before, recorded in zip(self.groups, fingerprints, self.step.kv.groups)
                 ]
-            if digest_kv:
-                observed.kv_written = self._kv_written(live_positions)
+            if digest_kv is not None:
+                observed.kv_written = self._kv_written(live_positions, digest_kv)
             if on_forward is not None:
                 on_forward(handle)
                 output = handle.run()  # leave buffers and RNG exactly as after the checked run

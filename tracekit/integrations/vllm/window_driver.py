@@ -25,6 +25,7 @@ import torch
 
 from tracekit.format.schema import RunnerCall, StepWindow
 from tracekit.integrations.seam import ObservedStep
+from tracekit.integrations.vllm import kv_digest
 from tracekit.integrations.vllm.step_driver import ReplayObserver, StepDriver
 from tracekit.integrations.vllm.window_records import WindowStep
 
@@ -81,6 +82,7 @@ class WindowDriver:
         run = WindowRun({index: ObservedStep() for index in self.steps})
         observer = _WindowObserver(run.observed)
         calls: dict[int, Callable] = {}
+        digested = kv_digest.digested_layers(self.adapter.kv_groups(), self.adapter.model)
 
         def model_call(original: Callable, args: tuple, kwargs: dict) -> Any:
             index = observer.current
@@ -88,7 +90,7 @@ class WindowDriver:
                 rebuilt = index in self.rebuild
                 calls[index] = self.drivers[index].model_call(run.observed[index], restore=rebuilt,
                                                               keep_kv_read=rebuilt and self.keep_kv_read,
-                                                              digest_kv=index != self.first)
+                                                              digest_kv=digested if index != self.first else None)
             return calls[index](original, args, kwargs)
 
         outputs: dict[int, Any] = {}
