@@ -162,8 +162,8 @@ class CarriedStepCapture(StepCapture):
         """A digest of the KV the forward wrote, per layer and request (`kv_digest`): computed
         on the copy's side stream, before the next step can write the same blocks."""
         started = time.perf_counter()
-        order = [req_id for req_id in self.carried.batch_order if req_id in self.scheduled]
-        if len(order) == len(self.carried.batch_order):
+        order = self.carried.batch_order
+        if all(req_id in self.scheduled for req_id in order):
             self.carried.kv_written = kv_digest.kv_written(
                 self.recorder.adapter.kv_groups(), self.window.digested_layers, self.positions,
                 [self.scheduled[req_id][0] for req_id in order], [self.scheduled[req_id][1] for req_id in order],

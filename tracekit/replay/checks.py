@@ -211,7 +211,7 @@ def _kv_digest_item(observed: ObservedStep, recorded: list[KVWritten], step: Ste
     here = observed.kv_written
     problem = None
     if len(here) != len(recorded):
-        problem = "the replay could not digest the KV it wrote (no slot dimension, or positions not one per row)"
+        problem = "the replay could not digest the KV it wrote (a cache layout tracekit does not know, or positions not one per row)"
     moved: dict[str, str] = {}
     layers_moved = 0
     for group, (mine, theirs) in enumerate(zip(here, recorded)):
