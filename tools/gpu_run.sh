@@ -69,12 +69,17 @@ fi
 quick=""
 if [ "${1:-}" = "--quick" ]; then   # --quick COMMIT: the run to make on every engine-facing change
   quick=${2:?"--quick needs the commit the working tree is (git rev-parse HEAD, run here)"}; shift 2
+  # a hash typed out by hand has been wrong twice: refuse anything but 40 hex digits
+  [[ "$quick" =~ ^[0-9a-f]{40}$ ]] || { echo "--quick takes the full 40-digit hash of HEAD (git rev-parse HEAD, here), not '$quick'" >&2; exit 2; }
 fi
 source "$KIT/install.sh" env || exit 9
 OUT=${OUT:-/tmp/tracekit-gpu}/vllm-$VLLM
 mkdir -p "$OUT"
 # (written outside $OUT and copied back one level deep: a call brings back no deeper folder)
 export TRACEKIT_GPU_ACROSS_RELEASES_OUT=/tmp/tracekit-gpu-across
+# each failure's traceback as it happens (tests/gpu/conftest.py): a run cut short keeps them
+export TRACEKIT_GPU_FAILURES="$OUT/failures.txt"
+rm -f "$TRACEKIT_GPU_FAILURES"
 rm -rf "$TRACEKIT_GPU_ACROSS_RELEASES_OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 TMP=/tmp/tracekit-gpu-tmp/vllm-$VLLM

@@ -43,7 +43,8 @@ def _autotuned_configs() -> dict[str, str]:
     for autotuner in kernel_choices._autotuners():
         config = kernel_choices._launched_config(autotuner)
         name = getattr(getattr(autotuner, "fn", None), "__name__", "?")
-        found[f"{name}@{kernel_choices.lookup_hash(autotuner)}"] = repr(config)
+        fields = kernel_choices.config_fields(config) if config is not None else None
+        found[f"{name}@{kernel_choices.lookup_hash(autotuner)}"] = json.dumps(fields, sort_keys=True)
     return found
 
 

@@ -10,6 +10,7 @@ in one fresh `tracekit replay` process, so one engine is built per configuration
 
 import importlib.metadata
 import json
+import os
 
 import pytest
 from gpu_support import (
@@ -61,6 +62,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
         elif not HAS_V1 and _runs_v1(item):
             item.add_marker(pytest.mark.skip(reason=f"vLLM {INSTALLED_SERIES} has no Model Runner V1 (removed in 0.34)"))
+
+
+def pytest_runtest_logreport(report):
+    """Each failure's report as it happens, appended where TRACEKIT_GPU_FAILURES points
+    (`tools/gpu_run.sh`): a run cut at the device call's time limit never reaches pytest's summary,
+    and its failures would come back without a word of why."""
+    path = os.environ.get("TRACEKIT_GPU_FAILURES")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as stream:
+            stream.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-8000:]}\n")
 
 
 # The built-in workload's requests, plus sampling only a GPU runs (V2's top-k/top-p kernel fails

@@ -42,6 +42,15 @@ def test_under_a_release_without_v1_each_is_refused_in_one_line(replayed):
     print(f"vLLM {INSTALLED_SERIES}: {len(FIXTURES)} V1 fixtures refused in one line")
 
 
+def _recorded_gpu() -> str:
+    """The GPU model the fixtures were recorded on (an H200)."""
+    from tracekit.format.content import BundleContent
+    from tracekit.format.reader import open_bundle
+
+    with open_bundle(FIXTURES[0]) as reader:
+        return BundleContent.from_plain(reader.metadata).environment.device_name
+
+
 @pytest.mark.v1_runner
 def test_each_fixture_gets_the_verdict_it_deserves(replayed):
     """The three bf16 steps reproduce on their real rows (the two async ones once their
@@ -50,22 +59,32 @@ def test_each_fixture_gets_the_verdict_it_deserves(replayed):
     timing them, and before bundles carried those choices: it parts by float32 rounding from layer
     0 on, as two recordings of such an engine part from each other (measured: relative RMS up to
     2.2e-5) — diverged, every discrete item equal, every float item within
-    AUTOTUNED_FLOAT32_BOUND, and the report names the kernels autotuned without a recorded choice."""
+    AUTOTUNED_FLOAT32_BOUND, and the report names the kernels autotuned without a recorded choice.
+
+    On another GPU model than the recording's (an H100) the GPU is a numerics difference of the
+    platform: a step whose rounding moved is `platform_difference` while its float items stay in
+    the calibrated bounds, and `diverged` beyond them with the reason naming the GPU."""
+    import torch
     from test_gpu_replay import small_float_divergence
 
+    same_gpu = torch.cuda.get_device_name() == _recorded_gpu()
     finished, records = replayed
-    assert finished.returncode == 1, finished.explain()  # the float32 step's divergence
+    verdicts = {bundle.name: records[str(bundle)]["verdict"] for bundle in FIXTURES}
+    assert finished.returncode == (1 if "diverged" in verdicts.values() else 0), finished.explain()
     for bundle in FIXTURES:
         record = records[str(bundle)]
         checks = checks_of(record)
         if "fp32" in bundle.name:
-            assert record["verdict"] == "diverged", (bundle.name, record["verdict"])
+            assert record["verdict"] in (("diverged",) if same_gpu else ("diverged", "platform_difference")), verdicts
+            if record["verdict"] == "diverged" and not same_gpu:
+                assert "device_name" in record["verdict_reason"], record["verdict_reason"]
             assert small_float_divergence(record, AUTOTUNED_FLOAT32_BOUND), bundle.name
             # recorded before bundles carried kernel choices: the kernels autotuned here are named
             assert any("no choice recorded: " in note for note in record["notes"]), record["notes"]
             assert checks["input_ids"]["bit_exact"] and checks["sampled_token_ids"]["bit_exact"]
             continue
-        assert record["verdict"] == "bit_exact", (bundle.name, record.get("verdict_reason"))
+        expected = ("bit_exact",) if same_gpu else ("bit_exact", "platform_difference")
+        assert record["verdict"] in expected, (bundle.name, record["verdict"], record.get("verdict_reason"))
         if "decode" in bundle.name:  # 5 decodes ran a FULL graph of 8 rows
             assert checks["input_ids/padding"]["rows"] == [5, 8] and checks["input_ids/padding"]["decides"] is False
         assert not record["dispatch"]["differences"], (bundle.name, record["dispatch"])
