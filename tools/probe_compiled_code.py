@@ -12,6 +12,10 @@ two processes' manifests can be compared (`--compare A B`).
 
     python tools/probe_compiled_code.py OUT_DIR -- record ...     (any tracekit command)
     python tools/probe_compiled_code.py --compare OUT_A OUT_B
+
+Known limit: a `tracekit replay` process lists no modules at its exit (its code cache is empty
+by then, also on the CPU), so compare recording processes with each other; a replay's kernels
+are compared with its bundle's by the replay itself (`kernel_choices` in its report).
 """
 
 import atexit
