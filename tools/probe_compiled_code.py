@@ -38,18 +38,15 @@ def _loaded_modules() -> dict[str, str]:
 
 
 def _autotuned_configs() -> dict[str, str]:
-    """Each autotuned Triton kernel's launch configuration, by kernel name and lookup hash."""
-    from tracekit.graphs import kernel_choices
-
+    """Each launched kernel's configuration (chosen among several or not), by kernel name and
+    lookup hash, with where it came from ("timed" or "autotune_cache")."""
     if "torch._inductor.codecache" not in sys.modules:
         return {}
-    found = {}
-    for autotuner in kernel_choices._autotuners():
-        config = kernel_choices._launched_config(autotuner)
-        name = getattr(getattr(autotuner, "fn", None), "__name__", "?")
-        fields = kernel_choices.config_fields(config) if config is not None else None
-        found[f"{name}@{kernel_choices.lookup_hash(autotuner)}"] = json.dumps(fields, sort_keys=True)
-    return found
+    from tracekit.graphs.kernel_choices import launched_choices
+
+    return {f"{choice.kernel}@{choice.source_hash}": json.dumps({**choice.config, "origin": choice.origin},
+                                                                 sort_keys=True)
+            for choice in launched_choices(only_chosen=False)}
 
 
 def _matmul_settings() -> dict[str, object]:
