@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Record the quick run's float32 workload in several processes and replay each recording, writing
-# per process what its compiled steps ran with (tools/probe_compiled_code.py), to find which
-# process-dependent choice makes a recording part from its replay (issue 28). On the GPU machine,
+# per recording process what its compiled steps ran with (tools/probe_compiled_code.py; a replay
+# process lists nothing at its exit, and reports its own kernels against the bundle's), to find
+# which process-dependent choice makes a recording part from its replay (issue 28). On the GPU machine,
 # after the kit's install calls:
 #   bash tools/gpu_probe_recordings.sh --vllm 0.26 NAME[:ENV=VALUE,...] ...
 # Each NAME records steps 0:40 of the GPU workload (float32, a 128-token budget, vLLM's defaults
 # otherwise) with the ENV settings given, then replays them in a fresh process. Caches are wiped
-# once, before the first. $OUT/probe/NAME-record and NAME-replay hold the manifests; NAME.jsonl
-# the replay's records; diffs.txt the recordings compared step by step (`tracekit diff`).
+# once, before the first. $OUT/probe/NAME-record holds the recording's manifest; NAME.jsonl the
+# replay's records; diffs.txt the recordings' manifests and steps compared (`tracekit diff`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VLLM=0.26
@@ -31,12 +32,8 @@ for spec in "$@"; do
     > "$P/$name-record.log" 2>&1
   echo "$name record rc=$? $(( $(date +%s) - started )) s"
   started=$(date +%s)
-  python3 tools/probe_compiled_code.py "$P/$name-replay" -- replay "$W/$name" --keep-going --no-timing \
-    --json "$P/$name.jsonl" > "$P/$name-replay.log" 2>&1
+  python3 -m tracekit replay "$W/$name" --keep-going --no-timing --json "$P/$name.jsonl" > "$P/$name-replay.log" 2>&1
   echo "$name replay rc=$? $(( $(date +%s) - started )) s: $(grep -o '"verdict": "[a-z_]*"' "$P/$name.jsonl" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
-done
-for name in "${names[@]}"; do
-  echo "== $name: record vs replay"; python3 tools/probe_compiled_code.py --compare "$P/$name-record" "$P/$name-replay"
 done
 first=${names[0]}
 for name in "${names[@]:1}"; do

@@ -19,7 +19,6 @@ are compared with its bundle's by the replay itself (`kernel_choices` in its rep
 """
 
 import atexit
-import hashlib
 import json
 import shutil
 import sys
@@ -72,8 +71,7 @@ def write_manifest(out: Path) -> None:
         if Path(path).is_file():
             shutil.copy(path, code / f"{key}.py")
     manifest = {
-        "modules": {key: hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if Path(path).is_file() else None
-                    for key, path in sorted(modules.items())},
+        "modules": sorted(modules),  # each key is the hash of its module's source
         "autotuned": _autotuned_configs(),
         "matmul": _matmul_settings(),
     }
@@ -83,6 +81,7 @@ def write_manifest(out: Path) -> None:
 def compare(first: Path, second: Path) -> int:
     """What two manifests differ in; exit 1 when they differ."""
     a, b = (json.loads((path / "manifest.json").read_text()) for path in (first, second))
+    a["modules"], b["modules"] = dict.fromkeys(a["modules"]), dict.fromkeys(b["modules"])
     differs = 0
     for part in ("modules", "autotuned", "matmul"):
         only_a = sorted(set(a[part]) - set(b[part]))
@@ -104,7 +103,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--compare"] and len(argv) == 3:
         return compare(Path(argv[1]), Path(argv[2]))
     if len(argv) < 3 or argv[1] != "--":
-        print(__doc__.strip().splitlines()[-2].strip(), file=sys.stderr)
+        print("usage: probe_compiled_code.py OUT_DIR -- TRACEKIT_ARGS... | --compare OUT_A OUT_B", file=sys.stderr)
         return 2
     out = Path(argv[0])
     atexit.register(write_manifest, out)
