@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_support import DEFAULT_RUNNER, HAS_V1, INSTALLED_SERIES, checks_of, json_records, tracekit
+from gpu_support import DEFAULT_RUNNER, HAS_V1, INSTALLED_SERIES, checks_of, json_records, read_content, tracekit
 
 # Two recordings of one float32 compiled engine (Inductor autotuning per process) part by up to
 # 2.2e-5 relative RMS (H200, vLLM 0.26, 2026-12-03); the bound leaves room above that.
@@ -44,11 +44,7 @@ def test_under_a_release_without_v1_each_is_refused_in_one_line(replayed):
 
 def _recorded_gpu() -> str:
     """The GPU model the fixtures were recorded on (an H200)."""
-    from tracekit.format.content import BundleContent
-    from tracekit.format.reader import open_bundle
-
-    with open_bundle(FIXTURES[0]) as reader:
-        return BundleContent.from_plain(reader.metadata).environment.device_name
+    return read_content(FIXTURES[0]).environment.device_name
 
 
 @pytest.mark.v1_runner
