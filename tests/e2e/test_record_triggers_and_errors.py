@@ -45,6 +45,24 @@ def test_a_failure_in_any_phase_is_recorded_with_that_phase(recorder_behaviour, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arming", ["marked", "copied"])
+def test_a_lost_device_context_met_first_by_the_recorder_still_leaves_the_step(recorder_behaviour, arming):
+    """A device-side assert poisons the context for every later device call, the recorder's
+    included: its own call in the step (the non-finite check's query; the wait for a copied
+    step's copies) may meet the error before the engine's does. The recorder stays armed, the
+    engine sees its own error, and the failed step is kept from host memory (`--kv recompute`)."""
+    outcome = recorder_behaviour["lost_context"][arming]
+    lost = recorder_behaviour["lost_context_error"]
+    assert outcome["raised"] == lost and not outcome["failures"], outcome
+    (path,) = outcome["written"]
+    _, step = load_step(path, None)
+    assert step.trigger == ("exception" if arming == "marked" else "steps 0:"), step.trigger
+    assert step.error["message"] == lost and step.error["phase"] == "sampling"
+    assert step.kv.mode == "recompute" and step.input_ids is None and step.outputs is None
+    assert step.requests and all(not group.before for group in step.kv.groups)
+
+
+@pytest.mark.slow
 def test_replaying_the_failing_step_without_the_injected_fault_does_not_reproduce(recorder_behaviour, eager_replays):
     """The fault was injected into the recording process only: the replayed forward does not
     raise, so the recorded failure is NOT reproduced and the report names the item "error"."""

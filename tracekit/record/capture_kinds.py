@@ -157,6 +157,7 @@ class CopiedStep(StepCapture):
         super().__init__(recorder, pending)
         adapter = recorder.adapter
         copy = recorder.new_copy(pending)
+        self.mark = mark
         self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy, held=held)
         copy.finish()  # the forward, which writes KV, runs after the copy
         self.step.timing.first_of_its_size = first_of_its_size
@@ -216,6 +217,8 @@ class CopiedStep(StepCapture):
         return recorder.guarded(finish, "finish")
 
     def failed(self, trigger: str, error: BaseException) -> Step | None:
+        if context_lost(error):  # the copies taken before the forward cannot be waited for
+            return kept_from_host(self.recorder, self.mark, self.pending, trigger, error)
         return self.step  # taken intact before the forward
 
     def stop(self) -> None:
@@ -312,9 +315,7 @@ class MarkedStep(StepCapture):
         # prepared (the input ids) the replay prepares again.
         mark = self.mark or recorder.adapter.mark(pending.scheduler_output, None, None)
         if context_lost(error):
-            logger.warning("tracekit: the device context is lost (%s); the step is kept from host memory, "
-                           "its KV to be recomputed by the replay", type(error).__name__)
-            return step_capture.capture_without_device(recorder.adapter, mark, pending.index, trigger)
+            return kept_from_host(recorder, mark, pending, trigger, error)
         return self._capture(mark, trigger, KVMode(recorder.kv), self.taken)
 
     def _write(self, step: Step, sampled: Any) -> None:
@@ -363,3 +364,13 @@ def ignore(sampled: Any) -> None:
 def device_clone(tensor: Any) -> Any:
     """A copy on the tensor's own device (queued, no host sync), or None."""
     return tensor.detach().clone() if tensor is not None else None
+
+
+def kept_from_host(recorder: Recording, mark: StepMark, pending: PendingStep, trigger: str,
+                   error: BaseException) -> Step:
+    """A failed step whose failure lost the device context: nothing on the device can be read
+    or waited for again, so the step is kept from host memory alone, its KV to be recomputed by
+    the replay."""
+    logger.warning("tracekit: the device context is lost (%s); the step is kept from host memory, "
+                   "its KV to be recomputed by the replay", type(error).__name__)
+    return step_capture.capture_without_device(recorder.adapter, mark, pending.index, trigger)

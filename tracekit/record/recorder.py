@@ -19,7 +19,9 @@ bundle count, and the writing. With `window` N (`record --window`), a firing ste
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
 caught where the engine calls into it, logged once, and the recorder disarms itself: the
-engine's outputs stay exactly those of an unarmed run.
+engine's outputs stay exactly those of an unarmed run. One failure leaves it armed: a device
+context the step poisoned (a device-side assert), which a callback may meet before the engine's
+own next device call does; the engine's step then fails, and the recorder keeps that step.
 """
 
 import dataclasses
@@ -34,7 +36,7 @@ from typing import Any, Callable
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, RunnerCall, Step
-from tracekit.graphs.host_copy import HostCopy
+from tracekit.graphs.host_copy import HostCopy, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm import ranks
@@ -112,6 +114,7 @@ class Recorder:
         self._persister: BackgroundPersister | None = None
         self._shadows: Any = None
         self._failures: list[str] = []
+        self._context_lost_seen = False  # a callback met a poisoned device context (said once)
         self.backend: Any = None  # the runner's DeviceBackend, once armed
         self._deferred = 0  # steps whose non-finite check is read with their output, later
         self._preempted: frozenset[str] = frozenset()  # requests preempted since such a step
@@ -205,6 +208,15 @@ class Recorder:
                     shadows.__exit__(None, None, None)
                 except Exception as error:  # pragma: no cover - removing instance attributes
                     logger.error("tracekit: could not remove the runner shadows: %s", error)
+
+    def _device_lost(self, name: str, error: BaseException) -> None:
+        """A callback met a device context poisoned by the step (a device-side assert, an
+        illegal address), before the engine's own next device call does: the recorder stays
+        armed, for `step_failed` to keep that step from host memory."""
+        if not self._context_lost_seen:
+            self._context_lost_seen = True
+            logger.warning("tracekit: the device context is lost (%s: %s in %s); waiting for the step's failure to "
+                           "keep it", type(error).__name__, str(error).splitlines()[0] if str(error) else "", name)
 
     def _writing_failed(self, reason: str) -> None:
         """The writer could not write a bundle, or died (on its thread, or the engine's for a
@@ -323,7 +335,7 @@ class Recorder:
 
     def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
         pending, self._pending = self._pending, None
-        receiver = pending.capture.receiver() if pending is not None and pending.capture is not None else ignore
+        receiver = self._receiver_of(pending) or ignore
         batch_order = self._batch_order_for_sampled_ids()
         if batch_order is None:
             return receiver
@@ -338,6 +350,11 @@ class Recorder:
             receiver(sampled)
 
         return receive
+
+    @_engine_boundary
+    def _receiver_of(self, pending: PendingStep | None) -> Callable[[list[list[int]] | None], None] | None:
+        """What takes the step's sampled ids (None: nothing; also where building it failed)."""
+        return pending.capture.receiver() if pending is not None and pending.capture is not None else None
 
     @_engine_boundary
     def _batch_order_for_sampled_ids(self) -> list[str] | None:
@@ -367,7 +384,8 @@ class Recorder:
         step.timing.step_us = step_us
         step.error = _error_record(error, pending.phase)
         self.count_bundle()
-        _copies_landed(step, pending.copies)
+        if not context_lost(error):  # a lost context's copies never land (the step is kept from host memory)
+            _copies_landed(step, pending.copies)
         self._adapter_files.complete(step)
         self._persister.write_now(*self._destination(self._completed(step)))
 
@@ -385,7 +403,10 @@ class Recorder:
                 try:
                     return function(*args)
                 except Exception as error:
-                    self._give_up(f"{name}: {type(error).__name__}: {error}")
+                    if context_lost(error):
+                        self._device_lost(name, error)
+                    else:
+                        self._give_up(f"{name}: {type(error).__name__}: {error}")
                     return None
 
         return call

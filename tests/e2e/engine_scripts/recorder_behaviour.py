@@ -11,6 +11,11 @@ last part leaves the engine broken):
   phase_faults
             one recorded step driven on the runner again, four times, each time with a recorder
             armed on=("exception",) and one phase broken (prepare, logits, sampling, bookkeeping)
+  lost_context
+            one recorded step driven on the runner again, twice, its sampling failing with a
+            device-side assert as a poisoned CUDA context gives one: armed on=("exception",
+            "nonfinite") with the non-finite check's device query meeting that error first, and
+            armed steps="0:" + on=("exception",) with the wait for the step's copies meeting it
   exception armed with on=("exception",), one forward raises RuntimeError
 
     python recorder_behaviour.py RESULT.json WORK_DIR
@@ -23,6 +28,7 @@ from pathlib import Path
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
 
 from tracekit.format.content import load_step
+from tracekit.graphs.host_copy import DeviceFlag, HostCopy
 from tracekit.integrations.vllm.engine import adapter_of, find_runner
 from tracekit.record.api import recording
 
@@ -100,6 +106,56 @@ def phase_faults(llm, bundle, out):
     return outcomes
 
 
+LOST_CONTEXT = "CUDA error: device-side assert triggered"
+
+
+def _lose_context(*args, **kwargs):
+    raise RuntimeError(LOST_CONTEXT)
+
+
+# What the recorder itself meets of a poisoned context, per arming: the non-finite check's query
+# of its device flag (an event on a GPU), or the wait for the step's copies to host.
+LOST_CONTEXT_ARMINGS = {
+    "marked": ({"on": ("exception", "nonfinite")}, DeviceFlag, "ready"),
+    "copied": ({"steps": "0:", "on": ("exception",), "max_bundles": 4}, HostCopy, "wait"),
+}
+
+
+def lost_context(llm, bundle, out):
+    """Replay-style drives of one recorded step on the live runner whose sampling fails as a
+    lost device context makes it: the recorder's own device calls in the step meet the error
+    before the engine's; the recorder stays armed and keeps the step from host memory."""
+    adapter = adapter_of(llm)
+    runner = adapter.runner
+    _, step = load_step(bundle, None)
+    target, name = PHASE_FAULTS["sampling"][adapter.kind.value](runner)
+    outcomes = {}
+    for arming, (triggers, poisoned, method) in LOST_CONTEXT_ARMINGS.items():
+        raised = None
+        with recording(llm, f"{out}/{arming}{{step}}.zst", **triggers) as recorder:
+            original, shadow = poisoned.__dict__[method], target.__dict__.get(name)
+            setattr(poisoned, method, _lose_context)
+            setattr(target, name, _lose_context)  # over the recorder's own shadow, if it has one
+            try:
+                runner.execute_model(adapter.scheduler_output_for(step))
+                output = runner.sample_tokens(None)
+                if hasattr(output, "get_output"):
+                    output.get_output()
+            except RuntimeError as error:
+                raised = str(error)
+            finally:
+                setattr(poisoned, method, original)
+                if shadow is not None and recorder.armed:
+                    setattr(target, name, shadow)
+                else:  # (a recorder that gave up took its shadows off, which left ours)
+                    target.__dict__.pop(name, None)
+                runner.execute_model_state = None
+                runner.execute_model(adapter.finishing_output(list(step.batch_order)))
+        outcomes[arming] = {"raised": raised, "written": [str(p) for p in recorder.written],
+                            "failures": recorder.failures}
+    return outcomes
+
+
 def with_nan(hidden_states):
     hidden_states = hidden_states.clone()
     hidden_states[0, 0] = float("nan")
@@ -158,6 +214,11 @@ if __name__ == "__main__":
     phases = work / "phases"
     phases.mkdir()
     result["phase_faults"] = phase_faults(llm, result["armed_written"][0], phases)
+
+    lost = work / "lost_context"
+    lost.mkdir()
+    result["lost_context"] = lost_context(llm, result["armed_written"][0], lost)
+    result["lost_context_error"] = LOST_CONTEXT
 
     exception = work / "exception"
     exception.mkdir()
