@@ -1,5 +1,6 @@
 """Issue 8: whatever breaks inside tracekit — arming on a runner attribute it does not know,
-copying a step, a value no bundle can store, a full disk, a dead writer thread — the recorder
+copying a step, a value no bundle can store, a full disk, a dead writer thread, a non-finite
+check that cannot be read — the recorder
 says why once, disarms itself, and the engine's token ids stay those of an unarmed run; no
 partial bundle is left. On both model runners (V2 through the CPU test harness)."""
 
@@ -10,7 +11,7 @@ from tracekit.format import open_bundle
 
 pytestmark = pytest.mark.slow
 
-STAGES = ("arm", "capture", "unserialisable", "disk_full", "writer_dies")
+STAGES = ("arm", "capture", "unserialisable", "disk_full", "writer_dies", "deferred_check")
 
 
 @pytest.fixture(scope="module", params=RUNNER_KINDS)
@@ -49,3 +50,4 @@ def test_each_failure_names_its_cause(faults):
     assert "extra_args" in faults["unserialisable"]["failures"][0]
     assert "File too large" in faults["disk_full"]["failures"][0]
     assert any("writer thread died" in failure for failure in faults["writer_dies"]["failures"])
+    assert "non-finite check cannot be read" in faults["deferred_check"]["failures"][0]

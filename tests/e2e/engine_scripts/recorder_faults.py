@@ -9,8 +9,11 @@ One engine (of the runner kind the environment picks), the same requests each ti
   disk_full      the bundle write fails part-way (the process may write at most 16 KiB per file:
                  RLIMIT_FSIZE with SIGXFSZ ignored, so write() fails with EFBIG like a full disk)
   writer_dies    the writer thread dies (SystemExit inside it) after its first bundle
+  deferred_check armed on non-finite outputs alone, the check's device flag not yet passed at
+                 the logits (as on a GPU), then failing to be read when the step's output
+                 receiver is built
 
-Each stage records every step; for each: the token ids, the recorder's failures, what it
+Each stage but the last records every step; for each: the token ids, the recorder's failures, what it
 wrote, and the files left in its folder.
 
     python recorder_faults.py RESULT.json WORK_DIR
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
 
+from tracekit.graphs.host_copy import DeviceFlag
 from tracekit.integrations.vllm.engine import adapter_of
 from tracekit.record import persist
 from tracekit.record.api import recording
@@ -63,6 +67,19 @@ def file_size_limit(limit):
         signal.signal(signal.SIGXFSZ, previous_handler)
 
 
+def flag_fails_once_deferred():
+    """`DeviceFlag.ready`: not yet (a GPU still running the step) when first asked, then failing."""
+    asked = set()
+
+    def ready(flag):
+        if id(flag) in asked:
+            raise ValueError("injected: the non-finite check cannot be read")
+        asked.add(id(flag))
+        return False
+
+    return patched(DeviceFlag, "ready", ready)
+
+
 def writer_dies_after_first_bundle():
     original, calls = persist.write_steps, [0]
 
@@ -83,17 +100,20 @@ if __name__ == "__main__":
     unserialisable = [{**params, "extra_args": {"on_done": object()}} for params in REPEATABLE_SAMPLING]
     result["unarmed_with_extra_args"] = generate(llm, unserialisable)
 
+    every_step = {"steps": "0:", "max_bundles": 1000}
     stages = {
-        "arm": (lambda: patched(adapter_class, "observe", missing_attribute), REPEATABLE_SAMPLING),
-        "capture": (lambda: patched(adapter_class, "request_states", missing_attribute), REPEATABLE_SAMPLING),
-        "unserialisable": (nullcontext, unserialisable),
-        "disk_full": (lambda: file_size_limit(FILE_SIZE_LIMIT), REPEATABLE_SAMPLING),
-        "writer_dies": (writer_dies_after_first_bundle, REPEATABLE_SAMPLING),
+        "arm": (lambda: patched(adapter_class, "observe", missing_attribute), REPEATABLE_SAMPLING, every_step),
+        "capture": (lambda: patched(adapter_class, "request_states", missing_attribute), REPEATABLE_SAMPLING,
+                    every_step),
+        "unserialisable": (nullcontext, unserialisable, every_step),
+        "disk_full": (lambda: file_size_limit(FILE_SIZE_LIMIT), REPEATABLE_SAMPLING, every_step),
+        "writer_dies": (writer_dies_after_first_bundle, REPEATABLE_SAMPLING, every_step),
+        "deferred_check": (flag_fails_once_deferred, REPEATABLE_SAMPLING, {"on": ("nonfinite",)}),
     }
-    for name, (fault, sampling) in stages.items():
+    for name, (fault, sampling, triggers) in stages.items():
         folder = work / name
         folder.mkdir()
-        with fault(), recording(llm, f"{folder}/step{{step}}.zst", steps="0:", max_bundles=1000) as recorder:
+        with fault(), recording(llm, f"{folder}/step{{step}}.zst", **triggers) as recorder:
             outputs = generate(llm, sampling)
             recorder.wait_for_writes()  # a write fails, or the writer dies, on its own thread
             still_armed = recorder.armed
