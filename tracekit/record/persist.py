@@ -17,6 +17,7 @@ from typing import Any, Callable
 from tracekit.errors import UsageError
 from tracekit.format.content import write_steps
 from tracekit.format.schema import EngineConfig, Environment, ParallelRank, Step
+from tracekit.graphs.host_copy import context_lost
 from tracekit.graphs.kernel_choices import launched_choices
 from tracekit.outputs import require_parent
 
@@ -111,14 +112,30 @@ class BackgroundPersister:
         while (item := self._queue.get()) is not None:
             path, step, parallel, ready = item
             try:
-                if ready is not None:
-                    ready()
-                self._write(path, step, parallel)
+                if self._landed(step, ready):
+                    self._write(path, step, parallel)
             except BaseException as error:  # the thread ends; the recorder is told before anyone waiting
                 self._failed(f"the writer thread died: {type(error).__name__}: {error}")
                 return
             finally:
                 self._done_one()
+
+    def _landed(self, step: Step, ready: Callable[[], Any] | None) -> bool:
+        """Whether the step's copies landed (`ready()` returned). A device context lost before
+        they did (a later step's device-side assert) leaves this bundle unwritten and the writer
+        alive: the recorder stays armed to keep the step that failed, from host memory."""
+        try:
+            if ready is not None:
+                ready()
+            return True
+        except Exception as error:
+            if not context_lost(error):
+                raise
+            message = (f"step {step.index} not written: the device context was lost before its copies to host "
+                       f"landed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+            logger.error("tracekit: %s", message)
+            self.failures.append(message)
+            return False
 
     def _done_one(self) -> None:
         with self._idle:
