@@ -57,10 +57,13 @@ def test_a_device_side_assert_leaves_a_recompute_bundle(tmp_path):
     recorder saw the lost context, then the process aborted in such a free)."""
     finished = run([sys.executable, str(HERE / "engine_cuda_error.py"), str(tmp_path / "result.json"), str(tmp_path)],
                    runner="v1")
-    assert "device-side assert" in finished.stderr or "device-side assert" in finished.stdout, finished.explain()
+    # the kernel's own assertion, printed by the device (torch 2.11 raises it as an AcceleratorError
+    # whose words reach only the result and the bundle, not the process's output)
+    assert "index out of bounds" in finished.stderr, finished.explain()
     if (tmp_path / "result.json").exists():  # the script reached its report
         result = json.loads((tmp_path / "result.json").read_text())
         assert result["failures"] == [] and len(result["written"]) == 1, result
+        assert "device-side assert" in result["raised"], result
     written = sorted(tmp_path.glob("lost*.zst"))
     assert len(written) == 1, (written, finished.explain())
     path = written[0]
