@@ -47,7 +47,11 @@ def make_negative_controls(steps: Path, out: Path, runner: str) -> dict[str, Pat
             layer = group["layer_names"][0]
             name = f"steps/0/kv/groups/0/before/{layer}"
             tensors[name] = tensors[name].clone()
-            tensors[name].view(-1)[: tensors[name].numel() // 2] += 0.5
+            half = tensors[name].view(-1)[: tensors[name].numel() // 2]
+            if half.is_floating_point():
+                half += 0.5
+            else:  # an fp8 KV cache's raw bytes: each set to 1.0 in e4m3 (0.5 in e5m2), never a NaN code
+                half.fill_(0x38)
 
         controls["perturbed_kv"] = rewrite_bundle(decode, out / "perturbed_kv.zst", perturb_kv)
     seeded = _sampled_off_argmax(bundles, runner)

@@ -10,6 +10,7 @@ from gpu_support import (
     RECORD_ENV,
     bundles_by_step,
     checks_of,
+    long_prompt_config,
     of_kind,
     read_content,
     read_step,
@@ -100,7 +101,10 @@ def test_padding_rows_are_kept_restored_and_compared_apart(recording):
         for item in ("input_ids/padding", "hidden_states/padding"):
             assert item in checks and checks[item]["decides"] is False, (path.name, item)
         assert checks["input_ids/padding"]["bit_exact"], path.name  # restored from the bundle
-    if "--enforce-eager" not in CONFIGS[recording.name][1]:
+    # Graphs pad the workload's staggered decodes. Not so the long-prompt workload's (budget 512,
+    # H200, 2026-12-06): its short requests all start in the first step and finish together, so
+    # its decodes are of 8 requests and then of 1, both capture sizes.
+    if "--enforce-eager" not in CONFIGS[recording.name][1] and not long_prompt_config(recording.name):
         assert padded, "no step ran at a padded size"
 
 
