@@ -23,6 +23,7 @@ last part leaves the engine broken):
 
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
@@ -70,39 +71,48 @@ PHASE_FAULTS = {
 }
 
 
-def phase_faults(llm, bundle, out):
-    """Replay-style drives of one recorded step on the live runner with a recorder armed
-    `on=("exception",)`, each breaking one phase; the engine survives them all."""
+def drive_broken_step(llm, step, target, name, fail, output, **triggers):
+    """Drive the recorded `step` again on the live runner, with a recorder armed on `triggers`
+    and `target.name` replaced by `fail` (over the recorder's own shadow, if it has one); the step
+    is finished after, so the engine goes on. What the drive raised, and what the recorder wrote."""
     adapter = adapter_of(llm)
     runner = adapter.runner
+    raised = None
+    with recording(llm, output, **triggers) as recorder:
+        shadow = target.__dict__.get(name)
+        setattr(target, name, fail)
+        try:
+            runner.execute_model(adapter.scheduler_output_for(step))
+            sampled = runner.sample_tokens(None)
+            if hasattr(sampled, "get_output"):
+                sampled.get_output()
+        except RuntimeError as error:
+            raised = str(error)
+        finally:
+            if shadow is not None and recorder.armed:
+                setattr(target, name, shadow)
+            else:  # (a recorder that gave up took its shadows off, which left ours)
+                target.__dict__.pop(name, None)
+            runner.execute_model_state = None
+            runner.execute_model(adapter.finishing_output(list(step.batch_order)))
+    return {"raised": raised, "written": [str(p) for p in recorder.written], "failures": recorder.failures}
+
+
+def phase_faults(llm, bundle, out):
+    """One recorded step driven again with a recorder armed `on=("exception",)`, once per phase,
+    that phase broken; the engine survives them all."""
+    kind = adapter_of(llm).kind.value
     _, step = load_step(bundle, None)
     outcomes = {}
     for phase, where in PHASE_FAULTS.items():
-        target, name = where[adapter.kind.value](runner)
+        target, name = where[kind](adapter_of(llm).runner)
         message = f"injected failure in {phase}"
-        raised = None
-        with recording(llm, f"{out}/{phase}{{step}}.zst", on=("exception",), max_bundles=4) as recorder:
-            def fail(*args, message=message, **kwargs):
-                raise RuntimeError(message)
 
-            shadow = target.__dict__.get(name)
-            setattr(target, name, fail)  # over the recorder's own shadow, if it has one
-            try:
-                runner.execute_model(adapter.scheduler_output_for(step))
-                output = runner.sample_tokens(None)
-                if hasattr(output, "get_output"):
-                    output.get_output()
-            except RuntimeError as error:
-                raised = str(error)
-            finally:
-                if shadow is None:
-                    del target.__dict__[name]
-                else:
-                    setattr(target, name, shadow)
-                runner.execute_model_state = None
-                runner.execute_model(adapter.finishing_output(list(step.batch_order)))
-        outcomes[phase] = {"raised": raised, "written": [str(p) for p in recorder.written],
-                           "failures": recorder.failures}
+        def fail(*args, message=message, **kwargs):
+            raise RuntimeError(message)
+
+        outcomes[phase] = drive_broken_step(llm, step, target, name, fail, f"{out}/{phase}{{step}}.zst",
+                                            on=("exception",), max_bundles=4)
     return outcomes
 
 
@@ -121,38 +131,27 @@ LOST_CONTEXT_ARMINGS = {
 }
 
 
+@contextmanager
+def patched(owner, name, value):
+    original = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 def lost_context(llm, bundle, out):
-    """Replay-style drives of one recorded step on the live runner whose sampling fails as a
-    lost device context makes it: the recorder's own device calls in the step meet the error
-    before the engine's; the recorder stays armed and keeps the step from host memory."""
-    adapter = adapter_of(llm)
-    runner = adapter.runner
+    """One recorded step driven again, once per arming, its sampling failing as a lost device
+    context makes it, after the recorder's own device call in the step met the error first: the
+    recorder stays armed and keeps the step from host memory."""
     _, step = load_step(bundle, None)
-    target, name = PHASE_FAULTS["sampling"][adapter.kind.value](runner)
+    target, name = PHASE_FAULTS["sampling"][adapter_of(llm).kind.value](adapter_of(llm).runner)
     outcomes = {}
     for arming, (triggers, poisoned, method) in LOST_CONTEXT_ARMINGS.items():
-        raised = None
-        with recording(llm, f"{out}/{arming}{{step}}.zst", **triggers) as recorder:
-            original, shadow = poisoned.__dict__[method], target.__dict__.get(name)
-            setattr(poisoned, method, _lose_context)
-            setattr(target, name, _lose_context)  # over the recorder's own shadow, if it has one
-            try:
-                runner.execute_model(adapter.scheduler_output_for(step))
-                output = runner.sample_tokens(None)
-                if hasattr(output, "get_output"):
-                    output.get_output()
-            except RuntimeError as error:
-                raised = str(error)
-            finally:
-                setattr(poisoned, method, original)
-                if shadow is not None and recorder.armed:
-                    setattr(target, name, shadow)
-                else:  # (a recorder that gave up took its shadows off, which left ours)
-                    target.__dict__.pop(name, None)
-                runner.execute_model_state = None
-                runner.execute_model(adapter.finishing_output(list(step.batch_order)))
-        outcomes[arming] = {"raised": raised, "written": [str(p) for p in recorder.written],
-                            "failures": recorder.failures}
+        with patched(poisoned, method, _lose_context):
+            outcomes[arming] = drive_broken_step(llm, step, target, name, _lose_context, f"{out}/{arming}{{step}}.zst",
+                                                 **triggers)
     return outcomes
 
 
