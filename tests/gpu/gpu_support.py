@@ -119,6 +119,9 @@ CONFIGS = {
     "v2-bf16-defaults-512": ("v2", ["--dtype", "bfloat16", "--max-num-batched-tokens", "512", *LONG]),
     "v1-bf16-defaults-512": ("v1", ["--dtype", "bfloat16", "--max-num-batched-tokens", "512", *LONG]),
     "v2-fp32-defaults-512": ("v2", ["--dtype", "float32", "--max-num-batched-tokens", "512", *LONG]),
+    # float32 on V1 too (the quick run records float32 on V2 alone)
+    "v1-fp32-defaults-128": ("v1", ["--dtype", "float32", "--max-num-batched-tokens", "128"]),
+    "v1-fp32-defaults-512": ("v1", ["--dtype", "float32", "--max-num-batched-tokens", "512", *LONG]),
     # A second architecture and an MoE, and an fp8 KV cache.
     "v2-qwen2-bf16-graphs": ("v2", [*tiny_config("tiny-qwen2"), "--dtype", "bfloat16", *GRAPHS]),
     "v2-mixtral-bf16-graphs": ("v2", [*tiny_config("tiny-mixtral"), "--dtype", "bfloat16", *GRAPHS]),
