@@ -6,6 +6,7 @@ tests start them through `tests/e2e/e2e_support.py` and read the JSON they write
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,14 @@ def generate_token_ids(llm: Any, prompts: list[Any], sampling: list[dict[str, An
 def write_result(result: dict[str, Any]) -> None:
     """Results go to the path given as the script's first argument."""
     Path(sys.argv[1]).write_text(json.dumps(result, indent=1, default=str))
+
+
+@contextmanager
+def patched(owner: Any, name: str, value: Any):
+    """`owner.name` replaced by `value` for the block (a fault injected into tracekit or vLLM)."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)

@@ -23,10 +23,9 @@ last part leaves the engine broken):
 
 import shutil
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
-from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
+from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, patched, write_result
 
 from tracekit.format.content import load_step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy
@@ -101,11 +100,11 @@ def drive_broken_step(llm, step, target, name, fail, output, **triggers):
 def phase_faults(llm, bundle, out):
     """One recorded step driven again with a recorder armed `on=("exception",)`, once per phase,
     that phase broken; the engine survives them all."""
-    kind = adapter_of(llm).kind.value
+    adapter = adapter_of(llm)
     _, step = load_step(bundle, None)
     outcomes = {}
     for phase, where in PHASE_FAULTS.items():
-        target, name = where[kind](adapter_of(llm).runner)
+        target, name = where[adapter.kind.value](adapter.runner)
         message = f"injected failure in {phase}"
 
         def fail(*args, message=message, **kwargs):
@@ -131,22 +130,13 @@ LOST_CONTEXT_ARMINGS = {
 }
 
 
-@contextmanager
-def patched(owner, name, value):
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
 def lost_context(llm, bundle, out):
     """One recorded step driven again, once per arming, its sampling failing as a lost device
     context makes it, after the recorder's own device call in the step met the error first: the
     recorder stays armed and keeps the step from host memory."""
+    adapter = adapter_of(llm)
     _, step = load_step(bundle, None)
-    target, name = PHASE_FAULTS["sampling"][adapter_of(llm).kind.value](adapter_of(llm).runner)
+    target, name = PHASE_FAULTS["sampling"][adapter.kind.value](adapter.runner)
     outcomes = {}
     for arming, (triggers, poisoned, method) in LOST_CONTEXT_ARMINGS.items():
         with patched(poisoned, method, _lose_context):

@@ -25,7 +25,7 @@ import sys
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
+from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, patched, write_result
 
 from tracekit.graphs.host_copy import DeviceFlag
 from tracekit.integrations.vllm.engine import adapter_of
@@ -39,16 +39,6 @@ FILE_SIZE_LIMIT = 16 << 10  # a bundle of this engine's steps is ~100 KiB
 def generate(llm, sampling=REPEATABLE_SAMPLING):
     llm.reset_prefix_cache()  # every run computes every prompt token: the same batches each time
     return generate_token_ids(llm, REPEATABLE_PROMPTS, sampling, MAX_TOKENS)
-
-
-@contextmanager
-def patched(obj, name, value):
-    original = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, original)
 
 
 def missing_attribute(self, *args, **kwargs):
