@@ -73,16 +73,22 @@ if [ "${1:-}" = "--quick" ]; then   # --quick COMMIT: the run to make on every e
   [[ "$quick" =~ ^[0-9a-f]{40}$ ]] || { echo "--quick takes the full 40-digit hash of HEAD (git rev-parse HEAD, here), not '$quick'" >&2; exit 2; }
 fi
 source "$KIT/install.sh" env || exit 9
-OUT=${OUT:-/tmp/tracekit-gpu}/vllm-$VLLM
+# TRACEKIT_GPU_LANE=NAME: one of several runs at once on the machine (each its own -k), results in
+# $OUT/vllm-X.Y-NAME, its own temporary folder and vLLM cache: the tiny engines use a few GiB each,
+# within what vLLM's start-up check leaves (free memory >= gpu_memory_utilization * total)
+LANE=${TRACEKIT_GPU_LANE:+-$TRACEKIT_GPU_LANE}
+[[ "$LANE" =~ ^(-[a-z0-9]+)?$ ]] || { echo "TRACEKIT_GPU_LANE takes letters and digits, not '$TRACEKIT_GPU_LANE'" >&2; exit 2; }
+[ -z "$LANE" ] || export VLLM_CACHE_ROOT="$HOME/.cache/vllm$LANE"
+OUT=${OUT:-/tmp/tracekit-gpu}/vllm-$VLLM$LANE
 mkdir -p "$OUT"
 # (written outside $OUT and copied back one level deep: a call brings back no deeper folder)
-export TRACEKIT_GPU_ACROSS_RELEASES_OUT=/tmp/tracekit-gpu-across
+export TRACEKIT_GPU_ACROSS_RELEASES_OUT=/tmp/tracekit-gpu-across$LANE
 # each failure's traceback as it happens (tests/gpu/conftest.py): a run cut short keeps them
 export TRACEKIT_GPU_FAILURES="$OUT/failures.txt"
 rm -f "$TRACEKIT_GPU_FAILURES"
 rm -rf "$TRACEKIT_GPU_ACROSS_RELEASES_OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-TMP=/tmp/tracekit-gpu-tmp/vllm-$VLLM
+TMP=/tmp/tracekit-gpu-tmp/vllm-$VLLM$LANE
 rm -rf "$TMP" && mkdir -p "$(dirname "$TMP")"
 started=$(date +%s)
 if [ -n "$quick" ]; then

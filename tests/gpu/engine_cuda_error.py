@@ -3,7 +3,10 @@ forward launches an out-of-bounds index, a device-side assert that poisons the C
 recorder keeps the step from host memory alone (a `--kv recompute` bundle); the process cannot
 use the device again, so it writes its result and leaves at once.
 
-    python engine_cuda_error.py RESULT.json WORK_DIR
+    python engine_cuda_error.py RESULT.json WORK_DIR [sync|async]
+
+Under async scheduling (vLLM's default) the assert surfaces a step later than it fired, where the
+engine waits for the step's sampled ids, not in the forward that launched it.
 """
 
 import json
@@ -24,7 +27,8 @@ AT_CALL = 3  # engine step 2 after arming
 
 if __name__ == "__main__":
     result_path, work = Path(sys.argv[1]), Path(sys.argv[2])
-    llm = eager_llm(dtype="bfloat16", async_scheduling=False)
+    scheduling = sys.argv[3] if len(sys.argv) > 3 else "sync"
+    llm = eager_llm(dtype="bfloat16", async_scheduling=scheduling == "async")
     model = find_runner(llm).model
     original, calls = model.forward, [0]
 
@@ -38,7 +42,7 @@ if __name__ == "__main__":
         return output
 
     model.forward = forward
-    result = {"at_call": AT_CALL}
+    result = {"at_call": AT_CALL, "scheduling": scheduling}
     with recording(llm, f"{work}/lost.zst", on=("exception", "nonfinite")) as recorder:
         try:
             generate_token_ids(llm, REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, 8)

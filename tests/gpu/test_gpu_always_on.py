@@ -50,13 +50,14 @@ def test_recompute_bundle_says_the_kv_was_recomputed(always_on):
 
 
 @pytest.mark.v1_runner
-def test_a_device_side_assert_leaves_a_recompute_bundle(tmp_path):
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+def test_a_device_side_assert_leaves_a_recompute_bundle(scheduling, tmp_path):
     """A poisoned CUDA context aborts the process at the next free of a CUDA tensor (c10 throws in
     a destructor), which may come while vLLM unwinds the step, before the engine script reports:
     what counts is the bundle the recorder wrote synchronously before that (H200, 2026-12-04: the
     recorder saw the lost context, then the process aborted in such a free)."""
-    finished = run([sys.executable, str(HERE / "engine_cuda_error.py"), str(tmp_path / "result.json"), str(tmp_path)],
-                   runner="v1")
+    finished = run([sys.executable, str(HERE / "engine_cuda_error.py"), str(tmp_path / "result.json"), str(tmp_path),
+                    scheduling], runner="v1")
     # the kernel's own assertion, printed by the device (torch 2.11 raises it as an AcceleratorError
     # whose words reach only the result and the bundle, not the process's output)
     assert "index out of bounds" in finished.stderr, finished.explain()
