@@ -63,6 +63,25 @@ def test_a_lost_device_context_met_first_by_the_recorder_still_leaves_the_step(r
 
 
 @pytest.mark.slow
+def test_a_failure_reading_the_async_output_keeps_the_step_it_belongs_to(recorder_behaviour):
+    """Under async scheduling a device fault of a step (a device-side assert) surfaces only where
+    the engine reads the step's output, after `sample_tokens` returned and maybe after the next
+    step started: the recorder armed on exceptions keeps that step with the error (on an H200,
+    vLLM 0.26's V1 with async scheduling lost such a step before this)."""
+    outcome = recorder_behaviour["output_fault"]
+    if outcome is None:
+        pytest.skip("V1 on CPU returns its output at once (async scheduling does not take effect here): "
+                    "no read to fail; tests/gpu/test_gpu_always_on.py runs a real one under V1-async")
+    injected = recorder_behaviour["output_fault_error"]
+    assert outcome["raised"] == injected and not outcome["failures"], outcome
+    (path,) = outcome["written"]
+    _, step = load_step(path, None)
+    assert step.trigger == "exception" and step.error["message"] == injected
+    assert step.error["phase"] == "output", step.error
+    assert step.requests and step.kv.groups[0].before  # the KV it read, as for a failure inside the step
+
+
+@pytest.mark.slow
 def test_replaying_the_failing_step_without_the_injected_fault_does_not_reproduce(recorder_behaviour, eager_replays):
     """The fault was injected into the recording process only: the replayed forward does not
     raise, so the recorded failure is NOT reproduced and the report names the item "error"."""

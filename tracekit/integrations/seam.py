@@ -31,6 +31,7 @@ class Phase(str, Enum):
     LOGITS = "logits"  # hidden states to logits
     SAMPLING = "sampling"
     BOOKKEEPING = "bookkeeping"  # the runner updates its request states with the sampled ids
+    OUTPUT = "output"  # the engine reads the sampled ids (async scheduling: a device fault surfaces here)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,17 @@ class BatchFacts:
         return self.has_prefill and self.has_decode
 
 
+@dataclass(frozen=True)
+class OutputReceiver:
+    """Where a step ends once `sample_tokens` returned: `received` takes its sampled ids when the
+    engine reads them; `failed` takes the error reading them raised (under async scheduling a
+    device fault of the step, such as a device-side assert, surfaces only there, and the next
+    step may have started by then)."""
+
+    received: Callable[[list[list[int]] | None], None]
+    failed: Callable[[BaseException], None]
+
+
 class StepObserver(Protocol):
     """What an adapter reports, in this order, while an armed runner runs a step.
 
@@ -72,7 +84,8 @@ class StepObserver(Protocol):
     before sampling reads them (`grammar_applied`, the masked logits on the device; only where a
     grammar came in this step). `output_receiver()` is called once `sample_tokens` has returned:
     it detaches the step from the observer (the next step may start before an async output is
-    read) and returns the function that takes its sampled ids. Under speculative decoding the
+    read) and returns where the step ends (`OutputReceiver`): its sampled ids, or the error
+    reading them raised. Under speculative decoding the
     drafter runs inside `sample_tokens`: each call of its model is reported (`drafter_called`,
     keyword inputs and output), and just before `output_receiver()` `drafts_proposed` gets a
     function that reads its proposals (an observer that does not keep them does not call it).
@@ -104,7 +117,7 @@ class StepObserver(Protocol):
 
     def sampling(self) -> None: ...
 
-    def output_receiver(self) -> Callable[[list[list[int]] | None], None]: ...
+    def output_receiver(self) -> "OutputReceiver": ...
 
     def step_failed(self, error: BaseException) -> None: ...
 

@@ -34,11 +34,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tracekit.errors import UsageError
+from tracekit.errors import UsageError, one_line
 from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, RunnerCall, Step
 from tracekit.graphs.host_copy import HostCopy, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
-from tracekit.integrations.seam import Phase
+from tracekit.integrations.seam import OutputReceiver, Phase
 from tracekit.integrations.vllm import ranks
 from tracekit.integrations.vllm.lora_adapters import AdapterFiles
 from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
@@ -215,8 +215,8 @@ class Recorder:
         armed, for `step_failed` to keep that step from host memory."""
         if not self._context_lost_seen:
             self._context_lost_seen = True
-            logger.warning("tracekit: the device context is lost (%s: %s in %s); waiting for the step's failure to "
-                           "keep it", type(error).__name__, str(error).splitlines()[0] if str(error) else "", name)
+            logger.warning("tracekit: the device context is lost (%s in %s); waiting for the step's failure to "
+                           "keep it", one_line(error), name)
 
     def _writing_failed(self, reason: str) -> None:
         """The writer could not write a bundle, or died (on its thread, or the engine's for a
@@ -333,12 +333,13 @@ class Recorder:
         if pending.capture is not None:
             pending.capture.sampling()
 
-    def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
+    def output_receiver(self) -> OutputReceiver:
         pending, self._pending = self._pending, None
+        failed = functools.partial(self._output_failed, pending)
         receiver = self._receiver_of(pending) or ignore
         batch_order = self._batch_order_for_sampled_ids()
         if batch_order is None:
-            return receiver
+            return OutputReceiver(receiver, failed)
 
         @_engine_boundary
         def keep_sampled(self: "Recorder", sampled: Any) -> None:
@@ -349,7 +350,7 @@ class Recorder:
             keep_sampled(self, sampled)
             receiver(sampled)
 
-        return receive
+        return OutputReceiver(receive, failed)
 
     @_engine_boundary
     def _receiver_of(self, pending: PendingStep | None) -> Callable[[list[list[int]] | None], None] | None:
@@ -363,6 +364,19 @@ class Recorder:
     @_engine_boundary
     def step_failed(self, error: BaseException) -> None:
         pending, self._pending = self._pending, None
+        self._keep_failed(pending, error)
+
+    @_engine_boundary
+    def _output_failed(self, pending: PendingStep | None, error: BaseException) -> None:
+        """Reading a step's output raised: under async scheduling a device fault of the step
+        surfaces there, after the next step may have started (the step is kept as if it had
+        failed in `sample_tokens`, in the phase `Phase.OUTPUT`)."""
+        if pending is not None:
+            pending.phase = Phase.OUTPUT
+        self._keep_failed(pending, error)
+
+    def _keep_failed(self, pending: PendingStep | None, error: BaseException) -> None:
+        """Keep a step that failed, as its trigger or `--on exception` asks."""
         _stop_capture(pending)
         if pending is None:
             return

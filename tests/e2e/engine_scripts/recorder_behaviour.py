@@ -16,6 +16,9 @@ last part leaves the engine broken):
             device-side assert as a poisoned CUDA context gives one: armed on=("exception",
             "nonfinite") with the non-finite check's device query meeting that error first, and
             armed steps="0:" + on=("exception",) with the wait for the step's copies meeting it
+  output_fault
+            one recorded step driven on the runner again, armed on=("exception",), reading its
+            async output failing (Model Runner V2; V1 on CPU returns its output at once)
   exception armed with on=("exception",), one forward raises RuntimeError
 
     python recorder_behaviour.py RESULT.json WORK_DIR
@@ -145,6 +148,29 @@ def lost_context(llm, bundle, out):
     return outcomes
 
 
+OUTPUT_FAULT = "injected failure reading the step's output"
+
+
+def output_fault(llm, bundle, out):
+    """One recorded step driven again, reading its async output failing as a device fault of the
+    step makes it under async scheduling (it surfaces where the engine waits for the sampled ids,
+    after `sample_tokens` returned); None where the runner's output is no async one."""
+    adapter = adapter_of(llm)
+    if adapter.kind.value != "v2":
+        return None
+    import vllm.v1.worker.gpu.model_runner as v2_model_runner
+
+    class FailingRead(v2_model_runner.AsyncOutput):
+        def get_output(self):
+            raise RuntimeError(OUTPUT_FAULT)
+
+    _, step = load_step(bundle, None)
+    # (the fault is the class the runner builds its output from; `patched` puts vLLM's back)
+    with patched(v2_model_runner, "AsyncOutput", FailingRead):
+        return drive_broken_step(llm, step, v2_model_runner, "AsyncOutput", FailingRead, f"{out}/output{{step}}.zst",
+                                 on=("exception",), max_bundles=4)
+
+
 def with_nan(hidden_states):
     hidden_states = hidden_states.clone()
     hidden_states[0, 0] = float("nan")
@@ -208,6 +234,11 @@ if __name__ == "__main__":
     lost.mkdir()
     result["lost_context"] = lost_context(llm, result["armed_written"][0], lost)
     result["lost_context_error"] = LOST_CONTEXT
+
+    output = work / "output_fault"
+    output.mkdir()
+    result["output_fault"] = output_fault(llm, result["armed_written"][0], output)
+    result["output_fault_error"] = OUTPUT_FAULT
 
     exception = work / "exception"
     exception.mkdir()

@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar
 
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, RequestState, Step
-from tracekit.integrations.seam import RUNNER_KINDS, RunnerKind
+from tracekit.integrations.seam import RUNNER_KINDS, OutputReceiver, RunnerKind
 from tracekit.integrations.vllm import grammar, serialize
 from tracekit.integrations.vllm.weights import weights_fingerprint
 
@@ -159,23 +159,29 @@ class Release:
 
         return AsyncModelRunnerOutput
 
-    def when_output_ready(self, output: Any, callback: Callable[[list[list[int]] | None], None]) -> Any:
-        """Call `callback(sampled_token_ids)` once `sample_tokens`' result holds them.
+    def when_output_ready(self, output: Any, receiver: OutputReceiver) -> Any:
+        """Give `receiver` the sampled ids once `sample_tokens`' result holds them, or the error
+        reading them raised.
 
         A plain `ModelRunnerOutput` holds them now. An async output (V2 always; V1 with async
         scheduling) holds them only when the engine calls its `get_output()`, which may be called
         once and after the next step has started: that one instance's `get_output` is shadowed, so
-        the ids are taken from what the engine itself receives, without an extra device sync.
+        the ids are taken from what the engine itself receives, without an extra device sync. A
+        device fault of the step surfaces there too, as the error `get_output` raises.
         """
         if not isinstance(output, self.async_output_type()):
-            callback(getattr(output, "sampled_token_ids", None) if output is not None else None)
+            receiver.received(getattr(output, "sampled_token_ids", None) if output is not None else None)
             return output
         original = output.get_output
 
         def get_output() -> Any:
             del output.get_output  # once, as vLLM calls it
-            result = original()
-            callback(result.sampled_token_ids)
+            try:
+                result = original()
+            except BaseException as error:
+                receiver.failed(error)
+                raise
+            receiver.received(result.sampled_token_ids)
             return result
 
         output.get_output = get_output

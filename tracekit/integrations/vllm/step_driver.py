@@ -25,7 +25,7 @@ import torch
 from tracekit.errors import CannotRunHere
 from tracekit.format.schema import KVMode, Step
 from tracekit.graphs.modes import ReplayMode
-from tracekit.integrations.seam import ObservedStep, Phase
+from tracekit.integrations.seam import ObservedStep, OutputReceiver, Phase
 from tracekit.integrations.vllm import grammar, kv_digest, runner_state, spec_decode
 from tracekit.integrations.vllm.runner_state import hidden_states_of
 
@@ -156,14 +156,15 @@ class ReplayObserver:
     def sampling(self) -> None:
         pass
 
-    def output_receiver(self) -> Callable[[list[list[int]] | None], None]:
+    def output_receiver(self) -> OutputReceiver:
         observed = self.observed  # the step just sampled (its output may be read after the next started)
 
         def receive(sampled: list[list[int]] | None) -> None:
             if sampled is not None:
                 observed.sampled_token_ids = [list(map(int, ids)) for ids in sampled]
 
-        return receive
+        # a failed read raises on into the driver, which reports the step's failure itself
+        return OutputReceiver(receive, failed=lambda error: None)
 
     def step_failed(self, error: BaseException) -> None:
         pass

@@ -40,7 +40,7 @@ class StepShadows:
             self.observer.step_started(scheduler_output)
             result = self._reporting_failures(original)(scheduler_output, *args, **kwargs)
             if self.observer.tracking and result is not None:
-                self.observer.output_receiver()(None)
+                self.observer.output_receiver().received(None)
             return result
 
         return wrapper
