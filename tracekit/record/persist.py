@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from tracekit.errors import UsageError
+from tracekit.errors import UsageError, one_line
 from tracekit.format.content import write_steps
 from tracekit.format.schema import EngineConfig, Environment, ParallelRank, Step
 from tracekit.graphs.host_copy import context_lost
@@ -132,7 +132,7 @@ class BackgroundPersister:
             if not context_lost(error):
                 raise
             message = (f"step {step.index} not written: the device context was lost before its copies to host "
-                       f"landed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+                       f"landed ({one_line(error)})")
             logger.error("tracekit: %s", message)
             self.failures.append(message)
             return False

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, one_line
 from tracekit.integrations.vllm import engine as vllm_engine
 from tracekit.integrations.vllm.version import installed_release
 from tracekit.models import tiny_model_path
@@ -67,7 +67,7 @@ def record_workload(
         except TracekitError:
             raise
         except Exception as error:  # the engine's own failure: the reason some users record at all
-            engine_failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            engine_failure = one_line(error)
     if recorder.failures:
         raise TracekitError(f"recording failed: {recorder.failures[0]}")
     if engine_failure and not recorder.written:
