@@ -41,6 +41,7 @@ from tracekit.format.schema import (
     StepTiming,
 )
 from tracekit.format.typecheck import found
+from tracekit.integrations.vllm import spec_decode
 from tracekit.integrations.vllm.runner_state import blocks_read_and_written
 
 
@@ -180,6 +181,10 @@ def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list
             request.runner_state = dict(carried.runner_states.get(req_id, request.runner_state))
             ledger.held[req_id].runner_state = dict(request.runner_state)
             batch.append(request)
+        if first.spec_decode is not None:
+            # under async scheduling the scheduler counts every draft of the step before as
+            # accepted; the positions the forward read are the runner's corrected counts
+            spec_decode.align_to_positions(batch, carried.positions)
         _require_blocks_fit(batch, len(first.kv.groups), num_kv_blocks, where)
         step = _as_step(first, carried, batch)
         steps.append(WindowStep(step, held=ledger.outside(set(carried.batch_order)),
