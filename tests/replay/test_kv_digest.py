@@ -135,3 +135,22 @@ def test_rows_digested_a_few_at_a_time_give_the_same_digest(monkeypatch):
     whole = _digest(group)
     monkeypatch.setattr(kv_digest, "ROWS_AT_ONCE", 1)
     assert torch.equal(_digest(group), whole)
+
+
+def test_a_request_moved_in_two_kv_cache_groups_is_named_at_its_first_layer_in_the_model():
+    """KV cache groups (a sliding-window model's) list their layers group by group: the layer a
+    request is named at is the model's first that moved, whichever group holds it."""
+    from types import SimpleNamespace
+
+    from tracekit.format.schema import KVWritten
+    from tracekit.integrations.seam import ObservedStep
+    from tracekit.replay.checks import KV_DIGEST_ITEM, _kv_digest_item
+
+    groups = [["model.layers.1.attn", "model.layers.10.attn"], ["model.layers.2.attn", "model.layers.9.attn"]]
+    recorded = [KVWritten(names, torch.zeros(len(names), 1, dtype=torch.int64)) for names in groups]
+    moved = {"model.layers.10.attn", "model.layers.9.attn"}  # group 0 lists layer 10 before group 1's 9
+    here = [KVWritten(names, torch.tensor([[int(name in moved)] for name in names])) for names in groups]
+    step = SimpleNamespace(batch_order=["req"])
+    item = _kv_digest_item(ObservedStep(kv_written=here), recorded, step)
+    assert item.name == KV_DIGEST_ITEM and not item.bit_exact
+    assert item.details == {"requests_moved": {"req": "model.layers.9.attn"}, "layers_moved": 2}

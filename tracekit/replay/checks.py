@@ -224,12 +224,18 @@ def _kv_digest_item(observed: ObservedStep, recorded: list[KVWritten], step: Ste
             differs = (rows[name] != recorded_row.to(rows[name].dtype)).tolist()
             layers_moved += any(differs)
             for req_id, moved_here in zip(step.batch_order, differs):
-                if moved_here:
-                    moved.setdefault(req_id, name)
+                if moved_here and (req_id not in moved or _model_order(name) < _model_order(moved[req_id])):
+                    moved[req_id] = name  # the first layer in the model, whichever group holds it
     if problem is not None:
         return CheckedItem(KV_DIGEST_ITEM, False, False, {"problem": problem}, decides=False, digest_only=True)
     details = {"requests_moved": moved, "layers_moved": layers_moved} if moved else {}
     return CheckedItem(KV_DIGEST_ITEM, not moved, not moved, details, digest_only=True)
+
+
+def _model_order(layer_name: str) -> list[tuple[int, int | str]]:
+    """A layer's place in the model from its name (`model.layers.10.self_attn.attn` after
+    `model.layers.9...`): KV cache groups list their layers group by group, not in model order."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in layer_name.split(".")]
 
 
 def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0,
