@@ -88,12 +88,22 @@ def checks_of(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
+def tiny_sizes() -> list[str]:
+    """The embedded model's engine sizes, for a tiny model named by path: a model the user names
+    gets vLLM's own defaults (a KV cache of most of the device, a token budget that chunks none of
+    the workload), which would neither chunk nor leave room for another engine beside it."""
+    from tracekit.record.workload import EMBEDDED_MODEL_ENGINE_ARGS as sizes
+
+    return ["--max-num-batched-tokens", str(sizes["max_num_batched_tokens"]), "--max-num-seqs",
+            str(sizes["max_num_seqs"]), "--kv-cache-memory-bytes", str(sizes["kv_cache_memory_bytes"])]
+
+
 def tiny_config(name: str) -> list[str]:
     """A second architecture shipped as a config alone (tests/models/NAME), its weights random
-    (`dummy`), with the embedded model's tokenizer."""
+    (`dummy`), with the embedded model's tokenizer and engine sizes."""
     from tracekit.models import tiny_model_path
 
-    return ["--model", str(MODELS / name), "--tokenizer", tiny_model_path(), "--load-format", "dummy"]
+    return ["--model", str(MODELS / name), "--tokenizer", tiny_model_path(), "--load-format", "dummy", *tiny_sizes()]
 
 
 # Budgets of 512 tokens need a prompt long enough to be chunked at them (`LONG_PROMPT`).

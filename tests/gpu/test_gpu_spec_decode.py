@@ -29,6 +29,7 @@ from gpu_support import (
     read_content,
     record_steps,
     speculative_args,
+    tiny_sizes,
     tracekit,
 )
 
@@ -67,7 +68,7 @@ def _mtp_target(folder) -> list[str]:
     done = subprocess.run([sys.executable, str(MAKE_TINY_MTP), str(folder / "tiny-mimo-mtp")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    return ["--model", str(folder / "tiny-mimo-mtp")]
+    return ["--model", str(folder / "tiny-mimo-mtp"), *tiny_sizes()]
 STEPS, MAX_TOKENS = "0:40", 16
 
 
