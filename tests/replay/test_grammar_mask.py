@@ -57,6 +57,24 @@ def test_a_grammar_output_goes_back_as_it_came():
     assert getattr(rebuilt, "num_acceptable_drafts", None) == fields.get("num_acceptable_drafts")
 
 
+def test_vllm_034_gives_each_request_a_fixed_block_of_mask_rows():
+    """vLLM 0.34 lays the bitmask out in blocks of `1 + num_speculative_tokens` rows a request,
+    whatever its drafts this step (0.32: `1 + its drafts`); a drafted grammar step recorded under
+    0.34 on an H200 was refused as a layout tracekit did not know."""
+    from types import SimpleNamespace
+
+    from tracekit.integrations.vllm.releases.v0_34 import Release as Release034
+    from tracekit.integrations.vllm.serialize import SerializationError
+
+    output = SimpleNamespace(structured_output_request_ids=["a", "b"], grammar_bitmask=random_bitmask(8, seed=2).numpy())
+    scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"b": [7, 8]})  # a drafts none, b two of k = 3
+    record = Release034.grammar_record(None, output, scheduled)
+    assert record.rows_per_request == [4, 4] and list(record.rows_of("b")) == [4, 5, 6, 7]
+    assert torch.equal(record.bitmask, torch.from_numpy(output.grammar_bitmask))
+    with pytest.raises(SerializationError, match="a layout this tracekit does not know"):
+        installed_release().grammar_record(output, scheduled)  # 0.32's layout: 1 + 3 rows, not 8
+
+
 def _step_with_mask(applied: torch.Tensor) -> Step:
     requests = [RequestState(req_id, [1, 2], [], [[0]], num_computed_tokens=2, num_scheduled_tokens=1)
                 for req_id in ("plain", "masked")]

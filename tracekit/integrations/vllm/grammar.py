@@ -26,13 +26,18 @@ from tracekit.integrations.vllm.serialize import SerializationError
 TOKENS_PER_WORD = 32
 
 
-def grammar_record(grammar_output: Any, scheduler_output: Any) -> GrammarRecord:
+def grammar_record(grammar_output: Any, scheduler_output: Any, fixed_stride: bool = False) -> GrammarRecord:
     """`grammar_output` (vLLM's `GrammarOutput`) as a record, its bitmask copied to a host tensor.
-    Each request owns `1 + its drafts` rows (the drafts the scheduler output schedules)."""
+    Each request owns `1 + its drafts` rows (the drafts the scheduler output schedules), or, with
+    `fixed_stride` (vLLM 0.34), a block of `1 + num_speculative_tokens` rows whatever its drafts
+    (the rows past its drafts allow every token)."""
     request_ids = [str(req_id) for req_id in grammar_output.structured_output_request_ids]
-    drafts = scheduler_output.scheduled_spec_decode_tokens or {}
-    rows_per_request = [1 + len(drafts.get(req_id, ())) for req_id in request_ids]
     bitmask = torch.from_numpy(np.array(grammar_output.grammar_bitmask, dtype=np.int32, copy=True))
+    if fixed_stride and request_ids and bitmask.dim() == 2 and bitmask.shape[0] % len(request_ids) == 0:
+        rows_per_request = [bitmask.shape[0] // len(request_ids)] * len(request_ids)
+    else:
+        drafts = scheduler_output.scheduled_spec_decode_tokens or {}
+        rows_per_request = [1 + len(drafts.get(req_id, ())) for req_id in request_ids]
     if bitmask.dim() != 2 or bitmask.shape[0] != sum(rows_per_request):
         raise SerializationError(
             f"the grammar bitmask has shape {tuple(bitmask.shape)}, not one row per sampled position of its "

@@ -28,6 +28,9 @@ What differs from 0.32 in what tracekit touches:
   scheduler hands out: `cache_config.num_gpu_blocks`). tracekit sees the committed blocks alone —
   reading past them would touch unbacked memory — and a replay builds a plain cache of that many
   blocks (`num_gpu_blocks_override` is recorded; vLLM turns the extensible cache off with it).
+* Structured outputs under speculative decoding: each request owns a fixed block of
+  `1 + num_speculative_tokens` rows of the grammar bitmask, whatever its drafts in the step
+  (0.32 gave it `1 + its drafts`): `grammar_record` takes that layout.
 * `use_breakable_cudagraph` (PIECEWISE graphs captured by stream capture instead of FX splitting,
   on by default for some architectures) is recorded; its graphs run outside the model call
   tracekit shadows, so such models are not supported yet (the tiny Llama does not use them).
@@ -37,7 +40,9 @@ import dataclasses
 from typing import Any, Callable
 
 from tracekit.errors import CannotRunHere
+from tracekit.format.schema import GrammarRecord
 from tracekit.integrations.seam import RunnerKind
+from tracekit.integrations.vllm import grammar
 from tracekit.integrations.vllm.releases import v0_32
 from tracekit.integrations.vllm.v2_runner import V2Adapter
 
@@ -78,6 +83,10 @@ class Release(v0_32.Release):
                 "removed; replay it under a release that has V1 (0.26 to 0.33)"
             )
         super().require_buildable(kind)
+
+    def grammar_record(self, grammar_output: Any, scheduler_output: Any) -> GrammarRecord:
+        """Each request's fixed block of bitmask rows (`1 + num_speculative_tokens`)."""
+        return grammar.grammar_record(grammar_output, scheduler_output, fixed_stride=True)
 
     def scheduler_output(self, **fields: Any) -> Any:
         """Without `num_common_prefix_blocks`: 0.34 has no cascade attention."""
