@@ -140,9 +140,10 @@ def test_a_later_steps_scheduler_output_holding_the_wrong_types_is_refused_with_
 def test_a_drafted_later_step_counts_the_tokens_its_forward_read():
     """Under async scheduling with drafts, a later step's scheduler output counts every draft of
     the step before as accepted; the runner corrects the count on the device before the forward.
-    The request a `replay --from` rebuilds there takes the position its forward read (an EAGLE
-    window replayed from step 6 on an H200 verified other drafts than the engine before this), and
-    a position that would add tokens, from a bundle nobody can vouch for, is not taken."""
+    The request a `replay --from` rebuilds there takes the position its forward read, and its own
+    drafts, not those of the window's first step (an EAGLE window replayed from step 6 on an H200
+    verified the first step's drafts before this); a position that would add more tokens than the
+    step has rows, from a bundle nobody can vouch for, is not taken."""
     from tracekit.format.schema import SpecDecodeRecord
     from tracekit.integrations.vllm.window_records import window_steps
 
@@ -150,11 +151,13 @@ def test_a_drafted_later_step_counts_the_tokens_its_forward_read():
         content = window_content()
         first = content.steps[0]
         first.spec_decode = SpecDecodeRecord(method="eagle", num_speculative_tokens=2) if drafting else None
+        first.request("1-be2609dd").draft_token_ids = [5, 6]  # verified in the first step alone
         carried = first.window.steps[0]
         row = carried.batch_order.index("1-be2609dd")  # a decode, its one input at row `row`
         carried.scheduler_output["scheduled_cached_reqs"]["num_computed_tokens"][row] = 17  # 15 + 2 drafts
         carried.positions[row] = first_position
         request = window_steps(first, False, content.engine.num_kv_blocks)[1].step.request("1-be2609dd")
+        assert request.draft_token_ids == []  # the later step schedules no drafts
         return request.num_computed_tokens, request.output_token_ids
 
     assert derived(15, drafting=True) == (15, [derived(15, drafting=False)[1][0]])

@@ -76,9 +76,9 @@ def align_to_positions(requests: list[RequestState], positions: torch.Tensor | N
     holds, take the position: under async scheduling the runner's host counts assume every draft
     of the previous step was accepted until after the forward, which reads the corrected ones. Such
     a request decodes, and keeps exactly the outputs before that position and the one there (its
-    last sampled token, the forward's first input), `-1` where the runner held none. A position
-    can only take back counted drafts: one past the request's counted tokens, or past the tokens it
-    holds, is not such a correction (and a bundle's positions are not trusted to say otherwise)."""
+    last sampled token, the forward's first input), `-1` where the runner held none. (A bundle's
+    positions are not trusted: a position that would add more placeholders than the step has input
+    rows is not such a correction.)"""
     if positions is None or positions.dim() != 1 or positions.is_floating_point() or positions.is_complex():
         return  # M-RoPE positions are not token counts
     flat = positions.tolist()
@@ -86,12 +86,12 @@ def align_to_positions(requests: list[RequestState], positions: torch.Tensor | N
         if not run or run.start >= len(flat):
             continue
         position = int(flat[run.start])
-        held = len(request.prompt_token_ids) + len(request.output_token_ids)
-        if 0 <= position < request.num_computed_tokens and position <= held:
-            request.num_computed_tokens = position
-            known = max(request.num_computed_tokens + 1 - len(request.prompt_token_ids), 0)
-            outputs = request.output_token_ids[:known]
-            request.output_token_ids = outputs + [PLACEHOLDER_TOKEN] * (known - len(outputs))
+        known = position + 1 - len(request.prompt_token_ids)
+        if position < 0 or position == request.num_computed_tokens or known - len(request.output_token_ids) > len(flat):
+            continue
+        request.num_computed_tokens = position
+        outputs = request.output_token_ids[:max(known, 0)]
+        request.output_token_ids = outputs + [PLACEHOLDER_TOKEN] * (max(known, 0) - len(outputs))
 
 
 def proposals_tensor(proposed: Any, num_requests: int) -> torch.Tensor:

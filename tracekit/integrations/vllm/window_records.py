@@ -132,6 +132,7 @@ class RequestLedger:
                               "schedule or the window does not hold")
         state = copy.deepcopy(request)
         state.num_scheduled_tokens = _count(scheduled[req_id], where)
+        state.draft_token_ids = []  # a step's own (`window_steps`), not those of the step that held it first
         return state
 
     def written(self, record: dict[str, Any], block_sizes: list[int]) -> list[set[int]]:
@@ -182,8 +183,10 @@ def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list
             ledger.held[req_id].runner_state = dict(request.runner_state)
             batch.append(request)
         if first.spec_decode is not None:
-            # under async scheduling the scheduler counts every draft of the step before as
-            # accepted; the positions the forward read are the runner's corrected counts
+            # the drafts the step verified, where its forward read them; under async scheduling
+            # the scheduler counts every draft of the step before as accepted, and the positions
+            # the forward read are the runner's corrected counts
+            spec_decode.add_drafts(batch, spec_decode.recorded_drafts(carried.scheduler_output), carried.input_ids)
             spec_decode.align_to_positions(batch, carried.positions)
         _require_blocks_fit(batch, len(first.kv.groups), num_kv_blocks, where)
         step = _as_step(first, carried, batch)
