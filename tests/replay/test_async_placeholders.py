@@ -108,3 +108,46 @@ def test_a_bundle_whose_states_disagree_with_its_input_ids_is_refused_before_any
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])  # bad input, not "cannot run here" (3)
     message = done.stderr.strip().splitlines()[-1]
     assert "holds token" in message and "position 18" in message and "Traceback" not in done.stderr
+
+
+MTP_DRAFTED = ASYNC_DECODE.parents[1] / "h100-vllm026" / "v1-bf16-mtp-async-drafted.zst"
+
+
+def _runner_window(request) -> list[int]:
+    """The input ids V1's runner puts in a request's scheduled rows: its tokens from its computed
+    count on, its drafts written after its prompt and outputs (`update_req_spec_token_ids`)."""
+    tokens = [*request.prompt_token_ids, *request.output_token_ids, *request.draft_token_ids]
+    window = tokens[request.num_computed_tokens: request.num_computed_tokens + request.num_scheduled_tokens]
+    return window + [0] * (request.num_scheduled_tokens - len(window))  # past its tokens: zeros
+
+
+def test_a_drafted_decode_whose_accepted_drafts_are_not_on_the_host_yet_gets_its_inputs_in_place():
+    """V1 with MTP drafting under async scheduling (H100, vLLM 0.26, step 10): a request whose
+    previous step accepted its drafts holds them on the host only once the engine reads that
+    step's output; as recorded its tokens end three before its forward's first position, and its
+    replay verified zeros for drafts. Padded to that position and filled from the input ids, every
+    request's tokens put the step's inputs in the rows its forward read."""
+    from tracekit.format.schema import token_runs
+    from tracekit.integrations.vllm.v1_runner import hold_tokens_up_to_the_inputs
+
+    _, step = load_step(MTP_DRAFTED, None)
+    requests = [step.request(req_id) for req_id in step.batch_order]
+    runs = [step.input_ids[run.start: run.stop].tolist() for run in token_runs(requests)]
+    assert [_runner_window(request) for request in requests] != runs  # as recorded: one request's rows early
+    hold_tokens_up_to_the_inputs(requests, step.positions)
+    fill_placeholders(requests, step.input_ids)
+    assert [_runner_window(request) for request in requests] == runs
+    assert all(len(r.prompt_token_ids) + len(r.output_token_ids) == r.num_computed_tokens + 1 for r in requests)
+
+
+def test_a_position_from_a_stranger_pads_no_more_than_the_step_has_rows():
+    from tracekit.format.schema import RequestState
+    from tracekit.integrations.vllm.v1_runner import hold_tokens_up_to_the_inputs
+
+    decode = RequestState("a", [1, 2, 3], [9], [[0]], num_computed_tokens=4, num_scheduled_tokens=1)
+    hold_tokens_up_to_the_inputs([decode], torch.tensor([10**12]))
+    assert decode.output_token_ids == [9]
+    hold_tokens_up_to_the_inputs([decode], torch.tensor([5]))  # two tokens short, one row: not padded
+    assert decode.output_token_ids == [9]
+    hold_tokens_up_to_the_inputs([decode], torch.tensor([4]))
+    assert decode.output_token_ids == [9, PLACEHOLDER_TOKEN]

@@ -71,6 +71,16 @@ def _set_drafts(requests: list[RequestState], counts: dict[str, int], flat: list
         request.draft_token_ids = [int(token) for token in drafts]
 
 
+def first_positions(requests: list[RequestState], positions: torch.Tensor | None) -> list[tuple[RequestState, int, int]]:
+    """Each request (batch order) with the first position its forward read, and the step's row
+    count; none where the positions are no token counts (M-RoPE's, or not whole numbers)."""
+    if positions is None or positions.dim() != 1 or positions.is_floating_point() or positions.is_complex():
+        return []
+    flat = positions.tolist()
+    return [(request, int(flat[run.start]), len(flat)) for request, run in zip(requests, token_runs(requests))
+            if run and run.start < len(flat)]
+
+
 def align_to_positions(requests: list[RequestState], positions: torch.Tensor | None) -> None:
     """Where a request's first position in the forward is not the computed-token count the runner
     holds, take the position: under async scheduling the runner's host counts assume every draft
@@ -79,15 +89,9 @@ def align_to_positions(requests: list[RequestState], positions: torch.Tensor | N
     last sampled token, the forward's first input), `-1` where the runner held none. (A bundle's
     positions are not trusted: a position that would add more placeholders than the step has input
     rows is not such a correction.)"""
-    if positions is None or positions.dim() != 1 or positions.is_floating_point() or positions.is_complex():
-        return  # M-RoPE positions are not token counts
-    flat = positions.tolist()
-    for request, run in zip(requests, token_runs(requests)):
-        if not run or run.start >= len(flat):
-            continue
-        position = int(flat[run.start])
+    for request, position, rows in first_positions(requests, positions):
         known = position + 1 - len(request.prompt_token_ids)
-        if position < 0 or position == request.num_computed_tokens or known - len(request.output_token_ids) > len(flat):
+        if position < 0 or position == request.num_computed_tokens or known - len(request.output_token_ids) > rows:
             continue
         request.num_computed_tokens = position
         outputs = request.output_token_ids[:max(known, 0)]

@@ -298,7 +298,9 @@ class V1Adapter(RunnerAdapter):
         objects are made whole, `scheduler_output_for`)."""
         recorded = {request.req_id: request for request in step.requests}
 
-        fill_placeholders([recorded[req_id] for req_id in step.batch_order if req_id in recorded], step.input_ids)
+        in_batch = [recorded[req_id] for req_id in step.batch_order if req_id in recorded]
+        hold_tokens_up_to_the_inputs(in_batch, step.positions)
+        fill_placeholders(in_batch, step.input_ids)
 
         def add_request(original: Callable) -> Callable:
             def wrapper(state: Any) -> Any:
@@ -356,6 +358,21 @@ def _forward_context() -> Any:
     from vllm import forward_context
 
     return forward_context.get_forward_context() if forward_context.is_forward_context_available() else None
+
+
+def hold_tokens_up_to_the_inputs(requests: list[RequestState], positions: torch.Tensor | None) -> None:
+    """A decode whose tokens end before the first position its forward read gets placeholders up
+    to and including it (requests in batch order). Under async scheduling with drafts, V1 holds
+    the drafts the previous step accepted only once the engine reads that step's output, after
+    this step was prepared: the runner of a replay, given the tokens as recorded, would put the
+    step's last sampled token and drafts rows early (an MTP step on an H100 verified zeros). The
+    tokens before that position are in the KV cache, never read again as inputs; the one at it is
+    then filled from the input ids (`fill_placeholders`). A bundle's positions are not trusted:
+    no request is padded by more than the step has rows."""
+    for request, position, rows in spec_decode.first_positions(requests, positions):
+        missing = position + 1 - len(request.prompt_token_ids) - len(request.output_token_ids)
+        if position >= len(request.prompt_token_ids) and 0 < missing <= rows:
+            request.output_token_ids.extend([PLACEHOLDER_TOKEN] * missing)
 
 
 def fill_placeholders(requests: list[RequestState], input_ids: torch.Tensor | None) -> None:
