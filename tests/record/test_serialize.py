@@ -149,3 +149,27 @@ def test_engine_arguments_of_another_release_are_adopted_or_refused_by_name():
     assert release.adopt_engine_args(recorded) == {"model": "m", "compilation_config": {"mode": 0}}
     with pytest.raises(CannotRunHere, match="engine argument calculate_kv_scales=True"):
         release.adopt_engine_args({**recorded, "calculate_kv_scales": True})
+
+
+def test_a_034_step_s_split_capture_sizes_give_way_to_their_union_under_an_older_release():
+    """vLLM 0.34 records prefill and decode capture sizes apart and `cudagraph_capture_sizes` as
+    their union (traces/h200-vllm034-greedy, H200): an older release takes the union. Under 0.26
+    on an H100 those steps were refused, as a field it lacks, before this."""
+    from pathlib import Path
+
+    from tracekit.errors import CannotRunHere
+    from tracekit.format.content import load_step
+
+    bundle = Path(__file__).resolve().parents[2] / "traces" / "h200-vllm034-greedy" / "mixed.zst"
+    content, _ = load_step(bundle, None)
+    recorded = content.engine.engine_args
+    split = {"prefill_cudagraph_capture_token_sizes", "decode_cudagraph_capture_request_sizes"}
+    assert split <= recorded["compilation_config"].keys()
+    release = installed_release()
+    adopted = release.adopt_engine_args(recorded)["compilation_config"]
+    assert adopted["cudagraph_capture_sizes"] == recorded["compilation_config"]["cudagraph_capture_sizes"]
+    assert not split & adopted.keys()
+    union_gone = {**recorded, "compilation_config": {k: v for k, v in recorded["compilation_config"].items()
+                                                     if k != "cudagraph_capture_sizes"}}
+    with pytest.raises(CannotRunHere, match="compilation_config field (prefill|decode)_cudagraph"):
+        release.adopt_engine_args(union_gone)  # nothing here to take their place

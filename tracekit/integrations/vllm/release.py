@@ -42,6 +42,20 @@ def series_of(version: str) -> str:
     """`0.26.0+cu130` -> `0.26`."""
     return ".".join(version.split("+")[0].split(".")[:2])
 
+
+# Compilation fields of newer releases that refine one every supported release has: vLLM 0.34
+# splits the capture sizes into prefill sizes (tokens) and decode sizes (requests) and keeps
+# `cudagraph_capture_sizes` as their union. A release without them replays another's step with
+# the union, dispatching as it does itself (a dispatch difference the verdict reports), where
+# refusing it would leave a 0.34 step unreplayable under any older release.
+REFINING_COMPILATION_FIELDS = {
+    "prefill_cudagraph_capture_token_sizes": "cudagraph_capture_sizes",
+    "max_prefill_cudagraph_capture_tokens": "max_cudagraph_capture_size",
+    "decode_cudagraph_capture_request_sizes": "cudagraph_capture_sizes",
+    "max_decode_cudagraph_capture_requests": "max_cudagraph_capture_size",
+    "max_decode_cudagraph_capture_tokens": "max_cudagraph_capture_size",
+}
+
 class Release:
     """One vLLM series. Subclasses set the class attributes and override what differs."""
 
@@ -254,12 +268,19 @@ class Release:
         adopted = self._known_fields(engine_args, EngineArgs, "engine argument")
         if isinstance(adopted.get("compilation_config"), dict):
             adopted["compilation_config"] = self._known_fields(
-                adopted["compilation_config"], CompilationConfig, "compilation_config field")
+                adopted["compilation_config"], CompilationConfig, "compilation_config field", REFINING_COMPILATION_FIELDS)
         return adopted
 
-    def _known_fields(self, values: dict[str, Any], config_class: type, what: str) -> dict[str, Any]:
+    def _known_fields(self, values: dict[str, Any], config_class: type, what: str,
+                      refining: dict[str, str] | None = None) -> dict[str, Any]:
+        """`values` this vLLM's `config_class` has a field for; one it lacks is left out where
+        its value is empty or where it refines a field this vLLM has and `values` holds
+        (`refining`: the field name -> the one it refines), and refused otherwise."""
         known = {item.name for item in dataclasses.fields(config_class)}
         for name, value in values.items():
+            refined = (refining or {}).get(name)
+            if refined in known and refined in values:
+                continue
             if name not in known and not serialize.is_empty(value):
                 raise CannotRunHere(
                     f"vLLM {self.version} cannot take this step: it was recorded with the {what} "
