@@ -131,8 +131,9 @@ class WindowDriver:
         else:
             scheduler_output = adapter.release.from_plain(each.step.scheduler_output)
             self._locate_loras(scheduler_output)
+            # (the step's inputs and positions are the whole batch's, not rows of its new requests)
             new = dataclasses.replace(each.step, requests=each.new, batch_order=[r.req_id for r in each.new],
-                                      input_ids=None)
+                                      input_ids=None, positions=None)
             putting_back = adapter.replaying(new)
         with putting_back:
             if self.runner.execute_model(scheduler_output) is not None:
