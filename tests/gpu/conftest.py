@@ -120,9 +120,9 @@ def recording(request, tmp_path_factory, prompts_file, long_prompts_file):
     folder = tmp_path_factory.mktemp(name)
     prompts = long_prompts_file if long_prompt_config(name) else prompts_file
     steps = record_steps(folder, prompts, "0:60", 10, args, runner, RECORD_ENV.get(name))
-    extra = make_negative_controls(steps, folder / "controls", runner)
+    extra = make_negative_controls(steps, folder / "controls")
     result = folder / "replays.jsonl"
-    replay = tracekit("replay", steps, *extra.values(), "--keep-going", "--iters", 20, "--samples", 5,
+    replay = tracekit("replay", steps, *extra.paths.values(), "--keep-going", "--iters", 20, "--samples", 5,
                       "--json", result, runner=runner)
     records = json_records(result) if result.exists() else {}
     return Recording(name, steps, replay, records, extra)

@@ -15,6 +15,7 @@ from gpu_support import (
     read_content,
     read_step,
 )
+from negative_controls import assert_noise_caught
 
 from tracekit.graphs.timing import DEVICE_EVENTS, QUEUED_DEVICE_EVENTS
 
@@ -131,15 +132,12 @@ def test_forward_times_compare_like_with_like(recording):
 
 
 def test_negative_controls_are_caught(recording):
-    controls = recording.extra
+    controls = recording.extra.paths
     assert "perturbed_kv" in controls and "device_assert" in controls
     perturbed = _replayed(recording, controls["perturbed_kv"])
     assert perturbed["verdict"] == "diverged" and perturbed["exit_code"] == 1
     assert perturbed["first_divergence"].startswith(("kv_written/", "hidden_states")), perturbed["first_divergence"]
-    if "changed_noise" in controls:
-        noise = _replayed(recording, controls["changed_noise"])
-        assert noise["first_divergence"] == "sampled_token_ids", noise["first_divergence"]
-        assert checks_of(noise)["logits"]["bit_exact"]
+    assert_noise_caught(recording.extra, recording.records)
     crashed = _replayed(recording, controls["device_assert"])
     assert crashed["verdict"] == "crashed" and crashed["exit_code"] == 4, crashed
     assert recording.replay.returncode == 1  # the worst of the suite: the diverged controls
