@@ -107,6 +107,8 @@ SHARED_NAMES = {
     "mode", "cudagraph_mode", "num_reqs", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "seed",
     # a step's grammar record and the feature named after it
     "grammar_bitmask", "num_acceptable_drafts", "structured_outputs",
+    # every dict's values(), and vLLM 0.34's draft logits cache
+    "values",
 }
 
 

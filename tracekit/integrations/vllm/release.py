@@ -125,6 +125,12 @@ class Release:
         pairs left to capture."""
         return self.adapter_for(runner).keep_only_graphs(keep)
 
+    def draft_logits_by_slot(self, speculator: Any) -> Any:
+        """Probabilistic drafting: the drafter's logits kept for the next step's rejection
+        sampler, as a tensor indexed by request slot (`[slots, drafts, vocab]`); None where the
+        drafter keeps none."""
+        return getattr(speculator, "draft_logits", None)
+
     def adapter_class(self, kind: str) -> type:
         """The adapter class of runner kind `kind` (its facts, before any runner exists)."""
         for adapter_class in self.adapters:

@@ -254,7 +254,7 @@ class V2Adapter(RunnerAdapter):
     def _add_draft_logits(self, requests: list[RequestState]) -> None:
         """Probabilistic drafting: each drafted request's rows of the drafter's logits, which the
         rejection sampler reads by slot (`runner_state["draft_logits"]`, `[drafts, vocab]`)."""
-        logits = getattr(self._speculator, "draft_logits", None)
+        logits = self.release.draft_logits_by_slot(self._speculator)
         slots = self.runner.req_states.req_id_to_index
         if logits is None:
             return
@@ -365,6 +365,6 @@ class V2Adapter(RunnerAdapter):
         tokens = self.runner.req_states.draft_tokens
         tokens[slot, : len(drafts)] = torch.tensor(drafts, dtype=tokens.dtype).to(tokens.device)
         logits = request.runner_state.get("draft_logits")
-        kept = getattr(self._speculator, "draft_logits", None)
-        if logits is not None and kept is not None:
+        kept = self.release.draft_logits_by_slot(self._speculator) if logits is not None else None
+        if kept is not None:
             kept[slot, : logits.shape[0]] = logits.to(kept.device, kept.dtype)

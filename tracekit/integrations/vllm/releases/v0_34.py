@@ -31,6 +31,8 @@ What differs from 0.32 in what tracekit touches:
 * Structured outputs under speculative decoding: each request owns a fixed block of
   `1 + num_speculative_tokens` rows of the grammar bitmask, whatever its drafts in the step
   (0.32 gave it `1 + its drafts`): `grammar_record` takes that layout.
+* Probabilistic drafting keeps the drafter's logits in a `DraftLogitsCache` (its `values`, by
+  request slot, where it is not sharded over tensor-parallel ranks), not in a bare tensor.
 * `use_breakable_cudagraph` (PIECEWISE graphs captured by stream capture instead of FX splitting,
   on by default for some architectures) is recorded; its graphs run outside the model call
   tracekit shadows, so such models are not supported yet (the tiny Llama does not use them).
@@ -64,7 +66,21 @@ class Release(v0_32.Release):
         "use_breakable_cudagraph",
     )
     foreign_attributes = v0_32.Release.foreign_attributes | {"_decode_descs", "num_reqs", "extensible_kv_cache",
-                                                             "num_committed_blocks"}
+                                                             "num_committed_blocks", "row_mapping", "values"}
+
+    def draft_logits_by_slot(self, speculator: Any) -> Any:
+        """The drafter's logits cache (`DraftLogitsCache`): its `values`, whose rows are the
+        request slots where the cache is replicated. A cache sharded over tensor-parallel ranks
+        (batch-sharded sampling) keeps some requests' rows elsewhere: not supported yet."""
+        cache = getattr(speculator, "draft_logits", None)
+        if cache is None:
+            return None
+        if cache.row_mapping is not None:
+            raise CannotRunHere(
+                f"vLLM {self.version}'s draft logits are sharded over tensor-parallel ranks (batch-sharded "
+                "sampling): tracekit does not record or restore those yet"
+            )
+        return cache.values
 
     def kv_groups(self, runner: Any) -> list[Any]:
         """The committed blocks of an extensible KV cache (every block of a plain one)."""
