@@ -98,7 +98,7 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
         # Inductor's kernels are built with the engine and autotuned at their first launch: both
         # happen under the recorded choices.
         with kernel_choices.choices_applied(choices):
-            engine = engine_for(opened, options, llm)
+            engine = engine_for(opened, options, llm, compile_here=bool(choices))
             here = engine.environment()
             engine.require_kv_layout_of(opened.content.environment, here)
             if opened.window is not None:
@@ -191,9 +191,10 @@ def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOpti
 # -- engine ----------------------------------------------------------------------------------------------
 
 
-def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any) -> ReplayEngine:
+def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any, compile_here: bool = False) -> ReplayEngine:
     """The engine the step runs on: `llm` if the caller passed one (it must fit the step), else
-    built from the recording, lean unless `options.full_engine`."""
+    built from the recording, lean unless `options.full_engine` (`compile_here`: kernel choices
+    apply, so the build compiles its own code)."""
     runner_kind = opened.content.engine.runner
     if llm is not None:
         if options.engine_overrides or options.model:
@@ -205,6 +206,7 @@ def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any) -> ReplayEn
         engine = build_replay_engine(EngineSpec(
             opened.content.engine, recorded=opened.content.environment, model=options.model,
             allow_weights_mismatch=options.allow_weights_mismatch, overrides=options.engine_overrides, needs=needs,
+            compile_here=compile_here,
         ))
     engine.require_runner_kind()
     return engine

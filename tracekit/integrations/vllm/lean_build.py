@@ -16,7 +16,8 @@ padding and the same dispatch for every recorded step; only less is built:
   merged with its neighbours would be compiled for other bounds (other code); the profiling run
   at the largest batch needs the last range anyway.
 * The release's `lean_env` (vLLM's compile cache where the series' default cannot load it back),
-  and Python's collector kept off every object that exists before the build (`gc.freeze`: the
+  no compile cache at all for steps that carry kernel choices (`COMPILE_HERE_ENV`: any engine,
+  lean or full), and Python's collector kept off every object that exists before the build (`gc.freeze`: the
   imported modules are never garbage, and the build allocates millions of objects, each
   collection of which would walk them all again).
 
@@ -26,6 +27,7 @@ What a build kept is remembered per engine (`build_of`), for the replay's report
 import gc
 import importlib
 import os
+import sys
 import time
 import weakref
 from collections.abc import Iterable, Iterator
@@ -124,31 +126,54 @@ def narrowed_compile_sizes(engine_args: dict[str, Any], sizes: set[int]) -> list
     return kept if len(kept) < len(recorded) else None
 
 
-def build(engine_args: dict[str, Any], runner_kind: str | None, needs: EngineNeeds | None) -> Any:
+def build(engine_args: dict[str, Any], runner_kind: str | None, needs: EngineNeeds | None,
+          compile_here: bool = False) -> Any:
     """Build the engine: lean, capturing only the graphs `needs` names and compiling only the
-    compile sizes its steps run at; or, with `needs` None, as vLLM builds it."""
+    compile sizes its steps run at; or, with `needs` None, as vLLM builds it. `compile_here`:
+    the steps carry recorded kernel choices, so nothing compiled elsewhere is loaded."""
     started = time.perf_counter()
     release = installed_release()
     capturers = _import_engine_modules(release)
     imported = time.perf_counter() - started
+    env = _set_engine_env(release.lean_env if needs is not None else {}, compile_here)
     if needs is None:
         llm = build_llm(engine_args, runner_kind)
-        _builds[llm] = EngineBuild("full", seconds=time.perf_counter() - started, import_seconds=imported)
+        _builds[llm] = EngineBuild("full", env=env, seconds=time.perf_counter() - started, import_seconds=imported)
         return llm
     graphs = set(needs.graphs)
-    made = EngineBuild("lean", graphs_wanted=sorted(graphs), import_seconds=imported)
+    made = EngineBuild("lean", graphs_wanted=sorted(graphs), env=env, import_seconds=imported)
     made.compile_sizes = narrowed_compile_sizes(engine_args, set(needs.sizes))
     args = engine_args
     if made.compile_sizes is not None:
         args = {**engine_args, "compilation_config": {**engine_args["compilation_config"],
                                                       "compile_sizes": made.compile_sizes}}
-    made.env = {name: value for name, value in release.lean_env.items() if name not in os.environ}
-    os.environ.update(made.env)
     with _capturing_only(capturers, release, graphs, made), _collector_off_the_heap():
         llm = build_llm(args, runner_kind)
     made.seconds = time.perf_counter() - started
     _builds[llm] = made
     return llm
+
+
+# vLLM's compile cache is keyed by the engine's configuration, not by Inductor's lookup table: an
+# artifact compiled by another process (an earlier replay of another recording of the same
+# engine) carries that process's kernel choices, which no lookup table changes once loaded. A
+# float32 replay that loaded one on an H100 parted at 12 of its 15 steps; compiled here, under
+# its own recorded choices, the same steps are bit-exact.
+COMPILE_HERE_ENV = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
+
+
+def _set_engine_env(lean_env: dict[str, str], compile_here: bool) -> dict[str, str]:
+    """Set the release's lean-engine variables this process does not set itself and, for steps
+    with kernel choices, `COMPILE_HERE_ENV` (whatever is set); returns what was set. vLLM reads
+    its variables through a cache an engine's start fills: it is emptied so that they count."""
+    env = {name: value for name, value in lean_env.items() if name not in os.environ}
+    if compile_here:
+        env.update(COMPILE_HERE_ENV)
+    os.environ.update(env)
+    reset = getattr(sys.modules.get("vllm.envs"), "disable_envs_cache", None)
+    if env and reset is not None:
+        reset()
+    return env
 
 
 def _import_engine_modules(release: Any) -> list[type]:

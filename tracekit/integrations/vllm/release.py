@@ -99,7 +99,7 @@ class Release:
         "remove_all_adapters", "add_adapter", "add_dummy_lora", "dummy_lora_cache", "activate_adapter",
         "remove_adapter", "max_lora_rank", "speculative_config", "is_multimodal_model", "enable_prompt_embeds",
         "runner_type", "pooling_params", "structured_outputs", "attn_backend", "get_name", "isa", "layer_name",
-        "decode_context_parallel_size", "prefill_context_parallel_size",
+        "decode_context_parallel_size", "prefill_context_parallel_size", "disable_envs_cache",
     })
 
     def __init__(self, version: str):

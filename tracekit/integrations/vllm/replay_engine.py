@@ -187,6 +187,8 @@ class EngineSpec:
     timing_mode: str | None = None
     engine_args: Mapping[str, Any] | None = None
     table: CaptureTable | None = None
+    # The steps carry recorded kernel choices: nothing compiled elsewhere is loaded.
+    compile_here: bool = False
 
 
 def build_replay_engine(spec: EngineSpec) -> "ReplayEngine":
@@ -199,7 +201,7 @@ def build_replay_engine(spec: EngineSpec) -> "ReplayEngine":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if spec.recorded is not None:
         apply_recorded_determinism(spec.recorded.env_vars)
-    llm = lean_build.build(args, spec.engine.runner, spec.needs)
+    llm = lean_build.build(args, spec.engine.runner, spec.needs, compile_here=spec.compile_here)
     return ReplayEngine(llm, spec.engine.runner, build=lean_build.build_of(llm), built_here=True)
 
 
