@@ -63,6 +63,7 @@ def test_lean_and_full_engines_replay_every_step_bit_identically(sized_bundles, 
     assert all(build["kind"] == "lean" for build in builds)
     assert builds[0]["compile_sizes"] == [2]  # 16 is no step's size
     assert builds[0]["graphs_captured"] is None  # a CPU engine captures no graphs
+    assert "VLLM_DISABLE_COMPILE_CACHE" not in builds[0]["env"]  # no kernel choices: vLLM's cache serves
     assert full[bundles[0]]["engine_build"]["kind"] == "full" and full[bundles[0]]["engine_build"]["compile_sizes"] is None
     # The lean engine's own settings are not reported as numerics-affecting differences.
     assert not [d for record in lean.values() for d in record["environment_differences"] if d["affects_numerics"]]
@@ -78,3 +79,28 @@ def test_report_names_the_engine_built():
     assert describe_engine_build({**lean, "import_seconds": 4.56}).endswith("built in 12.3 s (4.6 s of it importing vLLM)")
     assert describe_engine_build({**lean, "built_for_this_step": False}).endswith(", reused")
     assert describe_engine_build({"kind": "full", "seconds": 1.0}).startswith("full (as vLLM builds it")
+
+
+# One recorded choice of an Inductor kernel (a CPU engine builds no Triton kernels: it matches
+# none, and the steps are compiled all the same).
+A_KERNEL_CHOICE = {"kernel": "triton_red_fused_0", "source_hash": "ab" * 32,
+                   "config": {"XBLOCK": 8, "num_warps": 4, "num_stages": 1}, "origin": "timed"}
+
+
+def test_steps_with_kernel_choices_are_replayed_by_code_compiled_here(sized_bundles, tmp_path):
+    """vLLM's compile cache is keyed by the engine configuration, not by the kernel choices a
+    step carries: an engine replaying such steps compiles its own code (nothing is loaded from
+    the cache another process filled), and is as bit-exact as any."""
+    from tracekit.format.rewrite import rewrite_bundle
+    from tracekit.integrations.vllm.lean_build import COMPILE_HERE_ENV
+
+    def with_a_choice(metadata, tensors):
+        metadata["engine"]["kernel_choices"] = [A_KERNEL_CHOICE]
+
+    bundles = [str(rewrite_bundle(path, tmp_path / path.name, with_a_choice)) for path in sized_bundles.values()]
+    records = replay_records(bundles, tmp_path)
+    for bundle in bundles:
+        record = records[bundle]
+        assert record["bit_exact"] and record["reference_mode"] == "compiled", record.get("first_divergence")
+        assert COMPILE_HERE_ENV.items() <= record["engine_build"]["env"].items(), record["engine_build"]
+        assert not [d for d in record["environment_differences"] if d["affects_numerics"]]

@@ -78,3 +78,25 @@ NAMED = {"same": [], "other": [OTHER], "unrecorded": []}
 ])
 def test_no_note_where_kernel_choices_do_not_explain_it(mode, checks, kernels):
     assert _kernel_choice_notes(_content(), mode, checks, kernels) == []
+
+
+def test_an_engine_for_kernel_choices_reads_its_compile_cache_switch_past_vllms_env_cache():
+    """vLLM caches its variables once an engine has started (`enable_envs_cache`): the switch
+    that keeps a replay with kernel choices off the compile cache must still count for the next
+    engine of the process."""
+    import vllm.envs as envs
+
+    from tracekit.integrations.vllm.lean_build import COMPILE_HERE_ENV, _set_engine_env
+
+    saved = os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
+    envs.enable_envs_cache()  # as a first engine's start leaves it
+    try:
+        assert envs.VLLM_DISABLE_COMPILE_CACHE is False
+        assert _set_engine_env({}, compile_here=False) == {}
+        assert _set_engine_env({}, compile_here=True) == COMPILE_HERE_ENV
+        assert envs.VLLM_DISABLE_COMPILE_CACHE is True
+    finally:
+        envs.disable_envs_cache()
+        os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
+        if saved is not None:
+            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = saved
