@@ -16,10 +16,10 @@ padding and the same dispatch for every recorded step; only less is built:
   merged with its neighbours would be compiled for other bounds (other code); the profiling run
   at the largest batch needs the last range anyway.
 * The release's `lean_env` (vLLM's compile cache where the series' default cannot load it back),
-  no compile cache at all for steps that carry kernel choices (`COMPILE_HERE_ENV`: any engine,
-  lean or full), and Python's collector kept off every object that exists before the build (`gc.freeze`: the
-  imported modules are never garbage, and the build allocates millions of objects, each
-  collection of which would walk them all again).
+  no vLLM compile cache at all for steps that carry kernel choices (`COMPILE_HERE_ENV`, for any
+  engine, lean or full), and Python's collector kept off every object that exists before the
+  build (`gc.freeze`: the imported modules are never garbage, and the build allocates millions
+  of objects, each collection of which would walk them all again).
 
 What a build kept is remembered per engine (`build_of`), for the replay's report.
 """
@@ -154,11 +154,12 @@ def build(engine_args: dict[str, Any], runner_kind: str | None, needs: EngineNee
     return llm
 
 
-# vLLM's compile cache is keyed by the engine's configuration, not by Inductor's lookup table: an
-# artifact compiled by another process (an earlier replay of another recording of the same
-# engine) carries that process's kernel choices, which no lookup table changes once loaded. A
-# float32 replay that loaded one on an H100 parted at 12 of its 15 steps; compiled here, under
-# its own recorded choices, the same steps are bit-exact.
+# vLLM's compile cache is keyed by the engine's configuration, not by Inductor's lookup table
+# (Inductor's own cache is: the table is part of its config): an artifact compiled by another
+# process (an earlier replay of another recording of the same engine) carries that process's
+# kernel choices. On an H100 (vLLM 0.26, float32) the replay of a second recording that loaded
+# the first recording's replay's artifact parted at 12 of its 15 steps, from layer 1's KV on;
+# replays that compiled their own code under their recorded choices have all been bit-exact.
 COMPILE_HERE_ENV = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
 
 
