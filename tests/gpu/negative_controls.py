@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from gpu_support import bundles_by_step, of_kind
+from gpu_support import bundles_by_step, checks_of, of_kind
 
 from tracekit.format.content import load_step
 from tracekit.format.rewrite import rewrite_bundle
@@ -98,10 +98,10 @@ def spread_step(bundles) -> tuple[Path | None, float]:
 
 def variants_needed(repeat: float) -> int | None:
     """The fewest variants that all repeat with probability under MISSED (None: too many)."""
-    if repeat <= 0.0:
-        return 1
-    needed = max(1, math.ceil(math.log(MISSED) / math.log(repeat))) if repeat < 1.0 else None
-    return needed if needed is not None and needed <= MAX_VARIANTS else None
+    if repeat >= 1.0:
+        return None
+    needed = 1 if repeat <= 0.0 else max(1, math.ceil(math.log(MISSED) / math.log(repeat)))
+    return needed if needed <= MAX_VARIANTS else None
 
 
 def _flip_seed_bit(state: torch.Tensor, bit: int) -> torch.Tensor:
@@ -154,8 +154,7 @@ def assert_noise_caught(controls: Controls, replayed: dict[str, dict]) -> None:
     noise = [replayed[str(path)] for path in paths]
     for record in noise:  # other noise may draw the same tokens
         assert record["first_divergence"] in (None, "sampled_token_ids"), (record["bundle"], record["first_divergence"])
-        logits = next(check for check in record["checks"] if check["item"] == "logits")
-        assert logits["bit_exact"], record["bundle"]
+        assert checks_of(record)["logits"]["bit_exact"], record["bundle"]
     assert any(record["first_divergence"] == "sampled_token_ids" for record in noise), len(noise)
 
 
