@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from e2e_support import bundles_by_step, engine_script, read_content, read_step, tracekit
 
 from tracekit.format.content import load_step
@@ -65,6 +66,15 @@ def _changed_proposal(metadata, tensors):
     tensors[name][-1, 0] = (tensors[name][-1, 0] + 1) % 512
 
 
+def _drafts_skipped(metadata, tensors):
+    """The step as vLLM 0.34 records one whose scheduler told the drafter to skip proposing (no
+    scheduled request could use the drafts): `skip_drafts`, and every proposal -1."""
+    step = metadata["steps"][0]
+    step["scheduler_output"]["skip_drafts"] = True
+    name = step["spec_decode"]["proposals"]["$tensor"]
+    tensors[name] = torch.full_like(tensors[name], -1)
+
+
 def _drafts_forgotten(metadata, tensors):
     """Each request's drafts dropped, as tracekit wrote bundles before it kept them."""
     for request in metadata["steps"][0]["requests"]:
@@ -92,6 +102,7 @@ def spec_run(request, tmp_path_factory):
     proposing = next((path for path in bundles.values() if read_step(path).spec_decode.drafter_calls), None)
     if proposing is not None:
         edited["changed_proposal"] = rewrite_bundle(proposing, controls / "changed_proposal.zst", _changed_proposal)
+        edited["drafts_skipped"] = rewrite_bundle(proposing, controls / "drafts_skipped.zst", _drafts_skipped)
     redacted_dir = work / "redacted"
     redacted_dir.mkdir()
     redacted = {index: redacted_dir / path.name for index, path in bundles.items()}
@@ -216,6 +227,26 @@ def test_a_changed_proposal_is_named(spec_run):
     assert record["first_divergence"] == "spec_decode/proposals", record["first_divergence"]
     step = read_step(spec_run.edited["changed_proposal"])
     assert checks_by_item(record)["spec_decode/proposals"]["requests_moved"] == [step.batch_order[-1]]
+
+
+def test_a_step_whose_drafter_was_told_to_skip_proposing_is_judged_as_this_vllm_can(spec_run):
+    """A 0.34 step whose scheduler said `skip_drafts` (every proposal -1), replayed under a vLLM
+    without that order: its drafter proposes as it does itself, so the proposals are reported as
+    not compared, saying why, and the rest of the step decides. A vLLM with the order skips too."""
+    import dataclasses
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    if "drafts_skipped" not in spec_run.edited:
+        pytest.skip(f"{spec_run.name}: ngram has no drafter model call")
+    record = record_of(spec_run, spec_run.edited["drafts_skipped"])
+    assert record["verdict"] == "bit_exact", (record["first_divergence"], spec_run.replay.explain())
+    proposals = checks_by_item(record)["spec_decode/proposals"]
+    if "skip_drafts" in {field.name for field in dataclasses.fields(SchedulerOutput)}:
+        assert proposals["bit_exact"] and proposals.get("decides", True), proposals
+    else:
+        assert proposals.get("decides") is False and not proposals["bit_exact"], proposals
+        assert "skip_drafts=True" in proposals["why_not_deciding"], proposals
 
 
 def test_a_bundle_without_its_drafts_takes_them_from_its_input_ids(spec_run):

@@ -66,3 +66,26 @@ def test_mode_agreement_names_the_modes_that_part_and_the_non_finite_ones():
     disagree = mode_agreement({"compiled": ran(False, float("nan"), finite=False), "eager": ran(True)})
     assert disagree["agree"] is False and list(disagree["parted"]) == ["compiled"]
     assert disagree["nonfinite"] == ["compiled"] and disagree["bit_exact_with_recording"] == ["eager"]
+
+
+def test_proposals_a_dropped_drafter_order_leaves_uncomparable_are_reported_as_not_compared():
+    """A 0.34 step whose scheduler told the drafter to skip (every proposal -1), replayed by a vLLM
+    without that order, which proposed: the proposals do not decide, and the report says why
+    (without the dropped order, the same proposals decide and differ)."""
+    import torch
+
+    _, step = load_step(TRACES / "h100-vllm026" / "v1-bf16-mtp-async-drafted.zst", None)
+    skipped = step.spec_decode.proposals.clone().fill_(-1)
+    step.spec_decode.proposals = skipped
+    proposed = skipped + 8  # what a drafter that does not skip proposes
+    for dropped in ([], ["skip_drafts=True"]):
+        observed = observed_like(step, step.batch_order, proposals=proposed, drafter_orders_dropped=dropped)
+        checks = check_step(observed, step)
+        (item,) = [check for check in checks if check.name == "spec_decode/proposals"]
+        assert not item.bit_exact and item.decides is not bool(dropped), item
+        result = ReplayResult(bundle="step.zst", step_index=step.index, trigger=step.trigger, reference_mode="compiled",
+                              checks=checks)
+        out = io.StringIO()
+        print_report(result, out)
+        said = "spec_decode/proposals not compared: the recording's scheduler told its drafter skip_drafts=True"
+        assert (said in out.getvalue()) is bool(dropped), out.getvalue()

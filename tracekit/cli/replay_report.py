@@ -69,7 +69,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     _print_dispatch(console, result.dispatch, attention=not result.bit_exact)
     verdict = result.verdict
     print_checks(console, result, verdict)
-    _print_padding(console, result)
+    _print_not_deciding(console, result)
     if result.layer_checks:
         first_layer = result.first_diverging_layer
         agreeing = sum(item.bit_exact for item in result.layer_checks)
@@ -126,7 +126,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
         if report.get("profile_trace"):
             console.print(f"   {mode}: profile trace {inert(report['profile_trace'])} (open in ui.perfetto.dev)")
 
-    padding = any(not item.decides for item in result.checks)
+    padding = any(item.is_padding for item in result.checks)
     print_verdict(console, verdict, result.first_divergence, result.tolerance, padding)
 
 
@@ -222,9 +222,12 @@ def _print_dispatch(console: Console, audited: dict[str, Any], attention: bool) 
         console.print(f"     attention metadata differs: {inert(line.removeprefix('attention '))}")
 
 
-def _print_padding(console: Console, result: ReplayResult) -> None:
-    padding = [item for item in result.checks if not item.decides]
-    for item in padding:
+def _print_not_deciding(console: Console, result: ReplayResult) -> None:
+    """The items that do not decide the verdict: padding rows, and what could not be compared."""
+    for item in result.checks:
+        if not item.decides and "why_not_deciding" in item.details:
+            console.print(f"   {inert(item.name)} not compared: {inert(str(item.details['why_not_deciding']))}")
+    for item in [item for item in result.checks if item.is_padding]:
         rows = item.details.get("rows", ["?", "?"])
         state = "bit-exact" if item.bit_exact else (
             f"differ (max_abs {_number(item.details.get('max_abs'))}; does not decide the verdict)")

@@ -65,7 +65,7 @@ def print_window_report(result: WindowReplayResult, stream: TextIO | None = None
         for finding in parted.padding_findings:
             console.print(f" [red]![/red] padding: {inert(finding)}")
     _print_kv_sources(console, result)
-    padding = any(not item.decides for step in result.steps for item in step.checks)
+    padding = any(item.is_padding for step in result.steps for item in step.checks)
     print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
 
 

@@ -146,6 +146,9 @@ class ObservedStep:
     # speculative decoding: the drafter's proposals ([requests, proposed]) and its model calls
     proposals: Any = None
     drafter_calls: list[Any] = field(default_factory=list)  # DrafterPass records
+    # the recorded orders to the drafter this vLLM could not give it (`name=value`): a step of
+    # another release; its proposals are then this vLLM's own, not comparable with the recording
+    drafter_orders_dropped: list[str] = field(default_factory=list)
 
 
 # The replay driver's stand-in for the runner's model call: (original, args, kwargs) -> output.

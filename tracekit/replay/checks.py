@@ -38,6 +38,11 @@ class CheckedItem:
     # tolerance or a platform's bound; those verdicts go by the float items it summarises.
     digest_only: bool = False
 
+    @property
+    def is_padding(self) -> bool:
+        """Rows beyond the step's real ones, compared apart (`name/padding`)."""
+        return self.name.endswith(PADDING)
+
     def to_plain(self) -> dict[str, Any]:
         plain = {"item": self.name, "bit_exact": self.bit_exact, "within_tolerance": self.within_tolerance}
         if self.float_dtype is not None:
@@ -355,6 +360,11 @@ def _drafter_items(observed: ObservedStep, step: Step, tolerance: float) -> list
         if record.method in STATEFUL_DRAFTERS:
             item.decides = False
             item.details["why_not_deciding"] = f"the {record.method} drafter proposes from state kept across requests"
+        if observed.drafter_orders_dropped:
+            item.decides = False
+            item.details["why_not_deciding"] = (
+                f"the recording's scheduler told its drafter {', '.join(observed.drafter_orders_dropped)}, "
+                "which this vLLM has no field for: its drafter proposed as it does itself")
         items.append(item)
     return items
 

@@ -365,11 +365,20 @@ class Release:
             finished_req_ids=set(),
             free_encoder_mm_hashes=[],
         )
-        for name, kind in DRAFTER_ORDERS.items():
-            recorded = step.scheduler_output.get(name)
-            if type(recorded) is kind and hasattr(output, name):
+        for name, recorded in _drafter_orders(step).items():
+            if hasattr(output, name):
                 setattr(output, name, recorded)
         return output
+
+    def drafter_orders_dropped(self, step: Step) -> list[str]:
+        """The recorded orders to the drafter that this vLLM's scheduler output has no field for,
+        where they asked for something (`skip_drafts=True` of a 0.34 step under 0.26): this
+        vLLM's drafter then proposes as it does itself, so its proposals are not the step's."""
+        from vllm.v1.core.sched.output import SchedulerOutput
+
+        known = {item.name for item in dataclasses.fields(SchedulerOutput)}
+        return [f"{name}={recorded!r}" for name, recorded in _drafter_orders(step).items()
+                if name not in known and not serialize.is_empty(recorded)]
 
     def scheduled_drafts(self, step: Step) -> dict[str, list[int]]:
         """The draft tokens each request verifies in the step, as its scheduler output carries them
@@ -470,6 +479,12 @@ class Release:
             runner=adapter.kind.value,
             draft_model=self.draft_model(config),
         )
+
+
+def _drafter_orders(step: Step) -> dict[str, Any]:
+    """The step's recorded `DRAFTER_ORDERS` of the expected type (a bundle is untrusted input)."""
+    return {name: step.scheduler_output.get(name) for name, kind in DRAFTER_ORDERS.items()
+            if type(step.scheduler_output.get(name)) is kind}
 
 
 def _plain_setting(value: Any) -> Any:

@@ -255,6 +255,7 @@ class StepDriver:
         adapter, step = self.adapter, self.step
         self.prepare_runner()
         model_call = self.model_call(observed, on_forward)
+        observed.drafter_orders_dropped = adapter.release.drafter_orders_dropped(step)
         with torch.inference_mode(), adapter.replaying(step), adapter.observe(ReplayObserver(observed), model_call):
             try:
                 observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(step, loras=self.loras),

@@ -127,6 +127,7 @@ class WindowDriver:
             if index != self.first:
                 self._let_go()
             scheduler_output = adapter.scheduler_output_for(each.step, each.held, loras=self.loras)
+            run.observed[index].drafter_orders_dropped = adapter.release.drafter_orders_dropped(each.step)
             putting_back = adapter.replaying(each.step, each.held)
         else:
             scheduler_output = adapter.release.from_plain(each.step.scheduler_output)
