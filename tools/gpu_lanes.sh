@@ -7,9 +7,11 @@
 # takes at most 8 files): lanes.tgz (logs, junit, replay records, quick runs' last-run.json),
 # across.tgz (the steps left for replays across releases), bundles.tgz (bundles not reproduced).
 #
-#   bash tools/gpu_lanes.sh SECONDS COMMIT 'NAME|RELEASE|quick or run|K-EXPRESSION' ...
+#   bash tools/gpu_lanes.sh SECONDS COMMIT 'NAME|RELEASE|quick or run|K-EXPRESSION[|AFTER]' ...
 #
 # COMMIT: the full hash of HEAD (the GPU has no .git), for the quick lanes' last-run.json.
+# AFTER: the name of another lane this one waits for, and whose steps left for replays across
+# releases it replays (TRACEKIT_GPU_ACROSS_RELEASES_FROM): 0.34's drafted steps under 0.26 in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:?seconds per lane} commit=${2:?commit}
@@ -24,11 +26,16 @@ for release in $(printf '%s\n' "$@" | cut -d'|' -f2 | sort -u); do
   esac
   (source $kit/install.sh env) > $results/env-$release.log 2>&1 || { echo "the $release kit's env step failed:"; tail -5 $results/env-$release.log; }
 done
+touch $results/lanes.txt
 for lane in "$@"; do
-  IFS='|' read -r name release mode expression <<< "$lane"
+  IFS='|' read -r name release mode expression after <<< "$lane"
   quick=()
   [ "$mode" = quick ] && quick=(--quick "$commit")
-  (TRACEKIT_GPU_LANE=$name OUT=$results timeout "$seconds" bash tools/gpu_run.sh --vllm "$release" "${quick[@]}" \
+  (if [ -n "$after" ]; then
+     until grep -q "^lane $after " $results/lanes.txt; do sleep 5; done
+     export TRACEKIT_GPU_ACROSS_RELEASES_FROM=/tmp/tracekit-gpu-across-$after
+   fi
+   TRACEKIT_GPU_LANE=$name OUT=$results timeout "$seconds" bash tools/gpu_run.sh --vllm "$release" "${quick[@]}" \
      -k "$expression" > $results/lane-$name.log 2>&1
    echo "lane $name ($release, $mode): rc $?" >> $results/lanes.txt) &
 done

@@ -111,6 +111,9 @@ fi
 if [ -d "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM" ]; then
   mkdir -p "$OUT/across-releases" && cp "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM"/*.zst "$OUT/across-releases/"
 fi
+if [ -d "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM-drafted" ]; then  # (tests/gpu/test_gpu_across_releases.py)
+  mkdir -p "$OUT/across-releases-drafted" && cp "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM-drafted"/*.zst "$OUT/across-releases-drafted/"
+fi
 (cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | tar czf "$OUT/records.tgz" -T -)
 # The bundles whose replay was neither bit-exact nor a planned control come back too (at most 3).
 python3 - "$TMP" "$OUT/bundles" <<'PY'

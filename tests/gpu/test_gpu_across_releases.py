@@ -22,11 +22,15 @@ import torch
 from gpu_support import (
     GRAPHS,
     INSTALLED_SERIES,
+    MODELS,
+    TINY_EAGLE,
     bundles_by_step,
+    checks_of,
     json_records,
     of_kind,
     read_step,
     record_steps,
+    speculative_args,
     tracekit,
 )
 
@@ -59,13 +63,19 @@ def greedy_steps(tmp_path_factory):
     bundles = bundles_by_step(record_steps(folder, prompts, "0:40", 8, ["--dtype", "bfloat16", *GRAPHS], RUNNER))
     decodes = [path for path in of_kind(bundles, "pure_decode").values() if read_step(path).graph.runtime_mode == "FULL"]
     chosen = {"step0": bundles[0], "mixed": next(iter(of_kind(bundles, "mixed").values())), "full_decode": decodes[0]}
+    leave_for_the_other_release(chosen, f"vllm-{INSTALLED_SERIES}")
+    return chosen
+
+
+def leave_for_the_other_release(chosen: dict[str, Path], folder: str) -> None:
+    """`chosen` steps, by name, in `$TRACEKIT_GPU_ACROSS_RELEASES_OUT/folder/` (tools/gpu_run.sh
+    brings them back)."""
     out = os.environ.get("TRACEKIT_GPU_ACROSS_RELEASES_OUT")
     if out:
-        target = Path(out) / f"vllm-{INSTALLED_SERIES}"
+        target = Path(out) / folder
         target.mkdir(parents=True, exist_ok=True)
         for name, path in chosen.items():
             shutil.copy(path, target / f"{name}.zst")
-    return chosen
 
 
 def forward_equal(ours: Path, theirs: Path) -> bool:
@@ -102,3 +112,101 @@ def test_this_releases_steps_are_left_for_the_other_release(greedy_steps):
     assert read_step(greedy_steps["mixed"]).graph.runtime_mode == "PIECEWISE"
     if not os.environ.get("TRACEKIT_GPU_ACROSS_RELEASES_OUT"):
         pytest.skip("TRACEKIT_GPU_ACROSS_RELEASES_OUT is not set (tools/gpu_run.sh sets it): nothing left")
+
+
+# -- drafted steps (EAGLE) across releases --------------------------------------------------------
+# vLLM 0.34's scheduler tells the drafter to skip proposing where no scheduled request can use the
+# drafts (`skip_drafts`: every request reaching max_tokens, a prefill chunk that is not the last):
+# such a step records every proposal -1. 0.26 has no such order and proposes: its proposals are
+# reported as not compared (`Release.drafter_orders_dropped`), the rest of the step decides.
+DRAFTED_STEPS, DRAFTED_MAX_TOKENS = "0:40", 12
+# Another release's drafted steps recorded earlier in this device call (tools/gpu_lanes.sh, a lane
+# run after the one that recorded them): the folder its `TRACEKIT_GPU_ACROSS_RELEASES_OUT` was.
+ACROSS_FROM = os.environ.get("TRACEKIT_GPU_ACROSS_RELEASES_FROM")
+
+
+def drafted_sets() -> dict[str, Path]:
+    """Other releases' drafted steps, by series: recorded earlier on this machine, or committed
+    to traces/h200-vllmXYZ-drafted/."""
+    found = {}
+    for folder in sorted(TRACES.glob("h200-vllm*-drafted")):
+        digits = folder.name.removeprefix("h200-vllm").removesuffix("-drafted")
+        found[f"{digits[0]}.{digits[1:]}"] = folder
+    for folder in sorted(Path(ACROSS_FROM).glob("vllm-*-drafted")) if ACROSS_FROM else []:
+        found[folder.name.removeprefix("vllm-").removesuffix("-drafted")] = folder
+    return found
+
+
+def skipped_drafts(path: Path) -> bool:
+    return read_step(path).scheduler_output.get("skip_drafts") is True
+
+
+@pytest.fixture(scope="module")
+def drafted_steps(tmp_path_factory):
+    """This release's greedy workload with EAGLE drafting (V2, graphs, async), step by step; step 0,
+    the first step that verified drafts and each step whose drafter was told to skip proposing
+    left for the other release's run (`vllm-X.Y-drafted/`)."""
+    folder = tmp_path_factory.mktemp("across-releases-drafted")
+    prompts = folder / "greedy.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_token_ids": list(range(3 + 7 * n, 3 + 7 * n + length)),
+                                           "temperature": 0.0, "ignore_eos": True}) + "\n"
+                               for n, length in enumerate((8, 16, 24, 40))))
+    bundles = bundles_by_step(record_steps(folder, prompts, DRAFTED_STEPS, DRAFTED_MAX_TOKENS,
+                                           ["--dtype", "bfloat16", *GRAPHS, *speculative_args(RUNNER, TINY_EAGLE)],
+                                           RUNNER))
+    verifying = [path for path in bundles.values() if any(r.draft_token_ids for r in read_step(path).requests)]
+    assert verifying, "no step verified drafts"
+    chosen = {"step0": bundles[0], "verifying": verifying[0],
+              **{f"skipped{index}": path for index, path in bundles.items() if skipped_drafts(path)}}
+    leave_for_the_other_release(chosen, f"vllm-{INSTALLED_SERIES}-drafted")
+    return chosen
+
+
+def _draft_model_here(bundle: Path) -> list[str]:
+    """`--speculative-config` with the draft model's folder here, where the recorded one is not."""
+    config = dict(load_step(bundle, None)[0].engine.engine_args["speculative_config"])
+    if Path(str(config.get("model"))).exists():
+        return []
+    return ["--speculative-config", json.dumps({**config, "model": str(MODELS / Path(config["model"]).name)})]
+
+
+@pytest.mark.parametrize("series", sorted(set(drafted_sets()) - {INSTALLED_SERIES}) or ["none"])
+def test_drafted_steps_of_another_release_replay_here(series, drafted_steps, tmp_path):
+    if series == "none":
+        pytest.skip("no drafted steps of another release: run this after the other release's lane "
+                    "(tools/gpu_lanes.sh NAME|RELEASE|run|drafted|AFTER), or commit them to traces/h200-vllmXYZ-drafted/")
+    folder = drafted_sets()[series]
+    expected = "bit_exact" if forward_equal(drafted_steps["step0"], folder / "step0.zst") else "release_difference"
+    steps = sorted(folder.glob("*.zst"))
+    out = tmp_path / "replays.jsonl"
+    finished = tracekit("replay", *steps, "--keep-going", "--no-timing", "--json", out,
+                        *_draft_model_here(steps[0]), runner=RUNNER)
+    records = json_records(out) if out.exists() else {}
+    assert len(records) == len(steps), finished.explain()
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    skips_here = "skip_drafts" in SchedulerOutput.__dataclass_fields__
+    for path in steps:
+        record = records[str(path)]
+        proposals = checks_of(record).get("spec_decode/proposals", {})
+        print(f"{series} -> {INSTALLED_SERIES} {path.name}: {record['verdict']} ({record.get('verdict_reason')}); "
+              f"proposals {proposals.get('why_not_deciding') or proposals.get('bit_exact')}")
+        assert record["verdict"] == expected, (path.name, record["verdict"], record.get("first_divergence"))
+        if skipped_drafts(path) and not skips_here:
+            assert proposals.get("decides") is False and "skip_drafts=True" in proposals["why_not_deciding"], proposals
+        elif proposals:
+            assert proposals.get("decides", True), proposals
+    assert "Traceback" not in finished.stderr
+
+
+def test_a_drafter_told_to_skip_proposing_is_recorded_where_the_release_has_the_order(drafted_steps):
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    if "skip_drafts" not in SchedulerOutput.__dataclass_fields__:
+        pytest.skip(f"vLLM {INSTALLED_SERIES} has no skip_drafts")
+    skipped = [path for name, path in drafted_steps.items() if name.startswith("skipped")]
+    assert skipped, "no step of the drafted workload skipped proposing"
+    for path in skipped:
+        proposals = read_step(path).spec_decode.proposals
+        assert proposals is not None and bool((proposals == -1).all()), path.name
+
