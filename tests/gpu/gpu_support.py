@@ -148,6 +148,19 @@ TINY_EAGLE = {"method": "eagle", "model": str(MODELS / "tiny-eagle-llama"), "num
               "draft_load_config": {"load_format": "dummy"}}
 
 
+MTP = {"method": "mtp", "num_speculative_tokens": 3}  # the target's own MTP layer, run three times
+MAKE_TINY_MTP = Path(__file__).resolve().parents[2] / "tools" / "make_tiny_mtp.py"
+
+
+def tiny_mtp_target(folder: Path) -> list[str]:
+    """MTP drafts from layers of the target's own checkpoint: the one the project's tool makes
+    (the embedded model's real weights and a seeded MTP layer), in `folder`."""
+    done = subprocess.run([sys.executable, str(MAKE_TINY_MTP), str(folder / "tiny-mimo-mtp")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ["--model", str(folder / "tiny-mimo-mtp"), *tiny_sizes()]
+
+
 def speculative_args(runner: str, config: dict[str, Any]) -> list[str]:
     """`--speculative-config CONFIG`; for a drafter of dummy weights on Model Runner V2, the
     target's weights dummy too: vLLM 0.26's V2 loads a drafter with the target's load config (its

@@ -16,14 +16,14 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from gpu_support import (
     GRAPHS,
     INSTALLED_SERIES,
-    MODELS,
-    TINY_EAGLE,
+    MTP,
     bundles_by_step,
     checks_of,
     json_records,
@@ -31,6 +31,7 @@ from gpu_support import (
     read_step,
     record_steps,
     speculative_args,
+    tiny_mtp_target,
     tracekit,
 )
 
@@ -114,7 +115,7 @@ def test_this_releases_steps_are_left_for_the_other_release(greedy_steps):
         pytest.skip("TRACEKIT_GPU_ACROSS_RELEASES_OUT is not set (tools/gpu_run.sh sets it): nothing left")
 
 
-# -- drafted steps (EAGLE) across releases --------------------------------------------------------
+# -- drafted steps (MTP) across releases --------------------------------------------------------
 # vLLM 0.34's scheduler tells the drafter to skip proposing where no scheduled request can use the
 # drafts (`skip_drafts`: every request reaching max_tokens, a prefill chunk that is not the last):
 # such a step records every proposal -1. 0.26 has no such order and proposes: its proposals are
@@ -143,7 +144,7 @@ def skipped_drafts(path: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def drafted_steps(tmp_path_factory):
-    """This release's greedy workload with EAGLE drafting (V2, graphs, async), step by step; step 0,
+    """This release's greedy workload with MTP drafting (V2, graphs, async), step by step; step 0,
     the first step that verified drafts and each step whose drafter was told to skip proposing
     left for the other release's run (`vllm-X.Y-drafted/`)."""
     folder = tmp_path_factory.mktemp("across-releases-drafted")
@@ -151,23 +152,25 @@ def drafted_steps(tmp_path_factory):
     prompts.write_text("".join(json.dumps({"prompt_token_ids": list(range(3 + 7 * n, 3 + 7 * n + length)),
                                            "temperature": 0.0, "ignore_eos": True}) + "\n"
                                for n, length in enumerate((8, 16, 24, 40))))
+    target = tiny_mtp_target(folder)  # real weights: dummy ones are drawn otherwise by 0.34
     bundles = bundles_by_step(record_steps(folder, prompts, DRAFTED_STEPS, DRAFTED_MAX_TOKENS,
-                                           ["--dtype", "bfloat16", *GRAPHS, *speculative_args(RUNNER, TINY_EAGLE)],
+                                           [*target, "--dtype", "bfloat16", *GRAPHS, *speculative_args(RUNNER, MTP)],
                                            RUNNER))
     verifying = [path for path in bundles.values() if any(r.draft_token_ids for r in read_step(path).requests)]
     assert verifying, "no step verified drafts"
     chosen = {"step0": bundles[0], "verifying": verifying[0],
               **{f"skipped{index}": path for index, path in bundles.items() if skipped_drafts(path)}}
     leave_for_the_other_release(chosen, f"vllm-{INSTALLED_SERIES}-drafted")
-    return chosen
+    return SimpleNamespace(steps=chosen, model=target[1])
 
 
-def _draft_model_here(bundle: Path) -> list[str]:
-    """`--speculative-config` with the draft model's folder here, where the recorded one is not."""
-    config = dict(load_step(bundle, None)[0].engine.engine_args["speculative_config"])
-    if Path(str(config.get("model"))).exists():
+def _model_here(bundle: Path, model: str) -> list[str]:
+    """The tiny MTP checkpoint made here (`model`) as the target and drafter, where the recorded
+    one is not on this machine (steps committed from another machine)."""
+    args = load_step(bundle, None)[0].engine.engine_args
+    if Path(str(args["model"])).exists():
         return []
-    return ["--speculative-config", json.dumps({**config, "model": str(MODELS / Path(config["model"]).name)})]
+    return ["--model", model, "--speculative-config", json.dumps({**args["speculative_config"], "model": model})]
 
 
 @pytest.mark.parametrize("series", sorted(set(drafted_sets()) - {INSTALLED_SERIES}) or ["none"])
@@ -176,11 +179,11 @@ def test_drafted_steps_of_another_release_replay_here(series, drafted_steps, tmp
         pytest.skip("no drafted steps of another release: run this after the other release's lane "
                     "(tools/gpu_lanes.sh NAME|RELEASE|run|drafted|AFTER), or commit them to traces/h200-vllmXYZ-drafted/")
     folder = drafted_sets()[series]
-    expected = "bit_exact" if forward_equal(drafted_steps["step0"], folder / "step0.zst") else "release_difference"
+    expected = "bit_exact" if forward_equal(drafted_steps.steps["step0"], folder / "step0.zst") else "release_difference"
     steps = sorted(folder.glob("*.zst"))
     out = tmp_path / "replays.jsonl"
     finished = tracekit("replay", *steps, "--keep-going", "--no-timing", "--json", out,
-                        *_draft_model_here(steps[0]), runner=RUNNER)
+                        *_model_here(steps[0], drafted_steps.model), runner=RUNNER)
     records = json_records(out) if out.exists() else {}
     assert len(records) == len(steps), finished.explain()
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -204,7 +207,7 @@ def test_a_drafter_told_to_skip_proposing_is_recorded_where_the_release_has_the_
 
     if "skip_drafts" not in SchedulerOutput.__dataclass_fields__:
         pytest.skip(f"vLLM {INSTALLED_SERIES} has no skip_drafts")
-    skipped = [path for name, path in drafted_steps.items() if name.startswith("skipped")]
+    skipped = [path for name, path in drafted_steps.steps.items() if name.startswith("skipped")]
     assert skipped, "no step of the drafted workload skipped proposing"
     for path in skipped:
         proposals = read_step(path).spec_decode.proposals

@@ -14,22 +14,20 @@ top-k/top-p requests: on a GPU the rejection sampler's kernels are Triton's.
 
 import json
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from gpu_support import (
     CAPTURE_SIZES,
     HAS_V1,
     MODELS,
+    MTP,
     TINY_EAGLE,
     bundles_by_step,
     json_records,
     read_content,
     record_steps,
     speculative_args,
-    tiny_sizes,
+    tiny_mtp_target,
     tracekit,
 )
 
@@ -40,8 +38,6 @@ pytestmark = pytest.mark.gpu
 
 GRAPHS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": CAPTURE_SIZES})]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-MTP = {"method": "mtp", "num_speculative_tokens": 3}  # the target's own MTP layer, run three times
-MAKE_TINY_MTP = Path(__file__).resolve().parents[2] / "tools" / "make_tiny_mtp.py"
 
 
 def eagle(method: str = "eagle", draft: str = "tiny-eagle-llama", **extra) -> dict:
@@ -63,12 +59,6 @@ SPEC_CONFIGS = {
 }
 
 
-def _mtp_target(folder) -> list[str]:
-    """MTP drafts from layers of the target's own checkpoint: the one the project's tool makes."""
-    done = subprocess.run([sys.executable, str(MAKE_TINY_MTP), str(folder / "tiny-mimo-mtp")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return ["--model", str(folder / "tiny-mimo-mtp"), *tiny_sizes()]
 STEPS, MAX_TOKENS = "0:40", 16
 
 
@@ -103,7 +93,7 @@ def spec_recording(request, tmp_path_factory):
         pytest.skip("this vLLM release has no Model Runner V1")
     folder = tmp_path_factory.mktemp(name)
     prompts = _prompts(folder / "prompts.jsonl")
-    target = _mtp_target(folder) if config["method"] == "mtp" else []
+    target = tiny_mtp_target(folder) if config["method"] == "mtp" else []
     steps = record_steps(folder, prompts, STEPS, MAX_TOKENS,
                          [*target, "--dtype", "bfloat16", *GRAPHS, *speculative_args(runner, config), *args],
                          runner)
