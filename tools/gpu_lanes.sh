@@ -9,12 +9,14 @@
 #
 #   bash tools/gpu_lanes.sh SECONDS COMMIT 'NAME|RELEASE|quick or run|K-EXPRESSION[|AFTER]' ...
 #
-# COMMIT: the full hash of HEAD (the GPU has no .git), for the quick lanes' last-run.json.
+# SECONDS: every lane ends by then (from this script's start), a lane that waited included, so that
+# the call ends with the archives made. COMMIT: the full hash of HEAD (the GPU has no .git), for the
+# quick lanes' last-run.json.
 # AFTER: the name of another lane this one waits for, and whose steps left for replays across
 # releases it replays (TRACEKIT_GPU_ACROSS_RELEASES_FROM): 0.34's drafted steps under 0.26 in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:?seconds per lane} commit=${2:?commit}
+seconds=${1:?seconds the lanes may take} commit=${2:?commit}
 shift 2
 back=${OUT:?the device call\'s OUT} results=/tmp/tracekit-lanes
 rm -rf $results && mkdir -p $results
@@ -27,15 +29,17 @@ for release in $(printf '%s\n' "$@" | cut -d'|' -f2 | sort -u); do
   (source $kit/install.sh env) > $results/env-$release.log 2>&1 || { echo "the $release kit's env step failed:"; tail -5 $results/env-$release.log; }
 done
 touch $results/lanes.txt
+deadline=$(( $(date +%s) + seconds ))
 for lane in "$@"; do
   IFS='|' read -r name release mode expression after <<< "$lane"
   quick=()
   [ "$mode" = quick ] && quick=(--quick "$commit")
   (if [ -n "$after" ]; then
-     until grep -q "^lane $after " $results/lanes.txt; do sleep 5; done
+     until grep -q "^lane $after " $results/lanes.txt || [ "$(date +%s)" -ge $deadline ]; do sleep 5; done
      export TRACEKIT_GPU_ACROSS_RELEASES_FROM=/tmp/tracekit-gpu-across-$after
    fi
-   TRACEKIT_GPU_LANE=$name OUT=$results timeout "$seconds" bash tools/gpu_run.sh --vllm "$release" "${quick[@]}" \
+   left=$(( deadline - $(date +%s) ))  # (timeout 0 would mean none)
+   TRACEKIT_GPU_LANE=$name OUT=$results timeout $(( left > 1 ? left : 1 )) bash tools/gpu_run.sh --vllm "$release" "${quick[@]}" \
      -k "$expression" > $results/lane-$name.log 2>&1
    echo "lane $name ($release, $mode): rc $?" >> $results/lanes.txt) &
 done
