@@ -72,8 +72,6 @@ def test_proposals_a_dropped_drafter_order_leaves_uncomparable_are_reported_as_n
     """A 0.34 step whose scheduler told the drafter to skip (every proposal -1), replayed by a vLLM
     without that order, which proposed: the proposals do not decide, and the report says why
     (without the dropped order, the same proposals decide and differ)."""
-    import torch
-
     _, step = load_step(TRACES / "h100-vllm026" / "v1-bf16-mtp-async-drafted.zst", None)
     skipped = step.spec_decode.proposals.clone().fill_(-1)
     step.spec_decode.proposals = skipped
