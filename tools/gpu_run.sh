@@ -108,12 +108,11 @@ if [ -n "$quick" ]; then
   python3 tools/gpu_last_run.py --commit "$quick" --seconds $(( $(date +%s) - started )) --junit "$OUT/junit.xml" \
     --summary "$OUT/quick-summary.json" --gpu "$OUT/gpu.txt" --out "$OUT/last-run.json"
 fi
-if [ -d "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM" ]; then
-  mkdir -p "$OUT/across-releases" && cp "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM"/*.zst "$OUT/across-releases/"
-fi
-if [ -d "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM-drafted" ]; then  # (tests/gpu/test_gpu_across_releases.py)
-  mkdir -p "$OUT/across-releases-drafted" && cp "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM-drafted"/*.zst "$OUT/across-releases-drafted/"
-fi
+for kind in "" -drafted; do  # greedy and drafted steps (tests/gpu/test_gpu_across_releases.py)
+  if [ -d "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM$kind" ]; then
+    mkdir -p "$OUT/across-releases$kind" && cp "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM$kind"/*.zst "$OUT/across-releases$kind/"
+  fi
+done
 (cd "$TMP" && find . -name "*.jsonl" -o -name "result.json" | tar czf "$OUT/records.tgz" -T -)
 # The bundles whose replay was neither bit-exact nor a planned control come back too (at most 3).
 python3 - "$TMP" "$OUT/bundles" <<'PY'

@@ -41,13 +41,18 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 RUNNER = "v2"  # the one runner both releases have
 
 
-def fixture_sets() -> dict[str, Path]:
-    """Committed steps of other releases, by series: traces/h200-vllmXYZ-greedy/."""
+def committed_sets(kind: str) -> dict[str, Path]:
+    """Committed steps of releases, by series: traces/h200-vllmXYZ-KIND/."""
     found = {}
-    for folder in sorted(TRACES.glob("h200-vllm*-greedy")):
-        digits = folder.name.removeprefix("h200-vllm").removesuffix("-greedy")
+    for folder in sorted(TRACES.glob(f"h200-vllm*-{kind}")):
+        digits = folder.name.removeprefix("h200-vllm").removesuffix(f"-{kind}")
         found[f"{digits[0]}.{digits[1:]}"] = folder
     return found
+
+
+def fixture_sets() -> dict[str, Path]:
+    """Committed greedy steps of releases, by series: traces/h200-vllmXYZ-greedy/."""
+    return committed_sets("greedy")
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +134,7 @@ ACROSS_FROM = os.environ.get("TRACEKIT_GPU_ACROSS_RELEASES_FROM")
 def drafted_sets() -> dict[str, Path]:
     """Other releases' drafted steps, by series: recorded earlier on this machine, or committed
     to traces/h200-vllmXYZ-drafted/."""
-    found = {}
-    for folder in sorted(TRACES.glob("h200-vllm*-drafted")):
-        digits = folder.name.removeprefix("h200-vllm").removesuffix("-drafted")
-        found[f"{digits[0]}.{digits[1:]}"] = folder
+    found = committed_sets("drafted")
     for folder in sorted(Path(ACROSS_FROM).glob("vllm-*-drafted")) if ACROSS_FROM else []:
         found[folder.name.removeprefix("vllm-").removesuffix("-drafted")] = folder
     return found
@@ -140,6 +142,13 @@ def drafted_sets() -> dict[str, Path]:
 
 def skipped_drafts(path: Path) -> bool:
     return read_step(path).scheduler_output.get("skip_drafts") is True
+
+
+def skips_drafts_here() -> bool:
+    """Whether this vLLM's scheduler can tell its drafter to skip proposing (0.33 on)."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    return "skip_drafts" in SchedulerOutput.__dataclass_fields__
 
 
 @pytest.fixture(scope="module")
@@ -186,9 +195,7 @@ def test_drafted_steps_of_another_release_replay_here(series, drafted_steps, tmp
                         *_model_here(steps[0], drafted_steps.model), runner=RUNNER)
     records = json_records(out) if out.exists() else {}
     assert len(records) == len(steps), finished.explain()
-    from vllm.v1.core.sched.output import SchedulerOutput
-
-    skips_here = "skip_drafts" in SchedulerOutput.__dataclass_fields__
+    skips_here = skips_drafts_here()
     for path in steps:
         record = records[str(path)]
         proposals = checks_of(record).get("spec_decode/proposals", {})
@@ -203,9 +210,7 @@ def test_drafted_steps_of_another_release_replay_here(series, drafted_steps, tmp
 
 
 def test_a_drafter_told_to_skip_proposing_is_recorded_where_the_release_has_the_order(drafted_steps):
-    from vllm.v1.core.sched.output import SchedulerOutput
-
-    if "skip_drafts" not in SchedulerOutput.__dataclass_fields__:
+    if not skips_drafts_here():
         pytest.skip(f"vLLM {INSTALLED_SERIES} has no skip_drafts")
     skipped = [path for name, path in drafted_steps.steps.items() if name.startswith("skipped")]
     assert skipped, "no step of the drafted workload skipped proposing"
