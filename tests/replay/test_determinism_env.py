@@ -1,7 +1,8 @@
-"""The deterministic modes a recording engine ran in are the replay engine's too, and a compiled
-step that parts in float items only gets a note naming the kernels that did not run with their
-recorded autotuned configuration (Inductor's per-process autotuning: measured on the H200,
-tests/gpu), or saying that every kernel did."""
+"""The deterministic modes a recording engine ran in are the replay engine's too, and a step that
+parts in float items only gets a note naming the kernels that did not run as recorded: Inductor's
+kernels with another autotuned configuration (Inductor's per-process autotuning: measured on the
+H200, tests/gpu), the engine's other Triton kernels with another binary (another ptxas release:
+measured on the H100) — or saying that every kernel did."""
 
 import os
 import sys
@@ -12,7 +13,7 @@ import pytest
 from tracekit.format.schema import KernelChoice
 from tracekit.integrations.vllm.engine import DETERMINISM_VARIABLES, apply_recorded_determinism
 from tracekit.replay.checks import CheckedItem
-from tracekit.replay.replayer import _kernel_choice_notes
+from tracekit.replay.replayer import _kernel_notes
 
 
 @pytest.fixture
@@ -45,26 +46,44 @@ def _content(*choices):
     return SimpleNamespace(engine=SimpleNamespace(kernel_choices=list(choices)))
 
 
+NO_BUILDS = {"same": [], "other": [], "unrecorded": []}
+
+
 FLOAT_PARTED = [CheckedItem("input_ids", True, True, {}), CheckedItem("logits", False, False, {}, "float32")]
 OTHER = "triton_red_fused_0: XBLOCK=16,num_warps=4,num_stages=1 here, XBLOCK=8,num_warps=4,num_stages=1 recorded"
 
 
 def test_a_kernel_that_ran_otherwise_is_named_with_both_configurations():
-    (note,) = _kernel_choice_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
-                                   {"same": [], "other": [OTHER], "unrecorded": []})
+    (note,) = _kernel_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
+                            {"same": [], "other": [OTHER], "unrecorded": []}, NO_BUILDS)
     assert OTHER in note
 
 
 def test_kernels_autotuned_without_a_recorded_choice_are_named():
-    (note,) = _kernel_choice_notes(_content(), "compiled", FLOAT_PARTED,
-                                   {"same": [], "other": [], "unrecorded": ["triton_per_fused_1"]})
+    (note,) = _kernel_notes(_content(), "compiled", FLOAT_PARTED,
+                            {"same": [], "other": [], "unrecorded": ["triton_per_fused_1"]}, NO_BUILDS)
     assert "no choice recorded: triton_per_fused_1" in note
 
 
 def test_kernels_that_all_ran_as_recorded_are_ruled_out():
-    (note,) = _kernel_choice_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
-                                   {"same": ["triton_red_fused_0"], "other": [], "unrecorded": []})
+    (note,) = _kernel_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
+                            {"same": ["triton_red_fused_0"], "other": [], "unrecorded": []},
+                            {**NO_BUILDS, "same": ["vllm.attention.kernel_unified_attention_2d"]})
     assert "every one of the 1 autotuned kernels ran with its recorded configuration" in note
+    assert "every one of the 1 Triton kernels built outside Inductor ran its recorded binary" in note
+
+
+BUILT_OTHERWISE = "vllm.attention.kernel_unified_attention_2d: a PTX ISA 9.0 binary here, 8.8 recorded"
+
+
+@pytest.mark.parametrize("mode", ["compiled", "eager"])
+def test_a_kernel_built_to_another_binary_is_named_in_any_mode(mode):
+    """vLLM's own Triton kernels run in eager steps too: another binary is named there as well."""
+    (note,) = _kernel_notes(_content(CHOICE), mode, FLOAT_PARTED,
+                            {"same": ["triton_red_fused_0"], "other": [], "unrecorded": []},
+                            {**NO_BUILDS, "other": [BUILT_OTHERWISE], "missing": ["vllm.x.k: no ptxas here builds for PTX ISA 8.7"]})
+    assert BUILT_OTHERWISE in note and "no ptxas here builds for PTX ISA 8.7" in note
+    assert "rounding difference lies elsewhere" not in note
 
 
 NAMED = {"same": [], "other": [OTHER], "unrecorded": []}
@@ -77,7 +96,7 @@ NAMED = {"same": [], "other": [OTHER], "unrecorded": []}
     ("compiled", FLOAT_PARTED, {"same": [], "other": [], "unrecorded": []}),  # no kernels, none recorded (CPU)
 ])
 def test_no_note_where_kernel_choices_do_not_explain_it(mode, checks, kernels):
-    assert _kernel_choice_notes(_content(), mode, checks, kernels) == []
+    assert _kernel_notes(_content(), mode, checks, kernels, NO_BUILDS) == []
 
 
 def test_an_engine_for_kernel_choices_reads_its_compile_cache_switch_past_vllms_env_cache():

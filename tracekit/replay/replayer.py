@@ -20,8 +20,8 @@ from typing import Any
 
 from tracekit.environment import environment_differences
 from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError, one_line
-from tracekit.format.schema import KV_MODES, BundleContent, KernelChoice, KVMode, Step
-from tracekit.graphs import kernel_choices
+from tracekit.format.schema import KV_MODES, BundleContent, KernelBuild, KernelChoice, KVMode, Step
+from tracekit.graphs import kernel_builds, kernel_choices
 from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm.replay_engine import (
@@ -81,6 +81,7 @@ class ReplayOptions:
     full_engine: bool = False
     engine_needs: EngineNeeds | None = None
     kernel_choices: list[KernelChoice] | None = None
+    kernel_builds: list[KernelBuild] | None = None  # (both: a suite's engine's, for all its bundles)
     # LoRA adapter name -> its folder here, where the bundle does not keep its files and it is
     # not at the recorded path (`--lora NAME=PATH`)
     lora_paths: dict[str, str] = field(default_factory=dict)
@@ -94,10 +95,11 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     options = options or ReplayOptions(**fields)
     opened = checked_before_engine(bundle, options)
     choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
+    builds = opened.content.engine.kernel_builds if options.kernel_builds is None else options.kernel_builds
     with locate_lora_adapters(opened.step, options.lora_paths, options.allow_weights_mismatch) as adapters:
-        # Inductor's kernels are built with the engine and autotuned at their first launch: both
-        # happen under the recorded choices.
-        with kernel_choices.choices_applied(choices):
+        # Inductor's kernels are built with the engine and autotuned at their first launch, the
+        # engine's other Triton kernels built at theirs: all under the recorded choices and builds.
+        with kernel_choices.choices_applied(choices), kernel_builds.builds_applied(builds) as applied:
             engine = engine_for(opened, options, llm, compile_here=bool(choices))
             here = engine.environment()
             engine.require_kv_layout_of(opened.content.environment, here)
@@ -106,11 +108,11 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
                 window = run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
                                     options.tolerance, options.strict, differences, options.engine_overrides,
                                     lora_paths=adapters.paths)
-                return with_kernel_choices(window, opened.content)
+                return with_kernel_choices(window, opened.content, applied)
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
             ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
-    return report(opened, options, engine, here, ran)
+    return report(opened, options, engine, here, ran, applied)
 
 
 # -- open ----------------------------------------------------------------------------------------------
@@ -302,15 +304,17 @@ def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[st
 # -- report ----------------------------------------------------------------------------------------------------
 
 
-def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, here: Any, ran: StepRun) -> ReplayResult:
+def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, here: Any, ran: StepRun,
+           applied: kernel_builds.BuildsApplied) -> ReplayResult:
     """The replay's result: checks, dispatch audit, timings beside the recorded one, the
     environment's differences from the recording, notes, and the per-layer bundle if asked."""
     step, content, observed = opened.step, opened.content, ran.observed
     recorded_timing = step.timing.to_plain()
     audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed is not None else {}
     kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices())
+    builds = _builds_here(content, applied)
     notes = (_kv_notes(step) + _dispatch_notes(audited)
-             + _kernel_choice_notes(content, ran.reference_mode, ran.checks, kernels)
+             + _kernel_notes(content, ran.reference_mode, ran.checks, kernels, builds)
              + compare_with_recorded(ran.measured, recorded_timing))
     build = engine.build
     return ReplayResult(
@@ -340,21 +344,34 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
         mode_agreement=mode_agreement(ran.measured),
         engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
         kernel_choices=kernels,
+        kernel_builds=builds,
         releases=opened.releases,
         llm=engine.llm,
     )
 
 
-def with_kernel_choices(window: WindowReplayResult, content: BundleContent) -> WindowReplayResult:
-    """The window's Inductor kernels against the recorded choices (one process ran every step:
-    one comparison), and on each step that parted by float rounding alone, what they had to do
-    with it, as a single step's report says."""
+def with_kernel_choices(window: WindowReplayResult, content: BundleContent,
+                        applied: kernel_builds.BuildsApplied) -> WindowReplayResult:
+    """The window's Triton kernels against the recorded choices and builds (one process ran
+    every step: one comparison), and on each step that parted by float rounding alone, what they
+    had to do with it, as a single step's report says."""
     kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices())
-    window.kernel_choices = kernels
+    builds = _builds_here(content, applied)
+    window.kernel_choices, window.kernel_builds = kernels, builds
     for step in window.steps:
-        step.kernel_choices = kernels
-        step.notes.extend(_kernel_choice_notes(content, step.reference_mode, step.checks, kernels))
+        step.kernel_choices, step.kernel_builds = kernels, builds
+        step.notes.extend(_kernel_notes(content, step.reference_mode, step.checks, kernels, builds))
     return window
+
+
+def _builds_here(content: BundleContent, applied: kernel_builds.BuildsApplied) -> dict[str, list[str]]:
+    """This process's Triton kernels built outside Inductor against the bundle's builds, with
+    the recorded kernels no ptxas here could build as recorded (`missing`)."""
+    builds = kernel_builds.compare(content.engine.kernel_builds, kernel_builds.launched_builds())
+    if applied.missing:
+        builds["missing"] = sorted(f"{kernel}: no ptxas here builds for PTX ISA {isa}"
+                                   for kernel, isa in applied.missing.items())
+    return builds
 
 
 def _environment_differences(content: BundleContent, here: Any, set_by_tracekit: dict[str, str]) -> list[dict[str, Any]]:
@@ -385,30 +402,44 @@ def _kv_notes(step: Step) -> list[str]:
     ]
 
 
-def _kernel_choice_notes(content: BundleContent, reference_mode: str, checks: list[CheckedItem],
-                         kernels: dict[str, list[str]]) -> list[str]:
-    """Where a compiled step parted by float rounding alone, what Inductor's autotuning had to
-    do with it, kernel by kernel: kernels that ran with other configurations than recorded, or
-    were autotuned here with none recorded, are named; where every kernel ran as recorded, the
-    kernels' configurations are ruled out."""
+def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[CheckedItem],
+                  kernels: dict[str, list[str]], builds: dict[str, list[str]]) -> list[str]:
+    """Where a step parted by float rounding alone, what its Triton kernels had to do with it,
+    kernel by kernel: kernels built outside Inductor that ran another binary than recorded
+    (another ptxas release), and Inductor's kernels that ran with other configurations than
+    recorded or were autotuned here with none recorded, are named; where every kernel ran as
+    recorded, they are ruled out."""
     deciding = [check for check in checks if check.decides]
-    if (reference_mode != "compiled" or all(check.bit_exact for check in deciding)
+    if (all(check.bit_exact for check in deciding)
             or any(not check.bit_exact and check.float_dtype is None and not check.digest_only for check in deciding)):
         return []
-    if kernels.get("other") or kernels.get("unrecorded"):
-        named = [f"ran with another configuration than recorded: {'; '.join(kernels['other'])}"] if kernels.get("other") else []
-        if kernels.get("unrecorded"):
-            named.append(f"autotuned here, no choice recorded: {', '.join(kernels['unrecorded'])}")
-        return ["only float items parted, in a compiled step, and Inductor's kernels did not all run as recorded "
-                "(a reduction's block sizes decide its rounding): " + "; ".join(named)]
-    if content.engine.kernel_choices and not kernels.get("same"):
+    compiled = reference_mode == "compiled"
+    named = []
+    if builds.get("other") or builds.get("missing"):
+        named.append("Triton kernels built outside Inductor ran another binary than recorded (a ptxas of "
+                     f"another release builds another): {'; '.join(builds.get('other', []) + builds.get('missing', []))}")
+    if compiled and kernels.get("other"):
+        named.append("Inductor's kernels ran with another configuration than recorded (a reduction's block "
+                     f"sizes decide its rounding): {'; '.join(kernels['other'])}")
+    if compiled and kernels.get("unrecorded"):
+        named.append(f"Inductor's kernels autotuned here, no choice recorded: {', '.join(kernels['unrecorded'])}")
+    if named:
+        return ["only float items parted, and not every kernel ran as recorded: " + "; ".join(named)]
+    if compiled and content.engine.kernel_choices and not kernels.get("same"):
         return [f"only float items parted, in a compiled step; none of the {len(content.engine.kernel_choices)} "
                 "kernel choices the bundle records met a kernel autotuned or configured in this process, so "
                 "Inductor's configurations are neither named nor ruled out"]
-    if content.engine.kernel_choices:
-        return [f"only float items parted, in a compiled step, though every one of the "
-                f"{len(kernels.get('same', []))} autotuned kernels ran with its recorded configuration: "
-                "the rounding difference lies elsewhere (see dispatch and environment differences)"]
+    ruled_out = []
+    if compiled and content.engine.kernel_choices:
+        ruled_out.append(f"every one of the {len(kernels.get('same', []))} autotuned kernels ran with its "
+                         "recorded configuration")
+    if builds.get("same"):
+        ruled_out.append(f"every one of the {len(builds['same'])} Triton kernels built outside Inductor ran "
+                         "its recorded binary")
+    if ruled_out:
+        return [f"only float items parted{', in a compiled step' if compiled else ''}, though "
+                + " and ".join(ruled_out) + ": the rounding difference lies elsewhere (see dispatch and "
+                "environment differences)"]
     return []
 
 

@@ -30,8 +30,8 @@ from tracekit.errors import (
     one_line,
 )
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, KernelChoice
-from tracekit.graphs.kernel_choices import merged_if_consistent
+from tracekit.format.schema import BundleContent, EngineConfig, KernelBuild, KernelChoice
+from tracekit.graphs import kernel_builds, kernel_choices
 from tracekit.integrations.vllm.replay_engine import (
     EngineNeeds,
     engine_key,
@@ -138,7 +138,7 @@ def run_suite(
     records: list[SuiteRecord] = []
     groups: dict[str, list[Path]] = {}
     needs: dict[str, list[EngineNeeds]] = {}
-    choices: dict[str, list[dict[str, KernelChoice]]] = {}  # engine key -> each engine's kernel choices
+    kernels: dict[str, list[EngineKernels]] = {}  # engine key -> each engine's kernel choices and builds
     for bundle in bundles:
         try:
             with open_bundle(bundle) as reader:
@@ -160,7 +160,7 @@ def run_suite(
             records.append(_error_record(bundle, names[bundle], error))
             on_done(records[-1])
             continue
-        key = _engine_with_kernels(engine_key(content), content.engine.kernel_choices, choices)
+        key = _engine_with_kernels(engine_key(content), content.engine, kernels)
         groups.setdefault(key, []).append(bundle)
         if step is not None:  # a bundle without the step is refused by its replay
             needs.setdefault(key, []).append(needs_of(step, replay_options.get("modes")))
@@ -171,8 +171,9 @@ def run_suite(
     engines_built = 0
     for key, group in groups.items():
         llm, engine_error = None, None
+        engine_kernels = _kernels_of(key, kernels)
         group_options = {**replay_options, "engine_needs": union_of(needs.get(key, [])),
-                         "kernel_choices": _kernels_of(key, choices)}
+                         "kernel_choices": engine_kernels.choice_list(), "kernel_builds": engine_kernels.build_list()}
         try:
             for bundle in group:
                 queue.remove(bundle)
@@ -196,20 +197,47 @@ def run_suite(
     return SuiteOutcome(records, [], engines_built)
 
 
-def _engine_with_kernels(key: str, recorded: list[KernelChoice], choices: dict[str, list[dict[str, KernelChoice]]]) -> str:
-    """The engine of `key` whose kernel choices agree with `recorded` (a new one where none
-    does: its kernels are built under another lookup table), as `key#N`."""
-    engines = choices.setdefault(key, [])
+@dataclass
+class EngineKernels:
+    """The kernel choices (by lookup hash) and builds (by specialization) one engine of a suite
+    is built under: the union of its bundles', which agree."""
+
+    choices: dict[str, KernelChoice] = field(default_factory=dict)
+    builds: dict[str, KernelBuild] = field(default_factory=dict)
+
+    def take(self, engine: EngineConfig) -> bool:
+        """Add a bundle's choices and builds unless one of its kernels has another configuration
+        or another ptxas release here: then it needs an engine of its own."""
+        if not kernel_builds.consistent(self.builds, engine.kernel_builds):
+            return False
+        if not kernel_choices.merged_if_consistent(self.choices, engine.kernel_choices):
+            return False
+        self.builds.update((build.specialization, build) for build in engine.kernel_builds)
+        return True
+
+    def choice_list(self) -> list[KernelChoice]:
+        return sorted(self.choices.values(), key=lambda choice: choice.source_hash)
+
+    def build_list(self) -> list[KernelBuild]:
+        return sorted(self.builds.values(), key=lambda build: build.specialization)
+
+
+def _engine_with_kernels(key: str, recorded: EngineConfig, kernels: dict[str, list[EngineKernels]]) -> str:
+    """The engine of `key` whose kernel choices and builds agree with `recorded`'s (a new one
+    where none does: its kernels are built under another lookup table, or by another ptxas), as
+    `key#N`."""
+    engines = kernels.setdefault(key, [])
     for index, kept in enumerate(engines):
-        if merged_if_consistent(kept, recorded):
+        if kept.take(recorded):
             return f"{key}#{index}"
-    engines.append({choice.source_hash: choice for choice in recorded})
+    engines.append(EngineKernels())
+    engines[-1].take(recorded)
     return f"{key}#{len(engines) - 1}"
 
 
-def _kernels_of(group: str, choices: dict[str, list[dict[str, KernelChoice]]]) -> list[KernelChoice]:
+def _kernels_of(group: str, kernels: dict[str, list[EngineKernels]]) -> EngineKernels:
     key, _, index = group.rpartition("#")
-    return sorted(choices[key][int(index)].values(), key=lambda choice: choice.source_hash)
+    return kernels[key][int(index)]
 
 
 def _replay_one(
