@@ -23,6 +23,7 @@ machine's own, chosen by the release it reports.
 """
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -141,6 +142,7 @@ def valid_builds(builds: list[KernelBuild]) -> list[KernelBuild]:
             and _ISA.fullmatch(build.ptx_isa)]
 
 
+@functools.lru_cache(maxsize=16)
 def ptxas_release(path: str) -> str | None:
     """The CUDA release a ptxas binary reports (`12.9`), or None where it does not run."""
     try:
