@@ -45,6 +45,16 @@ def _add_to_summary(name: str, entry: dict) -> None:
     path.write_text(json.dumps(summary, indent=1, sort_keys=True))
 
 
+def _build_isas(steps: Path) -> dict[str, list[str]]:
+    bundles = bundles_by_step(steps)
+    if not bundles:
+        return {}
+    isas: dict[str, set[str]] = {}
+    for build in read_content(list(bundles.values())[-1]).engine.kernel_builds:
+        isas.setdefault(build.kernel.rsplit(".", 1)[-1], set()).add(build.ptx_isa)
+    return {kernel: sorted(found) for kernel, found in sorted(isas.items())}
+
+
 def _decides(check: dict) -> bool:
     return check.get("decides", True)
 
@@ -70,6 +80,9 @@ def quick(request, tmp_path_factory, prompts_file):
         "bit_exact": sum(record["verdict"] == "bit_exact" for record in records),
         "verdicts": sorted({record["verdict"] for record in records}),
         "seconds": round(seconds, 1),
+        # per recording, the PTX ISA of each of vLLM's own Triton kernels it built: which ptxas
+        # release each process gave them (issue 28)
+        "kernel_build_isas": [_build_isas(steps) for steps, _, _ in results],
     })
     return name, results
 
