@@ -18,6 +18,7 @@ rm -rf "$W" ~/.cache/vllm "/tmp/torchinductor_$(whoami)" ~/.triton && mkdir -p "
 PYTHONPATH="tests/gpu:${PYTHONPATH:-}" python3 -c "
 import pathlib; from conftest import _write_prompts; _write_prompts(pathlib.Path('$W/prompts.jsonl'), [])"
 for name in first second; do
+  mkdir -p "$W/$name"
   started=$(date +%s)
   python3 -m tracekit record -o "$W/$name/step{step}.zst" --steps 0:40 --prompts "$W/prompts.jsonl" --max-tokens 12 \
     --dtype float32 --max-num-batched-tokens 128 > "$W/$name.log" 2>&1
