@@ -2,11 +2,9 @@
 compiled steps with: the Inductor output modules it loaded (their names are hashes of their
 source, so two processes ran the same generated code exactly when they list the same names),
 each autotuned Triton kernel's launch configuration, the process-wide float32 matmul settings,
-and the binary of every Triton kernel JIT-compiled outside Inductor (vLLM's attention and
-sampling kernels), with the ptxas that was in effect: Triton compiles a kernel at its first
-launch with the ptxas TRITON_PTXAS_PATH names then, and Inductor sets that variable to torch's
-own ptxas the first time it compiles a kernel in the process, so which ptxas built vLLM's
-kernels can depend on what compiled first.
+and the build of every Triton kernel compiled outside Inductor (vLLM's attention and sampling
+kernels: its PTX ISA, which follows the ptxas release that built it, and its binary's digest, as
+`tracekit.graphs.kernel_builds` records them in a bundle), with this machine's ptxas binaries.
 
 Why this exists: a step recorded in one process and replayed in another can round differently
 although every input is equal (issue 28: a float32 workload recorded twice on the H100, the
@@ -65,75 +63,23 @@ def _matmul_settings() -> dict[str, object]:
     }
 
 
-def _jit_functions() -> dict[str, object]:
-    """Every `@triton.jit` function defined at module level in an imported module (an autotuned
-    or heuristics-wrapped one through its `fn`), by module and name."""
-    try:
-        from triton.runtime.jit import JITFunction, KernelInterface
-    except Exception:
-        return {}
-    found = {}
-    for module_name, module in list(sys.modules.items()):
-        try:
-            for name, value in list(getattr(module, "__dict__", {}).items()):
-                while isinstance(value, KernelInterface) and not isinstance(value, JITFunction):
-                    value = getattr(value, "fn", None)
-                if isinstance(value, JITFunction):
-                    found[f"{module_name}.{name}"] = value
-        except Exception:  # a lazy module that cannot be read at exit
-            continue
-    return found
-
-
 def _triton_binaries() -> dict[str, str]:
-    """For each JIT-compiled specialization of a module-level Triton kernel: the sha256 of its
-    cubin and the PTX ISA version it was built for (which follows the ptxas in effect)."""
-    import hashlib
-    import re
+    """Each specialization of a Triton kernel built outside Inductor (as a bundle records it,
+    `tracekit.graphs.kernel_builds`): the PTX ISA it was built for and its binary's digest."""
+    from tracekit.graphs.kernel_builds import launched_builds
 
-    binaries = {}
-    for name, function in _jit_functions().items():
-        for caches in list(getattr(function, "device_caches", {}).values()):
-            for key, kernel in list(caches[0].items()):
-                asm = getattr(kernel, "asm", None)
-                if asm is None:
-                    continue
-                cubin = asm.get("cubin") if hasattr(asm, "get") else None
-                ptx = asm.get("ptx") if hasattr(asm, "get") else None
-                version = re.search(r"^\.version (\S+)", ptx or "", re.M)
-                spec = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
-                binaries[f"{name}[{spec}]"] = json.dumps({
-                    "cubin": hashlib.sha256(cubin).hexdigest()[:16] if isinstance(cubin, bytes) else None,
-                    "ptx_isa": version.group(1) if version else None,
-                }, sort_keys=True)
-    return binaries
+    return {f"{build.kernel}[{build.specialization[:12]}]": json.dumps({"binary": build.binary[:16], "ptx_isa": build.ptx_isa})
+            for build in launched_builds()}
 
 
 def _ptxas() -> dict[str, object]:
-    """The ptxas Triton takes now (TRITON_PTXAS_PATH, else its own), and each candidate's version."""
+    """The ptxas TRITON_PTXAS_PATH names now, and each ptxas of this machine with its release."""
     import os
-    import subprocess
 
-    candidates = {"env TRITON_PTXAS_PATH": os.environ.get("TRITON_PTXAS_PATH")}
-    try:
-        import torch
-        import triton
+    from tracekit.graphs.kernel_builds import ptxas_candidates, ptxas_release
 
-        candidates["torch"] = str(Path(torch.__file__).parent / "bin" / "ptxas")
-        candidates["triton"] = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
-    except Exception:
-        pass
-    versions = {}
-    for label, path in candidates.items():
-        if path and Path(path).is_file():
-            try:
-                text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
-                versions[label] = f"{path}: {text.strip().splitlines()[-1] if text.strip() else '?'}"
-            except Exception as error:
-                versions[label] = f"{path}: {type(error).__name__}"
-        else:
-            versions[label] = path
-    return versions
+    return {"env TRITON_PTXAS_PATH": os.environ.get("TRITON_PTXAS_PATH"),
+            **{path: ptxas_release(path) for path in ptxas_candidates()}}
 
 
 def write_manifest(out: Path) -> None:
