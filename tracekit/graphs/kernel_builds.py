@@ -8,9 +8,10 @@ own. Inductor sets that variable to torch's ptxas the first time it builds a ker
 process itself rather than in a compile worker, which depends on whether its worker pool was
 ready in time; and Triton keys its disk cache with the release of the first ptxas it met in the
 process, so a binary one ptxas built can be loaded where another was asked for. So one vLLM
-kernel is built by one ptxas release in one process and by another in the next, and the two
-binaries can round float32 arithmetic differently (issue 28: vLLM's Triton attention, a float32
-workload on the H100).
+kernel is built by one ptxas release in one process and by another in the next (measured on the
+H100, issue 28: a float32 engine's vLLM kernels, its Triton attention among them, built for PTX
+ISA 9.0 in a first process and 8.7 in a second that found the first's compile caches), and two
+binaries of one kernel need not round alike.
 
 A build is kept as the kernel's module-qualified name, its specialization (Triton's hash of the
 kernel's source, argument types and constants: `ASTSource.hash`), the PTX ISA it was
