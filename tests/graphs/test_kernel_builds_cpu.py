@@ -88,6 +88,10 @@ def test_the_replay_names_a_kernel_that_ran_another_binary(two_releases, tmp_pat
     as_recorded = KernelBuild(here.kernel, here.specialization, isa, "1" * 64)
     outcome = compare([as_recorded], [here])
     assert outcome["other"] == [f"{here.kernel}: a PTX ISA {_isa(default)} binary here, {isa} recorded"]
+    same_release = KernelBuild(here.kernel, here.specialization, here.ptx_isa, "1" * 64)
+    assert compare([same_release], [here])["other"] == [
+        f"{here.kernel}: a PTX ISA {here.ptx_isa} binary here, another one for {here.ptx_isa} recorded "
+        "(the same ptxas release built it otherwise)"]
     assert compare([here], [here])["same"] == [here.kernel]
     assert compare([], [here])["unrecorded"] == [here.kernel]
 

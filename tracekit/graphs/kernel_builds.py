@@ -294,6 +294,8 @@ def compare(recorded: list[KernelBuild], here: list[KernelBuild]) -> dict[str, l
         elif any(recorded_build.binary == build.binary for recorded_build in wanted):
             outcome["same"].append(build.kernel)
         else:
-            isas = "/".join(sorted({recorded_build.ptx_isa for recorded_build in wanted}))
-            outcome["other"].append(f"{build.kernel}: a PTX ISA {build.ptx_isa} binary here, {isas} recorded")
+            isas = sorted({recorded_build.ptx_isa for recorded_build in wanted})
+            recorded_as = (f"another one for {build.ptx_isa} recorded (the same ptxas release built it otherwise)"
+                           if isas == [build.ptx_isa] else f"{'/'.join(isas)} recorded")
+            outcome["other"].append(f"{build.kernel}: a PTX ISA {build.ptx_isa} binary here, {recorded_as}")
     return {key: sorted(names) for key, names in outcome.items()}

@@ -416,8 +416,8 @@ def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[Chec
     compiled = reference_mode == "compiled"
     named = []
     if builds.get("other") or builds.get("missing"):
-        named.append("Triton kernels built outside Inductor ran another binary than recorded (a ptxas of "
-                     f"another release builds another): {'; '.join(builds.get('other', []) + builds.get('missing', []))}")
+        named.append("Triton kernels built outside Inductor ran another binary than recorded (each one's PTX "
+                     f"ISA says which ptxas release built it): {'; '.join(builds.get('other', []) + builds.get('missing', []))}")
     if compiled and kernels.get("other"):
         named.append("Inductor's kernels ran with another configuration than recorded (a reduction's block "
                      f"sizes decide its rounding): {'; '.join(kernels['other'])}")
