@@ -8,7 +8,10 @@
 # after the kit's install calls:
 #   bash tools/gpu_probe_builds.sh
 # Prints per recording the ISAs its vLLM kernels were built for, and per replay its verdicts,
-# its kernels' builds against the bundle's, and each parted step's first divergence.
+# its kernels' builds against the bundle's, and each parted step's first divergence; each process
+# runs under tools/probe_compiled_code.py, and the second recording's manifest is compared with
+# each replay's (Inductor's own kernels' binaries included: the next candidate if both replays
+# reproduce).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .gpu-kit/install.sh env >/dev/null || exit 9
@@ -20,7 +23,7 @@ import pathlib; from conftest import _write_prompts; _write_prompts(pathlib.Path
 for name in first second; do
   mkdir -p "$W/$name"
   started=$(date +%s)
-  python3 -m tracekit record -o "$W/$name/step{step}.zst" --steps 0:40 --prompts "$W/prompts.jsonl" --max-tokens 12 \
+  python3 tools/probe_compiled_code.py "$W/$name-manifest" -- record -o "$W/$name/step{step}.zst" --steps 0:40 --prompts "$W/prompts.jsonl" --max-tokens 12 \
     --dtype float32 --max-num-batched-tokens 128 > "$W/$name.log" 2>&1
   echo "$name recorded: rc $? in $(( $(date +%s) - started )) s"
 done
@@ -52,7 +55,7 @@ for bundle in sorted((work / "second").glob("step*.zst")):
     rewrite_bundle(bundle, work / "swapped" / bundle.name, built_by_other)
 EOF
 for variant in second swapped; do
-  python3 -m tracekit replay "$W/$variant" --keep-going --no-timing --json "$W/$variant.jsonl" > "$W/$variant-replay.log" 2>&1 &
+  python3 tools/probe_compiled_code.py "$W/$variant-replay-manifest" -- replay "$W/$variant" --keep-going --no-timing --json "$W/$variant.jsonl" > "$W/$variant-replay.log" 2>&1 &
 done
 wait
 for variant in second swapped; do
@@ -70,4 +73,8 @@ for r in records:
         parted = [(c["item"], c.get("relative_rms")) for c in r["checks"] if not c["bit_exact"] and c.get("decides", True)]
         print(f"  {r['name']}: {r['verdict']} at {r.get('first_divergence')}: {parted[:3]}")
 EOF
+done
+for variant in second swapped; do
+  echo "== the second recording's process vs the replay of $variant"
+  python3 tools/probe_compiled_code.py --compare "$W/second-manifest" "$W/$variant-replay-manifest" | grep -v "^  [<>] c"
 done

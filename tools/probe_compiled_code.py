@@ -15,9 +15,8 @@ two processes' manifests can be compared (`--compare A B`).
     python tools/probe_compiled_code.py OUT_DIR -- record ...     (any tracekit command)
     python tools/probe_compiled_code.py --compare OUT_A OUT_B
 
-Known limit: a `tracekit replay` process lists no modules at its exit (its code cache is empty
-by then, also on the CPU), so compare recording processes with each other; a replay's kernels
-are compared with its bundle's by the replay itself (`kernel_choices` in its report).
+A `tracekit replay` process's code cache is empty by its exit (also on the CPU), so there the
+manifest is written as each step's report is made, while its engine still holds its kernels.
 """
 
 import atexit
@@ -72,6 +71,46 @@ def _triton_binaries() -> dict[str, str]:
             for build in launched_builds()}
 
 
+def _inductor_binary(launcher: object) -> tuple[bytes | None, str | None]:
+    """A launched Inductor kernel's binary and the PTX ISA it was built for (None where the
+    launcher keeps no PTX: a statically launched kernel keeps its cubin alone)."""
+    import re
+
+    built = getattr(launcher, "bin", None)
+    asm = getattr(built, "asm", None)
+    if asm is not None and hasattr(asm, "get"):
+        found = re.search(r"^\.version (\S+)", asm.get("ptx") or "", re.M)
+        return asm.get("cubin"), found.group(1) if found else None
+    cubin = getattr(built, "cubin_raw", None)
+    if not isinstance(cubin, bytes) and isinstance(getattr(built, "cubin_path", None), str):
+        cubin = Path(built.cubin_path).read_bytes() if Path(built.cubin_path).is_file() else None
+    return cubin if isinstance(cubin, bytes) else None, None
+
+
+def _inductor_binaries() -> dict[str, str]:
+    """Each launched Inductor kernel's binary: which ptxas built Inductor's own kernels in this
+    process (issue 28's next candidate: a process that loads its compiled code from vLLM's cache
+    never has TRITON_PTXAS_PATH set)."""
+    import hashlib
+
+    if "torch._inductor.codecache" not in sys.modules:
+        return {}
+    from tracekit.graphs.kernel_choices import _autotuners, _kernel_name, lookup_hash
+
+    binaries = {}
+    for autotuner in _autotuners():
+        for index, launcher in enumerate(getattr(autotuner, "launchers", None) or []):
+            try:
+                cubin, isa = _inductor_binary(launcher)
+                key = f"{_kernel_name(autotuner)}@{(lookup_hash(autotuner) or '?')[:12]}#{index}"
+            except Exception as error:  # a launcher of another shape: say so
+                binaries[f"{_kernel_name(autotuner)}#{index}"] = f"unread: {type(error).__name__}"
+                continue
+            binaries[key] = json.dumps({"binary": hashlib.sha256(cubin).hexdigest()[:16] if cubin else None,
+                                        "ptx_isa": isa})
+    return binaries
+
+
 def _ptxas() -> dict[str, object]:
     """The ptxas TRITON_PTXAS_PATH names now, and each ptxas of this machine with its release."""
     import os
@@ -96,6 +135,7 @@ def write_manifest(out: Path) -> None:
         "autotuned": _autotuned_configs(),
         "matmul": _matmul_settings(),
         "triton_binaries": _triton_binaries(),
+        "inductor_binaries": _inductor_binaries(),
         "ptxas": _ptxas(),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
@@ -106,7 +146,7 @@ def compare(first: Path, second: Path) -> int:
     a, b = (json.loads((path / "manifest.json").read_text()) for path in (first, second))
     a["modules"], b["modules"] = dict.fromkeys(a["modules"]), dict.fromkeys(b["modules"])
     differs = 0
-    for part in ("modules", "autotuned", "matmul", "triton_binaries", "ptxas"):
+    for part in ("modules", "autotuned", "matmul", "triton_binaries", "inductor_binaries", "ptxas"):
         a.setdefault(part, {})
         b.setdefault(part, {})
         only_a = sorted(set(a[part]) - set(b[part]))
@@ -124,6 +164,23 @@ def compare(first: Path, second: Path) -> int:
     return int(differs)
 
 
+def _write_at_each_report(out: Path) -> None:
+    """Have the replay write the manifest each time it reports a step (the last one stays)."""
+    import tracekit.replay.replayer as replayer
+
+    reported = replayer.report
+
+    def report_and_write(*args, **kwargs):
+        result = reported(*args, **kwargs)
+        try:
+            write_manifest(out)
+        except Exception as error:  # a probe never changes what the replay says
+            print(f"probe: no manifest: {type(error).__name__}: {error}", file=sys.stderr)
+        return result
+
+    replayer.report = report_and_write
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--compare"] and len(argv) == 3:
         return compare(Path(argv[1]), Path(argv[2]))
@@ -131,7 +188,10 @@ def main(argv: list[str]) -> int:
         print("usage: probe_compiled_code.py OUT_DIR -- TRACEKIT_ARGS... | --compare OUT_A OUT_B", file=sys.stderr)
         return 2
     out = Path(argv[0])
-    atexit.register(write_manifest, out)
+    if argv[2:3] == ["replay"]:
+        _write_at_each_report(out)
+    else:
+        atexit.register(write_manifest, out)
     from tracekit.cli import main as tracekit_main
 
     try:
