@@ -74,13 +74,12 @@ def _triton_binaries() -> dict[str, str]:
 def _inductor_binary(launcher: object) -> tuple[bytes | None, str | None]:
     """A launched Inductor kernel's binary and the PTX ISA it was built for (None where the
     launcher keeps no PTX: a statically launched kernel keeps its cubin alone)."""
-    import re
+    from tracekit.graphs.kernel_builds import ptx_isa_of
 
     built = getattr(launcher, "bin", None)
     asm = getattr(built, "asm", None)
     if asm is not None and hasattr(asm, "get"):
-        found = re.search(r"^\.version (\S+)", asm.get("ptx") or "", re.M)
-        return asm.get("cubin"), found.group(1) if found else None
+        return asm.get("cubin"), ptx_isa_of(asm)
     cubin = getattr(built, "cubin_raw", None)
     if not isinstance(cubin, bytes) and isinstance(getattr(built, "cubin_path", None), str):
         cubin = Path(built.cubin_path).read_bytes() if Path(built.cubin_path).is_file() else None

@@ -3,8 +3,6 @@ a GPU: Triton compiles a kernel for an H100 (sm_90) on any machine, with the ptx
 ships, so a real kernel is built here as the recording process built it and as a replay would
 build it, and the PTX ISA and binary compared. The kernels' launches are a GPU's (tests/gpu)."""
 
-import re
-
 import pytest
 
 from tracekit.format.schema import KernelBuild
@@ -43,7 +41,7 @@ def _build_for_h100(tmp_path, subdir):
 
 
 def _isa(kernel):
-    return re.search(r"^\.version (\S+)", kernel.asm["ptx"], re.M).group(1)
+    return kernel_builds.ptx_isa_of(kernel.asm)
 
 
 @pytest.fixture

@@ -86,8 +86,10 @@ def full_name(function: Any) -> str:
     return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', '?')}"
 
 
-def _isa_of(kernel: Any) -> str | None:
-    ptx = kernel.asm.get("ptx") if hasattr(kernel.asm, "get") else None
+def ptx_isa_of(asm: Any) -> str | None:
+    """The PTX ISA a compiled Triton kernel was built for, from the PTX its `asm` keeps (None
+    where it keeps none)."""
+    ptx = asm.get("ptx") if hasattr(asm, "get") else None
     found = re.search(r"^\.version (\d+\.\d+)", ptx or "", re.M)
     return found.group(1) if found else None
 
@@ -111,7 +113,7 @@ def _build_of(function: Any, kernel: Any) -> KernelBuild | None:
     metadata = getattr(kernel, "metadata", None)
     if source is None or metadata is None or not hasattr(source, "hash") or not hasattr(kernel, "asm"):
         return None
-    isa, digest = _isa_of(kernel), _binary_digest(kernel)
+    isa, digest = ptx_isa_of(kernel.asm), _binary_digest(kernel)
     if isa is None or digest is None:
         return None
     return KernelBuild(full_name(function), source.hash(), isa, digest)
@@ -184,10 +186,10 @@ def ptxas_candidates() -> list[str]:
     return [path for path in dict.fromkeys(candidates) if Path(path).is_file() and os.access(path, os.X_OK)]
 
 
-def ptxas_by_isa(candidates: list[str] | None = None) -> dict[str, str]:
+def ptxas_by_isa() -> dict[str, str]:
     """ISA -> the first candidate ptxas whose release builds for it."""
     chosen: dict[str, str] = {}
-    for path in ptxas_candidates() if candidates is None else candidates:
+    for path in ptxas_candidates():
         release = ptxas_release(path)
         if release is not None:
             chosen.setdefault(isa_of_release(release), path)
