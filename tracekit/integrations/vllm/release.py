@@ -483,8 +483,8 @@ class Release:
 
 def _drafter_orders(step: Step) -> dict[str, Any]:
     """The step's recorded `DRAFTER_ORDERS` of the expected type (a bundle is untrusted input)."""
-    return {name: step.scheduler_output.get(name) for name, kind in DRAFTER_ORDERS.items()
-            if type(step.scheduler_output.get(name)) is kind}
+    recorded = {name: step.scheduler_output.get(name) for name in DRAFTER_ORDERS}
+    return {name: value for name, value in recorded.items() if type(value) is DRAFTER_ORDERS[name]}
 
 
 def _plain_setting(value: Any) -> Any:
