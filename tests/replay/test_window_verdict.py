@@ -68,7 +68,7 @@ def test_a_compiled_step_that_parts_by_rounding_says_what_the_kernels_had_to_do_
     from tracekit.format.content import load_step
     from tracekit.format.schema import KernelChoice
     from tracekit.graphs.kernel_builds import BuildsApplied
-    from tracekit.replay.replayer import with_kernel_choices
+    from tracekit.replay.replayer import with_kernel_reports
 
     content, _ = load_step(Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst", None)
     choice = KernelChoice("triton_red_fused_0", "0" * 64, {"XBLOCK": 1, "num_warps": 2, "num_stages": 1})
@@ -77,7 +77,7 @@ def test_a_compiled_step_that_parts_by_rounding_says_what_the_kernels_had_to_do_
              for index, item in ((4, _exact("hidden_states", "bfloat16")), (5, _parted("hidden_states", "bfloat16")))]
     # (a later step's digest of its KV writes parts with its floats: it does not make them discrete)
     steps[1].checks.insert(1, CheckedItem("kv_written", False, False, {}, digest_only=True))
-    window = with_kernel_choices(_window(*steps), content, BuildsApplied([], {}))
+    window = with_kernel_reports(_window(*steps), content, BuildsApplied([], {}))
     # (no Triton kernel runs in this process: none ran otherwise than recorded, none unrecorded)
     assert window.kernel_choices == {"same": [], "other": [], "unrecorded": []}
     assert window.to_plain()["kernel_choices"] == window.kernel_choices

@@ -108,7 +108,7 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
                 window = run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
                                     options.tolerance, options.strict, differences, options.engine_overrides,
                                     lora_paths=adapters.paths)
-                return with_kernel_choices(window, opened.content, applied)
+                return with_kernel_reports(window, opened.content, applied)
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
             ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
@@ -350,7 +350,7 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     )
 
 
-def with_kernel_choices(window: WindowReplayResult, content: BundleContent,
+def with_kernel_reports(window: WindowReplayResult, content: BundleContent,
                         applied: kernel_builds.BuildsApplied) -> WindowReplayResult:
     """The window's Triton kernels against the recorded choices and builds (one process ran
     every step: one comparison), and on each step that parted by float rounding alone, what they
