@@ -5,7 +5,7 @@
 with the change they checked. The before-stop check reads the commit it names (its first key)
 and says when engine-facing code changed after it.
 
-    python tools/gpu_last_run.py --commit C --seconds S --junit J --summary Q --gpu G --out RUN.json
+    python tools/gpu_last_run.py --commit C --seconds S --junit J --summary Q --gpu G --out RUN.json [--cut WHY]
     python tools/gpu_last_run.py --merge RUN.json [RUN.json ...] --out tests/gpu/last-run.json
 """
 
@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--summary", type=Path)
     parser.add_argument("--gpu", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cut", help="how the run was cut short, where it was: its counts are of the tests it ran")
     args = parser.parse_args()
     if args.merge:
         args.out.write_text(json.dumps(merged([json.loads(path.read_text()) for path in args.merge]), indent=1) + "\n")
@@ -82,6 +83,7 @@ def main() -> None:
         "torch": version("torch"),
         "device_seconds": args.seconds,
         "tests": test_counts(args.junit),
+        **({"cut": args.cut} if args.cut else {}),
         "configurations": {
             name: {**entry, "bit_exact_of_total": f"{entry['bit_exact']}/{entry['steps']}"}
             for name, entry in sorted(summary.items())

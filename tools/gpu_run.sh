@@ -30,6 +30,7 @@
 # On every change to tracekit/integrations, record, replay or graphs, the quick run, on a committed
 # tree (the hash written out: the GPU has no .git), once per release:
 #   bash tools/gpu_run.sh --vllm 0.26 --quick $(git rev-parse HEAD) [-k ...]
+# (under a call's 600 s limit, TRACEKIT_GPU_SECONDS=540 keeps what a cut run found; see below)
 # then here: python tools/gpu_last_run.py --merge RUN.json... --out tests/gpu/last-run.json, committed.
 #
 # Results land in $OUT/vllm-X.Y: pytest.log, junit.xml, every replay's JSON records (records.tgz), a
@@ -101,13 +102,30 @@ if [ -n "$quick" ]; then
 else
   set -- tests/gpu "$@"
 fi
-python3 -m pytest -v -rs -p no:cacheprovider --basetemp "$TMP" --junitxml "$OUT/junit.xml" "$@" \
+# TRACEKIT_GPU_PROBE=1: every tracekit process of the tests runs under tools/probe_compiled_code.py
+# (tests/gpu/gpu_support.py); the manifests come back in $OUT/probe.tgz, numbered in the order the
+# processes ran (commands.txt): compare a recording's with its replay's with
+# `python tools/probe_compiled_code.py --compare A B` (issue 28's float32 recordings).
+if [ -n "${TRACEKIT_GPU_PROBE:-}" ]; then
+  export TRACEKIT_GPU_PROBE_DIR=/tmp/tracekit-gpu-probe$LANE
+  rm -rf "$TRACEKIT_GPU_PROBE_DIR"
+fi
+# TRACEKIT_GPU_SECONDS=S: pytest is interrupted after S seconds (SIGINT: the test in progress
+# stops, its engine process is killed, the session ends as usual), so that a run the call's limit
+# would cut still writes its JUnit file, records, failures and last-run.json: give S about a
+# minute under the call's limit.
+interrupt=()
+[ -z "${TRACEKIT_GPU_SECONDS:-}" ] || interrupt=(timeout --signal=INT --kill-after=30 "$TRACEKIT_GPU_SECONDS")
+"${interrupt[@]}" python3 -m pytest -v -rs -p no:cacheprovider --basetemp "$TMP" --junitxml "$OUT/junit.xml" "$@" \
   2>&1 | tee "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
+cut=()
+[ "$status" != 124 ] || cut=(--cut "pytest interrupted at TRACEKIT_GPU_SECONDS=$TRACEKIT_GPU_SECONDS, in the test after the last one the JUnit file lists")
 if [ -n "$quick" ]; then
   python3 tools/gpu_last_run.py --commit "$quick" --seconds $(( $(date +%s) - started )) --junit "$OUT/junit.xml" \
-    --summary "$OUT/quick-summary.json" --gpu "$OUT/gpu.txt" --out "$OUT/last-run.json"
+    --summary "$OUT/quick-summary.json" --gpu "$OUT/gpu.txt" --out "$OUT/last-run.json" "${cut[@]}"
 fi
+[ ! -d "${TRACEKIT_GPU_PROBE_DIR:-}" ] || tar czf "$OUT/probe.tgz" -C "$TRACEKIT_GPU_PROBE_DIR" .
 for kind in "" -drafted; do  # greedy and drafted steps (tests/gpu/test_gpu_across_releases.py)
   if [ -d "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM$kind" ]; then
     mkdir -p "$OUT/across-releases$kind" && cp "$TRACEKIT_GPU_ACROSS_RELEASES_OUT/vllm-$VLLM$kind"/*.zst "$OUT/across-releases$kind/"

@@ -61,8 +61,31 @@ def run(argv: list[str], runner: str = "v2", timeout: float = ENGINE_TIMEOUT_S, 
     return Finished(done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
 
 
+# Where set (`tools/gpu_run.sh --probe`), every tracekit process runs under
+# tools/probe_compiled_code.py and leaves its manifest of what its compiled steps ran with in a
+# numbered folder here, listed with its command in `commands.txt`: the processes of a run that
+# parts (issue 28's float32 recordings) can then be compared with their replays'.
+PROBE_DIR = os.environ.get("TRACEKIT_GPU_PROBE_DIR")
+PROBE_TOOL = Path(__file__).resolve().parents[2] / "tools" / "probe_compiled_code.py"
+
+
 def tracekit(*args: Any, runner: str = "v2", env: dict[str, str] | None = None) -> Finished:
-    return run([sys.executable, "-m", "tracekit", *map(str, args)], runner, env=env)
+    argv = list(map(str, args))
+    return run([sys.executable, *_started_as(argv, runner), *argv], runner, env=env)
+
+
+def _started_as(argv: list[str], runner: str) -> list[str]:
+    """How a tracekit process is started: as a module, or under the probe (a folder of its own,
+    numbered in the order the processes ran)."""
+    if not PROBE_DIR:
+        return ["-m", "tracekit"]
+    folder = Path(PROBE_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = folder / f"{len(list(folder.glob('[0-9]*'))):03d}"
+    manifest.mkdir()
+    with open(folder / "commands.txt", "a") as commands:
+        commands.write(f"{manifest.name} {runner} {' '.join(argv)}\n")
+    return [str(PROBE_TOOL), str(manifest), "--"]
 
 
 def record_steps(folder: Path, prompts_file: Path, steps: str, max_tokens: int, engine_args: list[str],
