@@ -61,7 +61,7 @@ def run(argv: list[str], runner: str = "v2", timeout: float = ENGINE_TIMEOUT_S, 
     return Finished(done.returncode, done.stdout, done.stderr, time.perf_counter() - started)
 
 
-# Where set (`tools/gpu_run.sh --probe`), every tracekit process runs under
+# Where set (`TRACEKIT_GPU_PROBE=1 bash tools/gpu_run.sh ...`), every tracekit process runs under
 # tools/probe_compiled_code.py and leaves its manifest of what its compiled steps ran with in a
 # numbered folder here, listed with its command in `commands.txt`: the processes of a run that
 # parts (issue 28's float32 recordings) can then be compared with their replays'.
