@@ -15,12 +15,18 @@ two processes' manifests can be compared (`--compare A B`).
     python tools/probe_compiled_code.py OUT_DIR -- record ...     (any tracekit command)
     python tools/probe_compiled_code.py --compare OUT_A OUT_B
 
+cuBLAS's algorithm choices are not listed. cuBLASLt can log the GEMMs it launches
+(CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE=DIR/cublaslt-%i.log, set before the run; whether torch's
+plain float32 GEMMs reach that log has not been checked on a GPU yet): each manifest's `pid`
+names its process's log.
+
 A `tracekit replay` process's code cache is empty by its exit (also on the CPU), so there the
 manifest is written as each step's report is made, while its engine still holds its kernels.
 """
 
 import atexit
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -112,8 +118,6 @@ def _inductor_binaries() -> dict[str, str]:
 
 def _ptxas() -> dict[str, object]:
     """The ptxas TRITON_PTXAS_PATH names now, and each ptxas of this machine with its release."""
-    import os
-
     from tracekit.graphs.kernel_builds import ptxas_candidates, ptxas_release
 
     return {"env TRITON_PTXAS_PATH": os.environ.get("TRITON_PTXAS_PATH"),
@@ -136,6 +140,8 @@ def write_manifest(out: Path) -> None:
         "triton_binaries": _triton_binaries(),
         "inductor_binaries": _inductor_binaries(),
         "ptxas": _ptxas(),
+        # joins the process to logs named by process id (CUBLASLT_LOG_FILE=.../cublaslt-%i.log)
+        "pid": os.getpid(),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
