@@ -63,14 +63,13 @@ def run_modules(modules: list[Path], out: Path) -> None:
 def built(triton_cache: Path) -> dict[str, list[str]]:
     """Every binary a process's Triton cache holds, by kernel name: digest and PTX ISA (a statically
     launched Inductor kernel keeps no binary on its launcher; the cache has each one built)."""
-    sys.path.insert(0, str(TOOLS.parent))
-    from tracekit.graphs.kernel_builds import ptx_isa_of
+    sys.path[:0] = [str(TOOLS), str(TOOLS.parent)]
+    from probe_compiled_code import cached_cubin
 
     found: dict[str, list[str]] = {}
     for cubin in sorted(triton_cache.rglob("*.cubin")):
-        ptx = cubin.with_suffix(".ptx")
-        isa = ptx_isa_of({"ptx": ptx.read_text()}) if ptx.is_file() else None
-        found.setdefault(cubin.stem, []).append(f"{hashlib.sha256(cubin.read_bytes()).hexdigest()[:12]} (PTX ISA {isa})")
+        binary, isa = cached_cubin(cubin)
+        found.setdefault(cubin.stem, []).append(f"{hashlib.sha256(binary).hexdigest()[:12]} (PTX ISA {isa})")
     return {kernel: sorted(binaries) for kernel, binaries in found.items()}
 
 

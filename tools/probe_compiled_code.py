@@ -77,19 +77,51 @@ def _triton_binaries() -> dict[str, str]:
             for build in launched_builds()}
 
 
-def _inductor_binary(launcher: object) -> tuple[bytes | None, str | None]:
-    """A launched Inductor kernel's binary and the PTX ISA it was built for (None where the
-    launcher keeps no PTX: a statically launched kernel keeps its cubin alone)."""
+def _inductor_binary(launcher: object, cache_roots: list[Path]) -> tuple[bytes | None, str | None]:
+    """A launched Inductor kernel's binary and the PTX ISA it was built for (None, None where
+    neither the launcher nor Triton's cache keeps it)."""
     from tracekit.graphs.kernel_builds import ptx_isa_of
 
     built = getattr(launcher, "bin", None)
     asm = getattr(built, "asm", None)
     if asm is not None and hasattr(asm, "get"):
         return asm.get("cubin"), ptx_isa_of(asm)
-    cubin = getattr(built, "cubin_raw", None)
-    if not isinstance(cubin, bytes) and isinstance(getattr(built, "cubin_path", None), str):
-        cubin = Path(built.cubin_path).read_bytes() if Path(built.cubin_path).is_file() else None
-    return cubin if isinstance(cubin, bytes) else None, None
+    return _cached_binary(getattr(launcher, "cache_hash", None), cache_roots)
+
+
+def _cached_binary(cache_hash: object, cache_roots: list[Path]) -> tuple[bytes | None, str | None]:
+    """A statically launched kernel frees its cubin once loaded; the Triton cache entry it came
+    from (its launcher's `cache_hash`) still holds the binary and its PTX."""
+    if not isinstance(cache_hash, str) or not cache_hash:
+        return None, None
+    for root in cache_roots:
+        cubins = sorted((root / cache_hash).glob("*.cubin"))
+        if cubins:
+            return cached_cubin(cubins[0])
+    return None, None
+
+
+def cached_cubin(cubin: Path) -> tuple[bytes, str | None]:
+    """A binary in Triton's cache, with the PTX ISA its PTX beside it was written for."""
+    from tracekit.graphs.kernel_builds import ptx_isa_of
+
+    ptx = cubin.with_suffix(".ptx")
+    return cubin.read_bytes(), ptx_isa_of({"ptx": ptx.read_text()}) if ptx.is_file() else None
+
+
+def _triton_cache_roots() -> list[Path]:
+    """Where this process's Triton cache entries can be: beside each Inductor cache its loaded
+    modules came from (vLLM keeps one inside its compile cache), the folder Inductor gives Triton
+    now, then Triton's own default."""
+    roots = [str(Path(path).parent.parent / "triton" / "0") for path in _loaded_modules().values() if path]
+    try:
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+        roots.append(triton_cache_dir(0))
+    except Exception:  # another torch: Triton's own folders remain
+        pass
+    roots += [os.environ.get("TRITON_CACHE_DIR"), str(Path.home() / ".triton" / "cache")]
+    return [Path(root) for root in dict.fromkeys(roots) if root]
 
 
 def _inductor_binaries() -> dict[str, str]:
@@ -102,11 +134,11 @@ def _inductor_binaries() -> dict[str, str]:
         return {}
     from tracekit.graphs.kernel_choices import _autotuners, _kernel_name, lookup_hash
 
-    binaries = {}
+    binaries, cache_roots = {}, _triton_cache_roots()
     for autotuner in _autotuners():
         for index, launcher in enumerate(getattr(autotuner, "launchers", None) or []):
             try:
-                cubin, isa = _inductor_binary(launcher)
+                cubin, isa = _inductor_binary(launcher, cache_roots)
                 key = f"{_kernel_name(autotuner)}@{(lookup_hash(autotuner) or '?')[:12]}#{index}"
             except Exception as error:  # a launcher of another shape: say so
                 binaries[f"{_kernel_name(autotuner)}#{index}"] = f"unread: {type(error).__name__}"
