@@ -108,7 +108,10 @@ fi
 # `python tools/probe_compiled_code.py --compare A B` (issue 28's float32 recordings).
 if [ -n "${TRACEKIT_GPU_PROBE:-}" ]; then
   export TRACEKIT_GPU_PROBE_DIR=/tmp/tracekit-gpu-probe$LANE
-  rm -rf "$TRACEKIT_GPU_PROBE_DIR"
+  rm -rf "$TRACEKIT_GPU_PROBE_DIR" && mkdir -p "$TRACEKIT_GPU_PROBE_DIR/cublaslt"
+  # and cuBLASLt traces every matmul it launches with the algorithm it chose (which the manifests
+  # do not list), one log per process: cublaslt/PID.log, PID as in that process's manifest
+  export CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE="$TRACEKIT_GPU_PROBE_DIR/cublaslt/%i.log"
 fi
 # TRACEKIT_GPU_SECONDS=S: pytest is interrupted after S seconds (SIGINT: the test in progress
 # stops, its engine process is killed, the session ends as usual), so that a run the call's limit
