@@ -15,10 +15,9 @@ two processes' manifests can be compared (`--compare A B`).
     python tools/probe_compiled_code.py OUT_DIR -- record ...     (any tracekit command)
     python tools/probe_compiled_code.py --compare OUT_A OUT_B
 
-cuBLAS's algorithm choices are not listed. cuBLASLt can log the GEMMs it launches
-(CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE=DIR/cublaslt-%i.log, set before the run; whether torch's
-plain float32 GEMMs reach that log has not been checked on a GPU yet): each manifest's `pid`
-names its process's log.
+cuBLAS's algorithm choices are not listed. cuBLASLt logs the GEMMs it launches where
+CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE=DIR/%i.log are set before the run (`TRACEKIT_GPU_PROBE=1
+tools/gpu_run.sh` sets them): each manifest's `pid` names its process's log.
 
 A `tracekit replay` process's code cache is empty by its exit (also on the CPU), so there the
 manifest is written as each step's report is made, while its engine still holds its kernels.
@@ -172,7 +171,7 @@ def write_manifest(out: Path) -> None:
         "triton_binaries": _triton_binaries(),
         "inductor_binaries": _inductor_binaries(),
         "ptxas": _ptxas(),
-        # joins the process to logs named by process id (CUBLASLT_LOG_FILE=.../cublaslt-%i.log)
+        # joins the process to logs named by process id (CUBLASLT_LOG_FILE=.../%i.log)
         "pid": os.getpid(),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
