@@ -49,8 +49,9 @@ def _autotuned_configs() -> dict[str, str]:
         return {}
     from tracekit.graphs.kernel_choices import launched_choices
 
-    return {f"{choice.kernel}@{choice.source_hash}": json.dumps({**choice.config, "origin": choice.origin},
-                                                                 sort_keys=True)
+    return {f"{choice.kernel}@{choice.source_hash}": json.dumps(
+                {**choice.config, "origin": choice.origin, **({"other_configs": choice.other_configs}
+                                                              if choice.other_configs else {})}, sort_keys=True)
             for choice in launched_choices(only_chosen=False)}
 
 

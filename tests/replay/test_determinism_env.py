@@ -73,6 +73,20 @@ def test_kernels_that_all_ran_as_recorded_are_ruled_out():
     assert "every one of the 1 Triton kernels built outside Inductor ran its recorded binary" in note
 
 
+SEVERAL = ("triton_per_fused_add_rms_norm_0: XBLOCK=1,num_warps=2,num_stages=1 here, "
+           "XBLOCK=1,num_warps=2,num_stages=1 and XBLOCK=32,num_warps=2,num_stages=1 recorded")
+
+
+def test_a_kernel_whose_copies_ran_with_several_configurations_is_named_with_all_of_them():
+    """A process that loaded its graphs from vLLM's compile cache ran copies of one source
+    otherwise (issue 28, H100): the lookup table gives a replay's copies one, so that is named
+    rather than every kernel said to have run as recorded."""
+    (note,) = _kernel_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
+                            {"same": ["triton_red_fused_0"], "other": [], "unrecorded": [], "several": [SEVERAL]},
+                            NO_BUILDS)
+    assert SEVERAL in note and "rounding difference lies elsewhere" not in note
+
+
 BUILT_OTHERWISE = "vllm.attention.kernel_unified_attention_2d: a PTX ISA 9.0 binary here, 8.8 recorded"
 
 

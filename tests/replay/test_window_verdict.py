@@ -79,7 +79,7 @@ def test_a_compiled_step_that_parts_by_rounding_says_what_the_kernels_had_to_do_
     steps[1].checks.insert(1, CheckedItem("kv_written", False, False, {}, digest_only=True))
     window = with_kernel_reports(_window(*steps), content, BuildsApplied([], {}))
     # (no Triton kernel runs in this process: none ran otherwise than recorded, none unrecorded)
-    assert window.kernel_choices == {"same": [], "other": [], "unrecorded": []}
+    assert window.kernel_choices == {"same": [], "other": [], "unrecorded": [], "several": []}
     assert window.to_plain()["kernel_choices"] == window.kernel_choices
     assert window.kernel_builds == {"same": [], "other": [], "unrecorded": []}
     assert not window.steps[0].notes

@@ -120,12 +120,16 @@ class KernelChoice(SchemaRecord):
     """The launch configuration one autotuned Triton kernel of the recording process ran with
     (`tracekit.graphs.kernel_choices`): `source_hash` is Inductor's lookup hash of the kernel
     (its size hints and source), `config` its block sizes (`XBLOCK`, ...), `num_warps` and
-    `num_stages`."""
+    `num_stages`. `other_configs`: the configurations other copies of the same kernel source ran
+    with in that process (a process that loads its compiled graphs from vLLM's compile cache can
+    hold one copy per graph, each configured on its own), which Inductor's lookup table, keyed
+    by source, cannot give a replay."""
 
     kernel: str
     source_hash: str
     config: dict[str, Count]
     origin: str = ""  # "timed" (autotuned in that process) or "autotune_cache" (found in Inductor's cache)
+    other_configs: list[dict[str, Count]] = field(default_factory=list)
 
 
 @dataclass

@@ -113,8 +113,14 @@ def _kernel_name(autotuner: Any) -> str:
 
 def launched_choices(only_chosen: bool = True) -> list[KernelChoice]:
     """The configuration of every launched kernel of this process that Inductor chose among
-    several (`only_chosen=False`: every launched kernel with a lookup hash), by lookup hash."""
-    choices = {}
+    several (`only_chosen=False`: every launched kernel with a lookup hash), by lookup hash.
+
+    One source can have several copies (one per compiled graph that loaded it from vLLM's
+    compile cache), each configured on its own: the first copy found (in the order the graphs'
+    modules were loaded) gives `config`, any other configuration goes to `other_configs`. On an
+    H100 a float32 recording whose layer-0 copy of a norm ran XBLOCK=1 and its layer-1 copy
+    XBLOCK=32 kept only the last, and its replay parted from layer 1's KV on."""
+    choices: dict[str, KernelChoice] = {}
     for autotuner in _autotuners():
         config = _launched_config(autotuner)
         if config is None or (only_chosen and not _had_a_choice(autotuner)):
@@ -122,8 +128,13 @@ def launched_choices(only_chosen: bool = True) -> list[KernelChoice]:
         digest = lookup_hash(autotuner)
         if digest is None:
             continue
-        state = (getattr(autotuner, "autotune_cache_info", None) or {}).get("autotune_cache_state")
-        choices[digest] = KernelChoice(_kernel_name(autotuner), digest, config_fields(config), ORIGINS.get(state, ""))
+        fields = config_fields(config)
+        kept = choices.get(digest)
+        if kept is None:
+            state = (getattr(autotuner, "autotune_cache_info", None) or {}).get("autotune_cache_state")
+            choices[digest] = KernelChoice(_kernel_name(autotuner), digest, fields, ORIGINS.get(state, ""))
+        elif fields != kept.config and fields not in kept.other_configs:
+            kept.other_configs.append(fields)
     return sorted(choices.values(), key=lambda choice: choice.source_hash)
 
 
@@ -185,18 +196,27 @@ def merged_if_consistent(kept: dict[str, KernelChoice], more: list[KernelChoice]
 def compare(recorded: list[KernelChoice], here: list[KernelChoice]) -> dict[str, list[str]]:
     """Kernel by kernel, how this process's launched configurations stand against the recorded
     ones: `same`, `other` (the kernel ran with another configuration: `name: here vs recorded`),
-    `unrecorded` (autotuned here, no choice in the bundle)."""
+    `unrecorded` (autotuned here, no choice in the bundle), `several` (its copies ran with
+    several configurations in the recording or here: a replay gives all copies of a source one,
+    so those copies cannot all run as recorded)."""
     by_hash = {choice.source_hash: choice for choice in recorded}
-    outcome: dict[str, list[str]] = {"same": [], "other": [], "unrecorded": []}
+    outcome: dict[str, list[str]] = {"same": [], "other": [], "unrecorded": [], "several": []}
     for choice in here:
         wanted = by_hash.get(choice.source_hash)
         if wanted is None:
             outcome["unrecorded"].append(choice.kernel)
+        elif wanted.other_configs or choice.other_configs:
+            outcome["several"].append(f"{choice.kernel}: {_all(choice)} here, {_all(wanted)} recorded")
         elif wanted.config == choice.config:
             outcome["same"].append(choice.kernel)
         else:
             outcome["other"].append(f"{choice.kernel}: {_short(choice.config)} here, {_short(wanted.config)} recorded")
     return {key: sorted(names) for key, names in outcome.items()}
+
+
+def _all(choice: KernelChoice) -> str:
+    """A kernel's configurations: the one the lookup table gives, then its other copies'."""
+    return " and ".join(_short(config) for config in [choice.config, *choice.other_configs])
 
 
 def _short(config: dict[str, int]) -> str:

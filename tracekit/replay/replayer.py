@@ -421,6 +421,11 @@ def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[Chec
     if compiled and kernels.get("other"):
         named.append("Inductor's kernels ran with another configuration than recorded (a reduction's block "
                      f"sizes decide its rounding): {'; '.join(kernels['other'])}")
+    if compiled and kernels.get("several"):
+        named.append("copies of one Inductor kernel source ran with several configurations (one copy per compiled "
+                     "graph, as a process that loads them from vLLM's compile cache holds them); a replay gives all "
+                     "copies of a source the first recorded one (Inductor's lookup table is keyed by source), so "
+                     f"some copies ran with another configuration than recorded: {'; '.join(kernels['several'])}")
     if compiled and kernels.get("unrecorded"):
         named.append(f"Inductor's kernels autotuned here, no choice recorded: {', '.join(kernels['unrecorded'])}")
     if named:
