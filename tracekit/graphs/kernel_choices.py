@@ -117,9 +117,10 @@ def launched_choices(only_chosen: bool = True) -> list[KernelChoice]:
 
     One source can have several copies (one per compiled graph that loaded it from vLLM's
     compile cache), each configured on its own: the first copy found (in the order the graphs'
-    modules were loaded) gives `config`, any other configuration goes to `other_configs`. On an
-    H100 a float32 recording whose layer-0 copy of a norm ran XBLOCK=1 and its layer-1 copy
-    XBLOCK=32 kept only the last, and its replay parted from layer 1's KV on."""
+    modules were loaded) gives `config`, any other configuration goes to `other_configs`. (Before, the
+    last copy met was kept alone: on an H100 a float32 recording loaded from vLLM's compile cache
+    recorded XBLOCK=32 for a norm its layer-0 graph ran with XBLOCK=1, as its replays with each
+    configuration showed, and its replay parted from layer 1's KV on.)"""
     choices: dict[str, KernelChoice] = {}
     for autotuner in _autotuners():
         config = _launched_config(autotuner)
