@@ -39,6 +39,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, dict[str, int]]]:
 def write_variant(bundle: Path, target: Path, by_prefix: dict[str, dict[str, int]]) -> list[str]:
     """The bundle with the named kernels' configurations changed; returns what was changed."""
     changed: list[str] = []
+    matched: set[str] = set()
 
     def edit(metadata, tensors):
         for choice in metadata["engine"].get("kernel_choices", []):
@@ -46,9 +47,10 @@ def write_variant(bundle: Path, target: Path, by_prefix: dict[str, dict[str, int
                 if choice["source_hash"].startswith(prefix):
                     choice["config"].update(fields)
                     changed.append(f"{choice['kernel']}@{prefix}: {fields}")
+                    matched.add(prefix)
 
     rewrite_bundle(bundle, target, edit)
-    unmatched = [prefix for prefix in by_prefix if not any(line.split("@")[1].startswith(prefix + ":") for line in changed)]
+    unmatched = sorted(by_prefix.keys() - matched)
     if unmatched:
         target.unlink()
         raise ValueError(f"no recorded kernel choice has a lookup hash starting with {', '.join(unmatched)}")
