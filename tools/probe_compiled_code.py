@@ -125,9 +125,10 @@ def _triton_cache_roots() -> list[Path]:
 
 
 def _inductor_binaries() -> dict[str, str]:
-    """Each launched Inductor kernel's binary: which ptxas built Inductor's own kernels in this
-    process (issue 28's next candidate: a process that loads its compiled code from vLLM's cache
-    never has TRITON_PTXAS_PATH set)."""
+    """Each launched Inductor kernel's binary and PTX ISA: which ptxas built Inductor's own kernels
+    in this process (a process that loads its compiled code from vLLM's cache never has
+    TRITON_PTXAS_PATH set). Compare the ISAs across processes, not the digests: on the H100 the
+    digests differed between every two processes, replays that were bit-exact included."""
     import hashlib
 
     if "torch._inductor.codecache" not in sys.modules:
