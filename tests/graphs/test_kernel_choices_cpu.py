@@ -53,7 +53,7 @@ def test_kernels_are_compared_by_their_hash_and_named():
 SOURCE = "def triton_per_fused_add_rms_norm_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):\n    pass\n"
 
 
-def _copy_of_the_kernel(xblock: int, state: str = "hit"):
+def _copy_of_the_kernel(xblock: int):
     from types import SimpleNamespace
 
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner, Config
@@ -62,7 +62,7 @@ def _copy_of_the_kernel(xblock: int, state: str = "hit"):
     autotuner.fn = SimpleNamespace(src=SOURCE, __name__="triton_per_fused_add_rms_norm_0")
     autotuner.size_hints = {"x": 128, "r0_": 128}
     autotuner.launchers = [SimpleNamespace(config=Config({"XBLOCK": xblock}, num_warps=2, num_stages=1))]
-    autotuner.autotune_cache_info = {"autotune_cache_state": state}
+    autotuner.autotune_cache_info = {"autotune_cache_state": "hit"}
     return autotuner
 
 
