@@ -20,6 +20,8 @@ from tracekit.format.content import load_step
 from tracekit.integrations.seam import RunnerKind
 from tracekit.integrations.vllm.window_records import window_steps
 
+pytestmark = pytest.mark.slow
+
 WINDOW = 8
 
 
