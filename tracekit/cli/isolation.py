@@ -145,7 +145,7 @@ class _CollectingProgress(Progress):
 
 
 def crash_record(started: dict[str, Any], reason: str, name: str | None = None) -> dict[str, Any]:
-    """The JSON record of the bundle a replay died on (README: JSON fields)."""
+    """The JSON record of the bundle a replay died on (docs/GUIDE.md, "JSON fields")."""
     from tracekit.replay.verdict_names import VerdictName
 
     return {

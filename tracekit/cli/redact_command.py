@@ -1,6 +1,6 @@
 """`tracekit redact BUNDLE -o SHAREABLE`: a copy that replays bit-exact without the prompts.
 
-What is removed and what a KV cache still reveals: README, section "Inspecting and sharing".
+What is removed and what a KV cache still reveals: docs/GUIDE.md, "Redact".
 """
 
 import click

@@ -86,7 +86,7 @@ class SuiteRecord:
         return self.result.recorded_timing.get("forward_us") if self.result else None
 
     def to_plain(self) -> dict[str, Any]:
-        """One JSON line: the suite's fields, then the full replay result (README: JSON fields)."""
+        """One JSON line: the suite's fields, then the full replay result (docs/GUIDE.md, "JSON fields")."""
         plain = {
             "bundle": self.bundle,
             "name": self.name,

@@ -22,7 +22,7 @@ of its steps reads, and is renamed alike in each.
 
 Kept: the scheduled tokens, KV blocks, block tables, sampling parameters sampling reads, the
 generator and RNG states, the recorded outputs (needed to check the replay), the engine
-configuration and the error of a failing step. What a KV cache still reveals is in the README.
+configuration and the error of a failing step. What a KV cache still reveals: docs/GUIDE.md.
 """
 
 import dataclasses
