@@ -3,12 +3,14 @@ time that very forward on another machine.
 
 Layout: the layers, from the file up to the command line (each package has one job):
   format/        the bundle file: container, tensor codec, integrity, content schema
-  graphs/        device seam, one-shot graph capture, piecewise graph backend
+  graphs/        device seam, one-shot graph capture, piecewise graph backend, timing, the
+                 Triton kernels' recorded configurations
   integrations/  every vLLM-specific touch point (versions move fast; keep them in one place)
   record/        arming a recorder inside a live engine, triggers, the serve plugin
   replay/        rebuilding the runner from a bundle, running, comparing and timing the step
   share/         making a bundle fit to hand on: shrink (cut a step down while a property
-                 holds), redact (keep only what the step's forward and sampling read)
+                 holds), redact (keep only what the step's forward and sampling read); and
+                 invariance (does each request come out the same in other batches)
   cli/           the `tracekit` command
 Beside them:
   models/        the tiny Llama checkpoint shipped for tests and demos

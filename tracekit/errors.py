@@ -45,12 +45,6 @@ class NotReplayableYet(TracekitError):
     exit_code = EXIT_NOT_REPLAYABLE_YET
 
 
-class ReplayFailed(TracekitError):
-    """The replay broke off inside vLLM, the device or tracekit, before it could judge the step."""
-
-    exit_code = EXIT_REPLAY_FAILED
-
-
 def one_line(error: BaseException) -> str:
     """`Type: message` of an exception, its message cut to the first line (CUDA errors come with
     paragraphs of advice). An exception with no message (a bare `assert` in vLLM) names the line

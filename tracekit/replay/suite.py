@@ -11,7 +11,6 @@ Every bundle gets a record with a verdict and an exit code; the suite's exit cod
 of them, in the order of `EXIT_SEVERITY`.
 """
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -102,9 +101,6 @@ class SuiteRecord:
         if self.result is not None:
             plain.update({key: value for key, value in self.result.to_plain().items() if key not in plain})
         return plain
-
-    def json_line(self) -> str:
-        return json.dumps(self.to_plain(), default=str)
 
 
 def record_of(result: ReplayResult, name: str, **suite_fields: Any) -> SuiteRecord:
