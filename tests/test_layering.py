@@ -5,7 +5,8 @@
   modules `releases/` loads with importlib included);
 * vLLM is imported only inside `tracekit/integrations/vllm/`, and the vLLM attributes tracekit
   touches — listed by the release and adapter classes, vcrpy-style — are touched only there;
-* `tracekit/replay/` reaches vLLM through one seam (`integrations/vllm/replay_engine.py`), and
+* `tracekit/replay/` reaches vLLM through one seam (`integrations/vllm/replay_engine.py`),
+  `tracekit/record/` through another (`integrations/vllm/recording.py`), and
   neither it nor the environment fingerprint names a vLLM fact (an engine argument, a graph mode,
   a vLLM environment variable).
 """
@@ -86,7 +87,7 @@ def test_vllm_is_imported_only_by_its_integration():
 
 def _foreign_attributes() -> dict[str, str]:
     """Every vLLM attribute name the integration declares it touches, with who declares it."""
-    from tracekit.integrations.vllm import engine
+    from tracekit.integrations.vllm.engines import build as engine
     from tracekit.integrations.vllm.releases import release_classes
 
     declared = {name: "engine" for name in engine.FOREIGN_ATTRIBUTES}
@@ -221,12 +222,25 @@ def test_replay_reaches_vllm_through_one_seam():
     assert not reached, "tracekit/replay reaches the integrations past its seam:\n" + "\n".join(reached)
 
 
+# What `tracekit/record/` may import from the integrations: its facade, and the torch-free runner types.
+RECORD_SEAMS = {"tracekit.integrations.vllm.recording", "tracekit.integrations.seam"}
+
+
+def test_record_reaches_vllm_through_one_seam():
+    graph = _import_graph()
+    reached = sorted(
+        f"{module} imports {target}" for module in graph if module.startswith("tracekit.record")
+        for target in graph[module] if target.startswith("tracekit.integrations") and target not in RECORD_SEAMS
+    )
+    assert not reached, "tracekit/record reaches the integrations past its seam:\n" + "\n".join(reached)
+
+
 def _vllm_vocabulary() -> set[str]:
     """Names only vLLM gives meaning to: the engine arguments and compilation fields every
     release records, the variable that picks its model runner, its graph runtime modes — less
     the names tracekit's own schema and replay options also use for their own things."""
     from tracekit.format import schema
-    from tracekit.integrations.vllm.lean_build import GRAPH_RUNTIME_MODES
+    from tracekit.integrations.vllm.engines.lean_build import GRAPH_RUNTIME_MODES
     from tracekit.integrations.vllm.releases import RELEASE_MODULES, release_for
     from tracekit.replay.replayer import ReplayOptions
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors.numpy import load_file
 
-from tracekit.integrations.vllm.weights import adapter_fingerprint
+from tracekit.integrations.vllm.records.weights import adapter_fingerprint
 from tracekit.models import tiny_model_path
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "make_tiny_lora.py"

@@ -20,7 +20,7 @@ import torch
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
-from tracekit.integrations.vllm.version import installed_vllm_version, series
+from tracekit.integrations.vllm.releases.installed import installed_vllm_version, series
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 # Recorded on an AVX512 machine (eager), and on an AVX2 machine with the same settings (eager)

@@ -63,7 +63,7 @@ def main() -> None:
 
     from vllm import SamplingParams
 
-    from tracekit.integrations.vllm.engine import adapter_of, build_llm
+    from tracekit.integrations.vllm.engines.build import adapter_of, build_llm
     from tracekit.models import tiny_model_path
     from tracekit.record.api import recording
     from tracekit.record.workload import EMBEDDED_MODEL_ENGINE_ARGS

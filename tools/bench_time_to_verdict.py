@@ -139,8 +139,8 @@ def main() -> None:
     variants = tuple(v for v in VARIANTS if v in {*options.variants.split(","), "vllm"})
 
     from tracekit.format.content import load_step
+    from tracekit.integrations.vllm.releases.installed import installed_release
     from tracekit.integrations.vllm.replay_engine import replay_engine_args
-    from tracekit.integrations.vllm.version import installed_release
 
     bundle = options.bundle or record(Path(tempfile.mkdtemp(prefix="tracekit-ttv-")), options)
     content, step = load_step(bundle)

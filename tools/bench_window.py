@@ -51,7 +51,7 @@ def main() -> None:
     from vllm import SamplingParams
 
     from tracekit.format.content import load_step
-    from tracekit.integrations.vllm.engine import adapter_of, build_llm
+    from tracekit.integrations.vllm.engines.build import adapter_of, build_llm
     from tracekit.models import tiny_model_path
     from tracekit.record.api import recording
     from tracekit.record.workload import BUILTIN_WORKLOAD, EMBEDDED_MODEL_ENGINE_ARGS

@@ -81,7 +81,8 @@ EXTRA_NAMES = {
 def touched_names() -> set[str]:
     """Every vLLM name the integration declares it touches, plus `EXTRA_NAMES`."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tracekit.integrations.vllm import engine, release
+    from tracekit.integrations.vllm.engines import build as engine
+    from tracekit.integrations.vllm.releases import base as release
     from tracekit.integrations.vllm.releases import release_classes
 
     names = set(EXTRA_NAMES) | set(engine.FOREIGN_ATTRIBUTES) | set(release.Release.foreign_attributes)

@@ -51,7 +51,7 @@ def current_environment(device: Any = None, attention_backend: str | None = None
                         vllm_version: str | None = None, per_process_vars: tuple[str, ...] = ()) -> Environment:
     """This process's fingerprint; `attention_backend`, `vllm_version` and the variables the engine
     sets to a fresh value in every process (`per_process_vars`, never a difference that matters)
-    come from the engine (see `tracekit.integrations.vllm.platform_facts`)."""
+    come from the engine (see `tracekit.integrations.vllm.engines.platform_facts`)."""
     import torch
 
     device = torch.device(device or "cpu")

@@ -14,7 +14,7 @@ import torch
 from e2e_support import STEP_KINDS, has_penalties, is_greedy, only_on_runner, samples_this_step, tracekit
 
 from tracekit.format.content import load_step
-from tracekit.integrations.vllm.weights import weights_fingerprint
+from tracekit.integrations.vllm.records.weights import weights_fingerprint
 from tracekit.models import tiny_model_path
 from tracekit.record.workload import BUILTIN_WORKLOAD
 

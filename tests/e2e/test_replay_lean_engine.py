@@ -92,7 +92,7 @@ def test_steps_with_kernel_choices_are_replayed_by_code_compiled_here(sized_bund
     step carries: an engine replaying such steps compiles its own code (nothing is loaded from
     the cache another process filled), and is as bit-exact as any."""
     from tracekit.format.rewrite import rewrite_bundle
-    from tracekit.integrations.vllm.lean_build import COMPILE_HERE_ENV
+    from tracekit.integrations.vllm.engines.lean_build import COMPILE_HERE_ENV
 
     def with_a_choice(metadata, tensors):
         metadata["engine"]["kernel_choices"] = [A_KERNEL_CHOICE]

@@ -27,7 +27,7 @@ from features_support import (
 )
 
 from tracekit.format.rewrite import rewrite_bundle
-from tracekit.integrations.vllm.weights import adapter_fingerprint
+from tracekit.integrations.vllm.records.weights import adapter_fingerprint
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, GraphDispatch, KVSnapshot, RequestState, Step
-from tracekit.integrations.vllm.bench_shapes import ShapeCase, render_json, render_yaml, step_requests
+from tracekit.integrations.vllm.records.bench_shapes import ShapeCase, render_json, render_yaml, step_requests
 
 VLLM_WITH_BENCH = "0.33.0"
 PARSER_IN_WHEEL = "vllm/benchmarks/forward/shapes.py"

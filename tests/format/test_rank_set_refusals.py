@@ -56,7 +56,7 @@ def test_replay_of_ranks_from_different_steps_is_bad_input(tmp_path):
 def test_replay_of_more_ranks_than_this_machine_can_build_cannot_run_here(tmp_path):
     pytest.importorskip("vllm")
     from tracekit.graphs.device import default_device
-    from tracekit.integrations.vllm.ranks import ranks_this_machine_can_build
+    from tracekit.integrations.vllm.engines.ranks import ranks_this_machine_can_build
 
     here = ranks_this_machine_can_build(default_device())
     parts = make_set(tmp_path, tp=here + 1)  # one rank more than there are cores (or devices)

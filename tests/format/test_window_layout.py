@@ -127,7 +127,7 @@ def test_a_later_steps_scheduler_output_holding_the_wrong_types_is_refused_with_
     states a replay derives from it check each value they take (fuzzed bundles with a map among
     the finished ids, or a new request without a block list per KV cache group, crashed the
     derivation; sampling parameters that are no map, the redaction's plan)."""
-    from tracekit.integrations.vllm.window_records import window_steps
+    from tracekit.integrations.vllm.records.window_records import window_steps
 
     content = window_content()
     first = content.steps[0]
@@ -145,7 +145,7 @@ def test_a_drafted_later_step_counts_the_tokens_its_forward_read():
     verified the first step's drafts before this); a position that would add more tokens than the
     step has rows, from a bundle nobody can vouch for, is not taken."""
     from tracekit.format.schema import SpecDecodeRecord
-    from tracekit.integrations.vllm.window_records import window_steps
+    from tracekit.integrations.vllm.records.window_records import window_steps
 
     def derived(first_position: int, drafting: bool) -> tuple[int, list[int]]:
         content = window_content()

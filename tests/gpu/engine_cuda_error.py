@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e" / "engine_scr
 import torch  # noqa: E402
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids  # noqa: E402
 
-from tracekit.integrations.vllm.engine import find_runner  # noqa: E402
+from tracekit.integrations.vllm.engines.build import find_runner  # noqa: E402
 from tracekit.record.api import recording  # noqa: E402
 
 AT_CALL = 3  # engine step 2 after arming

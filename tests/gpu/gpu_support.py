@@ -27,7 +27,7 @@ def _installed_release():
     """The installed vLLM's release support (None without a supported vLLM: then every GPU test
     is skipped anyway)."""
     from tracekit.errors import TracekitError
-    from tracekit.integrations.vllm.version import installed_release
+    from tracekit.integrations.vllm.releases.installed import installed_release
 
     try:
         return installed_release()

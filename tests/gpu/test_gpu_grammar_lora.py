@@ -94,7 +94,7 @@ def test_every_step_replays_bit_exact_its_grammar_mask_checked(recorded):
 
 
 def test_lora_steps_ran_both_adapters_beside_a_request_without_one(recorded):
-    from tracekit.integrations.vllm.weights import adapter_fingerprint
+    from tracekit.integrations.vllm.records.weights import adapter_fingerprint
 
     fingerprints = {name: adapter_fingerprint(folder) for name, folder in recorded["adapters"].items()}
     beside = [path for path in recorded["bundles"]

@@ -31,7 +31,7 @@ def test_a_step_of_more_ranks_than_devices_is_refused_with_the_device_count(tmp_
 
 
 def test_multi_rank_engines_keep_nvlink_multicast_off(monkeypatch):
-    from tracekit.integrations.vllm import ranks
+    from tracekit.integrations.vllm.engines import ranks
 
     for name in ranks.NO_MULTICAST_ENV:
         monkeypatch.delenv(name, raising=False)

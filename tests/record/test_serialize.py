@@ -12,12 +12,12 @@ from vllm.sampling_params import RequestOutputKind  # noqa: E402
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 
 from tracekit.errors import BundleError  # noqa: E402
-from tracekit.integrations.vllm.serialize import (  # noqa: E402
+from tracekit.integrations.vllm.records.serialize import (  # noqa: E402
     SerializationError,
     to_plain,
     to_versioned_plain,
 )
-from tracekit.integrations.vllm.version import installed_release  # noqa: E402
+from tracekit.integrations.vllm.releases.installed import installed_release  # noqa: E402
 
 
 def _scheduler_output() -> SchedulerOutput:

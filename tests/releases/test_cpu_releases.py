@@ -24,7 +24,7 @@ from e2e_support import BUILTIN_STEP_KINDS, CORE_ITEMS, bundles_by_step, of_kind
 from release_support import CHECKOUT, CPU_RELEASES, json_lines, release_venv_or_skip, series_key
 
 from tracekit.format.content import load_step
-from tracekit.integrations.vllm.version import installed_vllm_version
+from tracekit.integrations.vllm.releases.installed import installed_vllm_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.releases]
 

@@ -33,7 +33,7 @@ def test_every_method_of_a_release_module_overrides_one_of_the_base():
     method until a lean engine of 4-request decodes crashed on a GPU: "No cudagraph for ... 8")."""
     import importlib
 
-    from tracekit.integrations.vllm.release import Release
+    from tracekit.integrations.vllm.releases.base import Release
 
     for module_name in RELEASE_MODULES:
         release_class = importlib.import_module(f"tracekit.integrations.vllm.releases.{module_name}").Release
@@ -80,7 +80,7 @@ def test_an_extensible_034_kv_cache_is_seen_as_its_committed_blocks():
 
     from tracekit.format.schema import KVLayout
     from tracekit.integrations.vllm.releases.v0_34 import committed_kv_groups
-    from tracekit.integrations.vllm.runner_state import KVGroup, block_fingerprints
+    from tracekit.integrations.vllm.runners.runner_state import KVGroup, block_fingerprints
 
     caches = [torch.arange(2 * 10 * 4, dtype=torch.float32).reshape(2, 10, 4) + layer for layer in range(2)]
     group = KVGroup(["layer.0", "layer.1"], caches, KVLayout([2, 10, 4], "float32", 1, 10, 16))
@@ -103,7 +103,7 @@ def test_a_replayed_step_tells_the_drafter_what_the_recorded_one_did(orders, tak
     import dataclasses
 
     from tracekit.format.content import load_step
-    from tracekit.integrations.vllm.version import installed_release
+    from tracekit.integrations.vllm.releases.installed import installed_release
 
     release = installed_release()
     _, step = load_step(Path(__file__).resolve().parents[2] / "traces" / "h100-vllm026" / "v1-bf16-mtp-async-drafted.zst", None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from tracekit.format.content import load_step
-from tracekit.integrations.vllm.v1_runner import PLACEHOLDER_TOKEN, fill_placeholders
+from tracekit.integrations.vllm.runners.v1_runner import PLACEHOLDER_TOKEN, fill_placeholders
 
 ASYNC_DECODE = Path(__file__).resolve().parents[2] / "traces" / "h200-vllm026" / "v1-bf16-decode-fullgraph-async.zst"
 
@@ -35,7 +35,7 @@ MIXED_ASYNC = ASYNC_DECODE.with_name("v1-bf16-mixed-nograph-async.zst")
 
 
 def test_a_recompute_replay_needs_every_token_before_the_step():
-    from tracekit.integrations.vllm.step_driver import unknown_tokens_to_recompute
+    from tracekit.integrations.vllm.engines.step_driver import unknown_tokens_to_recompute
 
     _, step = load_step(MIXED_ASYNC, None)
     decodes = [request for request in step.requests if request.output_token_ids[-1:] == [PLACEHOLDER_TOKEN]]
@@ -128,7 +128,7 @@ def test_a_drafted_decode_whose_accepted_drafts_are_not_on_the_host_yet_gets_its
     replay verified zeros for drafts. Padded to that position and filled from the input ids, every
     request's tokens put the step's inputs in the rows its forward read."""
     from tracekit.format.schema import token_runs
-    from tracekit.integrations.vllm.v1_runner import hold_tokens_up_to_the_inputs
+    from tracekit.integrations.vllm.runners.v1_runner import hold_tokens_up_to_the_inputs
 
     _, step = load_step(MTP_DRAFTED, None)
     requests = [step.request(req_id) for req_id in step.batch_order]
@@ -142,7 +142,7 @@ def test_a_drafted_decode_whose_accepted_drafts_are_not_on_the_host_yet_gets_its
 
 def test_a_position_from_a_stranger_pads_no_more_than_the_step_has_rows():
     from tracekit.format.schema import RequestState
-    from tracekit.integrations.vllm.v1_runner import hold_tokens_up_to_the_inputs
+    from tracekit.integrations.vllm.runners.v1_runner import hold_tokens_up_to_the_inputs
 
     decode = RequestState("a", [1, 2, 3], [9], [[0]], num_computed_tokens=4, num_scheduled_tokens=1)
     hold_tokens_up_to_the_inputs([decode], torch.tensor([10**12]))

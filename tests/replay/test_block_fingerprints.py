@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tracekit.format.schema import KVLayout
-from tracekit.integrations.vllm.runner_state import KVGroup, block_fingerprints, changed_blocks
+from tracekit.integrations.vllm.runners.runner_state import KVGroup, block_fingerprints, changed_blocks
 
 
 def group_of(*caches, block_dim=1):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tracekit.format.schema import KernelChoice
-from tracekit.integrations.vllm.engine import DETERMINISM_VARIABLES, apply_recorded_determinism
+from tracekit.integrations.vllm.engines.build import DETERMINISM_VARIABLES, apply_recorded_determinism
 from tracekit.replay.checks import CheckedItem
 from tracekit.replay.replayer import _kernel_notes
 
@@ -119,7 +119,7 @@ def test_an_engine_for_kernel_choices_reads_its_compile_cache_switch_past_vllms_
     engine of the process."""
     import vllm.envs as envs
 
-    from tracekit.integrations.vllm.lean_build import COMPILE_HERE_ENV, _set_engine_env
+    from tracekit.integrations.vllm.engines.lean_build import COMPILE_HERE_ENV, _set_engine_env
 
     saved = os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
     envs.enable_envs_cache()  # as a first engine's start leaves it

@@ -12,8 +12,8 @@ import torch
 
 from tracekit.format.schema import GrammarRecord, GraphDispatch, KVSnapshot, RequestState, Step, StepOutputs
 from tracekit.integrations.seam import ObservedStep
-from tracekit.integrations.vllm.grammar import applied_mask, unpack_mask
-from tracekit.integrations.vllm.version import installed_release
+from tracekit.integrations.vllm.records.grammar import applied_mask, unpack_mask
+from tracekit.integrations.vllm.releases.installed import installed_release
 from tracekit.replay.checks import check_step
 from tracekit.replay.verdict import describe_mask_row
 
@@ -63,8 +63,8 @@ def test_vllm_034_gives_each_request_a_fixed_block_of_mask_rows():
     0.34 on an H200 was refused as a layout tracekit did not know."""
     from types import SimpleNamespace
 
+    from tracekit.integrations.vllm.records.serialize import SerializationError
     from tracekit.integrations.vllm.releases.v0_34 import Release as Release034
-    from tracekit.integrations.vllm.serialize import SerializationError
 
     output = SimpleNamespace(structured_output_request_ids=["a", "b"], grammar_bitmask=random_bitmask(8, seed=2).numpy())
     scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"b": [7, 8]})  # a drafts none, b two of k = 3

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tracekit.format.schema import KVLayout
-from tracekit.integrations.vllm.kv_digest import digested_layers, kv_written_digest, slot_dim, slot_views
-from tracekit.integrations.vllm.runner_state import CPU_VEC, SLOT_MAJOR, KVGroup
+from tracekit.integrations.vllm.runners.kv_digest import digested_layers, kv_written_digest, slot_dim, slot_views
+from tracekit.integrations.vllm.runners.runner_state import CPU_VEC, SLOT_MAJOR, KVGroup
 
 POSITIONS = torch.tensor([4, 5, 2, 0])
 ROWS = [2, 1]
@@ -129,7 +129,7 @@ def test_a_drafters_layers_are_left_out():
 
 
 def test_rows_digested_a_few_at_a_time_give_the_same_digest(monkeypatch):
-    from tracekit.integrations.vllm import kv_digest
+    from tracekit.integrations.vllm.runners import kv_digest
 
     group = _group("flash")
     whole = _digest(group)

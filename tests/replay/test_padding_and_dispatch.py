@@ -120,7 +120,7 @@ def _fa3_scheduler_metadata(requests: int, vectors: int, padding: int) -> torch.
 
 
 def test_fa3_scheduler_padding_is_left_out_of_the_digest_and_live_entries_are_not():
-    from tracekit.integrations.vllm.runner_state import attention_summary
+    from tracekit.integrations.vllm.runners.runner_state import attention_summary
 
     def summary(metadata: torch.Tensor) -> str:
         return attention_summary({"layer": _FlashAttentionMetadata([7] * 6, metadata)})[

@@ -1,7 +1,7 @@
 """The KV layout check between a recorded attention backend and this engine's (no engine here:
 the strings are what `platform_facts.attention_backend` reads from vLLM's attention layers)."""
 
-from tracekit.integrations.vllm.platform_facts import kv_layout_difference
+from tracekit.integrations.vllm.engines.platform_facts import kv_layout_difference
 
 
 def test_amx_and_vec_cpu_attention_cannot_read_each_others_kv_blocks():

@@ -15,7 +15,7 @@ from tracekit.format.schema import (
     StepOutputs,
 )
 from tracekit.integrations.seam import ObservedStep
-from tracekit.integrations.vllm import spec_decode
+from tracekit.integrations.vllm.records import spec_decode
 from tracekit.replay.checks import check_step, first_divergence
 from tracekit.replay.verdict import VerdictName, decide
 
@@ -182,8 +182,8 @@ def test_recorded_drafts_are_the_entries_a_stranger_cannot_make_ambiguous():
     """A bundle's scheduler output is an untyped vLLM object: a tensor or a map where the drafts
     belong reads as no drafts (a fuzzed bundle once made `bool(tensor)` raise), a malformed entry
     is left out, and the rows and the refusal of an unknown drafter follow."""
+    from tracekit.integrations.vllm.records.step_records import logits_rows
     from tracekit.integrations.vllm.replay_engine import require_drafting_known
-    from tracekit.integrations.vllm.step_records import logits_rows
 
     step = drafted_step()
     assert spec_decode.recorded_drafts(step.scheduler_output) == {"drafted": DRAFTS}

@@ -13,9 +13,9 @@ import torch
 from tracekit.errors import BundleError, CannotRunHere, NotReplayableYet
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, GrammarRecord, LoRAAdapter
-from tracekit.integrations.vllm.lora_adapters import locate
+from tracekit.integrations.vllm.records.step_features import FEATURES, not_replayable_reason, step_features
 from tracekit.integrations.vllm.replay_engine import require_replayable_kind
-from tracekit.integrations.vllm.step_features import FEATURES, not_replayable_reason, step_features
+from tracekit.integrations.vllm.runners.lora_adapters import locate
 
 SAMPLE = Path(__file__).parents[2] / "traces" / "tiny-llama-mixed-step.zst"
 
@@ -117,7 +117,7 @@ def test_a_kept_adapter_is_written_to_a_folder_of_the_replays_and_removed_after(
     source.mkdir()
     for name, data in files.items():
         (source / name).write_bytes(data.numpy().tobytes())
-    from tracekit.integrations.vllm.weights import adapter_fingerprint
+    from tracekit.integrations.vllm.records.weights import adapter_fingerprint
 
     step.lora_adapters = [LoRAAdapter(name="a", int_id=3, slot=0, fingerprint=adapter_fingerprint(source), files=files)]
     with locate(step, {}, allow_mismatch=False) as located:

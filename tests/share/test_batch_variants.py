@@ -15,7 +15,7 @@ import pytest
 from tracekit.errors import UsageError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
-from tracekit.integrations.vllm.runner_state import blocks_read_and_written
+from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 from tracekit.share import batch_variants
 from tracekit.share.invariance import VARIANT_KINDS, build_variants, sampling_reproducible, token_thresholds
 

@@ -16,7 +16,7 @@ import torch
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, GrammarRecord
-from tracekit.integrations.vllm.runner_state import blocks_read_and_written
+from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact_step
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
 from tracekit.share.shrink_trials import ddmin, shortest_length

@@ -18,7 +18,7 @@ from tracekit.errors import UsageError
 def export_command(bundles, shapes, output):
     """Export what BUNDLE... recorded (files, folders of .zst bundles, globs) for other tools."""
     from tracekit.bundles import find_bundles
-    from tracekit.integrations.vllm.bench_shapes import render, shape_cases
+    from tracekit.integrations.vllm.records.bench_shapes import render, shape_cases
     from tracekit.outputs import require_parent, write_text_atomically
 
     if not shapes:

@@ -20,7 +20,7 @@ from tracekit.format import open_bundle
 from tracekit.format.rankset import find_rank_set
 from tracekit.format.schema import BundleContent
 from tracekit.format.untrusted import is_tensor_ref
-from tracekit.integrations.vllm.step_features import not_replayable_reason
+from tracekit.integrations.vllm.records.step_features import not_replayable_reason
 
 MAX_TABLE_ROWS = 200
 

@@ -180,7 +180,7 @@ def _multi_rank(bundle: Path) -> bool:
 
 
 def _engine_overrides(engine_argv: list[str]) -> dict:
-    from tracekit.integrations.vllm.engine import parse_engine_cli_args
+    from tracekit.integrations.vllm.engines.build import parse_engine_cli_args
 
     return parse_engine_cli_args(engine_argv)
 

@@ -332,7 +332,7 @@ class StepOutputs(SchemaRecord):
     logits: Tensor | None = None  # [num_sampled, vocab], as the model computed them (before any grammar mask)
     # A step with a grammar (`Step.grammar`): the mask as it reached the logits, per logits row,
     # int32 [rows, ceil(vocab / 32)], bit j of word i set = token 32i+j was not at -inf when
-    # sampling began (`tracekit.integrations.vllm.grammar.applied_mask`). Step triggers only.
+    # sampling began (`tracekit.integrations.vllm.records.grammar.applied_mask`). Step triggers only.
     grammar_bitmask: Tensor | None = None
     sampled_token_ids: list[list[TokenId]] | None = None  # per request, batch order
     finite: bool = True
@@ -446,7 +446,7 @@ class WindowCall(TypedDict):
 @dataclass
 class KVWritten(SchemaRecord):
     """What one KV cache group's layers wrote in a window's later step, as a digest per layer and
-    request (`tracekit.integrations.vllm.kv_digest`): a later step keeps no KV blocks, and this
+    request (`tracekit.integrations.vllm.runners.kv_digest`): a later step keeps no KV blocks, and this
     says which request wrote other KV there, from which layer on, without them."""
 
     layer_names: list[str]  # the layers digested, the model's own (a drafter's write later), in row order
@@ -564,7 +564,7 @@ class Step(SchemaRecord):
     lora_adapters: list[LoRAAdapter] = field(default_factory=list)
     # Which requests used what beyond tokens and sampling settings ("structured_outputs", "lora",
     # "speculative_decoding", "multimodal", "prompt_embeds", "pooling": their req_ids); None in
-    # bundles recorded before the field (`tracekit.integrations.vllm.step_features`)
+    # bundles recorded before the field (`tracekit.integrations.vllm.records.step_features`)
     features: dict[str, list[str]] | None = None
     # The steps recorded after this one as a window (`tracekit record --window N`); None: a single step
     window: StepWindow | None = None

@@ -1,7 +1,7 @@
 """What `tracekit replay --mode` measures in each mode, behind one call per mode.
 
 The replayer builds the forward for a mode (eager model, compiled model, or a model compiled with
-the piecewise backend, see `tracekit.integrations.vllm.graph_backend`) and hands it here with the
+the piecewise backend, see `tracekit.integrations.vllm.engines.graph_backend`) and hands it here with the
 state the forward mutates and the recorded output; every mode answers with the same report shape:
 timing, comparison with the recording, and for graph modes on a machine without graphs, why not.
 """
@@ -85,7 +85,7 @@ def measure_mode(
     if reason is None and mode == "piecewise" and piecewise is None:
         reason = (
             "the engine was not built with tracekit's piecewise backend "
-            "(tracekit.integrations.vllm.graph_backend.compilation_config_for('piecewise', table))"
+            "(tracekit.integrations.vllm.engines.graph_backend.compilation_config_for('piecewise', table))"
         )
     if reason is not None:
         return {"mode": mode, "available": False, "reason": reason}

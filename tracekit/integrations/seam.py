@@ -2,7 +2,7 @@
 
 The recorder (`tracekit.record`) and the replay (`tracekit.replay`) sit above the engine
 integrations and never touch an engine object themselves: they hold a runner adapter
-(`tracekit.integrations.vllm.runner_adapter.RunnerAdapter`) and talk to it through the types
+(`tracekit.integrations.vllm.runners.runner_adapter.RunnerAdapter`) and talk to it through the types
 here. Keeping them in one small module below `record/` means the layers only ever import
 downward, and tools that must start fast (a shrink property run per trial, the test scheduler)
 can read the runner kinds and phases without importing torch or vLLM.

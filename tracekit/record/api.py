@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tracekit.errors import TracekitError
-from tracekit.integrations.vllm import workers
-from tracekit.integrations.vllm.engine import find_runner
+from tracekit.integrations.vllm.recording import find_runner, on_every_worker, runner_in_this_process
 from tracekit.record import arm_in_workers
 from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, Recorder
 from tracekit.record.triggers import TriggerSet
@@ -55,7 +54,7 @@ def recording(
     LoRA adapter's files in the bundles, whatever their size (by default only those up to
     `lora_adapters.KEEP_LIMIT`)."""
     triggers = TriggerSet(steps=steps, when=when, events=tuple(on))
-    if workers.runner_in_this_process(llm):
+    if runner_in_this_process(llm):
         recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles, layers=layers,
                             window=window, keep_lora_weights=keep_lora_weights)
         with recorder:
@@ -72,13 +71,13 @@ def _recording_in_workers(llm: Any, output: str, *settings: Any) -> Iterator[Wor
     session = uuid.uuid4().hex
     remote = WorkerRecording()
     try:
-        workers.on_every_worker(llm, arm_in_workers.arm_recorder, session, output, *settings)
+        on_every_worker(llm, arm_in_workers.arm_recorder, session, output, *settings)
     except TracekitError:
-        workers.on_every_worker(llm, arm_in_workers.disarm_recorder, session)  # ranks that did arm
+        on_every_worker(llm, arm_in_workers.disarm_recorder, session)  # ranks that did arm
         raise
     try:
         yield remote
     finally:
-        for result in workers.on_every_worker(llm, arm_in_workers.disarm_recorder, session):
+        for result in on_every_worker(llm, arm_in_workers.disarm_recorder, session):
             remote.written.extend(Path(path) for path in result["written"])
             remote.failures.extend(result["failures"])

@@ -1,5 +1,5 @@
 """Arming and disarming recorders inside an engine's worker processes (sent there through
-`tracekit.integrations.vllm.workers.on_every_worker`).
+`tracekit.integrations.vllm.engines.workers.on_every_worker`).
 
 Each worker keeps its recorders by the session id the driver made; every rank arms at the same
 step, so their step indices agree.
@@ -8,7 +8,7 @@ step, so their step indices agree.
 from typing import Any
 
 from tracekit.errors import TracekitError
-from tracekit.integrations.vllm.workers import reported, runner_of
+from tracekit.integrations.vllm.recording import reported, runner_of
 from tracekit.record.recorder import Recorder
 from tracekit.record.triggers import TriggerSet
 

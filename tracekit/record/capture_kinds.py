@@ -25,9 +25,7 @@ from tracekit.format.schema import GrammarRecord, KVMode, RequestState, Step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
-from tracekit.integrations.vllm import layer_capture
-from tracekit.integrations.vllm.runner_adapter import StepMark
-from tracekit.integrations.vllm.runner_state import hidden_states_of
+from tracekit.integrations.vllm.recording import LayerCapture, StepMark, hidden_states_of
 from tracekit.record import step_capture
 from tracekit.record.step_capture import KVTaken
 from tracekit.record.triggers import TriggerEvent, TriggerSet
@@ -161,7 +159,7 @@ class CopiedStep(StepCapture):
         self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy, held=held)
         copy.finish()  # the forward, which writes KV, runs after the copy
         self.step.timing.first_of_its_size = first_of_its_size
-        self.layers = layer_capture.LayerCapture(adapter.model).__enter__() if recorder.layers else None
+        self.layers = LayerCapture(adapter.model).__enter__() if recorder.layers else None
         self.forward_timer = ForwardTimer(recorder)
 
     def after_forward(self, output: Any) -> None:

@@ -34,7 +34,7 @@ _armed: list[Any] = []
 def register() -> None:
     if not os.environ.get("TRACEKIT_RECORD_OUTPUT"):
         return
-    from tracekit.integrations.vllm.version import installed_release
+    from tracekit.integrations.vllm.recording import installed_release
 
     try:
         release = installed_release()

@@ -1,6 +1,6 @@
 """The recorder armed on one live model runner.
 
-Arming asks the runner's adapter (`tracekit.integrations.vllm.runner_adapter`) to shadow that
+Arming asks the runner's adapter (`tracekit.integrations.vllm.runners.runner_adapter`) to shadow that
 runner's methods; the adapter reports each step's progress back (`StepObserver`): step started,
 just before the forward (decide whether to fire; copy the step's inputs and KV to host), after
 it (outputs, KV written), logits, sampling and bookkeeping phases, sampled ids, or a failure in
@@ -39,11 +39,14 @@ from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, RunnerCall, S
 from tracekit.graphs.host_copy import HostCopy, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
 from tracekit.integrations.seam import OutputReceiver, Phase
-from tracekit.integrations.vllm import ranks
-from tracekit.integrations.vllm.lora_adapters import AdapterFiles
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter
-from tracekit.integrations.vllm.step_driver import unknown_tokens_to_recompute
-from tracekit.integrations.vllm.version import installed_release
+from tracekit.integrations.vllm.recording import (
+    AdapterFiles,
+    RunnerAdapter,
+    installed_release,
+    rank_of,
+    require_recordable,
+    unknown_tokens_to_recompute,
+)
 from tracekit.record import step_capture
 from tracekit.record.capture_kinds import CopiedStep, MarkedStep, PendingStep, ignore
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
@@ -91,8 +94,8 @@ class Recorder:
             self._adapter_error: Exception | None = None
         except Exception as error:  # arming says why, and the engine runs on unrecorded
             self.adapter, self._adapter_error = None, error
-        self.rank = ranks.rank_of(runner, set_id)
-        ranks.require_recordable(self.rank)
+        self.rank = rank_of(runner, set_id)
+        require_recordable(self.rank)
         self.output = OutputTemplate(output, self.rank.world_size)
         self.triggers = triggers
         self.kv = kv

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import TracekitError, one_line
-from tracekit.integrations.vllm import engine as vllm_engine
-from tracekit.integrations.vllm.version import installed_release
+from tracekit.integrations.vllm.recording import build_llm, installed_release, parse_engine_cli_args
 from tracekit.models import tiny_model_path
 from tracekit.record import workload
 from tracekit.record.api import recording
@@ -29,7 +28,7 @@ def recording_engine_args(model: str | None, engine_argv: list[str] = (),
     return {
         **(workload.EMBEDDED_MODEL_ENGINE_ARGS if model is None else {}),
         "model": model or tiny_model_path(),
-        **vllm_engine.parse_engine_cli_args(list(engine_argv)),
+        **parse_engine_cli_args(list(engine_argv)),
         **(engine_args or {}),
     }
 
@@ -58,7 +57,7 @@ def record_workload(
     OutputTemplate(output)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
-    llm = vllm_engine.build_llm(recording_engine_args(model, engine_argv, engine_args))
+    llm = build_llm(recording_engine_args(model, engine_argv, engine_args))
     engine_failure = None
     with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles,
                    layers=layers, window=window, keep_lora_weights=keep_lora_weights) as recorder:

@@ -28,10 +28,16 @@ from tracekit.format.schema import (
     StepTiming,
 )
 from tracekit.graphs.host_copy import HostCopy
-from tracekit.integrations.vllm import grammar, runner_state, spec_decode
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, StepMark
-from tracekit.integrations.vllm.runner_state import hidden_states_of
-from tracekit.integrations.vllm.step_features import step_features
+from tracekit.integrations.vllm.recording import (
+    RunnerAdapter,
+    StepMark,
+    applied_mask,
+    blocks_read_and_written,
+    blocks_to_host,
+    drafter_pass,
+    hidden_states_of,
+    step_features,
+)
 
 
 class KVTaken(str, Enum):
@@ -69,10 +75,10 @@ def capture(
     mode = KVMode(kv_mode)
     groups = []
     for group_index, group in enumerate(adapter.kv_groups()):
-        read, written = runner_state.blocks_read_and_written(requests, group_index, group.layout.block_size)
+        read, written = blocks_read_and_written(requests, group_index, group.layout.block_size)
         saved = {KVMode.READ: read, KVMode.WRITTEN: written}.get(mode, [])
         if mode == KVMode.READ and held:
-            held_read, _ = runner_state.blocks_read_and_written(held, group_index, group.layout.block_size)
+            held_read, _ = blocks_read_and_written(held, group_index, group.layout.block_size)
             saved = sorted(set(saved) | set(held_read))
         groups.append(
             KVGroupSnapshot(
@@ -81,7 +87,7 @@ def capture(
                 read_block_ids=read,
                 written_block_ids=written,
                 saved_block_ids=saved,
-                before=runner_state.blocks_to_host(group, saved, copy) if saved else {},
+                before=blocks_to_host(group, saved, copy) if saved else {},
             )
         )
     num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
@@ -116,7 +122,7 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
     num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
     groups = []
     for group_index, group in enumerate(adapter.kv_groups()):
-        read, written = runner_state.blocks_read_and_written(requests, group_index, group.layout.block_size)
+        read, written = blocks_read_and_written(requests, group_index, group.layout.block_size)
         groups.append(KVGroupSnapshot(group.layer_names, group.layout, read, written, []))
     return Step(
         index=index,
@@ -151,7 +157,7 @@ def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, schedule
     kv = None
     if any(found):
         groups = [KVGroupSnapshot(group.layer_names, group.layout, [], [], ids,
-                                  runner_state.blocks_to_host(group, ids, copy) if ids else {})
+                                  blocks_to_host(group, ids, copy) if ids else {})
                   for group, ids in zip(adapter.kv_groups(), found)]
         kv = KVSnapshot(mode=KVMode.READ.value, groups=groups)
         for seen, ids in zip(known, found):
@@ -179,7 +185,7 @@ def capture_after_forward(adapter: RunnerAdapter, step: Step | CarriedStep, outp
     if isinstance(step, Step) and step.kv.mode not in (KVMode.NONE, KVMode.RECOMPUTE):
         for snapshot, group in zip(step.kv.groups, adapter.kv_groups()):
             if snapshot.written_block_ids:
-                snapshot.after = runner_state.blocks_to_host(group, snapshot.written_block_ids, copy)
+                snapshot.after = blocks_to_host(group, snapshot.written_block_ids, copy)
     step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
 
@@ -194,7 +200,7 @@ def capture_drafter_pass(step: Step, inputs: dict[str, Any], output: Any, copy: 
     """One call of the speculative drafter's model: its inputs and output, copied to host (the
     rows that are the step's: `Step.drafter_rows`)."""
     if step.spec_decode is not None:
-        step.spec_decode.drafter_calls.append(spec_decode.drafter_pass(inputs, output, copy.copy))
+        step.spec_decode.drafter_calls.append(drafter_pass(inputs, output, copy.copy))
 
 
 def capture_proposals(step: Step, proposals: torch.Tensor | None, copy: HostCopy) -> None:
@@ -214,7 +220,7 @@ def capture_grammar_applied(step: Step | CarriedStep, logits: torch.Tensor, copy
     device, copied to host."""
     if step.outputs is not None:
         started = time.perf_counter()
-        step.outputs.grammar_bitmask = copy.copy(grammar.applied_mask(logits))
+        step.outputs.grammar_bitmask = copy.copy(applied_mask(logits))
         step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
 
 

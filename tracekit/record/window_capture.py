@@ -23,9 +23,7 @@ from typing import Any, Callable
 from tracekit.format.schema import CarriedStep, GrammarRecord, RequestState, RunnerCall, Step, StepWindow
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.seam import Phase
-from tracekit.integrations.vllm import kv_digest
-from tracekit.integrations.vllm.runner_adapter import StepMark
-from tracekit.integrations.vllm.window_records import RequestLedger
+from tracekit.integrations.vllm.recording import RequestLedger, StepMark, digested_layers, kv_written
 from tracekit.record import step_capture
 from tracekit.record.capture_kinds import ForwardTimer, PendingStep, Receiver, Recording, StepCapture
 
@@ -46,7 +44,7 @@ class OpenWindow:
         self.block_sizes = [group.layout.block_size for group in first_step.kv.groups]
         self.speculative = first_step.spec_decode is not None  # whether its steps keep proposals
         # Per KV cache group, the layers whose writes each later step digests (`kv_digest`)
-        self.digested_layers = kv_digest.digested_layers(recorder.adapter.kv_groups(), recorder.adapter.model)
+        self.digested_layers = digested_layers(recorder.adapter.kv_groups(), recorder.adapter.model)
         self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first_step.kv.groups]
         self.calls: list[dict[str, Any]] = [{"call": RunnerCall.EXECUTE.value, "step": first.index}]
         self.first: Step | None = None  # once its sampled ids are in
@@ -164,7 +162,7 @@ class CarriedStepCapture(StepCapture):
         started = time.perf_counter()
         order = self.carried.batch_order
         if all(req_id in self.scheduled for req_id in order):
-            self.carried.kv_written = kv_digest.kv_written(
+            self.carried.kv_written = kv_written(
                 self.recorder.adapter.kv_groups(), self.window.digested_layers, self.positions,
                 [self.scheduled[req_id][0] for req_id in order], [self.scheduled[req_id][1] for req_id in order],
                 copy.computed)

@@ -91,7 +91,7 @@ def load_prompts(path: str | Path) -> list[WorkloadRequest]:
 
 def run_workload(llm: Any, requests: list[WorkloadRequest], max_tokens: int) -> list[Any]:
     """Send every request in one `generate` call, so they share engine steps."""
-    from tracekit.integrations.vllm.engine import generate
+    from tracekit.integrations.vllm.recording import generate
 
     return generate(llm, [r.prompt for r in requests], [{"max_tokens": max_tokens, **r.sampling} for r in requests],
                     [r.lora for r in requests])

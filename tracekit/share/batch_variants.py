@@ -15,7 +15,7 @@ import torch
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import RequestState, Step
-from tracekit.integrations.vllm.step_records import HISTORY_READERS
+from tracekit.integrations.vllm.records.step_records import HISTORY_READERS
 from tracekit.share.reduce_step import reduce_step, step_running
 
 # The prefix of filler requests' ids (no recorded request id starts with it: checked).

@@ -34,8 +34,8 @@ import torch
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK, CannotRunHere, UsageError
 from tracekit.format.schema import RequestState, Step
 from tracekit.integrations.seam import ObservedStep
-from tracekit.integrations.vllm.spec_decode import fill_drafts_from_inputs
-from tracekit.integrations.vllm.step_records import prefix_cache_hits
+from tracekit.integrations.vllm.records.spec_decode import fill_drafts_from_inputs
+from tracekit.integrations.vllm.records.step_records import prefix_cache_hits
 from tracekit.numerics import compare_tensors
 from tracekit.replay.checks import GREEDY_TEMPERATURE, check_step, first_divergence
 from tracekit.share import batch_variants
@@ -294,7 +294,7 @@ def first_moved_layer(run: Callable[[Step, Callable | None], ObservedStep], mode
                       variant_step: Step, req_id: str) -> dict[str, Any]:
     """Run the baseline and a variant again capturing every module's output, and name the first
     module (in forward order) whose rows for `req_id` differ."""
-    from tracekit.integrations.vllm.layer_capture import capture_eager_forward
+    from tracekit.integrations.vllm.runners.layer_capture import capture_eager_forward
 
     captured: list[dict[str, torch.Tensor]] = []
     observed = []

@@ -116,7 +116,7 @@ class ModesDiffer(StepProperty):
                 "--until modes-differ compares the engine's compiled (or graph) forward with the eager one, "
                 "but this engine runs eagerly: record the step with compilation on"
             )
-        from tracekit.integrations.vllm.runner_state import hidden_states_of
+        from tracekit.integrations.vllm.runners.runner_state import hidden_states_of
 
         rows = step.num_real_rows
         outputs: dict[str, Any] = {}

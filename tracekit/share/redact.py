@@ -34,8 +34,8 @@ from tracekit.environment import numerics_relevant_env
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, CarriedStep, GrammarRecord, RequestState, Step
-from tracekit.integrations.vllm.spec_decode import drafter_reads
-from tracekit.integrations.vllm.step_records import (
+from tracekit.integrations.vllm.records.spec_decode import drafter_reads
+from tracekit.integrations.vllm.records.step_records import (
     history_readers,
     ids_outside_the_batch,
     reads_next_prompt_token,

@@ -17,8 +17,8 @@ import torch
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import GrammarRecord, KVGroupSnapshot, KVSnapshot, RequestState, Step, StepTiming
-from tracekit.integrations.vllm.runner_state import blocks_read_and_written
-from tracekit.integrations.vllm.step_records import rebuild_scheduler_output
+from tracekit.integrations.vllm.records.step_records import rebuild_scheduler_output
+from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 
 
 def scheduled_tokens(step: Step) -> dict[str, int]:

@@ -29,7 +29,7 @@ from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, ge
 from recorder_behaviour import inject_into_forward
 
 from tracekit.errors import BundleError
-from tracekit.integrations.vllm.engine import adapter_of
+from tracekit.integrations.vllm.engines.build import adapter_of
 from tracekit.record.api import recording
 from tracekit.replay.replayer import replay
 

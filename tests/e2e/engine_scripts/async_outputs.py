@@ -16,7 +16,7 @@ from pathlib import Path
 from engine_common import eager_llm, write_result
 
 from tracekit.format.content import load_step
-from tracekit.integrations.vllm.engine import adapter_of
+from tracekit.integrations.vllm.engines.build import adapter_of
 from tracekit.record import workload
 from tracekit.record.api import recording
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tracekit.integrations.vllm.engine import build_llm
+from tracekit.integrations.vllm.engines.build import build_llm
 from tracekit.models import tiny_model_path
 from tracekit.record.workload import EMBEDDED_MODEL_ENGINE_ARGS
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine_common import eager_llm, write_result
 
-from tracekit.integrations.vllm.engine import find_runner, generate
+from tracekit.integrations.vllm.engines.build import find_runner, generate
 from tracekit.record.api import recording
 
 JSON_SCHEMA = {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}

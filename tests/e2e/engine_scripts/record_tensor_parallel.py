@@ -15,7 +15,7 @@ from pathlib import Path
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, write_result
 
 from tracekit.errors import UsageError
-from tracekit.integrations.vllm.engine import find_runner, release_llm
+from tracekit.integrations.vllm.engines.build import find_runner, release_llm
 
 STEPS = "0:2"
 

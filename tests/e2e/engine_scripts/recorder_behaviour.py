@@ -32,7 +32,7 @@ from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, ge
 
 from tracekit.format.content import load_step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy
-from tracekit.integrations.vllm.engine import adapter_of, find_runner
+from tracekit.integrations.vllm.engines.build import adapter_of, find_runner
 from tracekit.record.api import recording
 
 MAX_TOKENS = 8

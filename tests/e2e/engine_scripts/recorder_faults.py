@@ -28,7 +28,7 @@ from pathlib import Path
 from engine_common import REPEATABLE_PROMPTS, REPEATABLE_SAMPLING, eager_llm, generate_token_ids, patched, write_result
 
 from tracekit.graphs.host_copy import DeviceFlag
-from tracekit.integrations.vllm.engine import adapter_of
+from tracekit.integrations.vllm.engines.build import adapter_of
 from tracekit.record import persist
 from tracekit.record.api import recording
 

@@ -12,7 +12,7 @@ import sys
 from engine_common import generate_token_ids, write_result
 
 from tracekit.format.content import load_step
-from tracekit.integrations.vllm.engine import build_llm
+from tracekit.integrations.vllm.engines.build import build_llm
 from tracekit.replay.replayer import replay
 
 SERVE_PROMPT = ["Tell me a story about a robot"]

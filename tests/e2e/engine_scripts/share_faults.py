@@ -23,7 +23,7 @@ from pathlib import Path
 from engine_common import eager_llm, write_result
 
 from tracekit.errors import UsageError
-from tracekit.integrations.vllm.engine import find_runner, release_llm
+from tracekit.integrations.vllm.engines.build import find_runner, release_llm
 from tracekit.record.api import recording
 from tracekit.share.shrink import shrink
 

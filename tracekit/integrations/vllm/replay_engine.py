@@ -25,8 +25,8 @@ from tracekit.format.schema import BundleContent, EngineConfig, Environment, Par
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import default_device
 from tracekit.graphs.modes import ReplayMode
-from tracekit.integrations.vllm import graph_backend, lean_build, ranks, workers
-from tracekit.integrations.vllm.engine import (
+from tracekit.integrations.vllm.engines import graph_backend, lean_build, ranks, workers
+from tracekit.integrations.vllm.engines.build import (
     IN_PROCESS_ENV,
     adapter_of,
     apply_recorded_determinism,
@@ -34,19 +34,19 @@ from tracekit.integrations.vllm.engine import (
     forget_cached_prefixes,
     release_llm,
 )
-from tracekit.integrations.vllm.grammar import unpack_mask
-from tracekit.integrations.vllm.layer_capture import LayerCapture, capture_eager_forward
-from tracekit.integrations.vllm.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
-from tracekit.integrations.vllm.lora_adapters import LocatedAdapters, locate
-from tracekit.integrations.vllm.platform_facts import kv_layout_difference
-from tracekit.integrations.vllm.spec_decode import STATEFUL_DRAFTERS, recorded_drafts
-from tracekit.integrations.vllm.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
-from tracekit.integrations.vllm.step_features import not_replayable_reason
-from tracekit.integrations.vllm.step_records import logits_rows
-from tracekit.integrations.vllm.version import installed_release, release_to_replay, require_same_series
-from tracekit.integrations.vllm.weights import weights_fingerprint
-from tracekit.integrations.vllm.window_driver import WindowDriver, WindowRun
-from tracekit.integrations.vllm.window_records import WindowStep, window_steps
+from tracekit.integrations.vllm.engines.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
+from tracekit.integrations.vllm.engines.platform_facts import kv_layout_difference
+from tracekit.integrations.vllm.engines.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
+from tracekit.integrations.vllm.engines.window_driver import WindowDriver, WindowRun
+from tracekit.integrations.vllm.records.grammar import unpack_mask
+from tracekit.integrations.vllm.records.spec_decode import STATEFUL_DRAFTERS, recorded_drafts
+from tracekit.integrations.vllm.records.step_features import not_replayable_reason
+from tracekit.integrations.vllm.records.step_records import logits_rows
+from tracekit.integrations.vllm.records.weights import weights_fingerprint
+from tracekit.integrations.vllm.records.window_records import WindowStep, window_steps
+from tracekit.integrations.vllm.releases.installed import installed_release, release_to_replay, require_same_series
+from tracekit.integrations.vllm.runners.layer_capture import LayerCapture, capture_eager_forward
+from tracekit.integrations.vllm.runners.lora_adapters import LocatedAdapters, locate
 from tracekit.models import tiny_model_path
 
 __all__ = [

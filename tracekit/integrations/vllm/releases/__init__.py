@@ -1,17 +1,21 @@
 """The vLLM release series tracekit supports: one module each, or an alias of one, registered here.
 
-A module defines `Release`, a subclass of `tracekit.integrations.vllm.release.Release` for its
+A module defines `Release`, a subclass of `tracekit.integrations.vllm.releases.base.Release` for its
 series (a newer series may subclass the nearest older one). A series in which nothing tracekit
 touches differs from a supported one is an alias of that one's module (`ALIASES`); the diff that
 shows so (`tools/release_surface.py`) is in docs/RELEASES.md. `SUPPORTED_SERIES` is derived from
 both, and `release_for(version)` gives the support object of an installed version.
+
+  base.py       the `Release` base: the hooks a series overrides and the data they share
+  installed.py  which vLLM is installed, and its release support
+  v0_26.py, v0_32.py, v0_34.py  the series
 """
 
 import functools
 import importlib
 
 from tracekit.errors import CannotRunHere
-from tracekit.integrations.vllm.release import series_of
+from tracekit.integrations.vllm.releases.base import series_of
 
 # Oldest first.
 RELEASE_MODULES = ("v0_26", "v0_32", "v0_34")

@@ -8,10 +8,10 @@ through), V2 has no `StepTimingCollector` (tracekit does not use it), and `calcu
 is an engine setting.
 """
 
-from tracekit.integrations.vllm.release import Release as ReleaseBase
-from tracekit.integrations.vllm.release import Setting
-from tracekit.integrations.vllm.v1_runner import V1Adapter
-from tracekit.integrations.vllm.v2_runner import V2Adapter
+from tracekit.integrations.vllm.releases.base import Release as ReleaseBase
+from tracekit.integrations.vllm.releases.base import Setting
+from tracekit.integrations.vllm.runners.v1_runner import V1Adapter
+from tracekit.integrations.vllm.runners.v2_runner import V2Adapter
 
 
 class Release(ReleaseBase):

@@ -44,9 +44,9 @@ from typing import Any, Callable
 from tracekit.errors import CannotRunHere
 from tracekit.format.schema import GrammarRecord
 from tracekit.integrations.seam import RunnerKind
-from tracekit.integrations.vllm import grammar
+from tracekit.integrations.vllm.records import grammar
 from tracekit.integrations.vllm.releases import v0_32
-from tracekit.integrations.vllm.v2_runner import V2Adapter
+from tracekit.integrations.vllm.runners.v2_runner import V2Adapter
 
 
 class Release(v0_32.Release):

@@ -28,7 +28,7 @@ import torch
 
 from tracekit.errors import BundleError, CannotRunHere
 from tracekit.format.schema import ADAPTER_CONFIG, KEPT_WEIGHTS_SUFFIX, LoRAAdapter, Step
-from tracekit.integrations.vllm.weights import adapter_fingerprint, weight_files
+from tracekit.integrations.vllm.records.weights import adapter_fingerprint, weight_files
 
 logger = logging.getLogger("tracekit.record")
 

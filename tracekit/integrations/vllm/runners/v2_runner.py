@@ -25,10 +25,11 @@ import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
 from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
-from tracekit.integrations.vllm import runner_state, spec_decode
-from tracekit.integrations.vllm.lora_adapters import request_adapter_name
-from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
-from tracekit.integrations.vllm.runner_adapter import RunnerAdapter, Shadows, StepMark
+from tracekit.integrations.vllm.records import spec_decode
+from tracekit.integrations.vllm.runners import runner_state
+from tracekit.integrations.vllm.runners.lora_adapters import request_adapter_name
+from tracekit.integrations.vllm.runners.method_patch import call_shadowed, shadowed
+from tracekit.integrations.vllm.runners.runner_adapter import RunnerAdapter, Shadows, StepMark
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from tracekit.format.schema import KVWritten
-from tracekit.integrations.vllm.runner_state import CPU_VEC, SLOT_MAJOR, KVGroup
+from tracekit.integrations.vllm.runners.runner_state import CPU_VEC, SLOT_MAJOR, KVGroup
 
 MODULUS = (1 << 31) - 1  # a prime: a row's weighted sum is kept below it, so sums never overflow
 NULL_BLOCK = 0

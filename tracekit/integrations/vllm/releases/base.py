@@ -16,8 +16,8 @@ from typing import Any, Callable, ClassVar
 from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, RequestState, Step
 from tracekit.integrations.seam import RUNNER_KINDS, OutputReceiver, RunnerKind
-from tracekit.integrations.vllm import grammar, serialize
-from tracekit.integrations.vllm.weights import weights_fingerprint
+from tracekit.integrations.vllm.records import grammar, serialize
+from tracekit.integrations.vllm.records.weights import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Release:
 
     def on_each_runner_ready(self, callback: Callable[[Any], None]) -> None:
         """Call `callback(model_runner)` whenever a worker of this process finishes warming up."""
-        from tracekit.integrations.vllm.method_patch import call_after
+        from tracekit.integrations.vllm.runners.method_patch import call_after
 
         for module_name, class_name in self.worker_classes:
             try:
@@ -177,7 +177,7 @@ class Release:
 
     def kv_groups(self, runner: Any) -> list[Any]:
         """The runner's KV cache groups (`runner_state.KVGroup`): every block the engine uses."""
-        from tracekit.integrations.vllm import runner_state
+        from tracekit.integrations.vllm.runners import runner_state
 
         return runner_state.kv_groups(runner)
 

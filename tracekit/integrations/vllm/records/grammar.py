@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tracekit.format.schema import GrammarRecord
-from tracekit.integrations.vllm.serialize import SerializationError
+from tracekit.integrations.vllm.records.serialize import SerializationError
 
 TOKENS_PER_WORD = 32
 

@@ -13,7 +13,7 @@ import torch
 from tracekit.format.schema import GraphDispatch, KVLayout, RequestState
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.host_copy import HostCopy
-from tracekit.integrations.vllm.serialize import to_plain
+from tracekit.integrations.vllm.records.serialize import to_plain
 
 # What vLLM puts where a token id is not known: V1's sampled ids under async scheduling until the
 # engine reads them, the drafts a runner holds (the scheduler's copy), a rejected draft position.

@@ -21,7 +21,7 @@ RPC_TIMEOUT_S = 900.0
 
 def runner_in_this_process(llm: Any) -> bool:
     """Whether `llm`'s model runner can be reached directly (one rank, in-process engine core)."""
-    from tracekit.integrations.vllm.engine import find_runner
+    from tracekit.integrations.vllm.engines.build import find_runner
 
     try:
         find_runner(llm)

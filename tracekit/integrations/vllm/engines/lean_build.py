@@ -37,9 +37,9 @@ from typing import Any
 
 from tracekit.format.schema import GraphDispatch, Step
 from tracekit.graphs.modes import ReplayMode, expand_modes
-from tracekit.integrations.vllm import method_patch
-from tracekit.integrations.vllm.engine import build_llm
-from tracekit.integrations.vllm.version import installed_release
+from tracekit.integrations.vllm.engines.build import build_llm
+from tracekit.integrations.vllm.releases.installed import installed_release
+from tracekit.integrations.vllm.runners import method_patch
 
 _builds: "weakref.WeakKeyDictionary[Any, EngineBuild]" = weakref.WeakKeyDictionary()
 

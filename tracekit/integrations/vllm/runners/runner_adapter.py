@@ -36,11 +36,12 @@ from tracekit.format.schema import (
 )
 from tracekit.graphs.device import DeviceBackend, get_device_backend
 from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepObserver
-from tracekit.integrations.vllm import runner_state, spec_decode
-from tracekit.integrations.vllm.lora_adapters import lora_request, resident_adapters, restore_slots, slot_table
-from tracekit.integrations.vllm.method_patch import call_shadowed, shadowed
-from tracekit.integrations.vllm.step_features import not_replayable_in
-from tracekit.integrations.vllm.step_shadows import StepShadows
+from tracekit.integrations.vllm.records import spec_decode
+from tracekit.integrations.vllm.records.step_features import not_replayable_in
+from tracekit.integrations.vllm.runners import runner_state
+from tracekit.integrations.vllm.runners.lora_adapters import lora_request, resident_adapters, restore_slots, slot_table
+from tracekit.integrations.vllm.runners.method_patch import call_shadowed, shadowed
+from tracekit.integrations.vllm.runners.step_shadows import StepShadows
 
 # (object, {method name: wrapper factory}) pairs, shadowed together for a session.
 Shadows = list[tuple[Any, dict[str, Callable[[Callable], Callable]]]]
@@ -382,12 +383,12 @@ class RunnerAdapter:
         return self.release.engine_config(self)
 
     def environment(self) -> Environment:
-        from tracekit.integrations.vllm.platform_facts import runner_environment
+        from tracekit.integrations.vllm.engines.platform_facts import runner_environment
 
         return runner_environment(self.runner, self.release.version)
 
     def parallel_rank(self, set_id: str | None = None) -> ParallelRank:
-        from tracekit.integrations.vllm import ranks
+        from tracekit.integrations.vllm.engines import ranks
 
         return ranks.rank_of(self.runner, set_id)
 

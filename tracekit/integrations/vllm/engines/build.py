@@ -12,8 +12,8 @@ import sys
 from typing import Any
 
 from tracekit.errors import CannotRunHere, UsageError
-from tracekit.integrations.vllm import ranks
-from tracekit.integrations.vllm.version import installed_release
+from tracekit.integrations.vllm.engines import ranks
+from tracekit.integrations.vllm.releases.installed import installed_release
 
 # In-process engine core: the model runner lives in this process and can be reached.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

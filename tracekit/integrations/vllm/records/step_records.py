@@ -22,7 +22,7 @@ from typing import Any, Callable
 from tracekit.errors import BundleError
 from tracekit.format.schema import RequestState, Step
 from tracekit.format.typecheck import found
-from tracekit.integrations.vllm.spec_decode import recorded_drafts
+from tracekit.integrations.vllm.records.spec_decode import recorded_drafts
 
 # SamplingParams fields (and their neutral values) that make sampling read earlier token ids.
 HISTORY_READERS = {

@@ -41,8 +41,8 @@ from tracekit.format.schema import (
     StepTiming,
 )
 from tracekit.format.typecheck import found
-from tracekit.integrations.vllm import spec_decode
-from tracekit.integrations.vllm.runner_state import blocks_read_and_written
+from tracekit.integrations.vllm.records import spec_decode
+from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 
 
 @dataclass

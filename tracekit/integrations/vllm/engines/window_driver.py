@@ -25,9 +25,9 @@ import torch
 
 from tracekit.format.schema import RunnerCall, StepWindow
 from tracekit.integrations.seam import ObservedStep
-from tracekit.integrations.vllm import kv_digest
-from tracekit.integrations.vllm.step_driver import ReplayObserver, StepDriver
-from tracekit.integrations.vllm.window_records import WindowStep
+from tracekit.integrations.vllm.engines.step_driver import ReplayObserver, StepDriver
+from tracekit.integrations.vllm.records.window_records import WindowStep
+from tracekit.integrations.vllm.runners import kv_digest
 
 
 @dataclass

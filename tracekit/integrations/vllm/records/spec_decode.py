@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from tracekit.format.schema import DrafterPass, RequestState, SpecDecodeRecord, draft_rows, token_runs
-from tracekit.integrations.vllm.runner_state import PLACEHOLDER_TOKEN, hidden_states_of
+from tracekit.integrations.vllm.runners.runner_state import PLACEHOLDER_TOKEN, hidden_states_of
 
 # Drafters that propose from a request's own token ids (an n-gram lookup over its prompt and
 # output, suffix decoding's tree of them): they read every token id a drafting request holds.

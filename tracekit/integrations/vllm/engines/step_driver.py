@@ -26,8 +26,9 @@ from tracekit.errors import CannotRunHere
 from tracekit.format.schema import KVMode, Step
 from tracekit.graphs.modes import ReplayMode
 from tracekit.integrations.seam import ObservedStep, OutputReceiver, Phase
-from tracekit.integrations.vllm import grammar, kv_digest, runner_state, spec_decode
-from tracekit.integrations.vllm.runner_state import hidden_states_of
+from tracekit.integrations.vllm.records import grammar, spec_decode
+from tracekit.integrations.vllm.runners import kv_digest, runner_state
+from tracekit.integrations.vllm.runners.runner_state import hidden_states_of
 
 
 def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:

@@ -1,0 +1,32 @@
+"""The one seam between `tracekit.record` and vLLM: what arming a recorder in a live engine and
+copying its steps ask of vLLM, listed in one place.
+
+`tracekit.record` holds a runner adapter and talks to it through `tracekit.integrations.seam`;
+everything else it needs of vLLM — building an engine, reaching its runners in every worker, a
+runner's place among the ranks, the step's KV blocks, grammar mask and drafts read to host, the
+request ledger of a window — it takes from here (`tests/test_layering.py` allows `record/` no
+other integration module), as `tracekit.replay` takes what it needs from `replay_engine`.
+"""
+
+from tracekit.integrations.vllm.engines.build import build_llm, find_runner, generate, parse_engine_cli_args
+from tracekit.integrations.vllm.engines.ranks import rank_of, require_recordable
+from tracekit.integrations.vllm.engines.step_driver import unknown_tokens_to_recompute
+from tracekit.integrations.vllm.engines.workers import on_every_worker, reported, runner_in_this_process, runner_of
+from tracekit.integrations.vllm.records.grammar import applied_mask
+from tracekit.integrations.vllm.records.spec_decode import drafter_pass
+from tracekit.integrations.vllm.records.step_features import step_features
+from tracekit.integrations.vllm.records.window_records import RequestLedger
+from tracekit.integrations.vllm.releases.installed import installed_release
+from tracekit.integrations.vllm.runners.kv_digest import digested_layers, kv_written
+from tracekit.integrations.vllm.runners.layer_capture import LayerCapture
+from tracekit.integrations.vllm.runners.lora_adapters import AdapterFiles
+from tracekit.integrations.vllm.runners.runner_adapter import RunnerAdapter, StepMark
+from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written, blocks_to_host, hidden_states_of
+
+__all__ = [
+    "AdapterFiles", "LayerCapture", "RequestLedger", "RunnerAdapter", "StepMark", "applied_mask",
+    "blocks_read_and_written", "blocks_to_host", "build_llm", "digested_layers", "drafter_pass", "find_runner",
+    "generate", "hidden_states_of", "installed_release", "kv_written", "on_every_worker", "parse_engine_cli_args",
+    "rank_of", "reported", "require_recordable", "runner_in_this_process", "runner_of", "step_features",
+    "unknown_tokens_to_recompute",
+]
