@@ -18,7 +18,7 @@ from e2e_support import CORE_ITEMS, engine_script, only_on_runner, read_content,
 from tracekit.format import open_bundle
 from tracekit.format.content import load_step
 from tracekit.integrations.seam import RunnerKind
-from tracekit.integrations.vllm.window_records import window_steps
+from tracekit.integrations.vllm.records.window_records import window_steps
 
 pytestmark = pytest.mark.slow
 
