@@ -19,9 +19,10 @@ def test_the_layout_list_names_every_package_in_layer_order():
     assert sorted(listed) == sorted(packages), "a package is missing from the layout list, or a listed one is gone"
 
 
-# The packages whose docstring is their table of contents (integrations/vllm/ is listed by its own
-# sub-packages' docstrings).
-DOCUMENTED_PACKAGES = ("format", "graphs", "integrations", "record", "replay", "share")
+# The packages whose docstring is their table of contents.
+DOCUMENTED_PACKAGES = ("format", "graphs", "integrations", "integrations/vllm", "integrations/vllm/engines",
+                       "integrations/vllm/records", "integrations/vllm/releases", "integrations/vllm/runners",
+                       "record", "replay", "share")
 
 
 def test_each_package_docstring_names_every_module_of_its_folder():
@@ -29,7 +30,7 @@ def test_each_package_docstring_names_every_module_of_its_folder():
     unnamed = []
     for package in DOCUMENTED_PACKAGES:
         folder = root / package
-        docstring = importlib.import_module(f"tracekit.{package}").__doc__ or ""
+        docstring = importlib.import_module("tracekit." + package.replace("/", ".")).__doc__ or ""
         unnamed += [f"tracekit/{package}/{module.name}" for module in sorted(folder.glob("*.py"))
                     if module.stem != "__init__" and f"`{module.stem}`" not in docstring]
     assert not unnamed, f"a package docstring does not name {unnamed}: say in one phrase what each is for"

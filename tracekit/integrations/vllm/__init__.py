@@ -5,8 +5,8 @@ the V2 GPU runner), so recording and replaying code talks to vLLM only through t
 (`tests/test_layering.py` fails on a vLLM import or a listed vLLM attribute anywhere else), and
 each layer above through one facade of it:
 
-  recording.py     the seam `tracekit.record` reaches vLLM through
-  replay_engine.py the seam `tracekit.replay` reaches vLLM through
+  `recording`      the seam `tracekit.record` reaches vLLM through
+  `replay_engine`  the seam `tracekit.replay` reaches vLLM through
   releases/        what is true of each supported release series, one module each, on a common base
   runners/         where each model runner kind keeps a step: the adapters record and replay share
   records/         vLLM's objects as tracekit's records and back: serialised, edited, read

@@ -1,13 +1,13 @@
 """vLLM's objects as tracekit's records and back: what a bundle holds of them, read and edited.
 
-  serialize.py      vLLM objects <-> plain data, field by field, no pickle
-  step_records.py   what sampling reads of a request's tokens; the SchedulerOutput record of a
+  `serialize`       vLLM objects <-> plain data, field by field, no pickle
+  `step_records`    what sampling reads of a request's tokens; the SchedulerOutput record of a
                     shrunk or redacted batch
-  window_records.py the request states of a window's later steps, derived from the bundle
-  grammar.py        a step's structured-output grammar mask: vLLM's GrammarOutput as a record and
+  `window_records`  the request states of a window's later steps, derived from the bundle
+  `grammar`         a step's structured-output grammar mask: vLLM's GrammarOutput as a record and
                     back, and the mask as it reached the logits
-  spec_decode.py    what a step of a speculatively decoding engine holds, on both runners
-  step_features.py  what a step used beyond tokens, and what of it this tracekit cannot replay yet
-  weights.py        naming weights by their bytes: the model's, a LoRA adapter's
-  bench_shapes.py   recorded batches as `vllm bench forward --shapes` cases (metadata only)
+  `spec_decode`     what a step of a speculatively decoding engine holds, on both runners
+  `step_features`   what a step used beyond tokens, and what of it this tracekit cannot replay yet
+  `weights`         naming weights by their bytes: the model's, a LoRA adapter's
+  `bench_shapes`    recorded batches as `vllm bench forward --shapes` cases (metadata only)
 """

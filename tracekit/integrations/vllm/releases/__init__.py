@@ -6,9 +6,9 @@ touches differs from a supported one is an alias of that one's module (`ALIASES`
 shows so (`tools/release_surface.py`) is in docs/RELEASES.md. `SUPPORTED_SERIES` is derived from
 both, and `release_for(version)` gives the support object of an installed version.
 
-  base.py       the `Release` base: the hooks a series overrides and the data they share
-  installed.py  which vLLM is installed, and its release support
-  v0_26.py, v0_32.py, v0_34.py  the series
+  `base`       the `Release` base: the hooks a series overrides and the data they share
+  `installed`  which vLLM is installed, and its release support
+  `v0_26`, `v0_32`, `v0_34`  the series, one module each
 """
 
 import functools
