@@ -6,7 +6,8 @@ kernel ran with its recorded configuration may have recorded the wrong one (issu
 H100 a float32 recording that loaded its graphs from vLLM's compile cache recorded XBLOCK=32 for
 `triton_per_fused_fused_add_rms_norm_0`; its replay forced to XBLOCK=1 reproduced layer 1's KV,
 which the recorded configuration did not). Each variant changes block sizes of the kernels named
-by a prefix of their lookup hash; every other byte of the step stays as recorded.
+by a prefix of their lookup hash, in every copy of each (a bundle keeps each compiled graph's
+copy with its own configuration); every other byte of the step stays as recorded.
 
     python tools/kernel_config_variants.py BUNDLE OUT_DIR NAME=HASH_PREFIX:FIELD=VALUE[,...] ...
     e.g. add1=9ccba1:XBLOCK=1  both1=9ccba1:XBLOCK=1,211b9b:XBLOCK=1
@@ -45,7 +46,8 @@ def write_variant(bundle: Path, target: Path, by_prefix: dict[str, dict[str, int
         for choice in metadata["engine"].get("kernel_choices", []):
             for prefix, fields in by_prefix.items():
                 if choice["source_hash"].startswith(prefix):
-                    choice["config"].update(fields)
+                    for config in (choice["config"], *(copy["config"] for copy in choice.get("copies", []))):
+                        config.update(fields)
                     changed.append(f"{choice['kernel']}@{prefix}: {fields}")
                     matched.add(prefix)
 

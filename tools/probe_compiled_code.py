@@ -44,14 +44,17 @@ def _loaded_modules() -> dict[str, str]:
 
 def _autotuned_configs() -> dict[str, str]:
     """Each launched kernel's configuration (chosen among several or not), by kernel name and
-    lookup hash, with where it came from ("timed" or "autotune_cache")."""
+    lookup hash, with where it came from ("timed" or "autotune_cache") and, where its copies ran
+    apart, each copy's by graph key prefix and binding."""
     if "torch._inductor.codecache" not in sys.modules:
         return {}
     from tracekit.graphs.kernel_choices import launched_choices
 
     return {f"{choice.kernel}@{choice.source_hash}": json.dumps(
-                {**choice.config, "origin": choice.origin, **({"other_configs": choice.other_configs}
-                                                              if choice.other_configs else {})}, sort_keys=True)
+                {**choice.config, "origin": choice.origin,
+                 **({"other_configs": choice.other_configs} if choice.other_configs else {}),
+                 **({"copies": {f"{copy.graph[:12]}/{copy.binding}": copy.config for copy in choice.copies}}
+                    if choice.other_configs else {})}, sort_keys=True)
             for choice in launched_choices(only_chosen=False)}
 
 

@@ -116,20 +116,34 @@ class ModelInfo(SchemaRecord):
 
 
 @dataclass
+class KernelCopy(SchemaRecord):
+    """One copy of an autotuned Triton kernel in the recording process, told apart from the other
+    copies of its source by where it is bound (`tracekit.graphs.kernel_choices`): `graph` is the
+    sha256 of the code of the compiled graph's module that binds it (its comment lines left out:
+    they name cache folders and the compile order), `binding` the name of that module's global
+    the kernel is bound to, `config` the configuration the copy ran with (as `KernelChoice.config`)."""
+
+    graph: str
+    binding: str
+    config: dict[str, Count]
+
+
+@dataclass
 class KernelChoice(SchemaRecord):
     """The launch configuration one autotuned Triton kernel of the recording process ran with
     (`tracekit.graphs.kernel_choices`): `source_hash` is Inductor's lookup hash of the kernel
     (its size hints and source), `config` its block sizes (`XBLOCK`, ...), `num_warps` and
-    `num_stages`. `other_configs`: the configurations other copies of the same kernel source ran
-    with in that process (a process that loads its compiled graphs from vLLM's compile cache can
-    hold one copy per graph, each configured on its own), which Inductor's lookup table, keyed
-    by source, cannot give a replay."""
+    `num_stages`. One source can run as several copies, one per compiled graph whose kernels came
+    back from Inductor's compile workers, each configured on its own: `config` is the first
+    copy's, `other_configs` the other configurations its copies ran with, and `copies` each copy
+    a compiled graph binds with its own configuration (empty in bundles from before the field)."""
 
     kernel: str
     source_hash: str
     config: dict[str, Count]
     origin: str = ""  # "timed" (autotuned in that process) or "autotune_cache" (found in Inductor's cache)
     other_configs: list[dict[str, Count]] = field(default_factory=list)
+    copies: list[KernelCopy] = field(default_factory=list)
 
 
 @dataclass

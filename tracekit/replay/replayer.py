@@ -99,7 +99,7 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     with locate_lora_adapters(opened.step, options.lora_paths, options.allow_weights_mismatch) as adapters:
         # Inductor's kernels are built with the engine and autotuned at their first launch, the
         # engine's other Triton kernels built at theirs: all under the recorded choices and builds.
-        with kernel_choices.choices_applied(choices), kernel_builds.builds_applied(builds) as applied:
+        with kernel_choices.choices_applied(choices) as pinned, kernel_builds.builds_applied(builds) as applied:
             engine = engine_for(opened, options, llm, compile_here=bool(choices))
             here = engine.environment()
             engine.require_kv_layout_of(opened.content.environment, here)
@@ -108,11 +108,11 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
                 window = run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
                                     options.tolerance, options.strict, differences, options.engine_overrides,
                                     lora_paths=adapters.paths)
-                return with_kernel_reports(window, opened.content, applied)
+                return with_kernel_reports(window, opened.content, applied, pinned)
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
             ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
-    return report(opened, options, engine, here, ran, applied)
+    return report(opened, options, engine, here, ran, applied, pinned)
 
 
 # -- open ----------------------------------------------------------------------------------------------
@@ -305,13 +305,13 @@ def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[st
 
 
 def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, here: Any, ran: StepRun,
-           applied: kernel_builds.BuildsApplied) -> ReplayResult:
+           applied: kernel_builds.BuildsApplied, pinned: kernel_choices.ChoicesApplied) -> ReplayResult:
     """The replay's result: checks, dispatch audit, timings beside the recorded one, the
     environment's differences from the recording, notes, and the per-layer bundle if asked."""
     step, content, observed = opened.step, opened.content, ran.observed
     recorded_timing = step.timing.to_plain()
     audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed is not None else {}
-    kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices())
+    kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices(), pinned)
     builds = _builds_here(content, applied)
     notes = (_kv_notes(step) + _dispatch_notes(audited)
              + _kernel_notes(content, ran.reference_mode, ran.checks, kernels, builds)
@@ -350,12 +350,12 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     )
 
 
-def with_kernel_reports(window: WindowReplayResult, content: BundleContent,
-                        applied: kernel_builds.BuildsApplied) -> WindowReplayResult:
+def with_kernel_reports(window: WindowReplayResult, content: BundleContent, applied: kernel_builds.BuildsApplied,
+                        pinned: kernel_choices.ChoicesApplied) -> WindowReplayResult:
     """The window's Triton kernels against the recorded choices and builds (one process ran
     every step: one comparison), and on each step that parted by float rounding alone, what they
     had to do with it, as a single step's report says."""
-    kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices())
+    kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices(), pinned)
     builds = _builds_here(content, applied)
     window.kernel_choices, window.kernel_builds = kernels, builds
     for step in window.steps:
@@ -423,9 +423,11 @@ def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[Chec
                      f"sizes decide its rounding): {'; '.join(kernels['other'])}")
     if compiled and kernels.get("several"):
         named.append("copies of one Inductor kernel source ran with several configurations (one copy per compiled "
-                     "graph, as a process that loads them from vLLM's compile cache holds them); a replay gives all "
-                     "copies of a source the first recorded one (Inductor's lookup table is keyed by source), so "
-                     f"some copies ran with another configuration than recorded: {'; '.join(kernels['several'])}")
+                     "graph whose kernels came back from Inductor's compile workers) and could not all be told apart "
+                     "by the graph binding each, so some may have run with another configuration than recorded: "
+                     f"{'; '.join(kernels['several'])}")
+    if compiled and kernels.get("unapplied"):
+        named.append(f"copies this replay could not give their recorded configuration: {'; '.join(kernels['unapplied'])}")
     if compiled and kernels.get("unrecorded"):
         named.append(f"Inductor's kernels autotuned here, no choice recorded: {', '.join(kernels['unrecorded'])}")
     if named:
