@@ -78,13 +78,23 @@ SEVERAL = ("triton_per_fused_add_rms_norm_0: XBLOCK=1,num_warps=2,num_stages=1 h
 
 
 def test_a_kernel_whose_copies_ran_with_several_configurations_is_named_with_all_of_them():
-    """A process that loaded its graphs from vLLM's compile cache ran copies of one source
-    otherwise (issue 28, H100): the lookup table gives a replay's copies one, so that is named
-    rather than every kernel said to have run as recorded."""
+    """A process whose kernels came back from Inductor's compile workers ran copies of one source
+    otherwise (issue 28, H100): where the copies cannot be told apart by their graphs, that is
+    named rather than every kernel said to have run as recorded."""
     (note,) = _kernel_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
                             {"same": ["triton_red_fused_0"], "other": [], "unrecorded": [], "several": [SEVERAL]},
                             NO_BUILDS)
     assert SEVERAL in note and "rounding difference lies elsewhere" not in note
+
+
+UNAPPLIED = "triton_per_fused_add_rms_norm_0 in graph 0123456789ab: XBLOCK=32,num_warps=2,num_stages=1 not given (KeyError: x)"
+
+
+def test_a_copy_the_replay_could_not_give_its_configuration_is_named_with_why():
+    (note,) = _kernel_notes(_content(CHOICE), "compiled", FLOAT_PARTED,
+                            {"same": ["triton_red_fused_0"], "other": [], "unrecorded": [], "several": [],
+                             "unapplied": [UNAPPLIED]}, NO_BUILDS)
+    assert UNAPPLIED in note and "rounding difference lies elsewhere" not in note
 
 
 BUILT_OTHERWISE = "vllm.attention.kernel_unified_attention_2d: a PTX ISA 9.0 binary here, 8.8 recorded"
