@@ -81,10 +81,16 @@ def test_report_names_the_engine_built():
     assert describe_engine_build({"kind": "full", "seconds": 1.0}).startswith("full (as vLLM builds it")
 
 
-# One recorded choice of an Inductor kernel (a CPU engine builds no Triton kernels: it matches
-# none, and the steps are compiled all the same).
+# One recorded choice of an Inductor kernel whose copies in two compiled graphs ran apart (a CPU
+# engine builds no Triton kernels: it matches none, its graphs bind no copy, and the steps are
+# compiled all the same, every graph module it loads read for copies to give their own).
 A_KERNEL_CHOICE = {"kernel": "triton_red_fused_0", "source_hash": "ab" * 32,
-                   "config": {"XBLOCK": 8, "num_warps": 4, "num_stages": 1}, "origin": "timed"}
+                   "config": {"XBLOCK": 8, "num_warps": 4, "num_stages": 1}, "origin": "timed",
+                   "other_configs": [{"XBLOCK": 16, "num_warps": 4, "num_stages": 1}],
+                   "copies": [{"graph": "1" * 64, "binding": "triton_red_fused_0",
+                               "config": {"XBLOCK": 8, "num_warps": 4, "num_stages": 1}},
+                              {"graph": "2" * 64, "binding": "triton_red_fused_0",
+                               "config": {"XBLOCK": 16, "num_warps": 4, "num_stages": 1}}]}
 
 
 def test_steps_with_kernel_choices_are_replayed_by_code_compiled_here(sized_bundles, tmp_path):
@@ -104,3 +110,4 @@ def test_steps_with_kernel_choices_are_replayed_by_code_compiled_here(sized_bund
         assert record["bit_exact"] and record["reference_mode"] == "compiled", record.get("first_divergence")
         assert COMPILE_HERE_ENV.items() <= record["engine_build"]["env"].items(), record["engine_build"]
         assert not [d for d in record["environment_differences"] if d["affects_numerics"]]
+        assert record["kernel_choices"]["unapplied"] == [], record["kernel_choices"]
