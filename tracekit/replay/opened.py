@@ -55,6 +55,10 @@ class OpenedBundle:
             raise self._error
         return self._content
 
+    def content_or_none(self) -> BundleContent | None:
+        """The content, or None where the bundle cannot be read (its replay says why)."""
+        return None if self._error is not None else self._content
+
     @property
     def multi_rank(self) -> bool:
         """Whether it is one rank's part of a multi-rank step (a bundle that cannot be read, its

@@ -20,12 +20,11 @@ from typing import Any
 
 from tracekit.environment import environment_differences
 from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError, one_line
-from tracekit.format.schema import KV_MODES, BundleContent, KernelBuild, KernelChoice, KVMode, Step
+from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
 from tracekit.graphs import kernel_builds, kernel_choices
 from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm.replay_engine import (
-    EngineNeeds,
     EngineSpec,
     ForwardHandle,
     ReplayEngine,
@@ -45,46 +44,12 @@ from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_step, error_item, padding_findings
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.opened import OpenedBundle
+from tracekit.replay.options import ReplayOptions
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
 from tracekit.replay.window import WindowReplayResult, rebuilt_steps, run_window
 
 __all__ = ["ReplayOptions", "ReplayResult", "WindowReplayResult", "replay"]
-
-
-@dataclass
-class ReplayOptions:
-    """How to replay a bundle. `modes`: None (check only), "reference" (also time the forward
-    as the engine ran it), a mode, or "all". `layers_out`: also run the step eagerly capturing
-    every layer's output, into a bundle there (a bundle recorded with `--layers` is always
-    checked layer by layer against such an eager forward). `strict`: the exit code is 0 for a
-    bit-exact replay only. `profile_prefix`: each timed mode's forwards are also traced with the
-    torch profiler into `{profile_prefix}.{mode}.trace.json`. `full_engine`: build the engine as vLLM
-    builds it (every graph and compile size) instead of a lean one with what the step needs;
-    `engine_needs`: what the lean engine must hold (a suite passes its group's; default: this
-    step's, and what `modes` asks). `from_step`: in a window, rebuild the runner's state at that
-    step as a single-step replay builds it, instead of letting it carry its state into it."""
-
-    step: int | None = None
-    from_step: int | None = None
-    model: str | None = None
-    allow_weights_mismatch: bool = False
-    engine_overrides: dict[str, Any] = field(default_factory=dict)
-    modes: str | None = None
-    iters: int = 10
-    samples: int = 3
-    warmup_s: float = 0.5
-    tolerance: float = 0.0
-    strict: bool = False
-    layers_out: str | Path | None = None
-    profile_prefix: str | Path | None = None
-    full_engine: bool = False
-    engine_needs: EngineNeeds | None = None
-    kernel_choices: list[KernelChoice] | None = None
-    kernel_builds: list[KernelBuild] | None = None  # (both: a suite's engine's, for all its bundles)
-    # LoRA adapter name -> its folder here, where the bundle does not keep its files and it is
-    # not at the recorded path (`--lora NAME=PATH`)
-    lora_paths: dict[str, str] = field(default_factory=dict)
 
 
 def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
@@ -313,9 +278,9 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed is not None else {}
     kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices(), pinned)
     builds = _builds_here(content, applied)
-    notes = (_kv_notes(step) + _dispatch_notes(audited)
-             + _kernel_notes(content, ran.reference_mode, ran.checks, kernels, builds)
-             + compare_with_recorded(ran.measured, recorded_timing))
+    notes = _kv_notes(step) + _dispatch_notes(audited) + _kernel_notes(content, ran.reference_mode, ran.checks,
+                                                                        kernels, builds)
+    compare_with_recorded(ran.measured, recorded_timing)
     build = engine.build
     return ReplayResult(
         bundle=opened.bundle,

@@ -8,7 +8,7 @@ next group's is built. That engine is lean unless `full_engine`: it holds what e
 group needs (`EngineNeeds`, their union).
 
 Every bundle gets a record with a verdict and an exit code; the suite's exit code is the worst
-of them, in the order of `EXIT_SEVERITY`.
+of them, in the order of `verdict_names.EXIT_SEVERITY`.
 """
 
 import time
@@ -19,10 +19,7 @@ from typing import Any
 
 from tracekit.bundles import unique_names
 from tracekit.errors import (
-    EXIT_BAD_INPUT,
     EXIT_CANNOT_RUN_HERE,
-    EXIT_NOT_REPLAYABLE_YET,
-    EXIT_NOT_REPRODUCED,
     EXIT_OK,
     EXIT_REPLAY_FAILED,
     TracekitError,
@@ -41,22 +38,12 @@ from tracekit.integrations.vllm.replay_engine import (
 )
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
-
-# Worst last. A divergence is the finding a suite exists for, so it wins over everything; a
-# replay that crashed (the step's fate is unknown) next; a bad bundle or argument (the suite
-# itself needs fixing) next; then a step no machine can replay with this tracekit (a gap in what
-# the suite checks), over a bundle only this machine cannot run.
-EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPLAYABLE_YET, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED,
-                 EXIT_NOT_REPRODUCED)
+from tracekit.replay.verdict_names import worst_exit_code
 
 
 def verdict_of(result: ReplayResult) -> str:
     """The replay's verdict (`tracekit.replay.verdict_names.VerdictName`)."""
     return result.verdict.name.value
-
-
-def worst_exit_code(codes: Sequence[int]) -> int:
-    return max(codes, key=EXIT_SEVERITY.index, default=EXIT_OK)
 
 
 @dataclass

@@ -64,3 +64,15 @@ NOT_REPLAYED = {
     EXIT_NOT_REPLAYABLE_YET: VerdictName.CANNOT_REPLAY_YET,
     EXIT_REPLAY_FAILED: VerdictName.CRASHED,
 }
+
+# Worst last. A divergence is the finding a suite exists for, so it wins over everything; a
+# replay that crashed (the step's fate is unknown) next; a bad bundle or argument (the suite
+# itself needs fixing) next; then a step no machine can replay with this tracekit (a gap in what
+# the suite checks), over a bundle only this machine cannot run.
+EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPLAYABLE_YET, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED,
+                 EXIT_NOT_REPRODUCED)
+
+
+def worst_exit_code(codes) -> int:
+    """The exit code of many bundles' replays: the worst of theirs (`EXIT_SEVERITY`)."""
+    return max(codes, key=EXIT_SEVERITY.index, default=EXIT_OK)
