@@ -41,10 +41,14 @@ NUMERICS_ENV_MARKERS = (
     "NCCL_ALGO", "NCCL_PROTO", "KVCACHE", "SSM", "SHARED_EXPERTS", "CPU_CAPABILITY",
 )
 LOCATION_SUFFIXES = ("_DIR", "_PATH", "_ROOT", "_FILE", "_HOST", "_IP", "_PORT", "_URL", "_NAME")
+# Nor is one whose value is an amount of memory (`VLLM_CPU_KVCACHE_SPACE`): it sizes a cache whose
+# recorded geometry a replay restores, and changes no number.
+AMOUNT_SUFFIXES = ("_SPACE", "_BYTES")
 
 
 def numerics_relevant_env(name: str) -> bool:
-    return any(marker in name for marker in NUMERICS_ENV_MARKERS) and not name.endswith(LOCATION_SUFFIXES)
+    return (any(marker in name for marker in NUMERICS_ENV_MARKERS)
+            and not name.endswith(LOCATION_SUFFIXES) and not name.endswith(AMOUNT_SUFFIXES))
 
 
 def current_environment(device: Any = None, attention_backend: str | None = None,

@@ -8,8 +8,8 @@ tracekit, or tracekit's piecewise backend.
 
 The recorder times the engine's model call with events on the device's stream (on CPU, the host
 clock), as the timed runs here are timed, so `ratio_to_recorded` compares like with like; where
-it cannot (a bundle timed the old way, a first forward of its size holding one-time costs), a
-note says so.
+it cannot (a bundle timed the old way, a first forward of its size holding one-time costs), or
+the samples spread too widely for a ratio to mean much, the mode's report says why.
 """
 
 from pathlib import Path
@@ -20,6 +20,10 @@ from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, measure_mode
 from tracekit.integrations.vllm.replay_engine import EngineSpec, ForwardHandle, build_replay_engine
+
+# Timed samples whose medians spread more than this (in percent) make a ratio to the recorded
+# time say little (a shared CPU's medians spread tens of percent; a GPU's, a few).
+NOISY_SPREAD_PCT = 25.0
 
 
 def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
@@ -105,29 +109,39 @@ def mode_agreement(modes: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return {"agree": not parted, "bit_exact_with_recording": exact, "parted": parted, "nonfinite": nonfinite}
 
 
-def compare_with_recorded(modes: dict[str, dict[str, Any]], recorded: dict[str, Any]) -> list[str]:
-    """Add `ratio_to_recorded` (replayed median / recorded forward) to every timed mode; return
-    the notes a reader needs to weigh them."""
-    notes = []
+def compare_with_recorded(modes: dict[str, dict[str, Any]], recorded: dict[str, Any]) -> None:
+    """Add `ratio_to_recorded` (replayed median / recorded forward) to every timed mode, and
+    where that ratio says little, why: `ratio_not_comparable` when the recorded time is not one
+    to compare with (timed the old way or by another clock, or the engine's first forward of its
+    size, holding one-time costs), `ratio_means_little` when the timed samples spread widely."""
     recorded_us = recorded.get("forward_us")
     if not isinstance(recorded_us, (int, float)) or recorded_us <= 0:
-        return notes
-    timers = set()
+        return
     for report in modes.values():
-        if report.get("available") and report.get("latency_us"):
-            report["ratio_to_recorded"] = report["latency_us"]["median"] / recorded_us
-            timers.add(report["latency_us"].get("timer"))
+        if not (report.get("available") and report.get("latency_us")):
+            continue
+        latency = report["latency_us"]
+        report["ratio_to_recorded"] = latency["median"] / recorded_us
+        not_comparable = _not_comparable(recorded, latency.get("timer"))
+        if not_comparable is not None:
+            report["ratio_not_comparable"] = not_comparable
+        spread = latency.get("sample_spread_pct")
+        if isinstance(spread, (int, float)) and spread > NOISY_SPREAD_PCT:
+            report["ratio_means_little"] = (
+                f"its timed samples spread {spread:.0f}% (over {NOISY_SPREAD_PCT:.0f}%): other work shares this "
+                "machine's cores or the forward is too short to time alone, so any ratio to it means little")
+
+
+def _not_comparable(recorded: dict[str, Any], timer: str | None) -> str | None:
+    """Why the recorded forward time is not one to set a replayed one against (None: it is)."""
     recorded_timer = recorded.get("forward_timer")
     if recorded_timer is None:
-        notes.append(
-            "the recorded forward time was taken by an older recorder (host clock around the forward and a "
-            "device sync, host launch included): ratios to it overstate the recorded cost"
-        )
-    elif timers and recorded_timer not in timers:
-        notes.append(f"the recorded forward was timed by {recorded_timer}, these runs by {', '.join(sorted(timers))}")
+        return ("the recorded time was taken by an older recorder (host clock around the forward and a device "
+                "sync, host launch included), which overstates the recorded cost")
     if recorded.get("first_of_its_size"):
-        notes.append(
-            "the recorded forward was the engine's first of its padded size since tracekit was armed: it may hold "
-            "one-time costs (compilation or autotuning of that size, allocator growth, first-touch of buffers)"
-        )
-    return notes
+        return ("the recorded forward was the engine's first of its padded size since tracekit was armed: it may "
+                "hold one-time costs (compilation or autotuning of that size, allocator growth, first-touch of "
+                "buffers)")
+    if timer is not None and timer != recorded_timer:
+        return f"the recorded forward was timed by {recorded_timer}, these runs by {timer}"
+    return None
