@@ -7,9 +7,11 @@ bundle writer's temporary file is removed); it never reaches the engine.
 """
 
 import dataclasses
+import glob
 import logging
 import os
 import queue
+import re
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -20,7 +22,7 @@ from tracekit.format.schema import EngineConfig, Environment, ParallelRank, Step
 from tracekit.graphs.host_copy import context_lost
 from tracekit.graphs.kernel_builds import launched_builds
 from tracekit.graphs.kernel_choices import launched_choices
-from tracekit.outputs import require_parent
+from tracekit.outputs import claim_outputs, describe_existing, require_parent
 
 logger = logging.getLogger("tracekit.record")
 
@@ -54,6 +56,21 @@ class OutputTemplate:
 
     def path_for(self, step_index: int, rank: int = 0) -> Path:
         return Path(self.template.replace(STEP_PLACEHOLDER, str(step_index)).replace(RANK_PLACEHOLDER, str(rank)))
+
+    def claim(self, force: bool) -> None:
+        """Refuse (usage, unless `force`) to record where bundles of this template exist already:
+        a new recording would write over them."""
+        if self.single:
+            claim_outputs({"-o": self.template}, force=force)
+            return
+        numbered = re.escape(self.template).replace(re.escape(STEP_PLACEHOLDER), r"\d+")
+        pattern = re.compile(numbered.replace(re.escape(RANK_PLACEHOLDER), r"\d+"))
+        wildcard = glob.escape(self.template).replace(STEP_PLACEHOLDER, "*").replace(RANK_PLACEHOLDER, "*")
+        existing = sorted(path for path in glob.glob(wildcard) if pattern.fullmatch(path))
+        if existing and not force:
+            more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+            raise UsageError(f"-o {self.template}: {existing[0]} exists ({describe_existing(Path(existing[0]))}){more}: "
+                             "name another output, or pass --force to write over them")
 
 
 def _with_rank(template: str) -> str:

@@ -51,12 +51,10 @@ from tracekit.record import step_capture
 from tracekit.record.capture_kinds import CopiedStep, MarkedStep, PendingStep, ignore
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
 from tracekit.record.sampled_ids import SampledIds
-from tracekit.record.triggers import TriggerEvent, TriggerSet
+from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, TriggerEvent, TriggerSet
 from tracekit.record.window_capture import CarriedStepCapture, OpenWindow
 
 logger = logging.getLogger("tracekit.record")
-
-DEFAULT_MAX_BUNDLES = 16
 
 
 def _engine_boundary(method: Callable) -> Callable:

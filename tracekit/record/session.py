@@ -49,12 +49,14 @@ def record_workload(
     layers: bool = False,
     window: int = 1,
     keep_lora_weights: bool = False,
+    force: bool = False,
 ) -> list[Path]:
-    """Record the steps the triggers pick from a workload run; returns the bundles written."""
+    """Record the steps the triggers pick from a workload run; returns the bundles written.
+    Bundles that exist at the output are written over only with `force`."""
     installed_release()
-    # Bad triggers, outputs and prompts are refused before an engine is started for nothing.
+    # Outputs that exist, bad triggers and prompts are refused before an engine is started for nothing.
+    OutputTemplate(output).claim(force)
     require_window(window, TriggerSet(steps=steps, when=when, events=events))
-    OutputTemplate(output)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
     llm = build_llm(recording_engine_args(model, engine_argv, engine_args))

@@ -44,6 +44,9 @@ class TriggerEvent(str, Enum):
 
 EVENT_TRIGGERS = tuple(event.value for event in TriggerEvent)
 
+# The most bundles one recording writes where its output takes every firing step (`{step}`).
+DEFAULT_MAX_BUNDLES = 16
+
 
 def parse_steps(text: str) -> Callable[[int], bool]:
     """`7`, `5:9` (5 to 8, as a Python slice), `3,7,10:12`, `5:` (5 onwards)."""
