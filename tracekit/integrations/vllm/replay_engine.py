@@ -32,6 +32,7 @@ from tracekit.integrations.vllm.engines.build import (
     apply_recorded_determinism,
     build_llm,
     forget_cached_prefixes,
+    parse_engine_cli_args,
     release_llm,
 )
 from tracekit.integrations.vllm.engines.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
@@ -42,7 +43,7 @@ from tracekit.integrations.vllm.records.grammar import unpack_mask
 from tracekit.integrations.vllm.records.spec_decode import STATEFUL_DRAFTERS, recorded_drafts
 from tracekit.integrations.vllm.records.step_features import not_replayable_reason
 from tracekit.integrations.vllm.records.step_records import logits_rows
-from tracekit.integrations.vllm.records.weights import weights_fingerprint
+from tracekit.integrations.vllm.records.weights import local_model_folder, weights_fingerprint
 from tracekit.integrations.vllm.records.window_records import WindowStep, window_steps
 from tracekit.integrations.vllm.releases.installed import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.runners.layer_capture import LayerCapture, capture_eager_forward
@@ -53,7 +54,7 @@ __all__ = [
     "STATEFUL_DRAFTERS", "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "LocatedAdapters", "ReplayEngine",
     "StepDriver",
     "WindowRun", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
-    "locate_lora_adapters", "logits_rows", "needs_of", "release_llm", "replay_engine_args", "require_drafting_known",
+    "locate_lora_adapters", "logits_rows", "needs_of", "parse_engine_cli_args", "release_llm", "replay_engine_args", "require_drafting_known",
     "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
     "require_replayable_kind", "union_of", "unpack_mask", "worker_adapter", "worker_error",
 ]
@@ -258,8 +259,8 @@ def _resolve_model(engine: EngineConfig, model: str | None, allow_weights_mismat
             model = tiny_model_path()  # recorded on another machine with tracekit's embedded model
     if recorded.weights_fingerprint is None or allow_weights_mismatch:
         return model
-    if not Path(model).exists():
-        raise CannotRunHere(f"model weights not found at {model}; pass --model PATH")
+    if not Path(model).exists() and local_model_folder(model) is None:
+        raise CannotRunHere(f"the model's weights are not at {model} on this machine: pass --model DIR, where they are")
     here = weights_fingerprint(model, load_format)
     if here != recorded.weights_fingerprint:
         raise CannotRunHere(

@@ -2,7 +2,8 @@
 
 A bundle stores the fingerprint of the weights its engine loaded — the model's, and each LoRA
 adapter's; a replay on another machine finds them at another path (or under `--model`, `--lora`)
-and compares. One definition for both: a hash over the relative names and bytes of the weight
+and compares. A model named by hub id is fingerprinted in the Hugging Face cache folder it was
+loaded from, so its bundle is checked like any other. One definition for both: a hash over the relative names and bytes of the weight
 files and the config file that shapes them, sorted by path. Kept apart from the modules that
 build engines because the release support (`release.Release.engine_config`) needs it too, and
 importing those from there would close an import loop.
@@ -38,10 +39,27 @@ def files_fingerprint(root: Path, config_name: str) -> str | None:
 
 
 def weights_fingerprint(model_path: str, load_format: str | None) -> str | None:
-    """The model's: its weight files and config.json ("dummy" for vLLM's dummy weights)."""
+    """The model's: its weight files and config.json ("dummy" for vLLM's dummy weights). A model
+    named by hub id is fingerprinted in the folder it resolves to here (`local_model_folder`);
+    None where it resolves to none."""
     if load_format == "dummy":
         return "dummy"
-    return files_fingerprint(Path(model_path), MODEL_CONFIG)
+    folder = local_model_folder(model_path)
+    return files_fingerprint(folder, MODEL_CONFIG) if folder is not None else None
+
+
+def local_model_folder(model: str) -> Path | None:
+    """The folder a model lies in on this machine: `model` itself, or for a hub id
+    (`org/name`), its snapshot in the Hugging Face cache, where vLLM loaded it from (None where
+    it is not there: nothing is downloaded)."""
+    if Path(model).is_dir():
+        return Path(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # not a hub id, not cached here, or no huggingface_hub: no folder
+        return None
 
 
 def adapter_fingerprint(adapter_path: str | Path) -> str | None:
