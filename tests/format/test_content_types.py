@@ -38,13 +38,13 @@ def test_output_token_ids_given_an_int_are_refused_in_one_line_by_every_command(
     bundle = rewrite_bundle(SAMPLE, tmp_path / "int.zst", set_int)
     expected = f"tracekit: error: bundle content: {ISSUE_FIELD} should be a list, not an int ({value})\n"
     for args in (["inspect"], ["inspect", "--json"], ["inspect", "--json", "--full"], ["inspect", "--verify"],
-                 ["export", "--shapes", "-o", "-"]):
-        code, _, stderr = _run(*args, bundle)
+                 ["export", "-o", "-"]):
+        code, _, stderr = _run(args[0], bundle, *args[1:])
         assert (code, stderr) == (2, expected), args
     with pytest.raises(BundleError) as refused:
         load_step(bundle)  # what `tracekit replay` reads first
     assert str(refused.value) == expected.removeprefix("tracekit: error: ").strip()
-    code, _, _ = _run("diff", "--json", bundle, SAMPLE)  # compares plain metadata, tensors equal
+    code, _, _ = _run("diff", bundle, SAMPLE, "--json")  # compares plain metadata, tensors equal
     assert code == 0
 
 

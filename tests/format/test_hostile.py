@@ -248,7 +248,7 @@ main()
 
 
 def test_inspect_and_diff_work_without_torch_or_vllm(small_bundle):
-    for args in (["inspect", "--verify", str(small_bundle)], ["diff", "--json", str(small_bundle), str(small_bundle)]):
+    for args in (["inspect", "--verify", str(small_bundle)], ["diff", str(small_bundle), str(small_bundle), "--json"]):
         result = subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert "torch" not in result.stderr

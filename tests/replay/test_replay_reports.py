@@ -50,7 +50,7 @@ def test_bundle_strings_in_the_report_header_are_inert():
     rank.bundle = "/tmp/[link=http://x]step[/link].zst"
     out = io.StringIO()
     print_report(rank, out)
-    header = out.getvalue().splitlines()[0]
+    header = next(line for line in out.getvalue().splitlines() if line.startswith("replay "))
     assert "[bold red]mixed[/bold red]" in header and "[link=http://x]step[/link]" in header, header
 
 
@@ -87,3 +87,82 @@ def test_proposals_a_dropped_drafter_order_leaves_uncomparable_are_reported_as_n
         print_report(result, out)
         said = "spec_decode/proposals not compared: the recording's scheduler told its drafter skip_drafts=True"
         assert (said in out.getvalue()) is bool(dropped), out.getvalue()
+
+
+def _bit_exact_replay(**fields) -> ReplayResult:
+    """The sample step replayed with its own recorded numbers."""
+    _, step = load_step(TRACES / "tiny-llama-mixed-step.zst", None)
+    return ReplayResult(bundle="step.zst", step_index=step.index, trigger=step.trigger, reference_mode="eager",
+                        checks=check_step(observed_like(step, step.batch_order), step), **fields)
+
+
+def _timed(median_us: float, spread_pct: float, timer: str = "perf_counter") -> dict:
+    return {"available": True, "vs_recorded": {"bit_exact": True},
+            "latency_us": {"median": median_us, "min": median_us, "p90": median_us, "sample_spread_pct": spread_pct,
+                           "timer": timer}}
+
+
+def _report(result: ReplayResult, needs: str | None = None) -> list[str]:
+    out = io.StringIO()  # not a terminal: plain lines, never wrapped
+    print_report(result, out, needs)
+    return out.getvalue().splitlines()
+
+
+def test_the_verdict_comes_first_then_what_the_bundle_needs():
+    lines = _report(_bit_exact_replay(), needs="needs: vLLM 0.32 | cpu AVX512 | ...")
+    assert lines[0].startswith("verdict bit_exact: REPRODUCED (bit-exact)") and lines[0].endswith("exit 0)")
+    assert lines[1] == "needs: vLLM 0.32 | cpu AVX512 | ..."
+
+
+def test_only_the_environment_differences_that_can_change_numbers_are_listed_and_no_mark_lacks_a_legend():
+    differences = [
+        {"field": "cpu_isa", "recorded": "AVX512", "here": "AVX2", "affects_numerics": True},
+        {"field": "env TORCHINDUCTOR_CACHE_DIR", "recorded": "/a", "here": "/b", "affects_numerics": False},
+        {"field": "python_version", "recorded": "3.11.7", "here": "3.11.9", "affects_numerics": False},
+    ]
+    text = "\n".join(_report(_bit_exact_replay(environment_differences=differences)))
+    assert "cpu_isa: recorded 'AVX512', here 'AVX2'" in text
+    assert "TORCHINDUCTOR_CACHE_DIR" not in text and "2 other environment difference(s)" in text
+    assert " ! " not in text and "[yellow]" not in text
+
+
+def test_nothing_timed_prints_no_timing_table():
+    text = "\n".join(_report(_bit_exact_replay()))
+    assert "forward time" not in text and "median" not in text
+
+
+def test_a_ratio_is_shown_only_against_a_comparable_recorded_time_and_says_why_otherwise():
+    from tracekit.replay.timed_modes import compare_with_recorded
+
+    comparable = {"forward_us": 1000.0, "forward_timer": "perf_counter"}
+    cases = [  # (recorded timing, spread): shown?, what is said
+        (comparable, 3.0, True, None),
+        ({**comparable, "first_of_its_size": True}, 3.0, False, "first of its padded size"),
+        ({"forward_us": 1000.0}, 3.0, False, "older recorder"),
+        (comparable, 193.0, True, "spread 193% (over 25%)"),
+    ]
+    for recorded, spread, shown, said in cases:
+        modes = {"eager": _timed(2000.0, spread)}
+        compare_with_recorded(modes, recorded)
+        text = "\n".join(_report(_bit_exact_replay(modes=modes, recorded_timing=recorded)))
+        row = next(line for line in text.splitlines() if line.startswith("eager"))
+        assert ("2.00x" in row) is shown, text
+        assert said is None or said in text, text
+        assert modes["eager"]["ratio_to_recorded"] == 2.0  # --json keeps the number, and why it says little
+
+
+def test_piped_tables_never_break_a_long_name():
+    result = _bit_exact_replay()
+    long_name = "kv_written/" + "model.layers.0.self_attn.attn" * 6
+    result.checks[3].name = long_name
+    assert any(line.startswith(long_name) for line in _report(result))
+
+
+def test_a_verdict_the_report_has_no_words_for_is_shown_by_its_name_and_exit_code():
+    from tracekit.cli.replay_report import print_verdict
+    from tracekit.cli.terminal import console_for
+    from tracekit.replay.verdict import Verdict, VerdictName
+
+    out = io.StringIO()
+    print_verdict(console_for(out), Verdict(VerdictName.CANNOT_RUN_HERE, "no such device"), None, 0.0, False)
+    assert out.getvalue() == "verdict cannot_run_here: CANNOT RUN HERE (no such device; exit 3)\n"

@@ -1,13 +1,14 @@
 """The `tracekit` command: a click group whose subcommands load lazily.
 
 `tracekit inspect` must stay fast and work without torch or vLLM installed, so each
-subcommand's module is imported only when that subcommand runs. Every `TracekitError` that
+subcommand's module is imported only when that subcommand runs, and imports neither itself
+(`tracekit --help` imports them all). vLLM's and torch's own output goes to a log file while an
+engine runs (`engine_output`), so it no longer needs quieting here. Every `TracekitError` that
 escapes a subcommand becomes one readable line on stderr and the error's exit code: a bad
 bundle never shows the user a traceback.
 """
 
 import importlib
-import os
 import sys
 
 import click
@@ -49,6 +50,3 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="tracekit")
 def main():
     """Record one exact vLLM engine step into a bundle; replay, check and time it anywhere."""
-    # vLLM's INFO and WARNING lines (missing tcmalloc, thread binding, ...) would bury tracekit's
-    # own report; VLLM_LOGGING_LEVEL=INFO brings them back.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")

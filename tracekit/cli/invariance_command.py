@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from tracekit.cli.arguments import force_option, json_option, one_step, renamed_option, steps_option, verbose_option
 from tracekit.errors import UsageError
 
 
@@ -21,38 +22,41 @@ from tracekit.errors import UsageError
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--variants", default="all", show_default=True,
               help="Comma-separated variant kinds to run: repeat, alone, order, fillers, recomputed (or all).")
-@click.option("--step", type=int, default=None, help="Engine step index to check (default: the first).")
+@steps_option("The step to check, of a bundle holding several (default: the first).")
 @click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
 @click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
-              help="Write the report as one JSON object here ('-' for stdout).")
-def invariance_command(bundle, variants, step, model, allow_weights_mismatch, json_out):
+@json_option("the report")
+@force_option()
+@verbose_option()
+@renamed_option("--step", "--steps")
+def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, json_out, force, verbose):
     """Replay BUNDLE's step in other batches on one engine and check, per request, that its
     logits row and sampled ids stay bit-identical to its result in the recorded batch."""
     from tracekit.cli.isolation import crash_record, print_crash, run_isolated
-    from tracekit.outputs import require_parent
+    from tracekit.outputs import claim_outputs, write_json
 
     if not Path(bundle).is_file():
         raise UsageError(f"no bundle at {bundle}")
-    if json_out and json_out != "-":
-        require_parent(json_out)
-    stream = sys.stderr if json_out == "-" else sys.stdout
+    claim_outputs({"--json": json_out}, [bundle], force)
+    step = one_step(steps)
+    to_stderr = json_out == "-"
 
     def work(progress):
-        return _check(bundle, variants, step, model, allow_weights_mismatch, progress, stream)
+        return _check(bundle, variants, step, model, allow_weights_mismatch, progress, verbose, to_stderr)
 
     outcome = run_isolated(work)
     records = outcome.records
     if outcome.died_on is not None:
         crashed = crash_record(outcome.died_on, outcome.death)
-        print_crash(bundle, crashed["step"], crashed["trigger"], outcome.death, stream)
+        print_crash(bundle, crashed["step"], crashed["trigger"], outcome.death, sys.stderr if to_stderr else sys.stdout)
         records = [crashed]
     if json_out and records:
-        _write_json(records[-1], json_out)
+        write_json(records[-1], json_out, indent=1)
     sys.exit(outcome.exit_code)
 
 
-def _check(bundle, variants, step, model, allow_weights_mismatch, progress, stream) -> int:
+def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verbose, to_stderr) -> int:
+    from tracekit.cli.engine_output import engine_output
     from tracekit.cli.isolation import print_crash
     from tracekit.cli.terminal import inert
     from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
@@ -63,23 +67,26 @@ def _check(bundle, variants, step, model, allow_weights_mismatch, progress, stre
     facts = read_step_facts(bundle, step)
     progress.started(bundle, **facts)
     base = {"bundle": bundle, **facts}
-    _console(stream).print(f"[bold]invariance[/bold] {inert(bundle)}  step {inert(facts.get('step'))}: the recorded "
-                           "batch, then each variant, on one engine")
-    try:
-        report = check_invariance(bundle, kinds=variants, step=step, model=model,
-                                  allow_weights_mismatch=allow_weights_mismatch,
-                                  on_variant=lambda outcome: _print_variant(outcome, stream))
-    except TracekitError as error:  # refused: one line (printed by the caller), and its record
-        verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
-        progress.finished({**base, "verdict": verdict.value, "exit_code": error.exit_code, "error": str(error)})
-        raise
-    except Exception as error:  # inside vLLM, the device or tracekit: says nothing about the step
-        reason = one_line(error)
-        print_crash(bundle, facts.get("step"), facts.get("trigger"), reason, stream)
-        progress.finished({**base, "verdict": VerdictName.CRASHED.value, "exit_code": EXIT_REPLAY_FAILED,
-                           "error": reason})
-        return EXIT_REPLAY_FAILED
-    print_summary(report.to_plain(), stream)
+    with engine_output(verbose, "invariance") as output:
+        stream = output.errors if to_stderr else output.report
+        _console(stream).print(f"[bold]invariance[/bold] {inert(bundle)}  step {inert(facts.get('step'))}: the "
+                               "recorded batch, then each variant, on one engine")
+        try:
+            report = check_invariance(bundle, kinds=variants, step=step, model=model,
+                                      allow_weights_mismatch=allow_weights_mismatch,
+                                      on_variant=lambda outcome: _print_variant(outcome, stream))
+        except TracekitError as error:  # refused: one line (printed by the caller), and its record
+            verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
+            progress.finished({**base, "verdict": verdict.value, "exit_code": error.exit_code, "error": str(error)})
+            raise
+        except Exception as error:  # inside vLLM, the device or tracekit: says nothing about the step
+            print_crash(bundle, facts.get("step"), facts.get("trigger"), one_line(error), stream)
+            progress.finished({**base, "verdict": VerdictName.CRASHED.value, "exit_code": EXIT_REPLAY_FAILED,
+                               "error": one_line(error)})
+            return EXIT_REPLAY_FAILED
+        print_summary(report.to_plain(), stream)
+        if output.log_line():
+            _console(stream).print(f"   {inert(output.log_line())}")
     progress.finished(report.to_plain())
     return report.exit_code
 
@@ -145,15 +152,3 @@ def print_summary(plain: dict, stream) -> None:
              f"max_abs {layer['max_abs']:.3g})" if layer.get("module") else f"; layer: {inert(layer.get('reason'))}")
     console.print(f"verdict [bold red]not invariant[/bold red]: first broken variant "
                   f"{inert(plain['first_broken_variant'])}{where} (exit 1)")
-
-
-def _write_json(record: dict, json_out: str) -> None:
-    import json
-
-    text = json.dumps(record, default=str, indent=1) + "\n"
-    if json_out == "-":
-        click.echo(text, nl=False)
-        return
-    from tracekit.outputs import write_text_atomically
-
-    write_text_atomically(json_out, text)

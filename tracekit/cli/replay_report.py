@@ -1,6 +1,7 @@
-"""The human-readable replay reports: one bundle's in detail (what differs here, what matched,
-how fast it ran, and the verdict as its last line), and a suite's as one summary row per bundle
-with a progress bar meanwhile."""
+"""The human-readable replay reports: one bundle's in detail (the verdict first, what the bundle
+needs, what differs here, what matched, how fast it ran), and a suite's as one summary row per
+bundle with a progress bar meanwhile. On a terminal they fit its width; piped, every line and
+table row is one unwrapped line (`terminal.console_for`)."""
 
 import contextlib
 import sys
@@ -10,10 +11,9 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from tracekit.cli.terminal import inert
-from tracekit.errors import EXIT_OK
+from tracekit.cli.terminal import console_for, inert, table
+from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.replay import verdict as verdicts
 from tracekit.replay.checks import KV_DIGEST_ITEM
 from tracekit.replay.result import ReplayResult
@@ -47,29 +47,44 @@ def describe_engine_build(build: dict[str, Any]) -> str:
 
 
 def print_differences(console: Console, environment_differences: list[dict[str, Any]], overrides: dict[str, Any]) -> None:
-    """How this machine differs from the recording one, and the engine arguments overridden."""
-    for difference in environment_differences:
-        marker = "[yellow]![/yellow]" if difference["affects_numerics"] else " "
-        console.print(
-            f" {marker} environment {inert(str(difference['field']))}: recorded {inert(repr(difference['recorded']))}, "
-            f"here {inert(repr(difference['here']))}"
-        )
+    """How this machine differs from the recording one where that can change the numbers (the
+    others are only counted: `--json` lists them all), and the engine arguments overridden."""
+    numeric = [difference for difference in environment_differences if difference["affects_numerics"]]
+    others = len(environment_differences) - len(numeric)
+    if numeric:
+        console.print("   differs from the recording machine where it can change the numbers:")
+    for difference in numeric:
+        console.print(f"     {inert(str(difference['field']))}: recorded {inert(repr(difference['recorded']))}, "
+                      f"here {inert(repr(difference['here']))}")
+    if others:
+        console.print(f"   {others} other environment difference(s) that cannot change the numbers (--json lists them)")
     for name, value in overrides.items():
-        console.print(f"   override {name} = {value!r}")
+        console.print(f"   engine argument given here: {inert(name)} = {inert(repr(value))}")
 
 
-def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
-    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+def print_report(result: ReplayResult, stream: TextIO | None = None, needs: str | None = None) -> None:
+    """One replayed step in detail: the verdict first, what the bundle needs, then what differs
+    here, what matched and how fast it ran. `needs`: the bundle's needs line."""
+    console = console_for(stream)
+    padding = any(item.is_padding for item in result.checks)
+    print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
+    if needs:
+        console.print(inert(needs))
     console.print(f"[bold]replay[/bold] {inert(result.bundle)}  step {result.step_index} ({inert(result.trigger)})")
     if result.engine_build is not None:
         console.print(f"   engine: {inert(describe_engine_build(result.engine_build))}")
     print_differences(console, result.environment_differences, result.overrides)
     for note in result.notes:
-        console.print(f" [yellow]![/yellow] {inert(note)}")
+        console.print(f"   note: {inert(note)}")
     _print_dispatch(console, result.dispatch, attention=not result.bit_exact)
-    verdict = result.verdict
-    print_checks(console, result, verdict)
+    print_checks(console, result, result.verdict)
     _print_not_deciding(console, result)
+    _print_layers(console, result)
+    _print_timing(console, result)
+
+
+def _print_layers(console: Console, result: ReplayResult) -> None:
+    """The recorded per-layer outputs against this replay's, and where this replay's were written."""
     if result.layer_checks:
         first_layer = result.first_diverging_layer
         agreeing = sum(item.bit_exact for item in result.layer_checks)
@@ -83,108 +98,137 @@ def print_report(result: ReplayResult, stream: TextIO | None = None) -> None:
     if result.layers_bundle:
         console.print(f"per-layer outputs (eager) written to {inert(result.layers_bundle)}")
 
-    timing = Table(title="forward time", title_justify="left")
-    for column in ("mode", "median", "min", "p90", "spread", "/ recorded", "output vs recorded"):
-        timing.add_column(column)
+
+def _print_timing(console: Console, result: ReplayResult) -> None:
+    """The forward's times, each beside the recorded one where that is comparable (why not, else);
+    nothing when nothing was timed."""
+    timed = {mode: report for mode, report in result.modes.items() if report.get("available")}
+    for mode, report in result.modes.items():
+        if not report.get("available"):
+            console.print(f"   {mode}: unavailable here ({inert(report['reason'])})")
+    if not timed:
+        return
+    timing = table(console, "forward time", ["mode", "median", "min", "p90", "spread", "/ recorded", "output vs recorded"],
+                   right=("median", "min", "p90", "spread", "/ recorded"))
     recorded = result.recorded_timing.get("forward_us")
     timing.add_row("recorded (engine)", _us(recorded), "", "", "", "", "")
     timing.add_row("replay, cold run", _us(result.replay_forward_us), "", "", "", "", "")
-    unavailable = {mode: report["reason"] for mode, report in result.modes.items() if not report.get("available")}
-    for mode, report in result.modes.items():
-        if mode in unavailable:
-            continue
-        latency, versus = report["latency_us"], report.get("vs_recorded", {})
-        ratio = report.get("ratio_to_recorded")
-        timing.add_row(
-            mode,
-            _us(latency["median"]),
-            _us(latency["min"]),
-            _us(latency["p90"]),
-            f"{latency['sample_spread_pct']:.1f}%",
-            f"{ratio:.2f}x" if isinstance(ratio, float) else "-",
-            "bit-exact" if (versus or {}).get("bit_exact") else f"rel_rms {_number((versus or {}).get('relative_rms'))}",
-        )
+    for mode, report in timed.items():
+        latency, versus = report["latency_us"], report.get("vs_recorded") or {}
+        timing.add_row(mode, _us(latency["median"]), _us(latency["min"]), _us(latency["p90"]),
+                       f"{latency['sample_spread_pct']:.1f}%", _shown_ratio(report),
+                       "bit-exact" if versus.get("bit_exact") else f"rel_rms {_number(versus.get('relative_rms'))}")
     console.print(timing)
-    timers = sorted({report["latency_us"].get("timer", "?") for report in result.modes.values() if report.get("available")})
-    if timers:
-        recorded_timer = result.recorded_timing.get("forward_timer") or "host clock around the forward and a sync"
-        console.print(f"   timed by: recorded {recorded_timer}; replayed {', '.join(timers)}")
-    for mode, reason in unavailable.items():
-        console.print(f"   {mode}: unavailable here ({inert(reason)})")
-    agreement = result.mode_agreement
-    if agreement is not None:
-        if agreement["agree"]:
-            console.print(f"   modes agree: {', '.join(agreement['bit_exact_with_recording'])} bit-exact with the recording")
-        else:
-            parted = ", ".join(f"{mode} (rel_rms {_number(rms)})" for mode, rms in agreement["parted"].items())
-            console.print(f"   [bold yellow]modes disagree[/bold yellow]: {parted} part from the recording"
-                          + (f"; bit-exact: {', '.join(agreement['bit_exact_with_recording'])}"
-                             if agreement["bit_exact_with_recording"] else ""))
-        if agreement["nonfinite"]:
-            console.print(f"   [bold red]non-finite real rows[/bold red] in: {', '.join(agreement['nonfinite'])}")
-    for mode, report in result.modes.items():
+    _print_ratio_reasons(console, timed)
+    recorded_timer = result.recorded_timing.get("forward_timer") or "host clock around the forward and a sync"
+    timers = sorted({report["latency_us"].get("timer", "?") for report in timed.values()})
+    console.print(f"   timed by: recorded {recorded_timer}; replayed {', '.join(timers)}")
+    _print_mode_agreement(console, result.mode_agreement)
+    for mode, report in timed.items():
         if report.get("profile_trace"):
             console.print(f"   {mode}: profile trace {inert(report['profile_trace'])} (open in ui.perfetto.dev)")
 
-    padding = any(item.is_padding for item in result.checks)
-    print_verdict(console, verdict, result.first_divergence, result.tolerance, padding)
+
+def _shown_ratio(report: dict[str, Any]) -> str:
+    """A mode's time over the recorded one, shown only where the recorded time is comparable."""
+    ratio = report.get("ratio_to_recorded")
+    if not isinstance(ratio, float) or report.get("ratio_not_comparable"):
+        return "-"
+    return f"{ratio:.2f}x"
+
+
+def _print_ratio_reasons(console: Console, timed: dict[str, dict[str, Any]]) -> None:
+    """Why a ratio to the recorded time is not shown, or means little (each reason once)."""
+    said = set()
+    for report in timed.values():
+        for key, how in (("ratio_not_comparable", "/ recorded not shown: "), ("ratio_means_little", "/ recorded: ")):
+            reason = report.get(key)
+            if reason and reason not in said:
+                said.add(reason)
+                console.print(f"   {how}{inert(reason)}")
+
+
+def _print_mode_agreement(console: Console, agreement: dict[str, Any] | None) -> None:
+    if agreement is None:
+        return
+    if agreement["agree"]:
+        console.print(f"   modes agree: {', '.join(agreement['bit_exact_with_recording'])} bit-exact with the recording")
+    else:
+        parted = ", ".join(f"{mode} (rel_rms {_number(rms)})" for mode, rms in agreement["parted"].items())
+        console.print(f"   [bold yellow]modes disagree[/bold yellow]: {parted} part from the recording"
+                      + (f"; bit-exact: {', '.join(agreement['bit_exact_with_recording'])}"
+                         if agreement["bit_exact_with_recording"] else ""))
+    if agreement["nonfinite"]:
+        console.print(f"   [bold red]non-finite real rows[/bold red] in: {', '.join(agreement['nonfinite'])}")
+
+
+# Words beside the headline for the verdicts that want them (any other verdict shows its reason).
+_DETAILS = {
+    VerdictName.BIT_EXACT: "bit-exact",
+    VerdictName.PLATFORM_DIFFERENCE: "up to the platform difference",
+    VerdictName.RELEASE_DIFFERENCE: "up to the release difference",
+    VerdictName.ERROR_REPRODUCED: "the recorded error",
+    VerdictName.ERROR_NOT_REPRODUCED: "the recorded error",
+    VerdictName.ERROR_GONE: "the recorded error is gone",
+    VerdictName.ERROR_APPEARED: "an error appeared",
+    VerdictName.NONFINITE_GONE: "the non-finite outputs are gone",
+    VerdictName.NONFINITE_APPEARED: "non-finite outputs appeared",
+}
 
 
 def print_verdict(console: Console, verdict: Any, first_divergence: str | None, tolerance: float, padding: bool) -> None:
-    """The report's last line: the verdict, in words, and why (`padding`: padding rows were
-    compared apart)."""
-    headline = {
-        VerdictName.BIT_EXACT: "[bold green]REPRODUCED[/bold green] (bit-exact)",
-        VerdictName.WITHIN_TOLERANCE: f"[bold green]REPRODUCED[/bold green] (within tolerance {tolerance:g})",
-        VerdictName.PLATFORM_DIFFERENCE: "[bold yellow]REPRODUCED up to the platform difference[/bold yellow]",
-        VerdictName.ERROR_REPRODUCED: "[bold green]REPRODUCED[/bold green] (the recorded error)",
-        VerdictName.ERROR_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red] (the recorded error)",
-        VerdictName.RELEASE_DIFFERENCE: "[bold yellow]REPRODUCED up to the release difference[/bold yellow]",
-        VerdictName.ERROR_GONE: "[bold red]NOT REPRODUCED[/bold red] (the recorded error is gone)",
-        VerdictName.ERROR_APPEARED: "[bold red]NOT REPRODUCED[/bold red] (an error appeared)",
-        VerdictName.NONFINITE_GONE: "[bold red]NOT REPRODUCED[/bold red] (the non-finite outputs are gone)",
-        VerdictName.NONFINITE_APPEARED: "[bold red]NOT REPRODUCED[/bold red] (non-finite outputs appeared)",
-        VerdictName.DIVERGED: f"[bold red]NOT REPRODUCED[/bold red]: first divergence at "
-                              f"[bold]{inert(str((verdict.beyond_bound or [first_divergence])[0]))}[/bold]",
-    }[verdict.name]
+    """The report's first line: the verdict, in words, and why (`padding`: padding rows were
+    compared apart). Any verdict is shown by its exit code: 0 reproduced, 1 not, else its name."""
+    code = verdict.exit_code()
+    if code == EXIT_OK:
+        headline = "[bold green]REPRODUCED[/bold green]"
+    elif code == EXIT_NOT_REPRODUCED:
+        headline = "[bold red]NOT REPRODUCED[/bold red]"
+    else:
+        headline = f"[bold yellow]{inert(verdict.name.value.replace('_', ' ').upper())}[/bold yellow]"
+    detail = _DETAILS.get(verdict.name)
+    if verdict.name == VerdictName.WITHIN_TOLERANCE:
+        detail = f"within tolerance {tolerance:g}"
+    if verdict.name == VerdictName.DIVERGED:
+        detail = f"first divergence at [bold]{inert(str((verdict.beyond_bound or [first_divergence])[0]))}[/bold]"
+    headline += f" ({detail})" if detail else ""
     real_rows = " (real rows; padding rows reported apart)" if padding else ""
-    console.print(f"verdict [bold]{verdict.name.value}[/bold]: {headline}{real_rows} ({inert(verdict.reason)})")
+    console.print(f"verdict [bold]{verdict.name.value}[/bold]: {headline}{real_rows} ({inert(verdict.reason)}; "
+                  f"exit {code})")
 
 
 def print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
     """The step's items against the recording (those that decide), then the requests whose
     sampled ids differ; `verdict` says how an item that is not bit-exact counts (the platform's)."""
-    checks = Table(title=f"vs recorded ({result.reference_mode} forward)", title_justify="left")
-    checks.add_column("item", overflow="fold")
-    for column in ("bit-exact", "max_abs", "relative_rms", "argmax/tokens"):
-        checks.add_column(column)
-    for item in result.checks:
-        if not item.decides:
-            continue
+    deciding = [item for item in result.checks if item.decides]
+    checks = table(console, f"vs recorded ({result.reference_mode} forward)",
+                   ["item", "bit-exact", "max_abs", "relative_rms", "argmax/tokens"])
+    for item in deciding:
         details = item.details
-        if item.bit_exact:
-            agreement = "[green]yes[/green]"
-        elif item.within_tolerance:
-            agreement = "[yellow]within tol[/yellow]"
-        elif verdict.name == VerdictName.PLATFORM_DIFFERENCE:
-            agreement = "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
-        elif verdict.name == VerdictName.RELEASE_DIFFERENCE:
-            agreement = "[yellow]release[/yellow]"  # not bit-exact, within the bound, under another release
-        else:
-            agreement = "[red]NO[/red]"
-        checks.add_row(
-            inert(item.name),
-            agreement,
-            _number(details.get("max_abs")),
-            _number(details.get("relative_rms")),
-            _number(details.get("argmax_agreement", details.get("agreement"))),
-        )
-    console.print(checks)
+        checks.add_row(inert(item.name), _agreement(item, verdict), _number(details.get("max_abs")),
+                       _number(details.get("relative_rms")),
+                       _number(details.get("argmax_agreement", details.get("agreement"))))
+    if deciding:
+        console.print(checks)
     for item in result.checks:
         for row in item.details.get("differing_rows", []):
             console.print(f"   {inert(verdicts.describe_differing_row(row))}")
         if item.name == KV_DIGEST_ITEM:
             _print_kv_writes(console, item)
+
+
+def _agreement(item: Any, verdict: Any) -> str:
+    """How an item that decides the verdict agrees with the recording: bit-exact, within the
+    tolerance, within the platform's or the release's bound (what the verdict allowed), or not."""
+    if item.bit_exact:
+        return "[green]yes[/green]"
+    if item.within_tolerance:
+        return "[yellow]within tol[/yellow]"
+    if verdict.name == VerdictName.PLATFORM_DIFFERENCE:
+        return "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
+    if verdict.name == VerdictName.RELEASE_DIFFERENCE:
+        return "[yellow]release[/yellow]"  # not bit-exact, within the bound, under another release
+    return "[red]NO[/red]"
 
 
 KV_WRITER_LINES = 8  # the most requests named whose KV writes differ (`--json` has them all)
@@ -214,10 +258,9 @@ def _print_dispatch(console: Console, audited: dict[str, Any], attention: bool) 
             return "unknown"
         return f"{view.get('runtime_mode')} graph at {view.get('num_tokens_padded')} rows for {view.get('num_tokens')} tokens"
 
-    mark = "[yellow]![/yellow]" if audited.get("differences") else " "
-    console.print(f" {mark} dispatch: recorded {inert(shape(before))}; here {inert(shape(after))}")
+    console.print(f"   dispatch: recorded {inert(shape(before))}; here {inert(shape(after))}")
     for line in audited.get("differences", []):
-        console.print(f"     [yellow]differs[/yellow] {inert(line)}")
+        console.print(f"     [yellow]differs[/yellow]: {inert(line)}")
     for line in audited.get("attention_differences", []) if attention else []:
         console.print(f"     attention metadata differs: {inert(line.removeprefix('attention '))}")
 
@@ -233,13 +276,7 @@ def _print_not_deciding(console: Console, result: ReplayResult) -> None:
             f"differ (max_abs {_number(item.details.get('max_abs'))}; does not decide the verdict)")
         console.print(f"   padding rows {rows[0]}..{rows[1]} of {inert(item.name.removesuffix('/padding'))}: {state}")
     for finding in result.padding_findings:
-        console.print(f" [red]![/red] padding: {inert(finding)}")
-
-
-def _ratio(replayed: Any, recorded: Any) -> str:
-    if not isinstance(replayed, (int, float)) or not isinstance(recorded, (int, float)) or recorded <= 0:
-        return "-"
-    return f"{replayed / recorded:.2f}x"
+        console.print(f"   [red]padding[/red]: {inert(finding)}")
 
 
 def _verdict_cell(record: SuiteRecord) -> str:
@@ -247,33 +284,42 @@ def _verdict_cell(record: SuiteRecord) -> str:
     return f"[{colour}]{record.verdict}[/{colour}]"
 
 
+def _suite_ratio(record: SuiteRecord) -> str:
+    """A bundle's timed forward over its recorded one, where comparable and not too noisy to mean much."""
+    timed = record.result.modes.get(record.result.reference_mode, {}) if record.result else {}
+    if not timed.get("available") or timed.get("ratio_means_little"):
+        return "-"
+    return _shown_ratio(timed)
+
+
 def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> None:
-    """One row per bundle, in the order they ran; errors and bundles left unrun below."""
-    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
-    table = Table(title=f"{len(outcome.records)} bundle(s) on {outcome.engines_built} engine(s)", title_justify="left")
-    widest = max((len(record.name) for record in outcome.records), default=6)
-    table.add_column("bundle", overflow="fold", min_width=min(widest, 24))
-    for column in ("step", "engine", "verdict"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("first divergence", overflow="fold", min_width=12)
-    for column in ("forward", "recorded", "vs recorded"):
-        table.add_column(column, no_wrap=True)
+    """One row per bundle, in the order they ran (the times only where any was timed); errors and
+    bundles left unrun below."""
+    console = console_for(stream)
+    timed = any(record.forward_us is not None for record in outcome.records)
+    columns = ["bundle", "step", "engine", "verdict", "first divergence"]
+    summary = table(console, f"{len(outcome.records)} bundle(s) on {outcome.engines_built} engine(s)",
+                    columns + (["forward", "recorded", "/ recorded"] if timed else []),
+                    right=("step", "engine", "forward", "recorded", "/ recorded"))
     for record in outcome.records:
         result = record.result
-        table.add_row(
-            inert(record.name),
-            "-" if result is None else str(result.step_index),
-            "-" if record.engine is None else str(record.engine),
-            _verdict_cell(record),
-            inert((result.first_divergence if result else None) or "-"),
-            _us(record.forward_us),
-            _us(record.recorded_forward_us),
-            _ratio(record.forward_us, record.recorded_forward_us),
-        )
-    console.print(table)
+        row = [inert(record.name), "-" if result is None else str(result.step_index),
+               "-" if record.engine is None else str(record.engine), _verdict_cell(record),
+               inert((result.first_divergence if result else None) or "-")]
+        summary.add_row(*row, *([_us(record.forward_us), _us(record.recorded_forward_us), _suite_ratio(record)]
+                                if timed else []))
+    console.print(summary)
+    if timed:
+        console.print("   / recorded: shown where the recorded time is comparable and the timed samples agree "
+                      "(--json says why not: ratio_not_comparable, ratio_means_little)")
+    _print_suite_notes(console, outcome)
+
+
+def _print_suite_notes(console: Console, outcome: SuiteOutcome) -> None:
+    """The bundles' errors, profile traces, the bundles not run, and the tally."""
     for record in outcome.records:
         if record.error:
-            console.print(f" [red]![/red] {inert(record.bundle)}: {inert(record.error)}")
+            console.print(f"   {inert(record.name)}: {inert(record.error)}")
     traces = [report["profile_trace"] for record in outcome.records if record.result
               for report in record.result.modes.values() if report.get("profile_trace")]
     if traces:
@@ -297,14 +343,15 @@ class _SuiteProgress:
         doing = "building an engine for" if building_engine else "replaying"
         self._progress.update(self._task, description=f"{doing} {inert(bundle.name)}")
 
-    def done(self, record: SuiteRecord) -> None:
+    def done(self, record: dict) -> None:
         self._progress.advance(self._task)
 
 
 @contextlib.contextmanager
-def suite_progress(total: int) -> Iterator[_SuiteProgress]:
-    """A progress bar on stderr (drawn only on a terminal), gone when the suite ends."""
-    console = Console(file=sys.stderr)
+def suite_progress(total: int, stream: TextIO | None = None) -> Iterator[_SuiteProgress]:
+    """A progress bar on `stream` (default: standard error; drawn only on a terminal), gone when
+    the suite ends."""
+    console = Console(file=stream or sys.stderr)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         yield _SuiteProgress(progress, total)

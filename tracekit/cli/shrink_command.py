@@ -4,9 +4,9 @@ Exit codes: 0 shrunk and written, 2 bad input — including a property that does
 bundle itself (nothing is written then), 3 this machine cannot replay the bundle.
 """
 
-import json
-
 import click
+
+from tracekit.cli.arguments import force_option, json_option, one_step, renamed_option, steps_option, verbose_option
 
 
 @click.command("shrink")
@@ -18,33 +18,34 @@ import click
                    "window of steps: diverges (parts from the recording at the same step and item) | raises.")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="modes-differ: the relative RMS the two modes must differ by (0: any bit).")
-@click.option("--step", type=int, default=None, help="Engine step index to shrink (default: the first).")
+@steps_option("The step to shrink, of a bundle holding several (default: the first).")
 @click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
 @click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
-              help="Write the shrink report as JSON here ('-' for stdout).")
-def shrink_command(bundle, output, until, tolerance, step, model, allow_weights_mismatch, json_out):
+@json_option("the shrink report")
+@force_option()
+@verbose_option()
+@renamed_option("--step", "--steps")
+def shrink_command(bundle, output, until, tolerance, steps, model, allow_weights_mismatch, json_out, force, verbose):
     """Delta-debug BUNDLE's step down to the fewest requests and tokens for which PROPERTY holds."""
     from pathlib import Path
 
-    from rich.console import Console
-
+    from tracekit.cli.engine_output import engine_output
+    from tracekit.cli.terminal import console_for, inert
     from tracekit.errors import UsageError
+    from tracekit.outputs import claim_outputs, write_json
     from tracekit.share.shrink import shrink
 
     if not Path(bundle).is_file():
         raise UsageError(f"no bundle at {bundle}")
-    report = shrink(bundle, output, until, tolerance=tolerance, step=step, model=model,
-                    allow_weights_mismatch=allow_weights_mismatch)
-    console = Console(stderr=json_out == "-", highlight=False)
-    console.print(
-        f"[bold green]shrunk[/bold green] to {report.output}: requests {report.requests_before} -> "
-        f"{report.requests_after}, tokens {report.tokens_before} -> {report.tokens_after}, "
-        f"{report.replays} replays, {report.seconds:.1f} s"
-    )
+    claim_outputs({"-o": output, "--json": json_out}, [bundle], force)
+    with engine_output(verbose, "shrink") as engine:
+        report = shrink(bundle, output, until, tolerance=tolerance, step=one_step(steps), model=model,
+                        allow_weights_mismatch=allow_weights_mismatch)
+        console = console_for(engine.errors if json_out == "-" else engine.report)
+        console.print(f"[bold green]shrunk[/bold green] to {inert(report.output)}: requests {report.requests_before} -> "
+                      f"{report.requests_after}, tokens {report.tokens_before} -> {report.tokens_after}, "
+                      f"{report.replays} replays, {report.seconds:.1f} s")
+        if engine.log_line():
+            console.print(f"   {inert(engine.log_line())}")
     if json_out:
-        text = json.dumps(report.to_plain(), indent=2)
-        if json_out == "-":
-            click.echo(text)
-        else:
-            Path(json_out).write_text(text + "\n")
+        write_json(report.to_plain(), json_out, indent=2)

@@ -6,11 +6,40 @@ sequences, other control characters and bidi overrides would drive the terminal.
 from a bundle goes through `inert` before it is printed.
 """
 
+import sys
 import unicodedata
+from typing import TextIO
 
+# Where output is not a terminal (a pipe, a file): lines as wide as they are, never wrapped, so
+# that no name is broken and each row stays one line for grep.
+UNWRAPPED_WIDTH = 100_000
 # Lists and maps deeper than this are shown as "...": str() of a value nested ~1000 deep
 # raises RecursionError, and no one reads past a few levels.
 MAX_SHOWN_DEPTH = 8
+
+
+def console_for(stream: TextIO | None = None):
+    """A rich console on `stream` (default: standard output): on a terminal, as wide as it is;
+    elsewhere, without colours and never wrapping a line or a table."""
+    from rich.console import Console
+
+    stream = stream or sys.stdout
+    if stream.isatty():
+        return Console(file=stream, highlight=False, soft_wrap=True)
+    return Console(file=stream, highlight=False, soft_wrap=True, width=UNWRAPPED_WIDTH, color_system=None)
+
+
+def table(console, title: str | None, columns: list[str], right: tuple[str, ...] = ()):
+    """A table for `console`: boxed on a terminal; plain aligned columns elsewhere. `right`: the
+    columns aligned right (numbers)."""
+    from rich import box
+    from rich.table import Table
+
+    plain = not console.is_terminal
+    made = Table(title=title, title_justify="left", box=None if plain else box.HEAVY_HEAD, pad_edge=not plain)
+    for column in columns:
+        made.add_column(column, justify="right" if column in right else "left", overflow="fold")
+    return made
 
 
 def inert(value) -> str:

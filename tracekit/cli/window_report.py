@@ -1,15 +1,13 @@
 """The human-readable report of a replayed window of steps: one row per step (rebuilt or carried,
 its dispatch, its verdict, the first item that parted, its forward recorded and replayed), the
-first step that parted in detail, and the window's verdict as the last line."""
+first step that parted in detail; the window's verdict comes first."""
 
-import sys
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.table import Table
 
 from tracekit.cli.replay_report import describe_engine_build, print_checks, print_differences, print_verdict
-from tracekit.cli.terminal import inert
+from tracekit.cli.terminal import console_for, inert, table
 from tracekit.replay.kv_sources import describe
 from tracekit.replay.window import WindowReplayResult
 
@@ -29,8 +27,12 @@ def _dispatch(audited: dict[str, Any]) -> str:
     return f"[yellow]{shown} (differs)[/yellow]" if audited.get("differences") else shown
 
 
-def print_window_report(result: WindowReplayResult, stream: TextIO | None = None) -> None:
-    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+def print_window_report(result: WindowReplayResult, stream: TextIO | None = None, needs: str | None = None) -> None:
+    console = console_for(stream)
+    padding = any(item.is_padding for step in result.steps for item in step.checks)
+    print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
+    if needs:
+        console.print(inert(needs))
     first, last = result.recorded[0], result.recorded[-1]
     carried = "rebuilt at " + ", ".join(map(str, result.rebuilt)) + ", carried by the runner from step to step"
     console.print(f"[bold]replay[/bold] {inert(result.bundle)}  window of steps {first}..{last} "
@@ -38,13 +40,12 @@ def print_window_report(result: WindowReplayResult, stream: TextIO | None = None
     if result.engine_build is not None:
         console.print(f"   engine: {inert(describe_engine_build(result.engine_build))}")
     print_differences(console, result.environment_differences, result.overrides)
-    table = Table(title="steps vs recorded", title_justify="left")
-    for column in ("step", "state", "dispatch", "verdict", "first divergence", "forward ms recorded", "replayed"):
-        table.add_column(column, overflow="fold")
+    steps = table(console, "steps vs recorded",
+                  ["step", "state", "dispatch", "verdict", "first divergence", "forward ms recorded", "replayed"])
     for step in result.steps:
         verdict = step.verdict
         colour = "green" if verdict.exit_code() == 0 else "red"
-        table.add_row(
+        steps.add_row(
             str(step.step_index),
             "rebuilt" if step.step_index in result.rebuilt else "carried",
             _dispatch(step.dispatch),
@@ -54,19 +55,17 @@ def print_window_report(result: WindowReplayResult, stream: TextIO | None = None
             _ms(step.replay_forward_us),
         )
     for index in result.not_run:
-        table.add_row(str(index), "not run", "-", "-", "(after the step that raised)", "-", "-")
-    console.print(table)
+        steps.add_row(str(index), "not run", "-", "-", "(after the step that raised)", "-", "-")
+    console.print(steps)
     parted = next((step for step in result.steps if step.verdict.exit_code() != 0), None)
     if parted is not None:
         console.print(f"step {parted.step_index}, where the window parts:")
         for note in parted.notes:
-            console.print(f" [yellow]![/yellow] {inert(note)}")
+            console.print(f"   note: {inert(note)}")
         print_checks(console, parted, parted.verdict)
         for finding in parted.padding_findings:
-            console.print(f" [red]![/red] padding: {inert(finding)}")
+            console.print(f"   [red]padding[/red]: {inert(finding)}")
     _print_kv_sources(console, result)
-    padding = any(item.is_padding for step in result.steps for item in step.checks)
-    print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
 
 
 def _print_kv_sources(console: Console, result: WindowReplayResult) -> None:
@@ -75,6 +74,6 @@ def _print_kv_sources(console: Console, result: WindowReplayResult) -> None:
     lines = [describe(index, req_id, source) for index, sources in sorted(result.kv_sources.items())
              for req_id, source in sources.items()]
     for line in lines[:KV_SOURCE_LINES]:
-        console.print(f" [yellow]*[/yellow] {inert(line)}")
+        console.print(f"   KV read: {inert(line)}")
     if len(lines) > KV_SOURCE_LINES:
         console.print(f"   ... {len(lines) - KV_SOURCE_LINES} more (--json)")

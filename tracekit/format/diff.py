@@ -6,7 +6,7 @@ Tensors are paired by name (the recorder names them by their place in the step),
 reported in the order the first bundle stores them; the environments and engine arguments are
 compared field by field. torch is not needed. A recorder stores a step's tensors in forward
 order (inputs, KV, per-layer outputs, final outputs), so the first tensor that differs is where
-the two runs part: for two `tracekit replay --layers` bundles, the first layer.
+the two runs part: for two `tracekit replay --save-layers` bundles, the first layer.
 """
 
 from dataclasses import dataclass, field
