@@ -189,7 +189,7 @@ def bench_case(tensors, directory: str, repeats: int) -> dict[str, tuple]:
 
 def bench_inspect(directory: str, gib: float) -> None:
     """What `tracekit inspect` reads (header, trailer, index, metadata) of a big bundle."""
-    from tracekit.cli.inspect_command import _summary
+    from tracekit.share.summary import summary_of
 
     tensors = kv_tensors("kv-mix", torch.bfloat16, int(gib * 1024))
     path = os.path.join(directory, "bench-inspect.zst")
@@ -198,7 +198,7 @@ def bench_inspect(directory: str, gib: float) -> None:
 
     def inspect():
         with open_bundle(path) as reader:
-            _summary(reader)
+            summary_of(reader)
 
     seconds = best_time(inspect, 5)
     print(f"inspect of a {os.path.getsize(path) / (1 << 30):.2f} GiB bundle ({gib:g} GiB of tensors): {seconds * 1000:.1f} ms")

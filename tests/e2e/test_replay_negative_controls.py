@@ -127,5 +127,5 @@ def test_bundle_whose_weights_are_missing_exits_3_with_a_clear_message(builtin_b
     finished = tracekit("replay", edited, runner=runner_kind)
     assert finished.returncode == 3, finished.explain()
     (line,) = error_lines(finished.stderr)
-    assert line.startswith("tracekit: error:") and "weights not found" in line and str(missing) in line
+    assert line.startswith("tracekit: error:") and "weights are not at" in line and str(missing) in line
     assert "--model" in line  # says what to do about it

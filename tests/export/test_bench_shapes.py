@@ -144,7 +144,7 @@ def test_a_stranger_bundle_with_a_bad_token_count_is_refused(tmp_path):
         metadata["steps"][0]["requests"][0]["num_scheduled_tokens"] = "many"
 
     stranger = rewrite_bundle(SAMPLE, tmp_path / "stranger.zst", many)
-    finished = subprocess.run([TRACEKIT, "export", "--shapes", str(stranger), "-o", "-"], capture_output=True, text=True,
+    finished = subprocess.run([TRACEKIT, "export", str(stranger), "-o", "-"], capture_output=True, text=True,
                               timeout=60)
     assert finished.returncode == 2 and finished.stderr.count("\n") == 1
     assert "bundle.steps[0].requests[0].num_scheduled_tokens should be an int, not a str ('many')" in finished.stderr

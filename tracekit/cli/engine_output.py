@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from tracekit.errors import TracekitError
+
 
 @dataclass
 class EngineOutput:
@@ -51,6 +53,8 @@ def engine_output(verbose: bool, command: str) -> Iterator[EngineOutput]:
     output = EngineOutput(report, errors, Path(name))
     try:
         yield output
+    except TracekitError:  # a refusal: its one line says it all
+        raise
     except BaseException:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -40,7 +40,7 @@ def shrink_command(bundle, output, until, tolerance, steps, model, allow_weights
     claim_outputs({"-o": output, "--json": json_out}, [bundle], force)
     with engine_output(verbose, "shrink") as engine:
         report = shrink(bundle, output, until, tolerance=tolerance, step=one_step(steps), model=model,
-                        allow_weights_mismatch=allow_weights_mismatch)
+                        allow_weights_mismatch=allow_weights_mismatch, console=console_for(engine.errors))
         console = console_for(engine.errors if json_out == "-" else engine.report)
         console.print(f"[bold green]shrunk[/bold green] to {inert(report.output)}: requests {report.requests_before} -> "
                       f"{report.requests_after}, tokens {report.tokens_before} -> {report.tokens_after}, "

@@ -25,7 +25,7 @@ def summarize(bundle: str | Path, full: bool = False, verify: bool = False) -> d
     """The summary of `bundle` (`full`: with its whole content; `verify`: every part checked, and
     a damaged one refused after the summary is built, as `BundleError`, with it as `.summary`)."""
     with open_bundle(bundle) as reader:
-        summary = _summary(reader, full)
+        summary = summary_of(reader, full)
         report = reader.verify() if verify else None
     if report is None:
         return summary
@@ -63,7 +63,8 @@ def _tensor_summaries(value, infos: dict):
     return value
 
 
-def _summary(reader, full: bool = False) -> dict:
+def summary_of(reader, full: bool = False) -> dict:
+    """The summary of an open bundle (`summarize` opens it)."""
     summary = {
         "path": reader.path,
         "file_bytes": os.path.getsize(reader.path),
