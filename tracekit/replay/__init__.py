@@ -6,5 +6,6 @@ recording item by item (`checks`), audits its dispatch (`dispatch`), times it pe
 rank's worker), `window` the steps of a window (`kv_sources`: where a parted step's KV came from).
 `layers_bundle` writes `replay --layers`' per-layer outputs, `plots` draws `--plot`. Everything it
 asks of vLLM goes through one seam, `tracekit.integrations.vllm.replay_engine`. The reports that
-print them are the CLI's (`tracekit.cli`).
+print them are the CLI's (`tracekit.cli`); what `tracekit replay` was asked is a `request` (its
+`plan`, carried out by `carry_out`) of per-bundle `options`, both free of torch.
 """

@@ -7,6 +7,7 @@
   `window_driver`   driving a window of recorded steps, the runner carrying its state
   `graph_backend`   plugging tracekit's piecewise graph backend into vLLM's compilation
   `ranks`           a runner's place in a multi-rank engine, the layouts this machine can build
+  `engine_options`  vLLM's engine options, read from its source without importing it
   `workers`         the transport that runs tracekit's functions in every worker process
   `platform_facts`  what only a live engine says about numerics: attention backend and kernel ISA
 """
