@@ -1,10 +1,9 @@
 """Run one `tracekit` command in this process and, when it ends, write what the process ran its
 compiled steps with: the Inductor output modules it loaded (their names are hashes of their
 source, so two processes ran the same generated code exactly when they list the same names),
-each autotuned Triton kernel's launch configuration, the process-wide float32 matmul settings,
-and the build of every Triton kernel compiled outside Inductor (vLLM's attention and sampling
-kernels: its PTX ISA, which follows the ptxas release that built it, and its binary's digest, as
-`tracekit.graphs.kernel_builds` records them in a bundle), with this machine's ptxas binaries.
+each autotuned Triton kernel's launch configuration and the process-wide float32 matmul
+settings. (It also listed the binaries of every Triton kernel and this machine's ptxas releases,
+until issue 28's runs ruled the ptxas release out: docs/history/issue-28.md.)
 
 Why this exists: a step recorded in one process and replayed in another can round differently
 although every input is equal (issue 28: a float32 workload recorded twice on the H100, the
@@ -71,95 +70,6 @@ def _matmul_settings() -> dict[str, object]:
     }
 
 
-def _triton_binaries() -> dict[str, str]:
-    """Each specialization of a Triton kernel built outside Inductor (as a bundle records it,
-    `tracekit.graphs.kernel_builds`): the PTX ISA it was built for and its binary's digest."""
-    from tracekit.graphs.kernel_builds import launched_builds
-
-    return {f"{build.kernel}[{build.specialization[:12]}]": json.dumps({"binary": build.binary[:16], "ptx_isa": build.ptx_isa})
-            for build in launched_builds()}
-
-
-def _inductor_binary(launcher: object, cache_roots: list[Path]) -> tuple[bytes | None, str | None]:
-    """A launched Inductor kernel's binary and the PTX ISA it was built for (None, None where
-    neither the launcher nor Triton's cache keeps it)."""
-    from tracekit.graphs.kernel_builds import ptx_isa_of
-
-    built = getattr(launcher, "bin", None)
-    asm = getattr(built, "asm", None)
-    if asm is not None and hasattr(asm, "get"):
-        return asm.get("cubin"), ptx_isa_of(asm)
-    return _cached_binary(getattr(launcher, "cache_hash", None), cache_roots)
-
-
-def _cached_binary(cache_hash: object, cache_roots: list[Path]) -> tuple[bytes | None, str | None]:
-    """A statically launched kernel frees its cubin once loaded; the Triton cache entry it came
-    from (its launcher's `cache_hash`) still holds the binary and its PTX."""
-    if not isinstance(cache_hash, str) or not cache_hash:
-        return None, None
-    for root in cache_roots:
-        cubins = sorted((root / cache_hash).glob("*.cubin"))
-        if cubins:
-            return cached_cubin(cubins[0])
-    return None, None
-
-
-def cached_cubin(cubin: Path) -> tuple[bytes, str | None]:
-    """A binary in Triton's cache, with the PTX ISA its PTX beside it was written for."""
-    from tracekit.graphs.kernel_builds import ptx_isa_of
-
-    ptx = cubin.with_suffix(".ptx")
-    return cubin.read_bytes(), ptx_isa_of({"ptx": ptx.read_text()}) if ptx.is_file() else None
-
-
-def _triton_cache_roots() -> list[Path]:
-    """Where this process's Triton cache entries can be: beside each Inductor cache its loaded
-    modules came from (vLLM keeps one inside its compile cache), the folder Inductor gives Triton
-    now, then Triton's own default."""
-    roots = [str(Path(path).parent.parent / "triton" / "0") for path in _loaded_modules().values() if path]
-    try:
-        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
-
-        roots.append(triton_cache_dir(0))
-    except Exception:  # another torch: Triton's own folders remain
-        pass
-    roots += [os.environ.get("TRITON_CACHE_DIR"), str(Path.home() / ".triton" / "cache")]
-    return [Path(root) for root in dict.fromkeys(roots) if root]
-
-
-def _inductor_binaries() -> dict[str, str]:
-    """Each launched Inductor kernel's binary and PTX ISA: which ptxas built Inductor's own kernels
-    in this process (a process that loads its compiled code from vLLM's cache never has
-    TRITON_PTXAS_PATH set). Compare the ISAs across processes, not the digests: on the H100 the
-    digests differed between every two processes, replays that were bit-exact included."""
-    import hashlib
-
-    if "torch._inductor.codecache" not in sys.modules:
-        return {}
-    from tracekit.graphs.kernel_choices import _autotuners, _kernel_name, lookup_hash
-
-    binaries, cache_roots = {}, _triton_cache_roots()
-    for autotuner in _autotuners():
-        for index, launcher in enumerate(getattr(autotuner, "launchers", None) or []):
-            try:
-                cubin, isa = _inductor_binary(launcher, cache_roots)
-                key = f"{_kernel_name(autotuner)}@{(lookup_hash(autotuner) or '?')[:12]}#{index}"
-            except Exception as error:  # a launcher of another shape: say so
-                binaries[f"{_kernel_name(autotuner)}#{index}"] = f"unread: {type(error).__name__}"
-                continue
-            binaries[key] = json.dumps({"binary": hashlib.sha256(cubin).hexdigest()[:16] if cubin else None,
-                                        "ptx_isa": isa})
-    return binaries
-
-
-def _ptxas() -> dict[str, object]:
-    """The ptxas TRITON_PTXAS_PATH names now, and each ptxas of this machine with its release."""
-    from tracekit.graphs.kernel_builds import ptxas_candidates, ptxas_release
-
-    return {"env TRITON_PTXAS_PATH": os.environ.get("TRITON_PTXAS_PATH"),
-            **{path: ptxas_release(path) for path in ptxas_candidates()}}
-
-
 def write_manifest(out: Path) -> None:
     """The manifest and a copy of every loaded module's source, under `out`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -173,9 +83,6 @@ def write_manifest(out: Path) -> None:
         "modules": sorted(modules),  # each key is the hash of its module's source
         "autotuned": _autotuned_configs(),
         "matmul": _matmul_settings(),
-        "triton_binaries": _triton_binaries(),
-        "inductor_binaries": _inductor_binaries(),
-        "ptxas": _ptxas(),
         # joins the process to logs named by process id (CUBLASLT_LOG_FILE=.../%i.log)
         "pid": os.getpid(),
     }
@@ -187,7 +94,7 @@ def compare(first: Path, second: Path) -> int:
     a, b = (json.loads((path / "manifest.json").read_text()) for path in (first, second))
     a["modules"], b["modules"] = dict.fromkeys(a["modules"]), dict.fromkeys(b["modules"])
     differs = 0
-    for part in ("modules", "autotuned", "matmul", "triton_binaries", "inductor_binaries", "ptxas"):
+    for part in ("modules", "autotuned", "matmul"):
         a.setdefault(part, {})
         b.setdefault(part, {})
         only_a = sorted(set(a[part]) - set(b[part]))

@@ -48,16 +48,6 @@ def _add_to_summary(name: str, entry: dict) -> None:
     path.write_text(json.dumps(summary, indent=1, sort_keys=True))
 
 
-def _build_isas(steps: Path) -> dict[str, list[str]]:
-    bundles = bundles_by_step(steps)
-    if not bundles:
-        return {}
-    isas: dict[str, set[str]] = {}
-    for build in read_content(list(bundles.values())[-1]).engine.kernel_builds:
-        isas.setdefault(build.kernel.rsplit(".", 1)[-1], set()).add(build.ptx_isa)
-    return {kernel: sorted(found) for kernel, found in sorted(isas.items())}
-
-
 def _copies_apart(steps: Path) -> dict[str, list[dict]]:
     """The kernels whose copies (one per compiled graph) ran with several configurations in the
     recording, with each copy's graph (a prefix of its key) and configuration (issue 28)."""
@@ -102,7 +92,6 @@ def quick(request, tmp_path_factory, prompts_file):
         "seconds": round(seconds, 1),
         # per recording, the PTX ISA of each of vLLM's own Triton kernels it built: which ptxas
         # release each process gave them (issue 28)
-        "kernel_build_isas": [_build_isas(steps) for steps, _, _ in results],
         # per recording, its kernels whose copies ran apart: what the replay gave each copy its own
         # configuration for (issue 49)
         "copies_apart": [_copies_apart(steps) for steps, _, _ in results],
@@ -192,56 +181,3 @@ def test_each_copy_of_a_kernel_runs_as_its_bundle_says(quick, tmp_path):
     kernels = record["kernel_choices"]
     assert kernel in kernels["same"], (changed, kernels, replay.explain())
     assert not any(kernels[kind] for kind in ("other", "several", "unapplied")), (changed, kernels)
-
-
-def test_the_engines_own_triton_kernels_ran_their_recorded_binaries(quick):
-    """vLLM's own Triton kernels (a float32 engine's attention is Triton's) are built at their
-    first launch by whichever ptxas Triton is given then, which differs between processes
-    (`tracekit.graphs.kernel_builds`): each bundle records which release built each, and every
-    replay ran the very binaries recorded (issue 28)."""
-    name, results = quick
-    for steps, records, _ in results:
-        for path in bundles_by_step(steps).values():
-            builds = records[str(path)].get("kernel_builds") or {}
-            assert not builds.get("other") and not builds.get("missing"), (name, path.name, builds)
-    if "fp32" not in name:
-        return
-    for steps, records, _ in results:
-        path = bundles_by_step(steps)[0]
-        recorded = read_content(path).engine.kernel_builds
-        assert any("unified_attention" in build.kernel for build in recorded), (name, [b.kernel for b in recorded])
-        assert any("unified_attention" in kernel for kernel in records[str(path)]["kernel_builds"]["same"]), (
-            name, records[str(path)]["kernel_builds"])
-
-
-def test_a_kernel_recorded_from_another_ptxas_release_is_built_by_one(quick, tmp_path):
-    """The same step, its builds rewritten as if another ptxas release of this machine had built
-    vLLM's kernels in the recording process: the replay builds them with that release (another
-    binary than the one recorded, so it says so kernel by kernel, and a verdict that parts names
-    them)."""
-    from tracekit.format.rewrite import rewrite_bundle
-    from tracekit.graphs.kernel_builds import ptxas_by_isa
-
-    name, results = quick
-    if "fp32" not in name:
-        pytest.skip("bf16 runs FlashAttention: its forward runs none of vLLM's own Triton kernels (float32 runs Triton's attention)")
-    path = bundles_by_step(results[0][0])[0]
-    recorded = {build.ptx_isa for build in read_content(path).engine.kernel_builds}
-    others = sorted(set(ptxas_by_isa()) - recorded)
-    if len(recorded) != 1 or not others:
-        pytest.skip(f"recorded ISAs {sorted(recorded)}, this machine's {sorted(ptxas_by_isa())}: no other release to ask for")
-    other = others[0]
-
-    def built_by_other_release(metadata, tensors):
-        for build in metadata["engine"]["kernel_builds"]:
-            build["ptx_isa"] = other
-
-    edited = rewrite_bundle(path, tmp_path / "other-release.zst", built_by_other_release)
-    out = tmp_path / "replay.jsonl"
-    replay = tracekit("replay", edited, "--no-timing", "--json", out, runner=QUICK_CONFIGS[name][0])
-    (record,) = json_records(out).values()
-    builds = record["kernel_builds"]
-    assert any("unified_attention" in line and f"a PTX ISA {other} binary here" in line for line in builds["other"]), (
-        builds, replay.explain())
-    if record["verdict"] != "bit_exact":
-        assert any("another binary than recorded" in note for note in record["notes"]), record["notes"]

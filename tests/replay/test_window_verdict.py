@@ -67,7 +67,6 @@ def test_a_compiled_step_that_parts_by_rounding_says_what_the_kernels_had_to_do_
 
     from tracekit.format.content import load_step
     from tracekit.format.schema import KernelChoice
-    from tracekit.graphs.kernel_builds import BuildsApplied
     from tracekit.graphs.kernel_choices import ChoicesApplied
     from tracekit.replay.replayer import with_kernel_reports
 
@@ -78,11 +77,10 @@ def test_a_compiled_step_that_parts_by_rounding_says_what_the_kernels_had_to_do_
              for index, item in ((4, _exact("hidden_states", "bfloat16")), (5, _parted("hidden_states", "bfloat16")))]
     # (a later step's digest of its KV writes parts with its floats: it does not make them discrete)
     steps[1].checks.insert(1, CheckedItem("kv_written", False, False, {}, digest_only=True))
-    window = with_kernel_reports(_window(*steps), content, BuildsApplied([], {}), ChoicesApplied())
+    window = with_kernel_reports(_window(*steps), content, ChoicesApplied())
     # (no Triton kernel runs in this process: none ran otherwise than recorded, none unrecorded)
     assert window.kernel_choices == {"same": [], "other": [], "unrecorded": [], "several": [], "unapplied": []}
     assert window.to_plain()["kernel_choices"] == window.kernel_choices
-    assert window.kernel_builds == {"same": [], "other": [], "unrecorded": []}
     assert not window.steps[0].notes
     (note,) = window.steps[1].notes
     assert "none of the 1 kernel choices the bundle records met a kernel autotuned or configured" in note

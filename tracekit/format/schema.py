@@ -147,24 +147,11 @@ class KernelChoice(SchemaRecord):
 
 
 @dataclass
-class KernelBuild(SchemaRecord):
-    """One Triton kernel the recording process built (or loaded) outside Inductor
-    (`tracekit.graphs.kernel_builds`): `kernel` its module-qualified name, `specialization`
-    Triton's sha256 of its source, argument types and constants (`ASTSource.hash`), `ptx_isa`
-    the PTX ISA it was built for (which follows the ptxas release that built it), `binary` the
-    sha256 of its binary."""
-
-    kernel: str
-    specialization: str
-    ptx_isa: str
-    binary: str
-
-
-@dataclass
 class EngineConfig(SchemaRecord):
     """What is needed to rebuild the engine: vLLM `EngineArgs` values that differ from default,
     the model, the KV cache geometry the recorded block ids live in, the configurations its
-    compiled kernels were autotuned to, and which ptxas built its other Triton kernels."""
+    compiled kernels were autotuned to. (An older tracekit's bundle may also hold `kernel_builds`,
+    the binaries of its other Triton kernels: kept as an unknown field, unread.)"""
 
     vllm_version: str
     engine_args: dict[str, Any]
@@ -173,7 +160,6 @@ class EngineConfig(SchemaRecord):
     block_size: Size
     runner: str = "v1"  # which vLLM model runner recorded the step: "v1" or "v2"
     kernel_choices: list[KernelChoice] = field(default_factory=list)
-    kernel_builds: list[KernelBuild] = field(default_factory=list)
     draft_model: ModelInfo | None = None  # a speculative decoding engine's draft model (EAGLE, ...)
 
 

@@ -20,7 +20,6 @@ from tracekit.errors import UsageError, one_line
 from tracekit.format.content import write_steps
 from tracekit.format.schema import EngineConfig, Environment, ParallelRank, Step
 from tracekit.graphs.host_copy import context_lost
-from tracekit.graphs.kernel_builds import launched_builds
 from tracekit.graphs.kernel_choices import launched_choices
 from tracekit.outputs import claim_outputs, describe_existing, require_parent
 
@@ -85,10 +84,9 @@ class BackgroundPersister:
 
     A write that fails, or the thread dying, is reported to `on_failure(reason)` as it happens
     (on the thread it happened on), so the recorder stops at once rather than at the engine's
-    next step, which may never come. Each bundle's engine record gets the kernel choices and
-    builds of the process as they are when it is written (`kernel_choices.launched_choices`,
-    `kernel_builds.launched_builds`: read here, off the engine's thread; a kernel is autotuned
-    and built at its first launch, which may be the step's own)."""
+    next step, which may never come. Each bundle's engine record gets the kernel choices of the
+    process as they are when it is written (`kernel_choices.launched_choices`: read here, off the
+    engine's thread; a kernel is autotuned at its first launch, which may be the step's own)."""
 
     def __init__(self, environment: Environment, engine: EngineConfig,
                  on_failure: Callable[[str], None] | None = None):
@@ -163,8 +161,7 @@ class BackgroundPersister:
 
     def _write(self, path: Path, step: Step, parallel: ParallelRank | None) -> None:
         try:
-            engine = dataclasses.replace(self.engine, kernel_choices=launched_choices(),
-                                         kernel_builds=launched_builds())
+            engine = dataclasses.replace(self.engine, kernel_choices=launched_choices())
             self.written.append(write_steps(path, self.environment, engine, [step], parallel))
             logger.info("tracekit: recorded step %d (%s) to %s", step.index, step.trigger, path)
         except Exception as error:  # never let recording harm the engine

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tracekit.format.schema import KernelBuild, KernelChoice
+    from tracekit.format.schema import KernelChoice
     from tracekit.integrations.vllm.replay_engine import EngineNeeds
 
 
@@ -41,8 +41,7 @@ class ReplayOptions:
     profile_prefix: str | Path | None = None
     full_engine: bool = False
     engine_needs: "EngineNeeds | None" = None
-    kernel_choices: "list[KernelChoice] | None" = None
-    kernel_builds: "list[KernelBuild] | None" = None  # (both: a suite's engine's, for all its bundles)
+    kernel_choices: "list[KernelChoice] | None" = None  # a suite's engine's, for all its bundles
     # LoRA adapter name -> its folder here, where the bundle does not keep its files and it is
     # not at the recorded path (`--lora NAME=PATH`)
     lora_paths: dict[str, str] = field(default_factory=dict)

@@ -21,7 +21,7 @@ from typing import Any
 from tracekit.environment import environment_differences
 from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError, one_line
 from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
-from tracekit.graphs import kernel_builds, kernel_choices
+from tracekit.graphs import kernel_choices
 from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
 from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm.replay_engine import (
@@ -60,11 +60,10 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     options = options or ReplayOptions(**fields)
     opened = checked_before_engine(bundle, options)
     choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
-    builds = opened.content.engine.kernel_builds if options.kernel_builds is None else options.kernel_builds
     with locate_lora_adapters(opened.step, options.lora_paths, options.allow_weights_mismatch) as adapters:
-        # Inductor's kernels are built with the engine and autotuned at their first launch, the
-        # engine's other Triton kernels built at theirs: all under the recorded choices and builds.
-        with kernel_choices.choices_applied(choices) as pinned, kernel_builds.builds_applied(builds) as applied:
+        # Inductor's kernels are built with the engine and autotuned at their first launch: under
+        # the recorded choices.
+        with kernel_choices.choices_applied(choices) as pinned:
             engine = engine_for(opened, options, llm, compile_here=bool(choices))
             here = engine.environment()
             engine.require_kv_layout_of(opened.content.environment, here)
@@ -73,11 +72,11 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
                 window = run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
                                     options.tolerance, options.strict, differences, options.engine_overrides,
                                     lora_paths=adapters.paths)
-                return with_kernel_reports(window, opened.content, applied, pinned)
+                return with_kernel_reports(window, opened.content, pinned)
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
             ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
-    return report(opened, options, engine, here, ran, applied, pinned)
+    return report(opened, options, engine, here, ran, pinned)
 
 
 # -- open ----------------------------------------------------------------------------------------------
@@ -270,16 +269,14 @@ def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[st
 
 
 def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, here: Any, ran: StepRun,
-           applied: kernel_builds.BuildsApplied, pinned: kernel_choices.ChoicesApplied) -> ReplayResult:
+           pinned: kernel_choices.ChoicesApplied) -> ReplayResult:
     """The replay's result: checks, dispatch audit, timings beside the recorded one, the
     environment's differences from the recording, notes, and the per-layer bundle if asked."""
     step, content, observed = opened.step, opened.content, ran.observed
     recorded_timing = step.timing.to_plain()
     audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed is not None else {}
     kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices(), pinned)
-    builds = _builds_here(content, applied)
-    notes = _kv_notes(step) + _dispatch_notes(audited) + _kernel_notes(content, ran.reference_mode, ran.checks,
-                                                                        kernels, builds)
+    notes = _kv_notes(step) + _dispatch_notes(audited) + _kernel_notes(content, ran.reference_mode, ran.checks, kernels)
     compare_with_recorded(ran.measured, recorded_timing)
     build = engine.build
     return ReplayResult(
@@ -309,34 +306,22 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
         mode_agreement=mode_agreement(ran.measured),
         engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
         kernel_choices=kernels,
-        kernel_builds=builds,
         releases=opened.releases,
         llm=engine.llm,
     )
 
 
-def with_kernel_reports(window: WindowReplayResult, content: BundleContent, applied: kernel_builds.BuildsApplied,
+def with_kernel_reports(window: WindowReplayResult, content: BundleContent,
                         pinned: kernel_choices.ChoicesApplied) -> WindowReplayResult:
-    """The window's Triton kernels against the recorded choices and builds (one process ran
+    """The window's Triton kernels against the recorded choices (one process ran
     every step: one comparison), and on each step that parted by float rounding alone, what they
     had to do with it, as a single step's report says."""
     kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices(), pinned)
-    builds = _builds_here(content, applied)
-    window.kernel_choices, window.kernel_builds = kernels, builds
+    window.kernel_choices = kernels
     for step in window.steps:
-        step.kernel_choices, step.kernel_builds = kernels, builds
-        step.notes.extend(_kernel_notes(content, step.reference_mode, step.checks, kernels, builds))
+        step.kernel_choices = kernels
+        step.notes.extend(_kernel_notes(content, step.reference_mode, step.checks, kernels))
     return window
-
-
-def _builds_here(content: BundleContent, applied: kernel_builds.BuildsApplied) -> dict[str, list[str]]:
-    """This process's Triton kernels built outside Inductor against the bundle's builds, with
-    the recorded kernels no ptxas here could build as recorded (`missing`)."""
-    builds = kernel_builds.compare(content.engine.kernel_builds, kernel_builds.launched_builds())
-    if applied.missing:
-        builds["missing"] = sorted(f"{kernel}: no ptxas here builds for PTX ISA {isa}"
-                                   for kernel, isa in applied.missing.items())
-    return builds
 
 
 def _environment_differences(content: BundleContent, here: Any, set_by_tracekit: dict[str, str]) -> list[dict[str, Any]]:
@@ -368,10 +353,9 @@ def _kv_notes(step: Step) -> list[str]:
 
 
 def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[CheckedItem],
-                  kernels: dict[str, list[str]], builds: dict[str, list[str]]) -> list[str]:
+                  kernels: dict[str, list[str]]) -> list[str]:
     """Where a step parted by float rounding alone, what its Triton kernels had to do with it,
-    kernel by kernel: kernels built outside Inductor that ran another binary than recorded
-    (another ptxas release), and Inductor's kernels that ran with other configurations than
+    kernel by kernel: Inductor's kernels that ran with other configurations than
     recorded or were autotuned here with none recorded, are named; where every kernel ran as
     recorded, they are ruled out."""
     deciding = [check for check in checks if check.decides]
@@ -380,9 +364,6 @@ def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[Chec
         return []
     compiled = reference_mode == "compiled"
     named = []
-    if builds.get("other") or builds.get("missing"):
-        named.append("Triton kernels built outside Inductor ran another binary than recorded (each one's PTX "
-                     f"ISA says which ptxas release built it): {'; '.join(builds.get('other', []) + builds.get('missing', []))}")
     if compiled and kernels.get("other"):
         named.append("Inductor's kernels ran with another configuration than recorded (a reduction's block "
                      f"sizes decide its rounding): {'; '.join(kernels['other'])}")
@@ -405,9 +386,6 @@ def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[Chec
     if compiled and content.engine.kernel_choices:
         ruled_out.append(f"every one of the {len(kernels.get('same', []))} autotuned kernels ran with its "
                          "recorded configuration")
-    if builds.get("same"):
-        ruled_out.append(f"every one of the {len(builds['same'])} Triton kernels built outside Inductor ran "
-                         "its recorded binary")
     if ruled_out:
         return [f"only float items parted{', in a compiled step' if compiled else ''}, though "
                 + " and ".join(ruled_out) + ": the rounding difference lies elsewhere (see dispatch and "

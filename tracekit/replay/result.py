@@ -58,10 +58,6 @@ class ReplayResult:
     # The autotuned Triton kernels of this process against the bundle's kernel choices
     # (`kernel_choices.compare`: same, other, unrecorded).
     kernel_choices: dict[str, list[str]] = field(default_factory=dict)
-    # This process's Triton kernels built outside Inductor against the bundle's builds
-    # (`kernel_builds.compare`: same, other, unrecorded; `missing`: no ptxas of the recorded
-    # release here).
-    kernel_builds: dict[str, list[str]] = field(default_factory=dict)
     # (recorded, here) vLLM versions where the bundle comes from another release series.
     releases: tuple[str, str] | None = None
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
@@ -116,6 +112,5 @@ class ReplayResult:
             "notes": self.notes,
             "engine_build": self.engine_build,
             "kernel_choices": self.kernel_choices,
-            "kernel_builds": self.kernel_builds,
             "releases": None if self.releases is None else {"recorded": self.releases[0], "here": self.releases[1]},
         }

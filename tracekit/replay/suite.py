@@ -26,8 +26,8 @@ from tracekit.errors import (
     one_line,
 )
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, EngineConfig, KernelBuild, KernelChoice
-from tracekit.graphs import kernel_builds, kernel_choices
+from tracekit.format.schema import BundleContent, EngineConfig, KernelChoice
+from tracekit.graphs import kernel_choices
 from tracekit.integrations.vllm.replay_engine import (
     EngineNeeds,
     engine_key,
@@ -121,7 +121,7 @@ def run_suite(
     records: list[SuiteRecord] = []
     groups: dict[str, list[Path]] = {}
     needs: dict[str, list[EngineNeeds]] = {}
-    kernels: dict[str, list[EngineKernels]] = {}  # engine key -> each engine's kernel choices and builds
+    kernels: dict[str, list[EngineKernels]] = {}  # engine key -> each engine's kernel choices
     for bundle in bundles:
         try:
             with open_bundle(bundle) as reader:
@@ -156,7 +156,7 @@ def run_suite(
         llm, engine_error = None, None
         engine_kernels = _kernels_of(key, kernels)
         group_options = {**replay_options, "engine_needs": union_of(needs.get(key, [])),
-                         "kernel_choices": engine_kernels.choice_list(), "kernel_builds": engine_kernels.build_list()}
+                         "kernel_choices": engine_kernels.choice_list()}
         try:
             for bundle in group:
                 queue.remove(bundle)
@@ -182,32 +182,23 @@ def run_suite(
 
 @dataclass
 class EngineKernels:
-    """The kernel choices (by lookup hash) and builds (by specialization) one engine of a suite
-    is built under: the union of its bundles', which agree."""
+    """The kernel choices (by lookup hash) one engine of a suite is built under: the union of its
+    bundles', which agree."""
 
     choices: dict[str, KernelChoice] = field(default_factory=dict)
-    builds: dict[str, KernelBuild] = field(default_factory=dict)
 
     def take(self, engine: EngineConfig) -> bool:
-        """Add a bundle's choices and builds unless one of its kernels has another configuration
-        or another ptxas release here: then it needs an engine of its own."""
-        if not kernel_builds.consistent(self.builds, engine.kernel_builds):
-            return False
-        if not kernel_choices.merged_if_consistent(self.choices, engine.kernel_choices):
-            return False
-        self.builds.update((build.specialization, build) for build in engine.kernel_builds)
-        return True
+        """Add a bundle's choices unless one of its kernels has another configuration: then it
+        needs an engine of its own."""
+        return kernel_choices.merged_if_consistent(self.choices, engine.kernel_choices)
 
     def choice_list(self) -> list[KernelChoice]:
         return sorted(self.choices.values(), key=lambda choice: choice.source_hash)
 
-    def build_list(self) -> list[KernelBuild]:
-        return sorted(self.builds.values(), key=lambda build: build.specialization)
-
 
 def _engine_with_kernels(key: str, recorded: EngineConfig, kernels: dict[str, list[EngineKernels]]) -> str:
-    """The engine of `key` whose kernel choices and builds agree with `recorded`'s (a new one
-    where none does: its kernels are built under another lookup table, or by another ptxas), as
+    """The engine of `key` whose kernel choices agree with `recorded`'s (a new one where none
+    does: its kernels are built under another lookup table), as
     `key#N`."""
     engines = kernels.setdefault(key, [])
     for index, kept in enumerate(engines):

@@ -51,8 +51,6 @@ class WindowReplayResult:
     kv_sources: dict[int, dict[str, KVSource]] = field(default_factory=dict)
     # The window's Inductor kernels against the recorded choices (`ReplayResult.kernel_choices`)
     kernel_choices: dict[str, list[str]] = field(default_factory=dict)
-    # and its other Triton kernels against the recorded builds (`ReplayResult.kernel_builds`)
-    kernel_builds: dict[str, list[str]] = field(default_factory=dict)
     llm: Any = field(default=None, repr=False)
 
     @property
@@ -151,7 +149,6 @@ class WindowReplayResult:
             "overrides": self.overrides,
             "engine_build": self.engine_build,
             "kernel_choices": self.kernel_choices,
-            "kernel_builds": self.kernel_builds,
             "steps": [result.to_plain() for result in self.steps],
         }
 
