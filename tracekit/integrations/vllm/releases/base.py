@@ -43,28 +43,21 @@ def series_of(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-# Compilation fields of newer releases that refine one every supported release has: vLLM 0.34
-# splits the capture sizes into prefill sizes (tokens) and decode sizes (requests) and keeps
-# `cudagraph_capture_sizes` as their union. A release without them replays another's step with
-# the union, dispatching as it does itself (a dispatch difference the verdict reports), where
-# refusing it would leave a 0.34 step unreplayable under any older release.
-REFINING_COMPILATION_FIELDS = {
-    "prefill_cudagraph_capture_token_sizes": "cudagraph_capture_sizes",
-    "max_prefill_cudagraph_capture_tokens": "max_cudagraph_capture_size",
-    "decode_cudagraph_capture_request_sizes": "cudagraph_capture_sizes",
-    "max_decode_cudagraph_capture_requests": "max_cudagraph_capture_size",
-    "max_decode_cudagraph_capture_tokens": "max_cudagraph_capture_size",
-}
-
-# What the scheduler output tells the drafter to do after the step, as recorded: how many drafts
-# to propose (the engine's k, or a dynamic one), and (vLLM 0.34) whether to skip proposing, as
-# the scheduler says where no scheduled request can use them (each reaches max_tokens, or is a
-# non-final prefill chunk). A release without a field proposes as it does itself.
-DRAFTER_ORDERS = {"num_spec_tokens_to_schedule": int, "skip_drafts": bool}
-
-
 class Release:
-    """One vLLM series. Subclasses set the class attributes and override what differs."""
+    """One vLLM series. Subclasses set the class attributes and override what differs.
+
+    Every public method is a hook a series may override. Overridden by a supported series so far:
+    `keep_only_graphs`, `draft_logits_by_slot`, `require_buildable`, `kv_groups`, `num_kv_blocks`,
+    `grammar_record`, `scheduler_output`. Shared defaults, true of every supported series as
+    written here (a series whose vLLM differs overrides one; `tests/test_release_hooks.py` keeps
+    this list whole): runners — `adapter_for`, `adapter_class`, `runner_env`, `has_triton`,
+    `on_each_runner_ready`, `compile_range_ends`, `async_output_type`, `when_output_ready`;
+    records — `grammar_output`, `allowed_types`, `allowed_enums`, `to_plain`, `to_versioned_plain`,
+    `from_plain`, `new_request`, `new_requests_output`, `scheduled_drafts`, `common_prefix_blocks`,
+    `finishing_output`; another series' bundles — `recorded_elsewhere`, `adopt_engine_args`,
+    `require_takes`, `drafter_orders_dropped`; the engine record — `engine_args_from_config`,
+    `speculative_settings`, `draft_model`, `engine_config`.
+    """
 
     series: ClassVar[str]
     # Adapter classes, tried in this order against a live runner.
@@ -86,6 +79,15 @@ class Release:
     )
     # Environment variables a lean replay engine is built with (unless this process sets them).
     lean_env: ClassVar[dict[str, str]] = {}
+    # Compilation fields this series adds that refine one every supported series has (the field ->
+    # the one it refines). Another series replays this one's step with the refined field alone,
+    # dispatching as it does itself (a dispatch difference the verdict reports), where refusing
+    # would leave the step unreplayable under any other series (`adopt_engine_args`).
+    refining_compilation_fields: ClassVar[dict[str, str]] = {}
+    # What this series' scheduler output tells the drafter to do after the step (the field -> its
+    # type): how many drafts to propose. Another series without a field proposes as it does itself
+    # (`drafter_orders_dropped` says so).
+    drafter_orders: ClassVar[dict[str, type]] = {"num_spec_tokens_to_schedule": int}
     # Every vLLM attribute this class touches (configs, outputs, workers); the settings' config
     # paths are read by name (`Setting.read`). A release that renames one overrides what reads it.
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
@@ -287,7 +289,8 @@ class Release:
         adopted = self._known_fields(engine_args, EngineArgs, "engine argument")
         if isinstance(adopted.get("compilation_config"), dict):
             adopted["compilation_config"] = self._known_fields(
-                adopted["compilation_config"], CompilationConfig, "compilation_config field", REFINING_COMPILATION_FIELDS)
+                adopted["compilation_config"], CompilationConfig, "compilation_config field",
+                every_release_fact("refining_compilation_fields"))
         return adopted
 
     def _known_fields(self, values: dict[str, Any], config_class: type, what: str,
@@ -365,7 +368,7 @@ class Release:
             finished_req_ids=set(),
             free_encoder_mm_hashes=[],
         )
-        for name, recorded in _drafter_orders(step).items():
+        for name, recorded in recorded_drafter_orders(step).items():
             if hasattr(output, name):
                 setattr(output, name, recorded)
         return output
@@ -377,7 +380,7 @@ class Release:
         from vllm.v1.core.sched.output import SchedulerOutput
 
         known = {item.name for item in dataclasses.fields(SchedulerOutput)}
-        return [f"{name}={recorded!r}" for name, recorded in _drafter_orders(step).items()
+        return [f"{name}={recorded!r}" for name, recorded in recorded_drafter_orders(step).items()
                 if name not in known and not serialize.is_empty(recorded)]
 
     def scheduled_drafts(self, step: Step) -> dict[str, list[int]]:
@@ -481,10 +484,23 @@ class Release:
         )
 
 
-def _drafter_orders(step: Step) -> dict[str, Any]:
-    """The step's recorded `DRAFTER_ORDERS` of the expected type (a bundle is untrusted input)."""
-    recorded = {name: step.scheduler_output.get(name) for name in DRAFTER_ORDERS}
-    return {name: value for name, value in recorded.items() if type(value) is DRAFTER_ORDERS[name]}
+def every_release_fact(name: str) -> dict[str, Any]:
+    """The union of one fact-table class attribute over every supported series: what a bundle of
+    any series may hold that the replaying one must know how to take."""
+    from tracekit.integrations.vllm.releases import release_classes
+
+    facts: dict[str, Any] = {}
+    for release in release_classes().values():
+        facts.update(getattr(release, name))
+    return facts
+
+
+def recorded_drafter_orders(step: Step) -> dict[str, Any]:
+    """The step's recorded orders to the drafter (any series' `drafter_orders`), each of the
+    expected type (a bundle is untrusted input)."""
+    orders = every_release_fact("drafter_orders")
+    recorded = {name: step.scheduler_output.get(name) for name in orders}
+    return {name: value for name, value in recorded.items() if type(value) is orders[name]}
 
 
 def _plain_setting(value: Any) -> Any:

