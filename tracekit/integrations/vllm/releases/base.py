@@ -485,13 +485,15 @@ class Release:
 
 
 def every_release_fact(name: str) -> dict[str, Any]:
-    """The union of one fact-table class attribute over every supported series: what a bundle of
-    any series may hold that the replaying one must know how to take."""
-    from tracekit.integrations.vllm.releases import release_classes
-
+    """The union of one fact-table class attribute over every series class: what a bundle of any
+    series may hold that the replaying one must know how to take. (The series are this base's
+    subclasses: `releases.release_classes` has imported every module before a release exists.)"""
     facts: dict[str, Any] = {}
-    for release in release_classes().values():
+    pending = [Release]
+    while pending:
+        release = pending.pop()
         facts.update(getattr(release, name))
+        pending.extend(release.__subclasses__())
     return facts
 
 
