@@ -3,8 +3,8 @@
 import pytest
 
 from tracekit.errors import UsageError
-from tracekit.integrations.seam import BatchFacts
-from tracekit.record.triggers import TriggerSet, parse_predicate, parse_steps
+from tracekit.integrations.seam import BatchFacts, RequestProgress
+from tracekit.record.triggers import RequestWatch, SettingNames, TriggerSet, parse_predicate, parse_steps
 
 DECODES = BatchFacts(num_reqs=3, num_tokens=3, num_prefills=0, req_ids=frozenset({"a", "b", "c"}))
 MIXED = BatchFacts(num_reqs=4, num_tokens=67, num_prefills=1, req_ids=frozenset({"a", "b", "c", "long"}))
@@ -92,3 +92,63 @@ def test_nothing_to_record_and_unknown_events_are_refused():
         TriggerSet()
     with pytest.raises(UsageError, match="unknown trigger 'crash'"):
         TriggerSet(events=("crash",))
+
+
+def _named(*progress):
+    return lambda: list(progress)
+
+
+@pytest.mark.parametrize(
+    "text, first, decode_5, decode_9",
+    [
+        ("request==cmpl-1", True, True, True),
+        ("request==cmpl-1 and first_chunk", True, False, False),
+        ("request==cmpl-1 and generated==5", False, True, False),
+        ("request==cmpl-1 and generated<8", True, True, False),
+        ("request==cmpl-1 and generated>=5 and num_reqs>=4", False, True, True),
+    ],
+)
+def test_request_triggers_read_the_named_requests_progress(text, first, decode_5, decode_9):
+    triggers = TriggerSet(when=text)
+    assert triggers.request == "cmpl-1"
+    fired = [triggers.fires_before_forward(0, lambda: MIXED, _named(progress)) is not None for progress in
+             (RequestProgress(True, 0), RequestProgress(False, 5), RequestProgress(False, 9))]
+    assert fired == [first, decode_5, decode_9]
+
+
+def test_a_step_without_the_named_request_never_asks_for_batch_facts():
+    def no_facts():
+        raise AssertionError("batch facts computed for a step the request is not in")
+
+    triggers = TriggerSet(when="request==cmpl-1 and num_reqs>=2")
+    assert triggers.fires_before_forward(0, no_facts, _named()) is None
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("generated<3", "about the request named by request==ID"),
+        ("request!=cmpl-1", "request takes =="),
+        ("request==a and request==b", "one request"),
+        ("request==a and first_chunk==1", "is a flag"),
+    ],
+)
+def test_bad_request_triggers_name_the_problem(text, reason):
+    with pytest.raises(UsageError, match=reason):
+        parse_predicate(text)
+
+
+def test_a_refusal_names_the_setting_as_the_user_spelled_it():
+    names = SettingNames(steps="TRACEKIT_RECORD_STEPS", when="TRACEKIT_RECORD_WHEN", on="TRACEKIT_RECORD_ON")
+    with pytest.raises(UsageError, match="bad TRACEKIT_RECORD_WHEN 'foo==1'"):
+        TriggerSet(when="foo==1", names=names)
+    with pytest.raises(UsageError, match="give TRACEKIT_RECORD_STEPS, TRACEKIT_RECORD_WHEN or TRACEKIT_RECORD_ON"):
+        TriggerSet(names=names)
+
+
+def test_the_request_watch_matches_each_engine_id_once():
+    asked = []
+    watch = RequestWatch(lambda req_id: asked.append(req_id) or req_id.startswith("cmpl-1-"))
+    assert watch.named(["cmpl-1-0-aa", "cmpl-2-0-bb"]) == ["cmpl-1-0-aa"]
+    assert watch.named(["cmpl-2-0-bb", "cmpl-1-0-aa", "cmpl-3-0-cc"]) == ["cmpl-1-0-aa"]
+    assert asked == ["cmpl-1-0-aa", "cmpl-2-0-bb", "cmpl-3-0-cc"]

@@ -61,6 +61,15 @@ class BatchFacts:
 
 
 @dataclass(frozen=True)
+class RequestProgress:
+    """Where one request of a step stands, for a request trigger (`request==ID and ...`), read
+    from host state only."""
+
+    first_chunk: bool  # the step is the request's first: its first (or only) prefill chunk
+    generated: int  # output tokens it had before the step: 0 while it prefills, N in the decode that feeds its Nth
+
+
+@dataclass(frozen=True)
 class OutputReceiver:
     """Where a step ends once `sample_tokens` returned: `received` takes its sampled ids when the
     engine reads them; `failed` takes the error reading them raised (under async scheduling a

@@ -6,6 +6,7 @@ an event trigger); `step_capture` copies a step to host on the engine's critical
 `window_capture` keeps a window's later steps, `sampled_ids` the ids a V1 runner under async
 scheduling does not; `persist` writes bundles on a background thread; `recorder` ties them to a
 model runner. `api` (an `LLM` you hold), `session` (`tracekit record`) and `plugin` (`vllm serve`)
-arm it, `arm_in_workers` inside an engine's worker processes. `workload` is what `tracekit record`
-sends when no prompts are given.
+arm it, `arm_in_workers` inside an engine's worker processes; `settings` checks what a request to
+arm a running server asks (and that it writes only under the folder the operator named).
+`workload` is what `tracekit record` sends when no prompts are given.
 """

@@ -21,8 +21,8 @@ from typing import Any, Iterator
 from tracekit.errors import TracekitError
 from tracekit.integrations.vllm.recording import find_runner, on_every_worker, runner_in_this_process
 from tracekit.record import arm_in_workers
-from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, Recorder
-from tracekit.record.triggers import TriggerSet
+from tracekit.record.recorder import Recorder
+from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, TriggerSet
 
 
 class WorkerRecording:

@@ -163,7 +163,8 @@ class BackgroundPersister:
         try:
             engine = dataclasses.replace(self.engine, kernel_choices=launched_choices())
             self.written.append(write_steps(path, self.environment, engine, [step], parallel))
-            logger.info("tracekit: recorded step %d (%s) to %s", step.index, step.trigger, path)
+            logger.info("tracekit: wrote %s (%s): step %d (%s), %s", path, _size(path), step.index, step.trigger,
+                        _requests(step))
         except Exception as error:  # never let recording harm the engine
             self._failed(f"could not write {path}: {type(error).__name__}: {error}")
 
@@ -173,3 +174,15 @@ class BackgroundPersister:
         self.failures.append(message)
         if self._on_failure is not None:
             self._on_failure(message)
+
+
+def _size(path: Path) -> str:
+    size = path.stat().st_size
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.0f} KiB"
+
+
+def _requests(step: Step, shown: int = 4) -> str:
+    """The step's requests by engine id, the first few named."""
+    ids = [request.req_id for request in step.requests]
+    more = f", +{len(ids) - shown} more" if len(ids) > shown else ""
+    return f"{len(ids)} request{'s' if len(ids) != 1 else ''}: {', '.join(ids[:shown])}{more}"

@@ -51,7 +51,15 @@ from tracekit.record import step_capture
 from tracekit.record.capture_kinds import CopiedStep, MarkedStep, PendingStep, ignore
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
 from tracekit.record.sampled_ids import SampledIds
-from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, TriggerEvent, TriggerSet
+from tracekit.record.settings import bundles, require_window
+from tracekit.record.triggers import (
+    CLI_NAMES,
+    DEFAULT_MAX_BUNDLES,
+    RequestWatch,
+    SettingNames,
+    TriggerEvent,
+    TriggerSet,
+)
 from tracekit.record.window_capture import CarriedStepCapture, OpenWindow
 
 logger = logging.getLogger("tracekit.record")
@@ -82,10 +90,12 @@ class Recorder:
         set_id: str | None = None,
         window: int = 1,
         keep_lora_weights: bool = False,
+        names: SettingNames = CLI_NAMES,
     ):
         if kv not in KV_MODES:
-            raise UsageError(f"bad --kv {kv!r}: choose one of {', '.join(KV_MODES)}")
-        require_window(window, triggers)
+            raise UsageError(f"bad {names.kv} {kv!r}: choose one of {', '.join(KV_MODES)}")
+        require_window(window, triggers, names)
+        self.names = names  # how the user spelled the settings, for the messages that name one
         self.runner = runner
         try:
             self.adapter: RunnerAdapter | None = installed_release().adapter_for(runner)
@@ -101,7 +111,7 @@ class Recorder:
             raise UsageError("--layers records per-layer outputs only from an eager engine: add --enforce-eager")
         self.layers = layers  # also store every layer's output of a recorded step (eager engines)
         if max_bundles < 1:
-            raise UsageError(f"bad --max-bundles {max_bundles}: must be at least 1")
+            raise UsageError(f"bad {names.max_bundles} {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
         self.window = window  # steps per bundle from a firing step on (`record --window N`)
         self._window: OpenWindow | None = None  # the window taking the next steps, if one is
@@ -111,6 +121,11 @@ class Recorder:
         self.head_start_us = DEFAULT_HEAD_START_US  # of the next recorded forward's timer
         self.sizes_seen: set[int] = set()  # padded token counts of the forwards seen since arming
         self.bundles_fired = 0
+        self._handed = 0  # bundles handed to the writer (the recorder stops once all it takes are)
+        self.stopped: str | None = None  # why it stopped recording by itself, if it did
+        # the engine requests a `request==ID` trigger names
+        self._watch = (RequestWatch(self.adapter.client_request_matcher(triggers.request))
+                       if triggers.request is not None and self.adapter is not None else None)
         self._pending: PendingStep | None = None
         self._persister: BackgroundPersister | None = None
         self._shadows: Any = None
@@ -172,7 +187,9 @@ class Recorder:
             logger.warning("tracekit: steps with %s can be recorded but not yet replayed by this tracekit "
                            "(their replay ends with the verdict cannot_replay_yet, exit 5)", " or ".join(kinds))
 
-    def disarm(self) -> None:
+    def disarm(self, wait: bool = True) -> None:
+        """Stop recording; the bundles already taken are written, and waited for unless `wait`
+        is false (a live server's engine thread: the writer thread finishes them on its own)."""
         shadows, self._shadows = self._shadows, None
         _stop_capture(self._pending)
         self._pending = None
@@ -182,7 +199,10 @@ class Recorder:
         if shadows is not None:
             shadows.__exit__(None, None, None)
         if self._persister is not None:
-            self._persister.close()
+            if wait:
+                self._persister.close()
+            else:
+                threading.Thread(target=self._persister.close, name="tracekit-closer", daemon=True).start()
 
     def __enter__(self) -> "Recorder":
         return self.arm()
@@ -202,6 +222,12 @@ class Recorder:
             if not logged:
                 self._failures.append(reason)
                 logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
+            self._stop_observing()
+
+    def _stop_observing(self) -> None:
+        """Remove the runner shadows: the engine runs exactly as without tracekit from its next call
+        on; the writer thread goes on writing what it was handed."""
+        with self._callback_lock:
             _stop_capture(self._pending)
             shadows, self._shadows, self._pending, self._window = self._shadows, None, None, None
             if shadows is not None:
@@ -240,6 +266,7 @@ class Recorder:
             return
         if self.exhausted:
             self._pending = None
+            self._stop_once_all_handed()  # (a window's bundle is handed when its last step ends)
             return
         if self._sampled is not None:
             self._sampled.keep_only(self.adapter.live_req_ids())
@@ -261,7 +288,8 @@ class Recorder:
         first_of_its_size = size not in self.sizes_seen
         self.sizes_seen.add(size)
         pending.reason = self.triggers.fires_before_forward(
-            pending.index, lambda: self.adapter.batch_facts(pending.scheduler_output)
+            pending.index, lambda: self.adapter.batch_facts(pending.scheduler_output),
+            lambda: self._requests_named(pending.scheduler_output),
         )
         if pending.reason is not None:
             mark = self.adapter.mark(pending.scheduler_output, input_ids, positions)
@@ -271,6 +299,11 @@ class Recorder:
                 self._window = pending.window = OpenWindow(self, pending, self.window, held, copied.step)
         elif self.triggers.events:  # kept cheaply, copied only if the step fails
             pending.capture = MarkedStep(self, pending, self.adapter.mark(pending.scheduler_output, input_ids, positions))
+
+    def _requests_named(self, scheduler_output: Any) -> list[Any]:
+        """The progress of each request of the step that the trigger's `request==ID` names."""
+        named = self._watch.named(self.adapter.scheduled_req_ids(scheduler_output))
+        return self.adapter.request_progress(scheduler_output, named) if named else []
 
     @_engine_boundary
     def after_forward(self, hidden_states: Any) -> None:
@@ -403,6 +436,7 @@ class Recorder:
             _copies_landed(step, pending.copies)
         self._adapter_files.complete(step)
         self._persister.write_now(*self._destination(self._completed(step)))
+        self._handed_over()
 
     # -- what the capture kinds share ----------------------------------------------------------
 
@@ -455,6 +489,7 @@ class Recorder:
             self._adapter_files.complete(step)
 
         self._persister.submit(*self._destination(self._completed(step)), ready=ready)
+        self._handed_over()
 
     def write_window(self, first: Step, copies: list[HostCopy], now: bool) -> None:
         """Write a window's bundle (its first step, the window hanging off it) once every step's
@@ -465,6 +500,7 @@ class Recorder:
             self._persister.write_now(*destination)
         else:
             self._persister.submit(*destination, ready=lambda: _copies_landed(first, copies))
+        self._handed_over()
 
     def deferral_started(self) -> None:
         """A step's non-finite check is to be read with its output, after later steps started."""
@@ -480,11 +516,24 @@ class Recorder:
 
     def count_bundle(self) -> None:
         self.bundles_fired += 1
-        if self.exhausted and not self.output.single:
-            logger.warning(
-                "tracekit: recorded %d bundles, the most this session takes (--max-bundles); "
-                "later steps are not recorded", self.max_bundles,
-            )
+
+    def _handed_over(self) -> None:
+        """A bundle went to the writer."""
+        self._handed += 1
+        self._stop_once_all_handed()
+
+    def _stop_once_all_handed(self) -> None:
+        """Once every bundle the recorder takes went to the writer, it stops observing the runner
+        (the engine then runs exactly as without tracekit), saying so."""
+        if not self.exhausted or self._handed < self.bundles_fired or self._window is not None:
+            return
+        if self.output.single:
+            self.stopped = f"took the one step its path takes ({self.output.template} has no {{step}})"
+        else:
+            self.stopped = f"took {bundles(self.max_bundles)}, the most it takes ({self.names.max_bundles} {self.max_bundles})"
+        logger.warning("tracekit: the recorder %s; it stopped recording, the engine runs as without tracekit",
+                       self.stopped)
+        self._stop_observing()
 
     def _completed(self, step: Step) -> Step:
         """The step as its bundle is written. One whose KV is to be recomputed gets the sampled
@@ -504,16 +553,6 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
-
-
-def require_window(window: int, triggers: TriggerSet) -> None:
-    """Refuse a window the recorder cannot take: fewer than one step, or opened by an event
-    trigger (it decides after its step, when the next one may already have been sent)."""
-    if window < 1:
-        raise UsageError(f"bad --window {window}: a window holds at least one step")
-    if window > 1 and triggers.events:
-        raise UsageError("--window starts at a step trigger (--steps or --when); --on exception/nonfinite decides "
-                         "only after its step, when the next may already run: record the window with --steps/--when")
 
 
 def _error_record(error: BaseException, phase: Phase) -> dict[str, Any]:

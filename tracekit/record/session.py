@@ -14,8 +14,8 @@ from tracekit.models import tiny_model_path
 from tracekit.record import workload
 from tracekit.record.api import recording
 from tracekit.record.persist import OutputTemplate
-from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, require_window
-from tracekit.record.triggers import TriggerSet
+from tracekit.record.settings import require_window
+from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, TriggerSet
 
 logger = logging.getLogger("tracekit.record")
 

@@ -9,6 +9,7 @@
   `spec_decode`     what a step of a speculatively decoding engine holds, on both runners
   `step_features`   what a step used beyond tokens, and what of it this tracekit cannot replay yet
   `weights`         naming weights by their bytes: the model's, a LoRA adapter's
+  `request_ids`     the ids a client of vLLM's API server sees, matched to the engine's request ids
   `needs`           what a bundle needs of the machine that replays it, in one line
   `bench_shapes`    recorded batches as `vllm bench forward --shapes` cases (metadata only)
 """

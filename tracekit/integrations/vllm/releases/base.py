@@ -17,6 +17,7 @@ from tracekit.errors import CannotRunHere, UsageError
 from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, RequestState, Step
 from tracekit.integrations.seam import RUNNER_KINDS, OutputReceiver, RunnerKind
 from tracekit.integrations.vllm.records import grammar, serialize
+from tracekit.integrations.vllm.records.request_ids import client_id_matcher
 from tracekit.integrations.vllm.records.weights import weights_fingerprint
 
 
@@ -51,7 +52,8 @@ class Release:
     `grammar_record`, `scheduler_output`. Shared defaults, true of every supported series as
     written here (a series whose vLLM differs overrides one; `tests/test_release_hooks.py` keeps
     this list whole): runners — `adapter_for`, `adapter_class`, `runner_env`, `has_triton`,
-    `on_each_runner_ready`, `compile_range_ends`, `async_output_type`, `when_output_ready`;
+    `on_each_runner_ready`, `worker_classes_here`, `compile_range_ends`, `async_output_type`,
+    `when_output_ready`; the API server's request ids — `client_request_matcher`;
     records — `grammar_output`, `allowed_types`, `allowed_enums`, `to_plain`, `to_versioned_plain`,
     `from_plain`, `new_request`, `new_requests_output`, `scheduled_drafts`, `common_prefix_blocks`,
     `finishing_output`; another series' bundles — `recorded_elsewhere`, `adopt_engine_args`,
@@ -102,6 +104,7 @@ class Release:
         "remove_adapter", "max_lora_rank", "speculative_config", "is_multimodal_model", "enable_prompt_embeds",
         "runner_type", "pooling_params", "structured_outputs", "attn_backend", "get_name", "isa", "layer_name",
         "decode_context_parallel_size", "prefill_context_parallel_size", "disable_envs_cache",
+        "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION",
     })
 
     def __init__(self, version: str):
@@ -164,12 +167,25 @@ class Release:
         """Call `callback(model_runner)` whenever a worker of this process finishes warming up."""
         from tracekit.integrations.vllm.runners.method_patch import call_after
 
+        for worker_class in self.worker_classes_here():
+            call_after(worker_class, "compile_or_warm_up_model", lambda worker: callback(worker.model_runner))
+
+    def worker_classes_here(self) -> list[type]:
+        """The `worker_classes` this machine's vLLM has (the others' platforms are not installed)."""
+        found = []
         for module_name, class_name in self.worker_classes:
             try:
-                worker_class = getattr(importlib.import_module(module_name), class_name)
+                found.append(getattr(importlib.import_module(module_name), class_name))
             except (ImportError, AttributeError):
                 continue
-            call_after(worker_class, "compile_or_warm_up_model", lambda worker: callback(worker.model_runner))
+        return found
+
+    def client_request_matcher(self, client_id: str) -> Callable[[str], bool]:
+        """Whether an engine request id is one of those a client of the API server knows as
+        `client_id` (`request_ids` says how vLLM derives them; the same in every supported series)."""
+        import vllm.envs as envs
+
+        return client_id_matcher(client_id, randomized=not envs.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION)
 
     def compile_range_ends(self, compilation_config: Any) -> list[int]:
         """The token counts where one of the engine's Inductor compile ranges ends and the next

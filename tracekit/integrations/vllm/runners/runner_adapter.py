@@ -16,7 +16,7 @@ what the runner keeps per request (output tokens, generator states or seeds) as 
 requests are added.
 """
 
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -35,7 +35,7 @@ from tracekit.format.schema import (
     Step,
 )
 from tracekit.graphs.device import DeviceBackend, get_device_backend
-from tracekit.integrations.seam import BatchFacts, ModelCall, RunnerKind, StepObserver
+from tracekit.integrations.seam import BatchFacts, ModelCall, RequestProgress, RunnerKind, StepObserver
 from tracekit.integrations.vllm.records import spec_decode
 from tracekit.integrations.vllm.records.step_features import not_replayable_in
 from tracekit.integrations.vllm.runners import runner_state
@@ -135,6 +135,14 @@ class RunnerAdapter:
         """The requests a scheduler output starts."""
         return [request.req_id for request in scheduler_output.scheduled_new_reqs]
 
+    def scheduled_req_ids(self, scheduler_output: Any) -> Iterable[str]:
+        """The requests a scheduler output runs (a view: nothing copied)."""
+        return scheduler_output.num_scheduled_tokens.keys()
+
+    def client_request_matcher(self, client_id: str) -> Callable[[str], bool]:
+        """Whether a request of this engine is one its API server's client knows as `client_id`."""
+        return self.release.client_request_matcher(client_id)
+
     def live_req_ids(self) -> Container[str]:
         """The requests the runner holds state for (preempted ones too), before the next step's
         scheduler output is applied."""
@@ -158,6 +166,10 @@ class RunnerAdapter:
                 self.lora_requests[request.lora_request.lora_int_id] = request.lora_request
 
     def batch_facts(self, scheduler_output: Any) -> BatchFacts:
+        raise NotImplementedError
+
+    def request_progress(self, scheduler_output: Any, req_ids: list[str]) -> list[RequestProgress]:
+        """Where each of `req_ids` (requests of the step, once its batch is built) stands."""
         raise NotImplementedError
 
     def batch_order(self) -> list[str]:

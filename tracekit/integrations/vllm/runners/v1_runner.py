@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
-from tracekit.integrations.seam import BatchFacts, RunnerKind
+from tracekit.integrations.seam import BatchFacts, RequestProgress, RunnerKind
 from tracekit.integrations.vllm.records import spec_decode
 from tracekit.integrations.vllm.runners import runner_state
 from tracekit.integrations.vllm.runners.lora_adapters import request_adapter_name
@@ -87,6 +87,12 @@ class V1Adapter(RunnerAdapter):
             is_prefill(int(c), int(p), int(k) - int(p)) for c, p, k in zip(computed, prompts, known)
         )
         return BatchFacts(num_reqs, int(scheduler_output.total_num_scheduled_tokens), num_prefills, frozenset(batch.req_ids))
+
+    def request_progress(self, scheduler_output: Any, req_ids: list[str]) -> list[RequestProgress]:
+        batch, new = self.runner.input_batch, set(self.new_req_ids(scheduler_output))
+        rows = [batch.req_id_to_index[req_id] for req_id in req_ids]
+        return [RequestProgress(req_id in new, int(batch.num_tokens_no_spec[row]) - int(batch.num_prompt_tokens[row]))
+                for req_id, row in zip(req_ids, rows)]
 
     def batch_order(self) -> list[str]:
         return list(self.runner.input_batch.req_ids)

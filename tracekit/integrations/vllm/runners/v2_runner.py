@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
-from tracekit.integrations.seam import BatchFacts, RunnerKind, StepObserver
+from tracekit.integrations.seam import BatchFacts, RequestProgress, RunnerKind, StepObserver
 from tracekit.integrations.vllm.records import spec_decode
 from tracekit.integrations.vllm.runners import runner_state
 from tracekit.integrations.vllm.runners.lora_adapters import request_adapter_name
@@ -172,10 +172,20 @@ class V2Adapter(RunnerAdapter):
         num_prefills = 0
         for row, _, slot in self._rows():
             computed, prompt = int(batch.num_computed_tokens_np[row]), int(states.prompt_len.np[slot])
-            prefill_len = int(batch.prefill_len_np[row])
-            outputs = computed - prompt + 1 if computed >= prefill_len else prefill_len - prompt
-            num_prefills += is_prefill(computed, prompt, outputs)
+            num_prefills += is_prefill(computed, prompt, self._outputs(row, slot))
         return BatchFacts(batch.num_reqs, int(scheduler_output.total_num_scheduled_tokens), num_prefills, frozenset(batch.req_ids))
+
+    def request_progress(self, scheduler_output: Any, req_ids: list[str]) -> list[RequestProgress]:
+        new, wanted = set(self.new_req_ids(scheduler_output)), set(req_ids)
+        return [RequestProgress(req_id in new, self._outputs(row, slot)) for row, req_id, slot in self._rows()
+                if req_id in wanted]
+
+    def _outputs(self, row: int, slot: int) -> int:
+        """The outputs a batch row's request had before the step (see `batch_facts`)."""
+        batch = self._input_batch
+        computed, prompt = int(batch.num_computed_tokens_np[row]), int(self.runner.req_states.prompt_len.np[slot])
+        prefill_len = int(batch.prefill_len_np[row])
+        return computed - prompt + 1 if computed >= prefill_len else prefill_len - prompt
 
     def batch_order(self) -> list[str]:
         return [req_id for _, req_id, _ in self._rows()]
