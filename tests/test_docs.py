@@ -83,3 +83,17 @@ def test_every_recording_setting_is_in_the_guide():
     guide = (ROOT / "docs" / "GUIDE.md").read_text()
     missing = sorted(name for name in settings if f"`{name}`" not in guide)
     assert not missing, f"docs/GUIDE.md does not document {missing}"
+
+
+SERVING_SECTION_MAX_LINES = 15  # issue 50: the serving engineer's first section, every command run by a test
+
+
+def test_the_readmes_serving_section_is_short_and_its_commands_are_the_ones_a_test_runs():
+    """`tests/e2e/test_serve_live.py` runs the section's commands in order (install, serve, arm,
+    status, disarm, replay); here, that they are those, in a section of at most 15 lines."""
+    section = README.read_text().split("## In a running vllm serve\n", 1)[1].split("\n## ", 1)[0].strip("\n")
+    assert len(section.splitlines()) <= SERVING_SECTION_MAX_LINES, section
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split()[0] if not line.startswith("VLLM_") else "serve" for line in block.splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert commands == ["pip", "serve", "tracekit", "tracekit", "tracekit", "tracekit"], block

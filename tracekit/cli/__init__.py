@@ -17,7 +17,9 @@ from tracekit import __version__
 from tracekit.errors import TracekitError
 
 SUBCOMMANDS = {
+    "arm": ("tracekit.cli.live_commands", "arm_command"),
     "diff": ("tracekit.cli.diff_command", "diff_command"),
+    "disarm": ("tracekit.cli.live_commands", "disarm_command"),
     "export": ("tracekit.cli.export_command", "export_command"),
     "inspect": ("tracekit.cli.inspect_command", "inspect_command"),
     "invariance": ("tracekit.cli.invariance_command", "invariance_command"),
@@ -25,6 +27,7 @@ SUBCOMMANDS = {
     "redact": ("tracekit.cli.redact_command", "redact_command"),
     "replay": ("tracekit.cli.replay_command", "replay_command"),
     "shrink": ("tracekit.cli.shrink_command", "shrink_command"),
+    "status": ("tracekit.cli.live_commands", "status_command"),
 }
 
 

@@ -7,6 +7,7 @@ an event trigger); `step_capture` copies a step to host on the engine's critical
 scheduling does not; `persist` writes bundles on a background thread; `recorder` ties them to a
 model runner. `api` (an `LLM` you hold), `session` (`tracekit record`) and `plugin` (`vllm serve`)
 arm it, `arm_in_workers` inside an engine's worker processes; `settings` checks what a request to
-arm a running server asks (and that it writes only under the folder the operator named).
-`workload` is what `tracekit record` sends when no prompts are given.
+arm a running server asks (and that it writes only under the folder the operator named), and
+`live` arms, re-arms, reports and disarms it there without a restart. `workload` is what
+`tracekit record` sends when no prompts are given.
 """

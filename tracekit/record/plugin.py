@@ -1,84 +1,133 @@
-"""The vLLM general plugin: arms a recorder inside any vLLM engine from environment variables.
+"""The vLLM plugins: a recorder armed from environment variables at start, and live control.
+
+vLLM loads `vllm.general_plugins` entry points in every process it starts (`register` here) and
+`vllm.endpoint_plugins` in its API server when `VLLM_PLUGINS` names them (`endpoint_plugin`).
+Installed and not asked for anything, the plugin does nothing: no recorder, no shadow on the
+runner, nothing per step.
+
+Armed at start (every process of the engine):
 
     TRACEKIT_RECORD_OUTPUT=/tmp/step{step}.zst TRACEKIT_RECORD_STEPS=5 vllm serve MODEL
-
-vLLM loads `vllm.general_plugins` entry points in every process it starts; this one does
-nothing unless `TRACEKIT_RECORD_OUTPUT` is set. It then arms a recorder on each model runner
-once its worker has finished compiling and warming up (those runs are not steps), and flushes
-the writer thread when the process exits.
 
     TRACEKIT_RECORD_OUTPUT  bundle path; `{step}` in it records every firing step; each rank of a
                             multi-rank engine writes its own (`{rank}`, else `.rank{rank}` inserted)
     TRACEKIT_RECORD_STEPS   e.g. `7`, `5:9`, `3,7`
-    TRACEKIT_RECORD_WHEN    a predicate, e.g. `num_reqs>=2 and has_prefill`
+    TRACEKIT_RECORD_WHEN    a predicate, e.g. `num_reqs>=2 and has_prefill`, `request==cmpl-99a6...`
     TRACEKIT_RECORD_ON      `exception`, `nonfinite` or both, comma separated
-    TRACEKIT_RECORD_KV      `read` (default), `written` or `none`
+    TRACEKIT_RECORD_KV      `read` (default), `written`, `none` or `recompute`
     TRACEKIT_RECORD_MAX_BUNDLES  with `{step}`: the most bundles one process writes (default 16)
     TRACEKIT_RECORD_WINDOW  consecutive steps per bundle from a firing step on (default 1)
     TRACEKIT_RECORD_LORA_WEIGHTS `1`: keep every LoRA adapter's files in the bundles, whatever
                             their size (by default only adapters up to 64 MiB are kept)
+
+Live control (`tracekit.record.live`): with `TRACEKIT_SERVE_DIR=FOLDER` and `VLLM_PLUGINS`
+naming `tracekit`, the API server gets routes to arm, re-arm, query and disarm a recorder
+without a restart, writing only under FOLDER:
+
+    VLLM_PLUGINS=tracekit TRACEKIT_SERVE_DIR=/data/tracekit vllm serve MODEL
+    tracekit arm --server http://127.0.0.1:8000 --when 'request==cmpl-99a6...' -o incident-42
+
+A recorder is armed on each model runner once its worker has finished compiling and warming up
+(those runs are not steps); its bundles are written when the process exits. tracekit's lines
+go to the server's log (`serving.route_logs_to_vllm`).
 """
 
 import atexit
 import logging
 import os
+import threading
 from typing import Any
 
 from tracekit.errors import TracekitError
 
 logger = logging.getLogger("tracekit.record")
 
-_armed: list[Any] = []
+OUTPUT_VARIABLE = "TRACEKIT_RECORD_OUTPUT"
 
 
 def register() -> None:
-    if not os.environ.get("TRACEKIT_RECORD_OUTPUT"):
-        return
-    from tracekit.integrations.vllm.recording import installed_release
+    """vLLM's general plugin, in every process: nothing unless armed at start or live control is on."""
+    from tracekit.record.settings import served_folder
 
+    armed_at_start, live_control = bool(os.environ.get(OUTPUT_VARIABLE)), served_folder() is not None
+    if not (armed_at_start or live_control):
+        return
+    from tracekit.integrations.vllm.recording import install_worker_method, installed_release, route_logs_to_vllm
+    from tracekit.record import live
+
+    route_logs_to_vllm()
     try:
         release = installed_release()
     except TracekitError as error:  # a vLLM this tracekit does not know: serve unrecorded
-        logger.error("tracekit: recorder not armed: %s", error)
+        logger.error("tracekit: not armed, live control off: %s", error)
         return
-    release.on_each_runner_ready(_arm_on)
+    if live_control:
+        install_worker_method(live.handle)
+    release.on_each_runner_ready(lambda runner: _runner_ready(runner, armed_at_start, live_control))
+    atexit.register(live.disarm_all)
 
 
-def _arm_on(runner: Any) -> None:
-    if any(recorder.runner is runner for recorder in _armed):
+def endpoint_plugin() -> Any:
+    """vLLM's endpoint plugin, in the API server when `VLLM_PLUGINS` names `tracekit`: the live
+    control routes where the operator named the bundle folder, else none (said in the log)."""
+    from tracekit.integrations.vllm.recording import LiveControlEndpoint, LiveControlOff, route_logs_to_vllm
+    from tracekit.record import live
+
+    route_logs_to_vllm()
+    served = live.served_folder()
+    if served is None:
+        return LiveControlOff(f"start the server with {live.SERVE_DIR_VARIABLE}=FOLDER, the folder "
+                              "bundles may be written to, to enable it")
+    return LiveControlEndpoint(live.ServerControl(served))
+
+
+def _runner_ready(runner: Any, armed_at_start: bool, live_control: bool) -> None:
+    if armed_at_start:
+        _arm_from_environment(runner)
+    if live_control:  # hash the weights for the bundles now, off the engine's thread, not at the first arming
+        threading.Thread(target=_prepare, args=(runner,), name="tracekit-prepare", daemon=True).start()
+
+
+def _arm_from_environment(runner: Any) -> None:
+    from tracekit.record import live
+    from tracekit.record.recorder import Recorder
+    from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, SettingNames, TriggerSet
+
+    if live.status(runner)["armed"]:  # warmed up twice
         return
-    from tracekit.record.recorder import DEFAULT_MAX_BUNDLES, Recorder
-    from tracekit.record.triggers import TriggerSet
-
-    events = tuple(e.strip() for e in os.environ.get("TRACEKIT_RECORD_ON", "").split(",") if e.strip())
+    names = SettingNames(steps="TRACEKIT_RECORD_STEPS", when="TRACEKIT_RECORD_WHEN", on="TRACEKIT_RECORD_ON",
+                         kv="TRACEKIT_RECORD_KV", max_bundles="TRACEKIT_RECORD_MAX_BUNDLES",
+                         window="TRACEKIT_RECORD_WINDOW", output=OUTPUT_VARIABLE)
+    events = tuple(e.strip() for e in os.environ.get(names.on, "").split(",") if e.strip())
     try:
         recorder = Recorder(
             runner,
-            os.environ["TRACEKIT_RECORD_OUTPUT"],
-            TriggerSet(
-                steps=os.environ.get("TRACEKIT_RECORD_STEPS"),
-                when=os.environ.get("TRACEKIT_RECORD_WHEN"),
-                events=events,
-            ),
-            kv=os.environ.get("TRACEKIT_RECORD_KV", "read"),
-            max_bundles=_int_env("TRACEKIT_RECORD_MAX_BUNDLES", DEFAULT_MAX_BUNDLES),
-            window=_int_env("TRACEKIT_RECORD_WINDOW", 1),
+            os.environ[OUTPUT_VARIABLE],
+            TriggerSet(steps=os.environ.get(names.steps), when=os.environ.get(names.when), events=events, names=names),
+            kv=os.environ.get(names.kv, "read"),
+            max_bundles=_int_env(names.max_bundles, DEFAULT_MAX_BUNDLES),
+            window=_int_env(names.window, 1),
             keep_lora_weights=os.environ.get("TRACEKIT_RECORD_LORA_WEIGHTS", "") == "1",
+            names=names,
         ).arm()
     except Exception as error:  # bad settings, or anything else: the engine starts unrecorded
-        logger.error("tracekit: recorder not armed: %s", error)
+        logger.error("tracekit: recorder not armed, the server runs unrecorded: %s", error)
         return
     if not recorder.armed:  # it logged why
         return
-    _armed.append(recorder)
-    if len(_armed) == 1:
-        atexit.register(_disarm_all)
-    logger.info("tracekit: recorder armed, writing to %s", recorder.output.template)
+    by = f"{OUTPUT_VARIABLE} at start"
+    live.keep_armed_at_start(runner, recorder, by)
+    if recorder.rank.rank == 0:
+        logger.warning(live.banner(recorder, by))
 
 
-def _disarm_all() -> None:
-    while _armed:
-        _armed.pop().disarm()
+def _prepare(runner: Any) -> None:
+    from tracekit.integrations.vllm.recording import installed_release
+
+    try:
+        installed_release().adapter_for(runner).engine_config()
+    except Exception as error:  # arming will say what is wrong, if anything is
+        logger.debug("tracekit: could not prepare the engine's record: %s", error)
 
 
 def _int_env(name: str, default: int) -> int:

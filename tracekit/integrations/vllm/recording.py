@@ -4,7 +4,7 @@ copying its steps ask of vLLM, listed in one place.
 `tracekit.record` holds a runner adapter and talks to it through `tracekit.integrations.seam`;
 everything else it needs of vLLM — building an engine, reaching its runners in every worker, a
 runner's place among the ranks, the step's KV blocks, grammar mask and drafts read to host, the
-request ledger of a window — it takes from here (`tests/test_layering.py` allows `record/` no
+request ledger of a window, the live-control routes of an API server (`serving`) — it takes from here (`tests/test_layering.py` allows `record/` no
 other integration module), as `tracekit.replay` takes what it needs from `replay_engine`.
 """
 
@@ -22,11 +22,17 @@ from tracekit.integrations.vllm.runners.layer_capture import LayerCapture
 from tracekit.integrations.vllm.runners.lora_adapters import AdapterFiles
 from tracekit.integrations.vllm.runners.runner_adapter import RunnerAdapter, StepMark
 from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written, blocks_to_host, hidden_states_of
+from tracekit.integrations.vllm.serving import (
+    LiveControlEndpoint,
+    LiveControlOff,
+    install_worker_method,
+    route_logs_to_vllm,
+)
 
 __all__ = [
-    "AdapterFiles", "LayerCapture", "RequestLedger", "RunnerAdapter", "StepMark", "applied_mask",
-    "blocks_read_and_written", "blocks_to_host", "build_llm", "digested_layers", "drafter_pass", "find_runner",
-    "generate", "hidden_states_of", "installed_release", "kv_written", "on_every_worker", "parse_engine_cli_args",
-    "rank_of", "reported", "require_recordable", "runner_in_this_process", "runner_of", "step_features",
-    "unknown_tokens_to_recompute",
+    "AdapterFiles", "LayerCapture", "LiveControlEndpoint", "LiveControlOff", "RequestLedger", "RunnerAdapter",
+    "StepMark", "applied_mask", "blocks_read_and_written", "blocks_to_host", "build_llm", "digested_layers",
+    "drafter_pass", "find_runner", "generate", "hidden_states_of", "install_worker_method", "installed_release",
+    "kv_written", "on_every_worker", "parse_engine_cli_args", "rank_of", "reported", "require_recordable",
+    "route_logs_to_vllm", "runner_in_this_process", "runner_of", "step_features", "unknown_tokens_to_recompute",
 ]

@@ -10,6 +10,7 @@ importing those from there would close an import loop.
 """
 
 import hashlib
+import threading
 from pathlib import Path
 
 from tracekit.format.schema import ADAPTER_CONFIG
@@ -26,16 +27,27 @@ def weight_files(root: Path, config_name: str) -> list[Path]:
 
 def files_fingerprint(root: Path, config_name: str) -> str | None:
     """`blake2b-128:HEX` over the relative names and bytes of `weight_files`; None where `root` is
-    not a local folder (a hub id resolved elsewhere)."""
+    not a local folder (a hub id resolved elsewhere). Hashing a large model takes seconds to
+    minutes, so each result is kept for this process while the files' sizes and times stand (a
+    live server arms again and again; the first is hashed off the engine's thread)."""
     if not root.is_dir():
         return None
-    digest = hashlib.blake2b(digest_size=16)
-    for path in weight_files(root, config_name):
-        digest.update(str(path.relative_to(root)).encode() + b"\0")
-        with path.open("rb") as stream:
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(chunk)
-    return "blake2b-128:" + digest.hexdigest()
+    files = weight_files(root, config_name)
+    stamp = (str(root.resolve()), tuple((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files))
+    with _hashing:
+        if stamp not in _fingerprints:
+            digest = hashlib.blake2b(digest_size=16)
+            for path in files:
+                digest.update(str(path.relative_to(root)).encode() + b"\0")
+                with path.open("rb") as stream:
+                    for chunk in iter(lambda: stream.read(1 << 20), b""):
+                        digest.update(chunk)
+            _fingerprints[stamp] = "blake2b-128:" + digest.hexdigest()
+        return _fingerprints[stamp]
+
+
+_fingerprints: dict[tuple, str] = {}
+_hashing = threading.Lock()  # one hash at a time: a second caller of the same files waits for the first
 
 
 def weights_fingerprint(model_path: str, load_format: str | None) -> str | None:
