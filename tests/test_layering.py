@@ -110,6 +110,8 @@ SHARED_NAMES = {
     "grammar_bitmask", "num_acceptable_drafts", "structured_outputs",
     # every dict's values(), and vLLM 0.34's draft logits cache
     "values",
+    # fields of the scheduler output's records (format/schema), named as vLLM names them
+    "scheduled_new_reqs", "preempted_req_ids", "resumed_req_ids", "new_block_ids",
 }
 
 
@@ -138,6 +140,39 @@ def test_vllm_attributes_are_touched_only_by_its_integration():
         for name in sorted(_attribute_uses(path) & (declared.keys() - SHARED_NAMES)):
             outside.append(f"{path.relative_to(PACKAGE.parent)} uses {name} (declared by {declared[name]})")
     assert not outside, "vLLM attributes touched outside tracekit/integrations/vllm:\n" + "\n".join(outside)
+
+
+def test_recorded_vllm_objects_are_read_by_attribute_outside_their_records():
+    """vLLM's recorded objects (the scheduler output and its parts) and the request states are
+    typed once, when a bundle is read (format/schema): outside the schema, and
+    integrations/vllm/records/ and releases/, which convert them to and from vLLM's, nothing reads
+    their fields, or vLLM's set and tuple tags, by string key from a plain map (`x["field"]`,
+    `x.get("field")`). (`req_id` and `prompt_token_ids` also key tracekit's own plain data: a
+    check's rows, a workload's lines.)"""
+    from tracekit.format.schema import RecordedObject, RequestState
+    from tracekit.format.typecheck import record_fields
+
+    kinds = [RequestState, *RecordedObject.__subclasses__()]
+    keys = {name for kind in kinds for name in record_fields(kind)} - {"req_id", "prompt_token_ids"}
+    keys |= {"$set", "$tuple", "$items", "$type"}
+    allowed = (VLLM_INTEGRATION / "records", VLLM_INTEGRATION / "releases")
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} reads {key!r}"
+             for path in SOURCES if not any(folder in path.parents for folder in allowed)
+             and path != PACKAGE / "format" / "schema.py"
+             for node in ast.walk(ast.parse(path.read_text())) if (key := _string_key(node)) in keys]
+    assert not found, "recorded vLLM objects read by string key:\n" + "\n".join(found)
+
+
+def _string_key(node: ast.AST) -> str | None:
+    """The constant string key a subscript, or a map's get/pop/setdefault, reads (None: none)."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+            and node.func.attr in ("get", "pop", "setdefault"):
+        key = node.args[0]
+    else:
+        return None
+    return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
 
 
 def test_each_release_module_is_registered_under_its_series():

@@ -81,8 +81,8 @@ def redacted_history_kept(bundle) -> dict:
 
 def test_redact_refuses_a_window_whose_steps_do_not_follow_and_writes_nothing(tmp_path):
     content = window_content(3)
-    cached = content.steps[0].window.steps[1].scheduler_output["scheduled_cached_reqs"]
-    cached["req_ids"] = ["nobody", *cached["req_ids"][1:]]
+    cached = content.steps[0].window.steps[1].scheduler_output.scheduled_cached_reqs
+    cached.req_ids = ["nobody", *cached.req_ids[1:]]
     bundle = write_content(tmp_path / "window.zst", content)
     finished = _tracekit("redact", bundle, "-o", tmp_path / "out.zst")
     assert finished.returncode == 2, finished.stderr
@@ -93,8 +93,8 @@ def test_redact_refuses_a_window_whose_steps_do_not_follow_and_writes_nothing(tm
 
 def test_replay_refuses_a_window_whose_step_schedules_a_request_it_does_not_hold(tmp_path):
     content = window_content(3)
-    cached = content.steps[0].window.steps[1].scheduler_output["scheduled_cached_reqs"]
-    cached["req_ids"] = ["nobody", *cached["req_ids"][1:]]
+    cached = content.steps[0].window.steps[1].scheduler_output.scheduled_cached_reqs
+    cached.req_ids = ["nobody", *cached.req_ids[1:]]
     bundle = write_content(tmp_path / "window.zst", content)
     finished = subprocess.run([str(Path(sys.executable).with_name("tracekit")), "replay", "--no-timing", str(bundle)],
                               capture_output=True, text=True, timeout=300)

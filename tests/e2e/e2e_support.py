@@ -118,7 +118,7 @@ def has_penalties(request) -> bool:
 
 def new_request_computed_tokens(step: Step) -> dict[str, int]:
     """num_computed_tokens of the requests the scheduler sends this step for the first time."""
-    return {new["req_id"]: new["num_computed_tokens"] for new in step.scheduler_output.get("scheduled_new_reqs", [])}
+    return {new.req_id: new.num_computed_tokens for new in step.scheduler_output.scheduled_new_reqs}
 
 
 STEP_KINDS = {

@@ -35,7 +35,7 @@ def drafted_grammar_steps(recorded):
     found = {}
     for path in recorded.values():
         step = read_step(path)
-        scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens") or {}
+        scheduled = step.scheduler_output.scheduled_spec_decode_tokens
         if step.grammar is not None and scheduled:
             found[path] = (step, scheduled)
     return found
@@ -64,7 +64,7 @@ def test_a_step_failing_in_sampling_keeps_the_grammar_mask_it_was_given(drafts):
     (path,) = result["failed_written"]
     step = read_step(path)
     assert (step.error["phase"], step.error["message"]) == ("sampling", "injected failure in sampling")
-    scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens") or {}
+    scheduled = step.scheduler_output.scheduled_spec_decode_tokens
     assert step.grammar is not None and step.grammar.rows_per_request == [
         1 + len(scheduled.get(req_id, ())) for req_id in step.grammar.request_ids]
 

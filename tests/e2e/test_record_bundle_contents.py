@@ -46,10 +46,10 @@ def test_scheduler_output_versions_and_runner_kind(rich_step, runner_kind):
     assert content.engine.vllm_version == installed == content.environment.vllm_version
     assert content.environment.torch_version == torch.__version__
     assert content.environment.device_kind == "cpu"
-    plain = step.scheduler_output
-    assert plain["$type"] == "SchedulerOutput"
-    assert plain["num_scheduled_tokens"] == {r.req_id: r.num_scheduled_tokens for r in step.requests}
-    assert plain["total_num_scheduled_tokens"] == sum(r.num_scheduled_tokens for r in step.requests)
+    output = step.scheduler_output
+    assert output.extras["$type"] == "SchedulerOutput"
+    assert output.num_scheduled_tokens == {r.req_id: r.num_scheduled_tokens for r in step.requests}
+    assert output.total_num_scheduled_tokens == sum(r.num_scheduled_tokens for r in step.requests)
 
 
 def test_requests_keep_prompt_and_outputs_apart_and_follow_on_in_the_next_step(rich_step):

@@ -55,8 +55,8 @@ def test_each_later_step_is_what_the_engine_ran_step_by_step(window_bundle, buil
     first = read_content(window_bundle).steps[0]
     for carried in first.window.steps:
         single = read_content(builtin_bundles[carried.index]).steps[0]
-        scheduled = {_external(r): n for r, n in carried.scheduler_output["num_scheduled_tokens"].items()}
-        assert scheduled == {_external(r): n for r, n in single.scheduler_output["num_scheduled_tokens"].items()}
+        scheduled = {_external(r): n for r, n in carried.scheduler_output.num_scheduled_tokens.items()}
+        assert scheduled == {_external(r): n for r, n in single.scheduler_output.num_scheduled_tokens.items()}
         assert [_external(r) for r in carried.batch_order] == [_external(r) for r in single.batch_order]
         assert carried.outputs.sampled_token_ids == single.outputs.sampled_token_ids, carried.index
 
@@ -227,8 +227,8 @@ def _window_events(path) -> dict[str, list[int]]:
     later = first.window.steps
     return {
         "held": [request.req_id for request in first.window.held_requests],
-        "resumed": [c.index for c in later if c.scheduler_output["scheduled_cached_reqs"].get("resumed_req_ids", {}).get("$set")],
-        "new": [c.index for c in later if c.scheduler_output["scheduled_new_reqs"]],
+        "resumed": [c.index for c in later if c.scheduler_output.scheduled_cached_reqs.resumed_req_ids],
+        "new": [c.index for c in later if c.scheduler_output.scheduled_new_reqs],
         "kv": [c.index for c in later if c.kv is not None],
     }
 

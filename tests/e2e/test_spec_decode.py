@@ -152,7 +152,7 @@ def test_drafts_are_the_ones_the_forward_verified(spec_run):
     drafts itself: the bundle holds the real ones."""
     for path in spec_run.bundles.values():
         step = read_step(path)
-        scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens") or {}
+        scheduled = step.scheduler_output.scheduled_spec_decode_tokens
         for request in drafted(step):
             assert len(request.draft_token_ids) == len(scheduled[request.req_id])
             assert all(0 <= token < 512 for token in request.draft_token_ids), request.draft_token_ids
@@ -341,7 +341,7 @@ def test_a_window_of_drafted_steps_replays_bit_exact_carried_and_rebuilt_at_a_dr
     first = read_step(window)
     assert first.window_indices == list(range(length))
     drafted_steps = [carried.index for carried in first.window.steps
-                     if any(carried.scheduler_output["scheduled_spec_decode_tokens"].values())]
+                     if any(carried.scheduler_output.scheduled_spec_decode_tokens.values())]
     assert drafted_steps, "no later step of the window verified drafts"
     assert all(carried.proposals is not None for carried in first.window.steps)
     middle = first.window.steps[len(first.window.steps) // 2].index

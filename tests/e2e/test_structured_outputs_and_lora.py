@@ -170,8 +170,8 @@ def test_a_window_of_grammar_and_lora_steps_replays_bit_exact_and_a_later_steps_
     (window,) = bundles.values()
     first = read_step(window)
     assert len(first.window_indices) == WINDOW and first.lora_adapters
-    added_later = [new["lora_request"]["lora_name"] for carried in first.window.steps
-                   for new in carried.scheduler_output["scheduled_new_reqs"] if new.get("lora_request")]
+    added_later = [new.lora_request.lora_name for carried in first.window.steps
+                   for new in carried.scheduler_output.scheduled_new_reqs if new.lora_request]
     assert {request.lora_adapter for request in first.requests} | set(added_later) >= {"a", "b"}
     masked = [position for position, carried in enumerate(first.window.steps) if carried.grammar is not None]
     assert masked, "no later step of the window sampled under a grammar"

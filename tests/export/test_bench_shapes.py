@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tracekit.errors import BundleError
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, GraphDispatch, KVSnapshot, RequestState, Step
+from tracekit.format.schema import BundleContent, GraphDispatch, KVSnapshot, RequestState, SchedulerOutputRecord, Step
 from tracekit.integrations.vllm.records.bench_shapes import ShapeCase, render_json, render_yaml, step_requests
 
 VLLM_WITH_BENCH = "0.33.0"
@@ -74,11 +75,12 @@ def synthetic_step():
     scheduler = {
         "scheduled_new_reqs": [{"req_id": "fresh", "num_computed_tokens": 0}, {"req_id": "hit", "num_computed_tokens": 64}],
         "scheduled_cached_reqs": {"req_ids": ["chunk", "resumed", "decode-a", "decode-b", "verify"],
-                                  "resumed_req_ids": {"$set": ["resumed"]}},
+                                  "resumed_req_ids": {"$set": ["resumed"]}, "new_block_ids": [None] * 5,
+                                  "num_computed_tokens": [64, 32, 20, 20, 50], "num_output_tokens": [0, 0, 9, 9, 29]},
         "scheduled_spec_decode_tokens": {"verify": [5, 6, 7]},
     }
     order = ["decode-a", "decode-b", "verify", "chunk", "hit", "resumed", "fresh", "idle"]
-    return Step(index=3, trigger="test", scheduler_output=scheduler, batch_order=order, requests=requests,
+    return Step(index=3, trigger="test", scheduler_output=SchedulerOutputRecord.from_plain(scheduler), batch_order=order, requests=requests,
                 input_ids=None, positions=None, kv=KVSnapshot(mode="none"),
                 graph=GraphDispatch(compilation_mode="NONE", cudagraph_mode="NONE"))
 
@@ -150,13 +152,11 @@ def test_a_stranger_bundle_with_a_bad_token_count_is_refused(tmp_path):
     assert "bundle.steps[0].requests[0].num_scheduled_tokens should be an int, not a str ('many')" in finished.stderr
 
 
-def test_a_scheduler_output_of_another_shape_says_nothing_about_the_requests():
-    """The scheduler output is vLLM's object as stored: ids that are no strings (a stranger's
-    bundle) are not taken for requests, rather than crash the export."""
-    step = synthetic_step()
-    step.scheduler_output = {"scheduled_new_reqs": [{"req_id": ["fresh"]}],
-                             "scheduled_cached_reqs": {"resumed_req_ids": {"$set": [["resumed"], {}]}}}
-    def scheduled(entries):
-        return sum(entry.get("count", 1) for entry in entries)
-
-    assert scheduled(step_requests(step)) == scheduled(step_requests(synthetic_step())) == 7
+def test_a_scheduler_output_of_another_shape_is_refused_with_its_place():
+    """Ids that are no strings (a stranger's bundle) are refused when the bundle is read, naming
+    the field, rather than taken for requests or crash the export."""
+    with pytest.raises(BundleError, match=r"^bundle content: SchedulerOutputRecord.scheduled_new_reqs\[0\].req_id "
+                                          "should be a str, not a list$"):
+        SchedulerOutputRecord.from_plain({"scheduled_new_reqs": [{"req_id": ["fresh"]}]})
+    with pytest.raises(BundleError, match=r"scheduled_cached_reqs.resumed_req_ids\[0\] should be a str"):
+        SchedulerOutputRecord.from_plain({"scheduled_cached_reqs": {"resumed_req_ids": {"$set": [["resumed"], {}]}}})

@@ -10,7 +10,7 @@ from window_forge import SAMPLE, window_content
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
 from tracekit.format.content import load_step, write_content
-from tracekit.format.schema import Step
+from tracekit.format.schema import BundleContent, NewRequestRecord, Step
 
 
 def test_a_window_round_trips_with_its_tensors_named_by_their_place(tmp_path):
@@ -83,58 +83,63 @@ def test_a_held_request_in_blocks_the_cache_lacks_is_refused(tmp_path):
     _refused(tmp_path, beyond, r"window.held_requests\[0\].block_ids holds block 1048576, beyond the")
 
 
-def _finished_holds_a_map(carried):
-    carried.scheduler_output["finished_req_ids"] = {"$set": [{"not": "an id"}]}
+def _finished_holds_a_map(output):
+    output["finished_req_ids"] = {"$set": [{"not": "an id"}]}
 
 
-def _cached_id_is_a_number(carried):
-    carried.scheduler_output["scheduled_cached_reqs"]["req_ids"][0] = 7
+def _cached_id_is_a_number(output):
+    output["scheduled_cached_reqs"]["req_ids"][0] = 7
 
 
-def _new_prompt_holds_text(carried):
-    carried.scheduler_output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, "two"],
-                                                       "num_computed_tokens": 0}]
+def _new_prompt_holds_text(output):
+    output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, "two"], "num_computed_tokens": 0}]
 
 
-def _new_sampling_params_are_a_list(carried):
-    carried.scheduler_output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, 2],
-                                                       "num_computed_tokens": 0, "sampling_params": ["seed"]}]
+def _new_sampling_params_are_a_list(output):
+    output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, 2], "sampling_params": ["seed"]}]
 
 
-def _count_is_a_tensor(carried):
+def _count_is_a_tensor(output):
     import torch
 
-    carried.scheduler_output["scheduled_cached_reqs"]["num_computed_tokens"][0] = torch.zeros(64, 64)
+    output["scheduled_cached_reqs"]["num_computed_tokens"][0] = torch.zeros(64, 64)
 
 
-def _new_request_without_kv_groups(carried):
-    carried.scheduler_output["scheduled_new_reqs"] = [{"req_id": "new-0", "prompt_token_ids": [1, 2],
-                                                       "num_computed_tokens": 0, "block_ids": {"$tuple": []}}]
-    carried.scheduler_output["num_scheduled_tokens"]["new-0"] = 2
-    carried.batch_order.append("new-0")
+def _columns_differ(output):
+    output["scheduled_cached_reqs"]["num_output_tokens"].pop()
 
 
 @pytest.mark.parametrize("edit, where", [
-    (_finished_holds_a_map, "finished_req_ids should hold request ids"),
-    (_count_is_a_tensor, "a token count should be a whole number, not Tensor$"),
-    (_cached_id_is_a_number, "scheduled_cached_reqs.req_ids should hold request ids"),
-    (_new_prompt_holds_text, "new-0.prompt_token_ids should hold token ids"),
-    (_new_sampling_params_are_a_list, "new-0.sampling_params should be a map, not a list"),
-    (_new_request_without_kv_groups, "request 'new-0' holds blocks for 0 KV cache group"),
+    (_finished_holds_a_map, r"finished_req_ids\[0\] should be a str, not a map$"),
+    (_count_is_a_tensor, r"scheduled_cached_reqs.num_computed_tokens\[0\] should be an int, not Tensor$"),
+    (_cached_id_is_a_number, r"scheduled_cached_reqs.req_ids\[0\] should be a str, not an int \(7\)$"),
+    (_new_prompt_holds_text, r"scheduled_new_reqs\[0\].prompt_token_ids\[1\] should be an int, not a str \('two'\)$"),
+    (_new_sampling_params_are_a_list, r"scheduled_new_reqs\[0\].sampling_params should be a map or nil, not a list$"),
+    (_columns_differ, r"scheduled_cached_reqs.num_output_tokens should hold one entry per request of req_ids \(5\), "
+                      "not 4$"),
 ])
 def test_a_later_steps_scheduler_output_holding_the_wrong_types_is_refused_with_its_place(edit, where):
-    """A later step's scheduler output is a tagged vLLM object, not a schema record: the request
-    states a replay derives from it check each value they take (fuzzed bundles with a map among
-    the finished ids, or a new request without a block list per KV cache group, crashed the
-    derivation; sampling parameters that are no map, the redaction's plan)."""
+    """A later step's scheduler output is typed once, when the bundle is read: a value of another
+    type is refused there in one line naming its place (fuzzed bundles with a map among the
+    finished ids, or a count that is a tensor, crashed the request states' derivation before)."""
+    plain = window_content().to_plain()
+    edit(plain["steps"][0]["window"]["steps"][0]["scheduler_output"])
+    with pytest.raises(BundleError, match=r"^bundle content: bundle.steps\[0\].window.steps\[0\].scheduler_output." + where):
+        BundleContent.from_plain(plain)
+
+
+def test_a_new_request_without_a_block_list_per_kv_group_is_refused_with_its_place():
     from tracekit.integrations.vllm.records.window_records import window_steps
 
     content = window_content()
     first = content.steps[0]
-    edit(first.window.steps[0])
-    with pytest.raises(BundleError, match=f"step {first.index + 1} of the window: .*{where}") as refused:
+    output = first.window.steps[0].scheduler_output
+    output.scheduled_new_reqs = [NewRequestRecord("new-0", prompt_token_ids=[1, 2])]
+    output.num_scheduled_tokens["new-0"] = 2
+    first.window.steps[0].batch_order.append("new-0")
+    with pytest.raises(BundleError, match=f"^bundle content: step {first.index + 1} of the window: request 'new-0' "
+                                          "holds blocks for 0 KV cache group"):
         window_steps(first, False, content.engine.num_kv_blocks)
-    assert "\n" not in str(refused.value)  # one line, whatever the value held
 
 
 def test_a_drafted_later_step_counts_the_tokens_its_forward_read():
@@ -154,7 +159,7 @@ def test_a_drafted_later_step_counts_the_tokens_its_forward_read():
         first.request("1-be2609dd").draft_token_ids = [5, 6]  # verified in the first step alone
         carried = first.window.steps[0]
         row = carried.batch_order.index("1-be2609dd")  # a decode, its one input at row `row`
-        carried.scheduler_output["scheduled_cached_reqs"]["num_computed_tokens"][row] = 17  # 15 + 2 drafts
+        carried.scheduler_output.scheduled_cached_reqs.num_computed_tokens[row] = 17  # 15 + 2 drafts
         carried.positions[row] = first_position
         request = window_steps(first, False, content.engine.num_kv_blocks)[1].step.request("1-be2609dd")
         assert request.draft_token_ids == []  # the later step schedules no drafts

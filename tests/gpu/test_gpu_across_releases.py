@@ -141,7 +141,7 @@ def drafted_sets() -> dict[str, Path]:
 
 
 def skipped_drafts(path: Path) -> bool:
-    return read_step(path).scheduler_output.get("skip_drafts") is True
+    return read_step(path).scheduler_output.skip_drafts is True
 
 
 def skips_drafts_here() -> bool:

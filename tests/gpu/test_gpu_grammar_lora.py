@@ -133,7 +133,7 @@ def test_drafted_grammar_steps_replay_bit_exact_with_a_mask_row_per_draft_positi
     drafted = []
     for path in steps.glob("step*.zst"):
         step = read_step(path)
-        scheduled = step.scheduler_output.get("scheduled_spec_decode_tokens") or {}
+        scheduled = step.scheduler_output.scheduled_spec_decode_tokens
         if step.grammar is not None and scheduled:
             drafted.append(path)
             # vLLM 0.34 gives each request a fixed block of 1 + k rows; 0.26 one row per draft and one more

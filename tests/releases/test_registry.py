@@ -91,23 +91,25 @@ def test_an_extensible_034_kv_cache_is_seen_as_its_committed_blocks():
     assert block_fingerprints(narrowed).shape == (3,)  # only the committed blocks are read
 
 
-@pytest.mark.parametrize("orders, taken", [
-    ({"num_spec_tokens_to_schedule": 2, "skip_drafts": True}, {"num_spec_tokens_to_schedule": 2, "skip_drafts": True}),
-    ({"num_spec_tokens_to_schedule": "2", "skip_drafts": 1}, {"num_spec_tokens_to_schedule": 0, "skip_drafts": False}),
-])
-def test_a_replayed_step_tells_the_drafter_what_the_recorded_one_did(orders, taken):
+def test_a_replayed_step_tells_the_drafter_what_the_recorded_one_did():
     """How many drafts to propose after the step, and whether to skip proposing (vLLM 0.34: its
     scheduler skips them where every scheduled request reaches max_tokens; a replay that proposed
-    them anyway diverged at its proposals on an H100). A value of the wrong type is not taken; a
-    release without the field proposes as it does itself."""
+    them anyway diverged at its proposals on an H100). A value of the wrong type is refused when
+    the bundle is read; a release without the field proposes as it does itself."""
     import dataclasses
 
+    from tracekit.errors import BundleError
     from tracekit.format.content import load_step
+    from tracekit.format.schema import SchedulerOutputRecord
     from tracekit.integrations.vllm.releases.installed import installed_release
 
     release = installed_release()
     _, step = load_step(Path(__file__).resolve().parents[2] / "traces" / "h100-vllm026" / "v1-bf16-mtp-async-drafted.zst", None)
-    step = dataclasses.replace(step, scheduler_output={**step.scheduler_output, **orders})
+    taken = {"num_spec_tokens_to_schedule": 2, "skip_drafts": True}
+    with pytest.raises(BundleError, match=r"\.skip_drafts should be a bool or nil, not an int \(1\)$"):
+        SchedulerOutputRecord.from_plain({**step.scheduler_output.to_plain(), "skip_drafts": 1})
+    step = dataclasses.replace(step, scheduler_output=SchedulerOutputRecord.from_plain(
+        {**step.scheduler_output.to_plain(), **taken}))
     output = release.new_requests_output(step)
     from vllm.v1.core.sched.output import SchedulerOutput
 

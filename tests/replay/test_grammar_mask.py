@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from tracekit.format.schema import GrammarRecord, GraphDispatch, KVSnapshot, RequestState, Step, StepOutputs
+from tracekit.format.schema import (
+    GrammarRecord,
+    GraphDispatch,
+    KVSnapshot,
+    RequestState,
+    SchedulerOutputRecord,
+    Step,
+    StepOutputs,
+)
 from tracekit.integrations.seam import ObservedStep
 from tracekit.integrations.vllm.records.grammar import applied_mask, unpack_mask
 from tracekit.integrations.vllm.releases.installed import installed_release
@@ -80,7 +88,7 @@ def _step_with_mask(applied: torch.Tensor) -> Step:
                 for req_id in ("plain", "masked")]
     logits = torch.randn(2, VOCAB)
     return Step(
-        index=0, trigger="steps 0", scheduler_output={}, batch_order=["plain", "masked"], requests=requests,
+        index=0, trigger="steps 0", scheduler_output=SchedulerOutputRecord(), batch_order=["plain", "masked"], requests=requests,
         input_ids=None, positions=None, kv=KVSnapshot(mode="read"),
         graph=GraphDispatch(compilation_mode="NONE", cudagraph_mode="NONE"),
         outputs=StepOutputs(logits=logits, grammar_bitmask=applied, sampled_token_ids=[[3], [4]]),

@@ -9,7 +9,15 @@ that step itself; one that reads KV a parted step wrote is pointed there. Blocks
     step 4          C decodes at 4; D decodes at 4 on block 12 found cached (put back)   C, D part
 """
 
-from tracekit.format.schema import GraphDispatch, KVGroupSnapshot, KVLayout, KVSnapshot, RequestState, Step
+from tracekit.format.schema import (
+    GraphDispatch,
+    KVGroupSnapshot,
+    KVLayout,
+    KVSnapshot,
+    RequestState,
+    SchedulerOutputRecord,
+    Step,
+)
 from tracekit.replay.checks import KV_DIGEST_ITEM, CheckedItem
 from tracekit.replay.kv_sources import describe, kv_sources, parted_rows
 from tracekit.replay.result import ReplayResult
@@ -26,7 +34,7 @@ def _request(req_id: str, blocks: list[int], computed: int, scheduled: int) -> R
 def _step(index: int, *requests: RequestState, put_back: tuple[int, ...] = ()) -> Step:
     layout = KVLayout(shape=[2, 32, BLOCK, 1, 8], dtype="float32", block_dim=1, num_blocks=32, block_size=BLOCK)
     group = KVGroupSnapshot(["layers.0"], layout, [], [], list(put_back))
-    return Step(index=index, trigger="window", scheduler_output={}, batch_order=[r.req_id for r in requests],
+    return Step(index=index, trigger="window", scheduler_output=SchedulerOutputRecord(), batch_order=[r.req_id for r in requests],
                 requests=list(requests), input_ids=None, positions=None, kv=KVSnapshot("read", [group]),
                 graph=GraphDispatch("NONE", "NONE"))
 

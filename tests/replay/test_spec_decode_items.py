@@ -3,6 +3,7 @@ requests — a prefill chunk, a decode with three drafts, a decode without — l
 a verification forward out: a drafted request's rows are its last sampled token, then its drafts.
 (The end-to-end tests run them on real engines; these pin what each item compares.)"""
 
+import pytest
 import torch
 
 from tracekit.format.schema import (
@@ -10,6 +11,7 @@ from tracekit.format.schema import (
     GraphDispatch,
     KVSnapshot,
     RequestState,
+    SchedulerOutputRecord,
     SpecDecodeRecord,
     Step,
     StepOutputs,
@@ -43,7 +45,7 @@ def drafted_step(sampled_drafted=(41, 77)) -> Step:
                     hidden_states_in=torch.ones(3, 4), hidden_states=torch.ones(3, 4)),
     ]
     return Step(
-        index=3, trigger="steps 3", scheduler_output={"scheduled_spec_decode_tokens": {"drafted": list(DRAFTS)}},
+        index=3, trigger="steps 3", scheduler_output=SchedulerOutputRecord(scheduled_spec_decode_tokens={"drafted": list(DRAFTS)}),
         batch_order=["chunk", "drafted", "plain"], requests=requests, input_ids=input_ids, positions=positions,
         kv=KVSnapshot(mode="read"), graph=GraphDispatch(compilation_mode="NONE", cudagraph_mode="NONE", num_tokens=9),
         outputs=StepOutputs(hidden_states=torch.zeros(9, 4), logits=logits,
@@ -178,25 +180,12 @@ def test_ngram_proposals_are_packed_with_placeholders():
     assert spec_decode.proposals_tensor(torch.tensor([[1, 2], [3, 4]]), 2).tolist() == [[1, 2], [3, 4]]
 
 
-def test_recorded_drafts_are_the_entries_a_stranger_cannot_make_ambiguous():
-    """A bundle's scheduler output is an untyped vLLM object: a tensor or a map where the drafts
-    belong reads as no drafts (a fuzzed bundle once made `bool(tensor)` raise), a malformed entry
-    is left out, and the rows and the refusal of an unknown drafter follow."""
-    from tracekit.integrations.vllm.records.step_records import logits_rows
-    from tracekit.integrations.vllm.replay_engine import require_drafting_known
+def test_recorded_drafts_of_another_type_are_refused_when_the_bundle_is_read():
+    """A tensor or a map where the drafts belong (a fuzzed bundle once made `bool(tensor)` raise)
+    is refused in one line naming its place, before anything reads it."""
+    from tracekit.errors import BundleError
 
-    step = drafted_step()
-    assert spec_decode.recorded_drafts(step.scheduler_output) == {"drafted": DRAFTS}
-    for hostile in (torch.ones(2, 3), {"drafted": torch.ones(3), 7: [1]}, [[1, 2]]):
-        step.scheduler_output["scheduled_spec_decode_tokens"] = hostile
-        assert spec_decode.recorded_drafts(step.scheduler_output) == {}
-        assert logits_rows(step) == [("chunk", 0), ("drafted", 0), ("plain", 0)]
-        for request in step.requests:
-            request.draft_token_ids = []
-        require_drafting_known("b.zst", _content_without_drafter(), step, {})  # nothing scheduled: no refusal
+    for hostile in (torch.ones(2, 3), {"drafted": torch.ones(3)}, {7: [1]}, [[1, 2]]):
+        with pytest.raises(BundleError, match=r"^bundle content: SchedulerOutputRecord.scheduled_spec_decode_tokens"):
+            SchedulerOutputRecord.from_plain({"scheduled_spec_decode_tokens": hostile})
 
-
-def _content_without_drafter():
-    from types import SimpleNamespace
-
-    return SimpleNamespace(engine=SimpleNamespace(engine_args={}))

@@ -12,7 +12,7 @@ import torch
 
 from tracekit.errors import BundleError, CannotRunHere, NotReplayableYet
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, GrammarRecord, LoRAAdapter
+from tracekit.format.schema import BundleContent, GrammarRecord, LoRAAdapter, NewRequestRecord
 from tracekit.integrations.vllm.records.step_features import FEATURES, not_replayable_reason, step_features
 from tracekit.integrations.vllm.replay_engine import require_replayable_kind
 from tracekit.integrations.vllm.runners.lora_adapters import locate
@@ -45,13 +45,12 @@ def test_what_cannot_be_replayed_yet_is_named_with_its_requests(step):
 def test_an_older_bundle_is_judged_by_what_it_holds(step):
     """Before `Step.features`: the step's new requests (multimodal, prompt embeds), drafts (which
     replay), and a grammar request that samples without a recorded mask."""
-    step.scheduler_output = {**step.scheduler_output, "scheduled_new_reqs": [
-        {"req_id": step.batch_order[4], "mm_features": [{"modality": "image"}], "prompt_embeds": None}]}
+    output = step.scheduler_output
+    output.scheduled_new_reqs = [NewRequestRecord(step.batch_order[4], mm_features=[{"modality": "image"}])]
     assert "multimodal inputs" in not_replayable_reason(step)
-    step.scheduler_output = {**step.scheduler_output, "scheduled_new_reqs": [],
-                             "scheduled_spec_decode_tokens": {step.batch_order[0]: [5, 6]}}
+    output.scheduled_new_reqs, output.scheduled_spec_decode_tokens = [], {step.batch_order[0]: [5, 6]}
     assert not_replayable_reason(step) is None  # drafts replay (their tokens are in the scheduler output)
-    step.scheduler_output = {**step.scheduler_output, "scheduled_spec_decode_tokens": {}}
+    output.scheduled_spec_decode_tokens = {}
     sampling = step.requests[0]
     sampling.sampling_params = {**sampling.sampling_params, "structured_outputs": {"regex": "[0-9]+"}}
     assert "lacks the grammar mask its structured-output requests sampled under" in not_replayable_reason(step)

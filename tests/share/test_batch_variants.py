@@ -41,8 +41,8 @@ def rows_of(step):
 
 def assert_consistent(variant):
     scheduled = {req_id: variant.request(req_id).num_scheduled_tokens for req_id in variant.batch_order}
-    assert variant.scheduler_output["num_scheduled_tokens"] == scheduled
-    assert variant.scheduler_output["total_num_scheduled_tokens"] == sum(scheduled.values()) == variant.num_real_rows
+    assert variant.scheduler_output.num_scheduled_tokens == scheduled
+    assert variant.scheduler_output.total_num_scheduled_tokens == sum(scheduled.values()) == variant.num_real_rows
     assert len(variant.input_ids) == len(variant.positions) == variant.num_real_rows
     assert variant.outputs is None
     (group,) = variant.kv.groups
@@ -68,13 +68,13 @@ def test_a_drafted_request_takes_its_drafts_into_another_batch(step):
     old = step.request(first)
     drafted = dataclasses.replace(old, draft_token_ids=[7, 9], num_scheduled_tokens=3, extras=dict(old.extras))
     requests = [drafted if request.req_id == first else request for request in step.requests]
-    with_drafts = dataclasses.replace(step, requests=requests, scheduler_output={
-        **step.scheduler_output, "scheduled_spec_decode_tokens": {first: [7, 9]}})
+    with_drafts = dataclasses.replace(step, requests=requests, scheduler_output=dataclasses.replace(
+        step.scheduler_output, scheduled_spec_decode_tokens={first: [7, 9]}))
     variant = batch_variants.reordered(with_drafts, step.batch_order[::-1])
     ids, positions = rows_of(variant)[first]
     assert ids == [old.output_token_ids[-1], 7, 9]
     assert positions == [old.num_computed_tokens + offset for offset in range(3)]
-    assert variant.scheduler_output["scheduled_spec_decode_tokens"] == {first: [7, 9]}
+    assert variant.scheduler_output.scheduled_spec_decode_tokens == {first: [7, 9]}
     assert_consistent(variant)
 
 def test_fillers_are_greedy_prefills_in_blocks_no_request_owns(step):

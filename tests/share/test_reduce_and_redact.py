@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, GrammarRecord
+from tracekit.format.schema import BundleContent, GrammarRecord, SchedulerOutputRecord
 from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact_step
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
@@ -64,10 +64,10 @@ def test_reduced_step_keeps_each_requests_inputs_and_only_the_kv_blocks_it_reads
     assert group.after == {}
 
     record = reduced.scheduler_output
-    assert record["num_scheduled_tokens"] == keep and record["total_num_scheduled_tokens"] == sum(keep.values())
-    cached = record["scheduled_cached_reqs"]
-    assert cached["req_ids"] == reduced.batch_order
-    assert all(len(cached[name]) == len(keep) for name in ("new_block_ids", "num_computed_tokens", "num_output_tokens"))
+    assert record.num_scheduled_tokens == keep and record.total_num_scheduled_tokens == sum(keep.values())
+    cached = record.scheduled_cached_reqs
+    assert cached.req_ids == reduced.batch_order
+    assert all(len(getattr(cached, name)) == len(keep) for name in cached.COLUMNS)
 
 
 def test_reducing_to_the_whole_batch_changes_no_input(sample):
@@ -114,9 +114,9 @@ def test_redacted_step_keeps_what_the_forward_and_sampling_read_and_nothing_else
             assert set(after[:start] + after[end:]) <= {NEUTRAL_TOKEN_ID}
             assert record.token_ids_blanked[new.req_id] == len(before) - (end - start)
     assert any(record.history_kept.values()), "the sample has a request with penalties"
-    plain = msgpack.packb(redacted.scheduler_output | {"trigger": redacted.trigger}, default=str)
+    plain = msgpack.packb(redacted.scheduler_output.to_plain() | {"trigger": redacted.trigger}, default=str)
     assert not any(old.encode() in plain for old in step.batch_order)
-    assert redacted.scheduler_output["num_scheduled_tokens"] == {
+    assert redacted.scheduler_output.num_scheduled_tokens == {
         new.req_id: new.num_scheduled_tokens for new in redacted.requests
     }
 
@@ -179,14 +179,15 @@ def _a_chunk_of_two_billion_tokens(metadata, tensors):
 
 @pytest.mark.parametrize("edit, code, complaint", [
     (_batch_names_a_request_without_state, 2, "request states and batch order name different requests"),
-    (_finished_ids_hold_no_list, 0, None),
-    (_new_requests_are_a_number, 2, "scheduled_new_reqs should hold requests"),
+    (_finished_ids_hold_no_list, 2, "scheduler_output.finished_req_ids should be a list, not nil"),
+    (_new_requests_are_a_number, 2, "scheduler_output.scheduled_new_reqs should be a list, not an int (7)"),
     (_a_chunk_of_two_billion_tokens, 0, None),
 ])
 def test_redact_takes_hostile_steps_in_one_line_or_in_stride(edit, code, complaint, tmp_path):
     """Found by fuzzing `redact` (2026-12-05): a batch naming a request with no state raised
     KeyError, a recorded id set holding no list or a scheduler output record of other types
-    TypeError, and a huge scheduled count built a set of every position it names."""
+    TypeError (both now refused when the bundle is read, naming the field), and a huge scheduled
+    count built a set of every position it names."""
     from tracekit.format.rewrite import rewrite_bundle
 
     edited = rewrite_bundle(SAMPLE, tmp_path / "edited.zst", edit)
@@ -278,15 +279,15 @@ def test_a_drafted_request_cut_shorter_keeps_the_drafts_among_its_tokens(sample)
     drafted = dataclasses.replace(old, draft_token_ids=[7, 9], num_scheduled_tokens=3, extras=dict(old.extras))
     step = batch_variants.reordered(dataclasses.replace(
         step, requests=[drafted if r.req_id == req_id else r for r in step.requests],
-        scheduler_output={**step.scheduler_output, "scheduled_spec_decode_tokens": {req_id: [7, 9]},
-                          "num_invalid_spec_tokens": {req_id: 2}}), step.batch_order)
+        scheduler_output=dataclasses.replace(step.scheduler_output, scheduled_spec_decode_tokens={req_id: [7, 9]},
+                                             num_invalid_spec_tokens={req_id: 2})), step.batch_order)
     step.grammar = GrammarRecord([req_id], [3], torch.arange(3 * 16, dtype=torch.int32).view(3, 16),
                                  num_acceptable_drafts=[2])
     for count, drafts in ((3, [7, 9]), (2, [7]), (1, [])):
         reduced = reduce_step(step, {req_id: count})
         assert reduced.request(req_id).draft_token_ids == drafts
-        assert reduced.scheduler_output["scheduled_spec_decode_tokens"] == ({req_id: drafts} if drafts else {})
-        assert reduced.scheduler_output["num_invalid_spec_tokens"] == {req_id: len(drafts)}
+        assert reduced.scheduler_output.scheduled_spec_decode_tokens == ({req_id: drafts} if drafts else {})
+        assert reduced.scheduler_output.num_invalid_spec_tokens == {req_id: len(drafts)}
         assert reduced.grammar.rows_per_request == [1 + len(drafts)]
         assert torch.equal(reduced.grammar.bitmask, step.grammar.bitmask[:1 + len(drafts)])
         assert reduced.grammar.num_acceptable_drafts == [len(drafts)]
@@ -311,7 +312,7 @@ def test_a_later_window_step_cut_keeps_its_kept_requests_proposals_and_no_kv_dig
     kept = step.batch_order[1:3]
     cut = reduce_step(step, {req_id: step.request(req_id).num_scheduled_tokens for req_id in kept})
     proposals = torch.arange(len(step.batch_order) * 2).view(-1, 2)
-    recorded = CarriedStep(index=step.index, scheduler_output={}, batch_order=list(step.batch_order),
+    recorded = CarriedStep(index=step.index, scheduler_output=SchedulerOutputRecord(), batch_order=list(step.batch_order),
                            proposals=proposals,
                            kv_written=[KVWritten(["layers.0"], torch.zeros(1, len(step.batch_order), dtype=torch.int64))])
     carried = _as_carried(cut, recorded, set(kept))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tracekit.errors import BundleError
 from tracekit.format.reader import open_bundle
-from tracekit.format.schema import BundleContent, ParallelRank
+from tracekit.format.schema import BundleContent, ParallelRank, SchedulerOutputRecord
 
 MAX_FOLDER_SCAN = 256  # bundles of a part's folder read when looking for renamed siblings
 
@@ -112,7 +112,7 @@ def find_rank_set(path: str | Path) -> RankSet:
     return found
 
 
-def _consider(found: RankSet, candidate: Path, reference: dict, listed_rank: int | None) -> None:
+def _consider(found: RankSet, candidate: Path, reference: SchedulerOutputRecord, listed_rank: int | None) -> None:
     """Add `candidate` to the set if it is another rank of the same step; where the recorder put
     a sibling (`listed_rank`), a bundle that is not one is a problem, elsewhere it is ignored."""
     try:

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Annotated, Any, ClassVar, TypedDict
 
 from tracekit.errors import BundleError
-from tracekit.format.typecheck import INT64_MAX, Range, Tensor, convert, record_fields, wrong_type
+from tracekit.format.typecheck import INT64_MAX, NOT_IN_FILE, Range, Tensor, convert, in_file, record_fields, wrong_type
 
 # 2: each request's runner-specific state in one map, `RequestState.runner_state` (version 1 kept
 # V1's `generator_state` and V2's `seed` and `prefill_len` beside the common fields; readers move
@@ -43,12 +43,12 @@ Rank = Annotated[int, Range(0, MAX_WORLD_SIZE - 1)]
 class SchemaRecord:
     """Base: plain-data conversion that keeps unknown fields and checks every field's type."""
 
-    extras: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    extras: dict[str, Any] = field(default_factory=dict, kw_only=True, metadata=NOT_IN_FILE)
 
     def to_plain(self) -> dict[str, Any]:
         plain: dict[str, Any] = dict(self.extras)
         for item in dataclasses.fields(self):
-            if item.name == "extras":
+            if not in_file(item):
                 continue
             value = getattr(self, item.name)
             if isinstance(value, SchemaRecord):
@@ -241,6 +241,130 @@ def is_prefill(num_computed_tokens: int, num_prompt_tokens: int, num_output_toke
     already had rather than the one it sampled last, that is its prompt or, when it resumes
     after preemption, its prompt and earlier outputs. A decode computes only its newest token."""
     return num_computed_tokens < num_prompt_tokens + max(num_output_tokens - 1, 0)
+
+
+@dataclass
+class RecordedObject(SchemaRecord):
+    """A vLLM object as recorded (`{"$type": its class, field: value, ...}`, by
+    `tracekit.integrations.vllm.records.serialize`): the fields tracekit reads typed, any other
+    kept as recorded in `extras` (the `$type` and `$vllm_version` tags too). vLLM's sets and
+    tuples, tagged in the file, are lists here (`TAGS`: field -> "$set" or "$tuple" of its value,
+    "[$tuple]" of each element). Written back, it holds the fields it was read with, in their
+    order, and any field given a value other than its default since."""
+
+    TAGS: ClassVar[dict[str, str]] = {}
+    read_keys: tuple[str, ...] | None = field(default=None, kw_only=True, compare=False, repr=False,
+                                              metadata=NOT_IN_FILE)
+
+    @classmethod
+    def from_plain(cls, data: Any, where: str = "") -> "RecordedObject":
+        if type(data) is dict:
+            data = {key: _untagged(value, cls.TAGS.get(key)) for key, value in data.items()}
+        record = super().from_plain(data, where)
+        record.read_keys = tuple(data)
+        return record
+
+    def to_plain(self) -> dict[str, Any]:
+        plain = super().to_plain()
+        for name, tag in self.TAGS.items():
+            plain[name] = _tagged(plain[name], tag)
+        if self.read_keys is None:
+            return plain
+        changed = [item.name for item in dataclasses.fields(self) if in_file(item) and item.name not in self.read_keys
+                   and getattr(self, item.name) != (item.default_factory() if item.default is dataclasses.MISSING
+                                                    else item.default)]
+        return {key: plain[key] for key in [*self.read_keys, *changed, *self.extras] if key in plain}
+
+
+def _untagged(value: Any, tag: str | None) -> Any:
+    """A recorded value without its tag (anything else is left for the type check)."""
+    if tag is not None and tag.startswith("[") and type(value) is list:
+        return [_untagged(item, tag[1:-1]) for item in value]
+    return value[tag] if tag is not None and type(value) is dict and list(value) == [tag] else value
+
+
+def _tagged(value: Any, tag: str | None) -> Any:
+    if tag is None or value is None:
+        return value
+    return [_tagged(item, tag[1:-1]) for item in value] if tag.startswith("[") else {tag: value}
+
+
+BlockGroups = list[list[BlockId]]  # a vLLM tuple of block id lists, one per KV cache group
+
+
+@dataclass
+class NewRequestRecord(RecordedObject):
+    """vLLM's `NewRequestData`: a request the scheduler hands the runner whole."""
+
+    TAGS: ClassVar[dict[str, str]] = {"block_ids": "$tuple"}
+    req_id: str
+    prompt_token_ids: list[TokenId] | None = None  # None: the prompt came as embeddings
+    prefill_token_ids: list[TokenId] | None = None  # prompt and outputs (a resumed request's, V2)
+    block_ids: BlockGroups = field(default_factory=list)
+    num_computed_tokens: Count = 0
+    sampling_params: dict[str, Any] | None = None  # a tagged vLLM SamplingParams
+    lora_request: "LoRARequestRecord | None" = None
+    mm_features: Any = None  # multimodal inputs
+    prompt_embeds: Any = None  # a tensor
+    pooling_params: Any = None
+
+
+@dataclass
+class LoRARequestRecord(RecordedObject):
+    """vLLM's `LoRARequest`: the adapter a request runs with."""
+
+    lora_name: str | None = None
+
+
+@dataclass
+class CachedRequestsRecord(RecordedObject):
+    """vLLM's `CachedRequestData`: what changed of the requests the runner holds, a column per
+    field, a row per request of `req_ids` (`resumed_req_ids` and `all_token_ids`: vLLM 0.26-0.32)."""
+
+    TAGS: ClassVar[dict[str, str]] = {"resumed_req_ids": "$set", "new_block_ids": "[$tuple]"}
+    req_ids: list[str] = field(default_factory=list)
+    resumed_req_ids: list[str] = field(default_factory=list)
+    new_token_ids: list[list[TokenId]] = field(default_factory=list)  # pipeline parallel, async: else empty
+    all_token_ids: dict[str, list[TokenId]] = field(default_factory=dict)
+    new_block_ids: list[BlockGroups | None] = field(default_factory=list)  # None: no new blocks
+    num_computed_tokens: list[Count] = field(default_factory=list)
+    num_output_tokens: list[Count] = field(default_factory=list)
+
+    COLUMNS: ClassVar[tuple[str, ...]] = ("new_block_ids", "num_computed_tokens", "num_output_tokens")
+
+    def check_values(self, where: str) -> None:
+        for name in self.COLUMNS:
+            if len(getattr(self, name)) != len(self.req_ids):
+                raise BundleError(f"bundle content: {where}.{name} should hold one entry per request of req_ids "
+                                  f"({len(self.req_ids)}), not {len(getattr(self, name))}")
+
+
+@dataclass
+class SchedulerOutputRecord(RecordedObject):
+    """vLLM's `SchedulerOutput`: what the scheduler handed the runner for one step."""
+
+    TAGS: ClassVar[dict[str, str]] = {"finished_req_ids": "$set", "preempted_req_ids": "$set"}
+    scheduled_new_reqs: list[NewRequestRecord] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestsRecord = field(default_factory=CachedRequestsRecord)
+    num_scheduled_tokens: dict[str, Count] = field(default_factory=dict)  # in the runner's batch order
+    total_num_scheduled_tokens: Count = 0
+    scheduled_spec_decode_tokens: dict[str, list[TokenId]] = field(default_factory=dict)  # the drafts each verifies
+    scheduled_encoder_inputs: dict[str, Any] = field(default_factory=dict)
+    num_common_prefix_blocks: list[Count] = field(default_factory=list)  # cascade attention, per KV group
+    finished_req_ids: list[str] = field(default_factory=list)
+    preempted_req_ids: list[str] | None = None
+    num_invalid_spec_tokens: dict[str, Count] | None = None
+    new_block_ids_to_zero: list[BlockId] | None = None
+    num_spec_tokens_to_schedule: Count | None = None  # how many drafts to propose after the step
+    skip_drafts: bool | None = None  # vLLM 0.34: propose none after the step
+
+    def new_request(self, req_id: str) -> NewRequestRecord | None:
+        return next((entry for entry in self.scheduled_new_reqs if entry.req_id == req_id), None)
+
+    @property
+    def outside_the_batch(self) -> set[str]:
+        """Request ids of requests outside the batch that it names (finished or preempted)."""
+        return {*self.finished_req_ids, *(self.preempted_req_ids or ())}
 
 
 @dataclass
@@ -461,7 +585,7 @@ class CarriedStep(SchemaRecord):
     inputs and the outputs."""
 
     index: Count  # the engine step, the one after the window's previous step
-    scheduler_output: dict[str, Any]  # a tagged vLLM SchedulerOutput, as the runner received it
+    scheduler_output: SchedulerOutputRecord  # as the runner received it
     batch_order: list[str]
     # Per request of the batch, what only the recording runner kind keeps (`RequestState.runner_state`).
     runner_states: dict[str, RunnerState] = field(default_factory=dict)
@@ -546,7 +670,7 @@ class LoRAAdapter(SchemaRecord):
 class Step(SchemaRecord):
     index: Count  # the engine step (count of non-empty forwards since arming, from 0)
     trigger: str  # what fired: "steps 3", "when num_reqs>=2", "exception", "nonfinite"
-    scheduler_output: dict[str, Any]  # a tagged vLLM SchedulerOutput
+    scheduler_output: SchedulerOutputRecord
     batch_order: list[str]
     requests: list[RequestState]
     # As fed to the model (padded); None for a step that failed before its inputs were prepared

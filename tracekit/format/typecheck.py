@@ -170,10 +170,18 @@ def _hints(annotation: Any) -> dict[str, Any]:
     return get_type_hints(annotation, include_extras=True)
 
 
+# The metadata of a record's fields that are not in the file (its `extras`, what it was read with).
+NOT_IN_FILE = {"in_file": False}
+
+
+def in_file(item: dataclasses.Field) -> bool:
+    return item.metadata.get("in_file", True)
+
+
 def record_fields(record: type) -> dict[str, Any]:
-    """{field name: annotation} of a schema record (a dataclass), its `extras` left out."""
+    """{field name: annotation} of a schema record (a dataclass), those not in the file left out."""
     hints = _hints(record)
-    return {item.name: hints[item.name] for item in dataclasses.fields(record) if item.name != "extras"}
+    return {item.name: hints[item.name] for item in dataclasses.fields(record) if in_file(item)}
 
 
 def wrong_type(where: str, annotation: Any, value: Any) -> BundleError:

@@ -23,6 +23,7 @@ from tracekit.format.schema import (
     KVMode,
     KVSnapshot,
     RequestState,
+    SchedulerOutputRecord,
     Step,
     StepOutputs,
     StepTiming,
@@ -142,7 +143,7 @@ def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, t
     )
 
 
-def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: dict[str, Any],
+def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: SchedulerOutputRecord,
                     copy: HostCopy, known: list[set[int]]) -> CarriedStep:
     """A later step of a window, just before its forward: its scheduler output (recorded as the
     runner received it, before it touched it), the batch order, what only the runner kind keeps

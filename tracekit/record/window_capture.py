@@ -20,7 +20,15 @@ the recorder is disarmed.
 import time
 from typing import Any, Callable
 
-from tracekit.format.schema import CarriedStep, GrammarRecord, RequestState, RunnerCall, Step, StepWindow
+from tracekit.format.schema import (
+    CarriedStep,
+    GrammarRecord,
+    RequestState,
+    RunnerCall,
+    SchedulerOutputRecord,
+    Step,
+    StepWindow,
+)
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm.recording import RequestLedger, StepMark, digested_layers, kv_written
@@ -121,7 +129,7 @@ class CarriedStepCapture(StepCapture):
     before the runner applies it), copied lightly just before its forward, its outputs as they
     come."""
 
-    def __init__(self, recorder: Recording, pending: PendingStep, window: OpenWindow, scheduler_output: dict[str, Any],
+    def __init__(self, recorder: Recording, pending: PendingStep, window: OpenWindow, scheduler_output: SchedulerOutputRecord,
                  written: list[set[int]], scheduled: dict[str, tuple[int, list[list[int]]]], recorded_us: float):
         super().__init__(recorder, pending)
         self.window = window

@@ -33,11 +33,10 @@ from tracekit import __version__
 from tracekit.environment import numerics_relevant_env
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, CarriedStep, GrammarRecord, RequestState, Step
+from tracekit.format.schema import BundleContent, CarriedStep, GrammarRecord, RequestState, SchedulerOutputRecord, Step
 from tracekit.integrations.vllm.records.spec_decode import drafter_reads
 from tracekit.integrations.vllm.records.step_records import (
     history_readers,
-    ids_outside_the_batch,
     reads_next_prompt_token,
     rebuild_scheduler_output,
     redact_later_scheduler_output,
@@ -118,7 +117,7 @@ def plan_for(steps: list[Step], held: list[RequestState] = ()) -> RedactionPlan:
             for reader in reading:
                 if reader not in readers.setdefault(request.req_id, []):
                     readers[request.req_id].append(reader)
-    others = sorted(set().union(*(ids_outside_the_batch(step.scheduler_output) for step in steps)) - set(names))
+    others = sorted(set().union(*(step.scheduler_output.outside_the_batch for step in steps)) - set(names))
     return RedactionPlan(names, {req_id: f"other-{number}" for number, req_id in enumerate(others)}, kept, readers)
 
 
@@ -167,6 +166,11 @@ def _renamed_strings(value: Any, mapping: dict[str, str]) -> Any:
     return value
 
 
+def _renamed_output(output: SchedulerOutputRecord, mapping: dict[str, str]) -> SchedulerOutputRecord:
+    """A scheduler output with every id renamed, wherever it is (vLLM's fields tracekit does not read too)."""
+    return SchedulerOutputRecord.from_plain(_renamed_strings(output.to_plain(), mapping))
+
+
 def _renamed_error(error: dict[str, Any] | None, plan: RedactionPlan) -> dict[str, Any] | None:
     return error and {key: plan.renamed_in_text(value) if isinstance(value, str) else value for key, value in error.items()}
 
@@ -191,8 +195,8 @@ def redact_step(step: Step, plan: RedactionPlan | None = None) -> tuple[Step, Re
     record = RedactionRecord(request_ids_renamed=len(plan.names), other_ids_renamed=len(plan.other_names))
     pairs = [(request, _redact_request(request, plan, record)) for request in step.requests]
     ordered_pairs = sorted(pairs, key=lambda pair: step.batch_order.index(pair[0].req_id))
-    scheduler_output = _renamed_strings(rebuild_scheduler_output(step.scheduler_output, ordered_pairs, plan.other_names),
-                                        plan.mapping)
+    scheduler_output = _renamed_output(rebuild_scheduler_output(step.scheduler_output, ordered_pairs, plan.other_names),
+                                       plan.mapping)
     record.unknown_fields_removed.extend(f"steps[].{name}" for name in sorted(step.extras))
     redacted = dataclasses.replace(
         step,
@@ -232,8 +236,8 @@ def _redact_carried(carried: CarriedStep, plan: RedactionPlan, record: Redaction
         record.unknown_fields_removed.extend(f"window.steps[].{name}" for name in sorted(carried.extras))
     return dataclasses.replace(
         carried,
-        scheduler_output=_renamed_strings(_blanked_scheduler_output(carried.scheduler_output, plan, record),
-                                          plan.mapping),
+        scheduler_output=_renamed_output(_blanked_scheduler_output(carried.scheduler_output, plan, record),
+                                         plan.mapping),
         batch_order=[plan.mapping.get(req_id, req_id) for req_id in carried.batch_order],
         runner_states={plan.mapping.get(req_id, req_id): state for req_id, state in carried.runner_states.items()},
         error=_renamed_error(carried.error, plan),
@@ -242,7 +246,8 @@ def _redact_carried(carried: CarriedStep, plan: RedactionPlan, record: Redaction
     )
 
 
-def _blanked_scheduler_output(output: dict[str, Any], plan: RedactionPlan, record: RedactionRecord) -> dict[str, Any]:
+def _blanked_scheduler_output(output: SchedulerOutputRecord, plan: RedactionPlan, record: RedactionRecord
+                              ) -> SchedulerOutputRecord:
     """A later step's scheduler output with the token ids its requests' steps never read blanked
     and their sampling parameters redacted."""
     result, removed = redact_later_scheduler_output(output, lambda req_id, tokens: _blanked(req_id, tokens, plan, record))

@@ -40,7 +40,7 @@ from tracekit.integrations.vllm.engines.platform_facts import kv_layout_differen
 from tracekit.integrations.vllm.engines.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
 from tracekit.integrations.vllm.engines.window_driver import WindowDriver, WindowRun
 from tracekit.integrations.vllm.records.grammar import unpack_mask
-from tracekit.integrations.vllm.records.spec_decode import STATEFUL_DRAFTERS, recorded_drafts
+from tracekit.integrations.vllm.records.spec_decode import STATEFUL_DRAFTERS
 from tracekit.integrations.vllm.records.step_features import not_replayable_reason
 from tracekit.integrations.vllm.records.step_records import logits_rows
 from tracekit.integrations.vllm.records.weights import local_model_folder, weights_fingerprint
@@ -103,7 +103,7 @@ def require_drafting_known(bundle: str | Path, content: BundleContent, step: Ste
     drafted (recorded before tracekit kept the speculative decoding config) and no engine argument
     says it either: its replay would build an engine without a drafter."""
     drafted = any(request.draft_token_ids for request in step.requests) or any(
-        recorded_drafts(step.scheduler_output).values())
+        step.scheduler_output.scheduled_spec_decode_tokens.values())
     if drafted and _SPECULATIVE_ARG not in content.engine.engine_args and _SPECULATIVE_ARG not in overrides:
         raise UsageError(
             f"{bundle}: step {step.index} verifies draft tokens (speculative decoding), and the bundle does not record "

@@ -51,33 +51,23 @@ def bench_request(request: RequestState, draft_tokens: int, continuing: bool) ->
 
 
 def step_requests(step: Step) -> list[dict[str, Any]]:
-    """The step's scheduled requests in batch order, run-length encoded. The request fields are
-    the schema's, checked when the bundle was read; the scheduler output is vLLM's object as
-    stored, read for what it can say (a part of another shape says nothing)."""
+    """The step's scheduled requests in batch order, run-length encoded."""
     scheduler = step.scheduler_output
-    new_ids = [entry.get("req_id") for entry in _list(scheduler.get("scheduled_new_reqs")) if isinstance(entry, dict)]
-    cached = scheduler.get("scheduled_cached_reqs") if isinstance(scheduler.get("scheduled_cached_reqs"), dict) else {}
-    resumed = _list(cached.get("resumed_req_ids"))
-    drafts = scheduler.get("scheduled_spec_decode_tokens") if isinstance(scheduler.get("scheduled_spec_decode_tokens"), dict) else {}
+    new_ids = {entry.req_id for entry in scheduler.scheduled_new_reqs}
+    resumed = scheduler.scheduled_cached_reqs.resumed_req_ids
+    drafts = scheduler.scheduled_spec_decode_tokens
     position = {req_id: i for i, req_id in enumerate(step.batch_order)}
     encoded: list[dict[str, Any]] = []
     for request in sorted(step.requests, key=lambda r: position.get(r.req_id, len(position))):
         if request.num_scheduled_tokens == 0:
             continue
         continuing = request.req_id not in new_ids and request.req_id not in resumed
-        entry = bench_request(request, len(_list(drafts.get(request.req_id))), continuing)
+        entry = bench_request(request, len(drafts.get(request.req_id, ())), continuing)
         if encoded and {k: v for k, v in encoded[-1].items() if k != "count"} == entry:
             encoded[-1]["count"] = encoded[-1].get("count", 1) + 1
         else:
             encoded.append(entry)
     return encoded
-
-
-def _list(value: Any) -> list[Any]:
-    """A recorded list or set (sets are stored as {"$set": [...]}); anything else is empty."""
-    if isinstance(value, dict):
-        value = value.get("$set")
-    return list(value) if isinstance(value, list) else []
 
 
 def shape_cases(bundles: Sequence[Path]) -> tuple[list[ShapeCase], list[str]]:

@@ -114,20 +114,10 @@ def proposals_tensor(proposed: Any, num_requests: int) -> torch.Tensor:
     return packed
 
 
-def recorded_drafts(scheduler_output: dict[str, Any]) -> dict[str, list[Any]]:
-    """The draft tokens a recorded scheduler output schedules, per request: its entries that are a
-    request id and a list (a bundle's scheduler output is an untyped vLLM object: never asked for
-    the truth of whatever a stranger put there)."""
-    drafts = scheduler_output.get("scheduled_spec_decode_tokens")
-    if not isinstance(drafts, dict):
-        return {}
-    return {req_id: tokens for req_id, tokens in drafts.items() if isinstance(req_id, str) and isinstance(tokens, list)}
-
-
 def fill_drafts_from_inputs(step: Any) -> None:
     """A bundle recorded before tracekit kept each request's drafts (issue 31): take them from its
     scheduler output record's counts and its input ids, where the forward read them."""
-    scheduled = recorded_drafts(step.scheduler_output)
+    scheduled = step.scheduler_output.scheduled_spec_decode_tokens
     if not scheduled or any(request.draft_token_ids for request in step.requests):
         return
     if step.input_ids is None:

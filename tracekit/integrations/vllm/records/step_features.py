@@ -110,20 +110,14 @@ def not_replayable_reason(step: Step) -> str | None:
 def _inferred(step: Step) -> dict[str, list[str]]:
     """What a bundle from before `Step.features` shows of the kinds: the requests the step's
     scheduler output brought (later steps of theirs show nothing), drafts, and grammar requests
-    by their sampling settings. The scheduler output is plain data from the bundle, of any shape."""
+    by their sampling settings."""
     used: dict[str, list[str]] = {}
-    record = step.scheduler_output
-    new_requests = record.get("scheduled_new_reqs")
-    for request in new_requests if isinstance(new_requests, list) else ():
-        if not isinstance(request, dict):
-            continue
-        req_id = str(request.get("req_id"))
-        for name, field_name in (("multimodal", "mm_features"), ("prompt_embeds", "prompt_embeds"),
-                                 ("lora", "lora_request"), ("pooling", "pooling_params")):
-            if _present(request.get(field_name)):
-                used.setdefault(name, []).append(req_id)
-    drafts = record.get("scheduled_spec_decode_tokens")
-    drafted = [str(req_id) for req_id, tokens in drafts.items() if _present(tokens)] if isinstance(drafts, dict) else []
+    for entry in step.scheduler_output.scheduled_new_reqs:
+        for name, value in (("multimodal", entry.mm_features), ("prompt_embeds", entry.prompt_embeds),
+                            ("lora", entry.lora_request), ("pooling", entry.pooling_params)):
+            if _present(value):
+                used.setdefault(name, []).append(entry.req_id)
+    drafted = [req_id for req_id, tokens in step.scheduler_output.scheduled_spec_decode_tokens.items() if tokens]
     if drafted:
         used["speculative_decoding"] = drafted
     structured = [request.req_id for request in step.requests

@@ -35,12 +35,13 @@ from tracekit.format.schema import (
     KVGroupSnapshot,
     KVMode,
     KVSnapshot,
+    NewRequestRecord,
     RequestState,
+    SchedulerOutputRecord,
     SpecDecodeRecord,
     Step,
     StepTiming,
 )
-from tracekit.format.typecheck import found
 from tracekit.integrations.vllm.records import spec_decode
 from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 
@@ -77,85 +78,62 @@ class RequestLedger:
             if req_id in self.held:
                 self.held[req_id].output_token_ids.extend(ids)
 
-    def apply(self, record: dict[str, Any], where: str) -> set[str]:
+    def apply(self, record: SchedulerOutputRecord, where: str) -> set[str]:
         """One recorded scheduler output applied to the held requests; returns the ids it adds."""
         held = self.held
-        gone = set(_req_ids(record.get("finished_req_ids"), f"{where}: finished_req_ids"))
-        if self.frees_preempted:
-            gone |= set(_req_ids(record.get("preempted_req_ids"), f"{where}: preempted_req_ids"))
-        for req_id in gone:
+        for req_id in record.outside_the_batch if self.frees_preempted else record.finished_req_ids:
             held.pop(req_id, None)
-        added = set()
-        for entry in _entries(record.get("scheduled_new_reqs"), f"{where}: scheduled_new_reqs"):
-            request = _new_request(entry, where)
-            held[request.req_id] = request
-            added.add(request.req_id)
-        cached = record.get("scheduled_cached_reqs")
-        if not isinstance(cached, dict):
-            raise BundleError(f"{where}: its scheduler output has no scheduled_cached_reqs map")
-        req_ids = _req_ids(cached.get("req_ids"), f"{where}: scheduled_cached_reqs.req_ids")
-        columns = {name: _entries(cached.get(name), f"{where}: scheduled_cached_reqs.{name}")
-                   for name in ("num_computed_tokens", "new_block_ids", "num_output_tokens")}
-        if any(len(values) != len(req_ids) for values in columns.values()):
-            raise BundleError(f"{where}: scheduled_cached_reqs' columns differ in length")
-        resumed = set(_req_ids(cached.get("resumed_req_ids"), f"{where}: scheduled_cached_reqs.resumed_req_ids"))
-        every_token = cached.get("all_token_ids") if isinstance(cached.get("all_token_ids"), dict) else {}
-        for number, req_id in enumerate(req_ids):
+        for entry in record.scheduled_new_reqs:
+            held[entry.req_id] = _new_request(entry)
+        cached = record.scheduled_cached_reqs
+        for req_id, computed, blocks, outputs in zip(cached.req_ids, cached.num_computed_tokens,
+                                                     cached.new_block_ids, cached.num_output_tokens):
             request = held.get(req_id)
             if request is None:
                 raise BundleError(f"{where} schedules request {req_id!r}, which the window does not hold by then")
-            request.num_computed_tokens = _count(columns["num_computed_tokens"][number], where)
-            blocks = _block_groups(columns["new_block_ids"][number], where)
-            if req_id in resumed:
-                request.block_ids = blocks or [[] for _ in request.block_ids]
+            request.num_computed_tokens = computed
+            if req_id in cached.resumed_req_ids:
+                request.block_ids = [list(ids) for ids in blocks] if blocks else [[] for _ in request.block_ids]
             elif blocks is not None:
                 if len(blocks) != len(request.block_ids):
                     raise BundleError(f"{where}: request {req_id!r} gets blocks for {len(blocks)} KV cache groups, not "
                                       f"{len(request.block_ids)}")
                 for ids, more in zip(request.block_ids, blocks):
                     ids.extend(more)
-            outputs = _count(columns["num_output_tokens"][number], where)
-            tokens = every_token.get(req_id)
+            tokens = cached.all_token_ids.get(req_id)
             if tokens is not None and outputs > 0:
-                request.output_token_ids = _token_ids(tokens, f"{where}: all_token_ids of {req_id!r}")[-outputs:]
+                request.output_token_ids = list(tokens[-outputs:])
             elif outputs < len(request.output_token_ids):
                 del request.output_token_ids[outputs:]
-        return added
+        return {entry.req_id for entry in record.scheduled_new_reqs}
 
-    def scheduled(self, record: dict[str, Any], req_id: str, where: str) -> RequestState:
+    def scheduled(self, record: SchedulerOutputRecord, req_id: str, where: str) -> RequestState:
         """A request of the step's batch as the step runs it, with the tokens the record schedules
         for it (a copy: the ledger goes on)."""
         request = self.held.get(req_id)
-        scheduled = record.get("num_scheduled_tokens")
-        if request is None or not isinstance(scheduled, dict) or req_id not in scheduled:
+        if request is None or req_id not in record.num_scheduled_tokens:
             raise BundleError(f"{where}: its batch order names {req_id!r}, which its scheduler output does not "
                               "schedule or the window does not hold")
         state = copy.deepcopy(request)
-        state.num_scheduled_tokens = _count(scheduled[req_id], where)
+        state.num_scheduled_tokens = record.num_scheduled_tokens[req_id]
         state.draft_token_ids = []  # a step's own (`window_steps`), not those of the step that held it first
         return state
 
-    def written(self, record: dict[str, Any], block_sizes: list[int]) -> list[set[int]]:
+    def written(self, record: SchedulerOutputRecord, block_sizes: list[int]) -> list[set[int]]:
         """Per KV cache group, the blocks a step writes (those of its scheduled tokens), once its
         scheduler output is applied."""
-        scheduled = record.get("num_scheduled_tokens")
         written: list[set[int]] = [set() for _ in block_sizes]
-        for req_id, count in (scheduled.items() if isinstance(scheduled, dict) else ()):
-            request = self.held.get(req_id)
-            if request is None or type(count) is not int:
-                continue
-            start, end = request.num_computed_tokens, request.num_computed_tokens + count
-            for blocks, ids, size in zip(written, request.block_ids, block_sizes):
+        for req_id, (count, block_ids) in self.scheduled_blocks(record).items():
+            start, end = self.held[req_id].num_computed_tokens, self.held[req_id].num_computed_tokens + count
+            for blocks, ids, size in zip(written, block_ids, block_sizes):
                 blocks.update(ids[start // size: -(-end // size)])
         return written
 
-    def scheduled_blocks(self, record: dict[str, Any]) -> dict[str, tuple[int, list[list[int]]]]:
+    def scheduled_blocks(self, record: SchedulerOutputRecord) -> dict[str, tuple[int, list[list[int]]]]:
         """Per request a step schedules, once its scheduler output is applied: its scheduled
         tokens and its blocks per KV cache group (copies: the ledger goes on)."""
-        scheduled = record.get("num_scheduled_tokens")
         return {req_id: (count, [list(ids) for ids in self.held[req_id].block_ids])
-                for req_id, count in (scheduled.items() if isinstance(scheduled, dict) else ())
-                if req_id in self.held and type(count) is int}
+                for req_id, count in record.num_scheduled_tokens.items() if req_id in self.held}
 
     def outside(self, batch: set[str]) -> list[RequestState]:
         """The requests held outside a batch, as they stand."""
@@ -186,7 +164,7 @@ def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list
             # the drafts the step verified, where its forward read them; under async scheduling
             # the scheduler counts every draft of the step before as accepted, and the positions
             # the forward read are the runner's corrected counts
-            spec_decode.add_drafts(batch, spec_decode.recorded_drafts(carried.scheduler_output), carried.input_ids)
+            spec_decode.add_drafts(batch, carried.scheduler_output.scheduled_spec_decode_tokens, carried.input_ids)
             spec_decode.align_to_positions(batch, carried.positions)
         _require_blocks_fit(batch, len(first.kv.groups), num_kv_blocks, where)
         step = _as_step(first, carried, batch)
@@ -208,31 +186,18 @@ def _require_blocks_fit(requests: list[RequestState], num_groups: int, num_kv_bl
                                   f"{num_kv_blocks} KV blocks of bundle.engine.num_kv_blocks")
 
 
-def _new_request(entry: Any, where: str) -> RequestState:
-    if not isinstance(entry, dict) or not isinstance(entry.get("req_id"), str):
-        raise BundleError(f"{where}: a scheduled_new_reqs entry is no request")
-    params = entry.get("sampling_params")
-    if params is not None and not isinstance(params, dict):
-        raise BundleError(f"{where}: {entry['req_id']}.sampling_params should be a map, not {found(params)}")
-    prompt = _token_ids(entry.get("prompt_token_ids"), f"{where}: {entry['req_id']}.prompt_token_ids")
-    prefill = entry.get("prefill_token_ids")
-    outputs = _token_ids(prefill, f"{where}: {entry['req_id']}.prefill_token_ids")[len(prompt):]
+def _new_request(entry: NewRequestRecord) -> RequestState:
+    prompt = entry.prompt_token_ids or []
     return RequestState(
-        req_id=entry["req_id"],
+        req_id=entry.req_id,
         prompt_token_ids=list(prompt),
-        output_token_ids=outputs,
-        block_ids=_block_groups(entry.get("block_ids"), where) or [],
-        num_computed_tokens=_count(entry.get("num_computed_tokens"), where),
+        output_token_ids=list((entry.prefill_token_ids or [])[len(prompt):]),
+        block_ids=[list(ids) for ids in entry.block_ids],
+        num_computed_tokens=entry.num_computed_tokens,
         num_scheduled_tokens=0,
-        sampling_params=params,
-        lora_adapter=_lora_name(entry.get("lora_request")),
+        sampling_params=entry.sampling_params,
+        lora_adapter=entry.lora_request.lora_name if entry.lora_request else None,
     )
-
-
-def _lora_name(tagged: Any) -> str | None:
-    """The adapter a recorded `LoRARequest` names (None: none, or nothing readable)."""
-    name = tagged.get("lora_name") if isinstance(tagged, dict) else None
-    return name if isinstance(name, str) else None
 
 
 def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) -> Step:
@@ -274,46 +239,3 @@ def _proposing(first: SpecDecodeRecord | None, proposals: Any) -> SpecDecodeReco
         return None
     return SpecDecodeRecord(method=first.method, num_speculative_tokens=first.num_speculative_tokens,
                             proposals=proposals, padded_drafter_batch=first.padded_drafter_batch)
-
-
-def _req_ids(tagged: Any, where: str) -> list[str]:
-    """The request ids of a recorded set (`{"$set": [...]}`) or list (none where it holds neither)."""
-    if isinstance(tagged, dict):
-        tagged = tagged.get("$set")
-    ids = list(tagged) if isinstance(tagged, list) else []
-    if not all(isinstance(req_id, str) for req_id in ids):
-        raise BundleError(f"{where} should hold request ids (strings)")
-    return ids
-
-
-def _token_ids(value: Any, where: str) -> list[int]:
-    """A recorded list of token ids (empty where there is none)."""
-    ids = _entries(value, where)
-    if not all(type(token) is int for token in ids):
-        raise BundleError(f"{where} should hold token ids (whole numbers)")
-    return list(ids)
-
-
-def _entries(value: Any, where: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise BundleError(f"{where} should be a list")
-    return value
-
-
-def _block_groups(tagged: Any, where: str) -> list[list[int]] | None:
-    """Block ids per KV cache group, from a recorded tuple of lists (None: no new blocks)."""
-    if tagged is None:
-        return None
-    groups = tagged.get("$tuple") if isinstance(tagged, dict) else tagged
-    if not isinstance(groups, list) or not all(isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
-                                               for ids in groups):
-        raise BundleError(f"{where}: block ids should be lists of block numbers per KV cache group")
-    return [list(ids) for ids in groups]
-
-
-def _count(value: Any, where: str) -> int:
-    if type(value) is not int or value < 0:
-        raise BundleError(f"{where}: a token count should be a whole number, not {found(value)}")
-    return value

@@ -406,9 +406,9 @@ class Release:
 
     def common_prefix_blocks(self, step: Step) -> list[int]:
         """Cascade attention's shared prefix per KV group, as recorded (0 where it was not)."""
-        recorded = step.scheduler_output.get("num_common_prefix_blocks")
-        if isinstance(recorded, list) and len(recorded) == len(step.kv.groups):
-            return [int(blocks) for blocks in recorded]
+        recorded = step.scheduler_output.num_common_prefix_blocks
+        if len(recorded) == len(step.kv.groups):
+            return list(recorded)
         return [0] * len(step.kv.groups)
 
     def finishing_output(self, req_ids: list[str]) -> Any:
@@ -515,9 +515,11 @@ def every_release_fact(name: str) -> dict[str, Any]:
 
 def recorded_drafter_orders(step: Step) -> dict[str, Any]:
     """The step's recorded orders to the drafter (any series' `drafter_orders`), each of the
-    expected type (a bundle is untrusted input)."""
+    expected type (typed when the bundle was read; an order of a series the schema does not name
+    is among its scheduler output's other fields)."""
     orders = every_release_fact("drafter_orders")
-    recorded = {name: step.scheduler_output.get(name) for name in orders}
+    output = step.scheduler_output
+    recorded = {name: getattr(output, name, output.extras.get(name)) for name in orders}
     return {name: value for name, value in recorded.items() if type(value) is orders[name]}
 
 

@@ -31,6 +31,7 @@ from tracekit.format.schema import (
     LoRAAdapter,
     ParallelRank,
     RequestState,
+    SchedulerOutputRecord,
     SpecDecodeRecord,
     Step,
 )
@@ -369,9 +370,9 @@ class RunnerAdapter:
                 add(blocks, computed)
         return found
 
-    def scheduler_output_record(self, scheduler_output: Any) -> dict[str, Any]:
-        """The scheduler output as plain data, tagged with the vLLM version."""
-        return self.release.to_versioned_plain(scheduler_output, "scheduler_output")
+    def scheduler_output_record(self, scheduler_output: Any) -> SchedulerOutputRecord:
+        """The scheduler output as recorded, tagged with the vLLM version."""
+        return SchedulerOutputRecord.from_plain(self.release.to_versioned_plain(scheduler_output, "scheduler_output"))
 
     def spec_decode_record(self) -> SpecDecodeRecord | None:
         """A step's speculative decoding record, before its drafter ran (None: the engine decodes
