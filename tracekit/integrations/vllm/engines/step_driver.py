@@ -241,15 +241,18 @@ class StepDriver:
                 )
 
     def prepare_runner(self) -> None:
-        """The runner's LoRA slots as the step found them and, for a `--kv recompute` bundle, its
-        KV blocks rebuilt by prefilling (under those slots: the prefill runs the requests' adapters,
-        and may move them, so they are put back after)."""
+        """The runner's LoRA slots as the step found them, for a `--kv recompute` bundle its KV
+        blocks rebuilt by prefilling (under those slots: the prefill runs the requests' adapters,
+        and may move them, so they are put back after), and the rest of the runner as one that
+        rebuilt no step before holds it (`start_afresh`: nothing an earlier replay, or the
+        prefills, left behind reaches the step)."""
         adapter, step = self.adapter, self.step
         if step.kv.mode == KVMode.RECOMPUTE.value:
             with torch.inference_mode():
                 adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
                 recompute_kv(adapter, step, self.loras)
         adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
+        adapter.start_afresh()
 
     def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
         observed = ObservedStep()

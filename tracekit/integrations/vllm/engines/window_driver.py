@@ -150,9 +150,10 @@ class WindowDriver:
                 new_request.lora_request = self.loras[recorded.lora_name]
 
     def _let_go(self) -> None:
-        """Before a rebuilt step: the runner lets go of every request and of its last step."""
+        """Before a rebuilt step: the runner lets go of every request and starts afresh, as for a
+        single step (`RunnerAdapter.start_afresh`)."""
         self.adapter.finish(list(self.adapter.live_req_ids()))
-        self.adapter.forget_previous_step()
+        self.adapter.start_afresh()
 
     def _leave(self, outputs: dict[int, Any]) -> None:
         """Read the outputs still pending and finish every request: the runner can serve again."""

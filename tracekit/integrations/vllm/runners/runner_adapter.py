@@ -286,6 +286,14 @@ class RunnerAdapter:
         """Drop what the runner keeps of its last step for the next (where it keeps anything
         there beside its request states), before a step is rebuilt from recorded requests."""
 
+    def start_afresh(self) -> None:
+        """Before a step is rebuilt from recorded requests (a single step; a window's first step
+        or one it rebuilds): put back what the runner keeps beside its request states as a runner
+        holds it that rebuilt no step before — what it kept of its last step, and (per runner
+        kind) what a finished request leaves in the runner — so that a step replayed on an engine
+        that replayed other bundles runs as it runs alone in a fresh one (issue 49)."""
+        self.forget_previous_step()
+
     def finishing_output(self, req_ids: list[str]) -> Any:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
         return self.release.finishing_output(req_ids)

@@ -9,6 +9,14 @@ NumPy's global RNG when unseeded: sampling depends only on seed, position and to
 block tables. Its `SamplingParams` are not kept, so the adapter remembers them from
 `scheduled_new_reqs`.
 
+A slot outlives its request: `finish_requests` frees it, and the next request added there finds
+what the last one left in the buffers `add_request` does not write (`SLOT_STATE_LEFT_BEHIND`).
+Its ngram drafter reads one of them: a row that sampled nothing this step (a prefill chunk)
+proposes the slot's `last_sampled_tokens` entry. So the recorder keeps that entry per request
+(`runner_state["last_sampled"]`, where the engine drafts), the replay puts it back, and a replay
+engine that replayed other steps puts those buffers back as it held them before its first replay
+(`start_afresh`): an earlier bundle's requests leave nothing to a later one's (issue 49).
+
 The step's inputs are built into persistent buffers; `model_state.prepare_inputs(input_batch,
 ...)` is called with them on every path just before the model runs. The model call is
 `runner.model(**inputs)` eagerly and for PIECEWISE graphs (through
@@ -17,6 +25,7 @@ replay that reads those buffers — for FULL graphs. Logits come from `model.com
 `sample_tokens`, which returns an async output.
 """
 
+import weakref
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,6 +49,19 @@ class _V2Mark:
     scheduled: list[str]  # req_ids in the scheduler's order
     dispatched: Any  # the BatchExecutionDescriptor
     attention: Any  # the attention metadata
+    # Each slot's last sampled token as the step began (a copy on the device; where the engine
+    # drafts): the step's sampling overwrites it, and the drafter reads it after.
+    last_sampled: torch.Tensor | None = None
+
+
+# The per-slot buffers of `req_states` that `add_request` leaves as the slot's last request left
+# them, and that a step may read: the last sampled token (a decode's input; an ngram proposal of a
+# row that sampled none), the prefill tokens after a chunk (a model drafter's next input), the
+# drafts. (The sampler's per-slot states are written for every request added; its penalty counts
+# are read only through a zero penalty unless recounted.) The same in vLLM 0.26 to 0.34.
+SLOT_STATE_LEFT_BEHIND = ("last_sampled_tokens", "next_prefill_tokens", "draft_tokens")
+# Those buffers as each runner held them when tracekit first met it (`_keep_fresh_slot_state`).
+_fresh_slot_state: "weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]]" = weakref.WeakKeyDictionary()
 
 
 class V2Adapter(RunnerAdapter):
@@ -54,7 +76,7 @@ class V2Adapter(RunnerAdapter):
         "scheduled_new_reqs", "preempted_req_ids", "finished_req_ids", "num_blocks", "gpu", "np", "copy_to_uva",
         "input_batch", "req_ids", "num_scheduled_tokens", "sampling_params", "add_request", "prepare_attn",
         "cudagraph_runtime_mode", "batch_descriptor", "speculator", "draft_tokens", "draft_logits", "_capture_descs",
-        "_candidates", "num_tokens", "structured_outputs_worker", "apply_grammar_bitmask",
+        "_candidates", "num_tokens", "structured_outputs_worker", "apply_grammar_bitmask", "next_prefill_tokens",
     }
 
     def __init__(self, runner: Any, release: Any):
@@ -64,6 +86,18 @@ class V2Adapter(RunnerAdapter):
         self._dispatched: Any = None  # the step's BatchExecutionDescriptor
         self._attention: Any = None  # the step's attention metadata (layer -> metadata)
         self._scheduled: list[str] = []  # the step's req_ids in the scheduler's order
+        if hasattr(runner, "req_states"):  # the runner as built, before tracekit rebuilds a step on it
+            self._keep_fresh_slot_state()
+
+    def _keep_fresh_slot_state(self) -> dict[str, torch.Tensor]:
+        """The slot buffers of `SLOT_STATE_LEFT_BEHIND` as this runner held them when tracekit
+        first met it (copied then, once a runner)."""
+        fresh = _fresh_slot_state.get(self.runner)
+        if fresh is None:
+            states = self.runner.req_states
+            fresh = _fresh_slot_state[self.runner] = {name: getattr(states, name).clone()
+                                                      for name in SLOT_STATE_LEFT_BEHIND}
+        return fresh
 
     @classmethod
     def matches(cls, runner: Any) -> bool:
@@ -147,7 +181,8 @@ class V2Adapter(RunnerAdapter):
             self._new_requests[request.req_id] = request
 
     def kind_mark(self, scheduler_output: Any) -> _V2Mark:
-        return _V2Mark(self._input_batch, self._scheduled, self._dispatched, self._attention)
+        last_sampled = self.runner.req_states.last_sampled_tokens.clone() if self._speculator is not None else None
+        return _V2Mark(self._input_batch, self._scheduled, self._dispatched, self._attention, last_sampled)
 
     def _rows(self, kept: _V2Mark | None = None) -> list[tuple[int, str, int]]:
         """(batch row, req_id, slot) of the step's batch, in batch order; before the batch is
@@ -206,7 +241,8 @@ class V2Adapter(RunnerAdapter):
         through the tokens the step computes when it is past them (bookkeeping appends the
         sampled token behind those)."""
         kept, scheduled = mark.kept, mark.scheduler_output.num_scheduled_tokens
-        result = [self._request_state(req_id, slot, self._num_computed_tokens(kept, row, slot), int(scheduled[req_id]))
+        result = [self._request_state(req_id, slot, self._num_computed_tokens(kept, row, slot), int(scheduled[req_id]),
+                                      kept.last_sampled)
                   for row, req_id, slot in self._rows(kept)]
         if spec_decode.speculative_config(self.runner) is not None:
             spec_decode.add_drafts(result, mark.scheduler_output.scheduled_spec_decode_tokens, input_ids)
@@ -220,12 +256,15 @@ class V2Adapter(RunnerAdapter):
         step; V2 frees a preempted request's slot), as they stand."""
         batch = set(self.marked_req_ids(mark))
         states = self.runner.req_states
-        return [self._request_state(req_id, slot, int(states.num_computed_tokens_np[slot]), 0)
+        last_sampled = states.last_sampled_tokens if self._speculator is not None else None
+        return [self._request_state(req_id, slot, int(states.num_computed_tokens_np[slot]), 0, last_sampled)
                 for req_id, slot in states.req_id_to_index.items() if req_id not in batch]
 
-    def _request_state(self, req_id: str, slot: int, num_computed: int, num_scheduled: int) -> RequestState:
+    def _request_state(self, req_id: str, slot: int, num_computed: int, num_scheduled: int,
+                       last_sampled: torch.Tensor | None = None) -> RequestState:
         """The request in `slot` before a step that computes `num_scheduled` of its tokens after
-        its first `num_computed` (its token ids read from the device)."""
+        its first `num_computed` (its token ids read from the device); `last_sampled`: each
+        slot's last sampled token as the step began, kept where the engine drafts."""
         states, tables = self.runner.req_states, self.runner.block_tables
         before_step = max(int(states.prefill_len.np[slot]), num_computed + num_scheduled)
         prompt_len = int(states.prompt_len.np[slot])
@@ -233,6 +272,9 @@ class V2Adapter(RunnerAdapter):
         tokens = states.all_token_ids.gpu[slot, :total_len].tolist()
         new_request = self._new_requests.get(req_id)
         params = new_request.sampling_params if new_request is not None else None
+        runner_state = self._runner_state(slot)
+        if last_sampled is not None:
+            runner_state["last_sampled"] = int(last_sampled[slot, 0])
         return RequestState(
             req_id=req_id,
             prompt_token_ids=tokens[:prompt_len],
@@ -244,7 +286,7 @@ class V2Adapter(RunnerAdapter):
             num_computed_tokens=num_computed,
             num_scheduled_tokens=num_scheduled,
             sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
-            runner_state=self._runner_state(slot),
+            runner_state=runner_state,
             lora_adapter=request_adapter_name(new_request),
         )
 
@@ -327,10 +369,22 @@ class V2Adapter(RunnerAdapter):
         manager._candidates = {key: descs for key, descs in candidates.items() if descs}
         return sorted(set(kept))
 
+    def start_afresh(self) -> None:
+        """Also the slot buffers vLLM leaves behind a finished request (`SLOT_STATE_LEFT_BEHIND`),
+        as the runner held them when tracekit first met it (`_keep_fresh_slot_state`): before any
+        replay, and before a `--kv recompute` bundle's prefills."""
+        super().start_afresh()
+        states = self.runner.req_states
+        for name, values in self._keep_fresh_slot_state().items():
+            getattr(states, name).copy_(values)
+
     def replay_shadows(self, step: Step, held: list[RequestState] = ()) -> Shadows:
-        """Put back each request's seed as the sampler adds it, and its `prefill_len` before
-        the runner decides which rows prefill (so decodes run as decodes, with their last
-        sampled token as input); the same for `held`, requests added without being scheduled."""
+        """Put back each request's seed as the sampler adds it, and its `prefill_len` and last
+        sampled token before the runner decides which rows prefill (so decodes run as decodes,
+        with their last sampled token as input, and a drafter reads the slot as recorded: a
+        bundle from before tracekit kept that token has it from the request's outputs, or for a
+        request that sampled none, as the fresh engine holds it); the same for `held`, requests
+        added without being scheduled."""
         runner = self.runner
         recorded = {request.req_id: request for request in [*step.requests, *held]}
         states = runner.req_states
@@ -354,8 +408,11 @@ class V2Adapter(RunnerAdapter):
                     if slot is None or prefill_len is None:
                         continue
                     states.prefill_len.np[slot] = prefill_len
-                    if request.output_token_ids and request.num_computed_tokens >= prefill_len:
-                        states.last_sampled_tokens[slot, 0] = request.output_token_ids[-1]
+                    last_sampled = request.runner_state.get("last_sampled")
+                    if last_sampled is None and request.output_token_ids and request.num_computed_tokens >= prefill_len:
+                        last_sampled = request.output_token_ids[-1]
+                    if last_sampled is not None:
+                        states.last_sampled_tokens[slot, 0] = last_sampled
                     self._restore_drafts(slot, request)
                 states.prefill_len.copy_to_uva()
                 return original(scheduler_output)
