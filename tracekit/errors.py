@@ -5,7 +5,9 @@ reproduce, 2 bad input or usage, 3 this machine cannot do it (missing weights, v
 incompatible, no graph-capable device), 4 the replay itself failed inside vLLM, CUDA or tracekit
 (a device-side assert, an illegal address, an unexpected exception): it says nothing yet about
 whether the step reproduces; 5 no machine can replay it with this tracekit: the step used
-something tracekit records but cannot replay yet (multimodal inputs, prompt embeds, ...).
+something tracekit records but cannot replay yet (multimodal inputs, prompt embeds, ...); 6 the
+engine does not repeat itself: replays of the step from the same restored state disagree among
+themselves (vLLM is non-deterministic there), so whether it reproduces cannot be told.
 """
 
 import traceback
@@ -16,6 +18,7 @@ EXIT_BAD_INPUT = 2
 EXIT_CANNOT_RUN_HERE = 3
 EXIT_REPLAY_FAILED = 4
 EXIT_NOT_REPLAYABLE_YET = 5
+EXIT_NONDETERMINISTIC = 6
 
 
 class TracekitError(Exception):

@@ -7,7 +7,9 @@ Exit codes (for `git bisect run` and CI): each verdict's own (`tracekit.replay.v
 0 for a step reproduced — bit-exact, within tolerance, or up to a difference the platform or the
 release explains; with --strict bit-exact only — 1 for one that was not), 2 bad input or usage,
 3 this machine (or this vLLM release) cannot replay it, 4 the replay crashed, 5
-(cannot_replay_yet) the step used something tracekit records but cannot replay yet. A suite
+(cannot_replay_yet) the step used something tracekit records but cannot replay yet, 6
+(nondeterministic) replays of the step from the same restored state disagree among themselves
+(`tracekit.replay.repeats`: the engine does not repeat itself there). A suite
 exits with the worst of its bundles' codes (`tracekit.replay.verdict_names.worst_exit_code`).
 """
 
@@ -51,6 +53,10 @@ from tracekit.errors import UsageError
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="Largest relative RMS accepted as reproduced for float tensors (0: bit-exact).")
 @click.option("--strict", is_flag=True, help="Exit 0 only for a bit-exact replay.")
+@click.option("--repeats", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Where a step does not reproduce, replay it this many more times from the same restored state, "
+                   "and where it diverged and those agree, as often in a fresh process: replays that disagree "
+                   "among themselves make it nondeterministic (exit 6). 0: not at all.")
 @click.option("--save-layers", "layers_out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Also run the step eagerly capturing every decoder layer's output (and its norms, "
                    "attention, MLP) into a small bundle here; `tracekit diff` two of them. One bundle only.")
@@ -90,14 +96,14 @@ def replay_command(ctx, arguments, json_out, plot_path, force, verbose, keep_goi
 
 
 def _options(steps, from_step, model, allow_weights_mismatch, loras, modes, no_timing, iters, samples, tolerance,
-             strict, layers_out, full_engine):
+             strict, repeats, layers_out, full_engine):
     """The replay's options, typed (`ReplayOptions`), or what is wrong with them (usage)."""
     from tracekit.replay.options import ReplayOptions
 
     return ReplayOptions(
         step=one_step(steps), from_step=from_step, model=model, allow_weights_mismatch=allow_weights_mismatch,
         lora_paths=_lora_paths(loras), modes=None if no_timing else modes, iters=iters, samples=samples,
-        tolerance=tolerance, strict=strict, layers_out=layers_out, full_engine=full_engine,
+        tolerance=tolerance, strict=strict, repeats=repeats, layers_out=layers_out, full_engine=full_engine,
     )
 
 

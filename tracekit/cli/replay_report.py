@@ -173,6 +173,7 @@ _DETAILS = {
     VerdictName.ERROR_APPEARED: "an error appeared",
     VerdictName.NONFINITE_GONE: "the non-finite outputs are gone",
     VerdictName.NONFINITE_APPEARED: "non-finite outputs appeared",
+    VerdictName.NONDETERMINISTIC: "the engine does not repeat itself",
 }
 
 

@@ -12,6 +12,7 @@ decided by the real rows; the padding rows of inputs and hidden states are compa
 the real outputs is named (`padding_findings`).
 """
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,9 @@ class CheckedItem:
     # A digest of float data (`kv_written`): equal or not, with no magnitude to hold against a
     # tolerance or a platform's bound; those verdicts go by the float items it summarises.
     digest_only: bool = False
+    # What the replay produced for the item, digested (`replayed_digest`; None: nothing): two
+    # replays of a step produced the same item exactly when these are equal.
+    replayed: str | None = None
 
     @property
     def is_padding(self) -> bool:
@@ -55,6 +59,37 @@ class CheckedItem:
 PADDING = "/padding"  # suffix of the items that compare padding rows
 
 
+def replayed_digest(value: Any) -> str | None:
+    """What a replay produced for an item (a tensor, ids, a per-request map, ...), as a short
+    digest of its exact bits (dtype and shape included): replays of one step are compared with
+    each other so (`tracekit.replay.repeats`). None where the replay produced nothing."""
+    if value is None:
+        return None
+    hasher = hashlib.sha256()
+    _feed(hasher, value)
+    return hasher.hexdigest()[:16]
+
+
+def _feed(hasher: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().to("cpu").contiguous().reshape(-1)
+        hasher.update(f"tensor {flat.dtype} {list(value.shape)};".encode())
+        hasher.update(flat.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        hasher.update(f"map {len(value)};".encode())
+        for key in sorted(value, key=str):
+            _feed(hasher, key)
+            _feed(hasher, value[key])
+    elif isinstance(value, (list, tuple)):
+        hasher.update(f"list {len(value)};".encode())
+        for element in value:
+            _feed(hasher, element)
+    elif hasattr(value, "__dict__"):
+        _feed(hasher, vars(value))
+    else:
+        hasher.update(f"{type(value).__name__} {value!r};".encode())
+
+
 def _tensor_item(name: str, actual: Any, expected: Any, tolerance: float) -> CheckedItem | None:
     if expected is None:
         return None
@@ -71,7 +106,7 @@ def _tensor_item(name: str, actual: Any, expected: Any, tolerance: float) -> Che
     within = bit_exact or (
         floating and "shape_mismatch" not in details and details["relative_rms"] <= tolerance
     )
-    return CheckedItem(name, bit_exact, within, details, dtype)
+    return CheckedItem(name, bit_exact, within, details, dtype, replayed=replayed_digest(actual))
 
 
 def _nonfinite_count(tensor: torch.Tensor) -> int:
@@ -89,7 +124,7 @@ def _exact_item(name: str, actual: Any, expected: Any) -> CheckedItem | None:
         details["first_difference"] = next(
             (i for i, (a, e) in enumerate(pairs) if a != e), min(len(actual or []), len(expected))
         )
-    return CheckedItem(name, same, same, details)
+    return CheckedItem(name, same, same, details, replayed=replayed_digest(actual))
 
 
 # vLLM treats a temperature below this as greedy sampling.
@@ -152,9 +187,9 @@ def _grammar_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
         return CheckedItem("grammar_bitmask", False, False, {"problem": "no grammar mask reached the replay's logits"})
     if here.shape != recorded.shape:
         return CheckedItem("grammar_bitmask", False, False,
-                           {"shape_mismatch": [list(here.shape), list(recorded.shape)]})
+                           {"shape_mismatch": [list(here.shape), list(recorded.shape)]}, replayed=replayed_digest(here))
     if torch.equal(here, recorded):
-        return CheckedItem("grammar_bitmask", True, True, {})
+        return CheckedItem("grammar_bitmask", True, True, {}, replayed=replayed_digest(here))
     outputs = step.outputs
     vocab = outputs.logits.shape[-1] if outputs.logits is not None else here.shape[1] * 32
     owners = logits_rows(step)
@@ -169,7 +204,7 @@ def _grammar_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
             "allowed_only_recorded": len(only_recorded), "allowed_only_here": len(only_here),
             "tokens_only_recorded": only_recorded[:TOKENS_NAMED], "tokens_only_here": only_here[:TOKENS_NAMED],
         })
-    return CheckedItem("grammar_bitmask", False, False, {"differing_mask_rows": rows})
+    return CheckedItem("grammar_bitmask", False, False, {"differing_mask_rows": rows}, replayed=replayed_digest(here))
 
 
 def _row_items(name: str, actual: Any, expected: Any, step: Step, tolerance: float) -> list[CheckedItem | None]:
@@ -234,7 +269,7 @@ def _kv_digest_item(observed: ObservedStep, recorded: list[KVWritten], step: Ste
     if problem is not None:
         return CheckedItem(KV_DIGEST_ITEM, False, False, {"problem": problem}, decides=False, digest_only=True)
     details = {"requests_moved": moved, "layers_moved": layers_moved} if moved else {}
-    return CheckedItem(KV_DIGEST_ITEM, not moved, not moved, details, digest_only=True)
+    return CheckedItem(KV_DIGEST_ITEM, not moved, not moved, details, digest_only=True, replayed=replayed_digest(here))
 
 
 def _model_order(layer_name: str) -> list[tuple[int, int | str]]:
@@ -331,7 +366,7 @@ def _per_request_item(name: str, actual: dict[str, Any], expected: dict[str, Any
             req_id: {"recorded": value, "replayed": actual.get(req_id)}
             for req_id, value in expected.items() if actual.get(req_id) != value
         }
-    return CheckedItem(name, same, same, details)
+    return CheckedItem(name, same, same, details, replayed=replayed_digest(actual))
 
 
 def _drafter_items(observed: ObservedStep, step: Step, tolerance: float) -> list[CheckedItem | None]:
@@ -414,7 +449,8 @@ def error_item(step: Step, raised: BaseException | None) -> CheckedItem:
     if raised is None:
         return CheckedItem(ERROR_ITEM, False, False, {"raised": None, "problem": "the step did not raise", **recorded})
     same = step.raised_as_recorded(raised)
-    return CheckedItem(ERROR_ITEM, same, same, {"raised": f"{type(raised).__name__}: {raised}", **recorded})
+    said = f"{type(raised).__name__}: {raised}"
+    return CheckedItem(ERROR_ITEM, same, same, {"raised": said, **recorded}, replayed=replayed_digest(said))
 
 
 def first_divergence(items: list[CheckedItem]) -> CheckedItem | None:

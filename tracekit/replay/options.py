@@ -24,7 +24,11 @@ class ReplayOptions:
     builds it (every graph and compile size) instead of a lean one with what the step needs;
     `engine_needs`: what the lean engine must hold (a suite passes its group's; default: this
     step's, and what `modes` asks). `from_step`: in a window, rebuild the runner's state at that
-    step as a single-step replay builds it, instead of letting it carry its state into it."""
+    step as a single-step replay builds it, instead of letting it carry its state into it.
+    `repeats`: how many more times a single step that does not reproduce is replayed from the
+    same restored state, here and (where those agree and it diverged) in a fresh process, to tell
+    an engine that does not repeat itself (`nondeterministic`) from a divergence; 0: not at all
+    (`tracekit.replay.repeats`). `repeat_fresh`: False in that fresh process itself."""
 
     step: int | None = None
     from_step: int | None = None
@@ -45,3 +49,5 @@ class ReplayOptions:
     # LoRA adapter name -> its folder here, where the bundle does not keep its files and it is
     # not at the recorded path (`--lora NAME=PATH`)
     lora_paths: dict[str, str] = field(default_factory=dict)
+    repeats: int = 2
+    repeat_fresh: bool = True

@@ -7,6 +7,10 @@ The replay runs in named stages, each a function with one job:
 A window of steps (`record --window N`) runs its steps in the run-and-compare stage, one after
 the other, the runner carrying its state (`tracekit.replay.window`), and is not timed.
 
+A single step that does not reproduce is replayed again from the same restored state, here and
+where it diverged in a fresh process (`tracekit.replay.repeats`): replays that disagree among
+themselves make it `nondeterministic`.
+
 The order matters for the exit codes a `git bisect run` relies on: the bundle is read and
 validated first (bad input: 2), then this machine is checked — device, vLLM series, weights, the
 engine's KV layout — (cannot replay here: 3), and only then does the step run (did not
@@ -45,8 +49,10 @@ from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions
+from tracekit.replay.repeats import Repeats, repeat_here, repeat_in_fresh_process
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
+from tracekit.replay.verdict import VerdictName
 from tracekit.replay.window import WindowReplayResult, rebuilt_steps, run_window
 
 __all__ = ["ReplayOptions", "ReplayResult", "WindowReplayResult", "replay"]
@@ -76,7 +82,13 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
             ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
-    return report(opened, options, engine, here, ran, pinned)
+    result = report(opened, options, engine, here, ran, pinned)
+    if _repeat_in_a_fresh_process(result, options):
+        if here.device_kind != "cpu" and engine.llm is not None:  # a device holds one engine at a time
+            engine.release()
+            result.llm = None
+        repeat_in_fresh_process(result.repeats, opened.bundle, _fresh_process_options(options))
+    return result
 
 
 # -- open ----------------------------------------------------------------------------------------------
@@ -191,6 +203,7 @@ class StepRun:
     observed: Any = None  # the ObservedStep (None for a step recorded because it raised)
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)
     captured_layers: dict[str, Any] = field(default_factory=dict)
+    repeats: Repeats | None = None  # a step that did not reproduce, replayed again (`options.repeats`)
 
 
 def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOptions,
@@ -234,9 +247,35 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
                 ran.checks = [CheckedItem(ERROR_ITEM, False, False, {"raised": one_line(error), "recorded": None})]
             else:
                 ran.checks = check_step(ran.observed, step, options.tolerance)
+                if options.repeats and not all(item.within_tolerance for item in ran.checks if item.decides):
+                    ran.repeats = repeat_here(ran.checks, lambda: _run_again(engine, driver, options.tolerance),
+                                              options.repeats)
     finally:
         engine.forget_cached_prefixes()
     return ran
+
+
+def _run_again(engine: ReplayEngine, driver: StepDriver, tolerance: float) -> list[CheckedItem]:
+    """The step once more from the same restored state, checked (no timing, no layer capture)."""
+    engine.forget_cached_prefixes()
+    return check_step(driver.run(), driver.step, tolerance)
+
+
+def _repeat_in_a_fresh_process(result: ReplayResult, options: ReplayOptions) -> bool:
+    """Whether the step is replayed again in a fresh process: it diverged, and its replays here
+    agreed among themselves (where they did not, that is told already)."""
+    return (result.repeats is not None and options.repeat_fresh and result.repeats.disagreement() is None
+            and result.verdict.name == VerdictName.DIVERGED)
+
+
+# The `ReplayOptions` fields that shape a step's replay (not its timing, layer capture or
+# profiling), handed to the fresh process that replays it again.
+_FRESH_PROCESS_FIELDS = ("step", "model", "allow_weights_mismatch", "engine_overrides", "tolerance", "full_engine",
+                         "lora_paths", "repeats")
+
+
+def _fresh_process_options(options: ReplayOptions) -> dict[str, Any]:
+    return {name: getattr(options, name) for name in _FRESH_PROCESS_FIELDS}
 
 
 def _replay_failing_step(driver: StepDriver) -> CheckedItem:
@@ -307,6 +346,7 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
         engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
         kernel_choices=kernels,
         releases=opened.releases,
+        repeats=ran.repeats,
         llm=engine.llm,
     )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.replay.checks import CheckedItem, first_divergence
+from tracekit.replay.repeats import Repeats
 from tracekit.replay.verdict import Verdict, decide
 
 
@@ -60,6 +61,8 @@ class ReplayResult:
     kernel_choices: dict[str, list[str]] = field(default_factory=dict)
     # (recorded, here) vLLM versions where the bundle comes from another release series.
     releases: tuple[str, str] | None = None
+    # The step replayed again where it did not reproduce (`tracekit.replay.repeats`).
+    repeats: Repeats | None = None
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 
     @property
@@ -83,7 +86,7 @@ class ReplayResult:
     def verdict(self) -> Verdict:
         numeric = [d["field"] for d in self.environment_differences if d["affects_numerics"]]
         return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step, self.kv_recomputed,
-                      self.releases)
+                      self.releases, self.repeats)
 
     @property
     def exit_code(self) -> int:
@@ -113,4 +116,5 @@ class ReplayResult:
             "engine_build": self.engine_build,
             "kernel_choices": self.kernel_choices,
             "releases": None if self.releases is None else {"recorded": self.releases[0], "here": self.releases[1]},
+            "repeats": None if self.repeats is None else self.repeats.to_plain(),
         }

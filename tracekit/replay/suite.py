@@ -8,7 +8,9 @@ next group's is built. That engine is lean unless `full_engine`: it holds what e
 group needs (`EngineNeeds`, their union).
 
 Every bundle gets a record with a verdict and an exit code; the suite's exit code is the worst
-of them, in the order of `verdict_names.EXIT_SEVERITY`.
+of them, in the order of `verdict_names.EXIT_SEVERITY`. A bundle that does not reproduce is
+replayed again on its group's engine (`tracekit.replay.repeats`), not in a fresh process as a
+bundle replayed alone is: the reason says so.
 """
 
 import time
@@ -155,8 +157,10 @@ def run_suite(
     for key, group in groups.items():
         llm, engine_error = None, None
         engine_kernels = _kernels_of(key, kernels)
+        # A diverged bundle is replayed again on the group's engine only: a fresh process for
+        # each would cost an engine build, and on a device the group's engine with it.
         group_options = {**replay_options, "engine_needs": union_of(needs.get(key, [])),
-                         "kernel_choices": engine_kernels.choice_list()}
+                         "kernel_choices": engine_kernels.choice_list(), "repeat_fresh": False}
         try:
             for bundle in group:
                 queue.remove(bundle)

@@ -13,6 +13,11 @@ the release as the difference that explains the rounding (`release_difference`, 
 first diverging layer where the bundle holds per-layer outputs), and what a user bisecting
 releases asks is told apart: the recorded error or non-finite outputs gone, an error or
 non-finite outputs appeared.
+
+A step that does not reproduce is replayed again from the same restored state
+(`tracekit.replay.repeats`): where those replays disagree among themselves, a `diverged` step is
+`nondeterministic` (exit 6): the engine does not repeat itself there, which is a finding about
+vLLM, and whether the step reproduces cannot be told.
 """
 
 from dataclasses import dataclass, field
@@ -21,6 +26,7 @@ from typing import Any
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.numerics import within_platform_bound
 from tracekit.replay.checks import ERROR_ITEM, CheckedItem
+from tracekit.replay.repeats import Repeats
 from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
 __all__ = ["NOT_REPLAYED", "Verdict", "VerdictName", "decide", "describe_differing_row", "describe_mask_row",
@@ -54,17 +60,21 @@ def decide(
     error_step: bool = False,
     kv_recomputed: bool = False,
     releases: tuple[str, str] | None = None,
+    repeats: Repeats | None = None,
 ) -> Verdict:
     """`items`: every check (step items and per-layer items; those that do not decide, the
     padding rows, are left out); `numeric_differences`: the environment fields that differ and
     affect numerics; `error_step`: the recorded forward raised; `kv_recomputed`: the KV the step
     read was rebuilt by prefilling its tokens, not restored (the reason says so); `releases`:
-    (recorded, here) vLLM versions when they are of different release series."""
+    (recorded, here) vLLM versions when they are of different release series; `repeats`: the
+    step replayed again from the same restored state, where it did not reproduce."""
     items = [item for item in items if item.decides]
     if releases is not None:
         verdict = _decide_across_releases(items, numeric_differences, tolerance, error_step, releases)
     else:
         verdict = _decide(items, numeric_differences, tolerance, error_step)
+    if repeats is not None and verdict.name == VerdictName.DIVERGED:
+        verdict = _repeated(verdict, repeats)
     if kv_recomputed:
         verdict.reason += "; KV recomputed, not restored"
     return verdict
@@ -130,6 +140,27 @@ def _decide_across_releases(items: list[CheckedItem], numeric_differences: list[
             f"float items within the calibrated per-dtype bounds; {where}",
         )
     return verdict
+
+
+def _repeated(verdict: Verdict, repeats: Repeats) -> Verdict:
+    """A diverged step's verdict, its replays from the same restored state told: `nondeterministic`
+    where they disagree among themselves, else still `diverged`, saying they agreed."""
+    disagreement = repeats.disagreement()
+    unreplayed = f"; not replayed again in {'; '.join(repeats.failures)}" if repeats.failures else ""
+    if disagreement is None:
+        alone = "" if repeats.fresh else " (replay the bundle alone to repeat it in a fresh process too)"
+        verdict.reason += (f"; replayed {len(repeats.runs)} times from the same restored state ({repeats.counts()}): "
+                           f"every replay gave the same{alone}{unreplayed}")
+        return verdict
+    alike = (f"; every replay gave the same {', '.join(disagreement.alike_before)} before it"
+             if disagreement.alike_before else "")
+    return Verdict(
+        VerdictName.NONDETERMINISTIC,
+        f"replays of the step from the same restored state ({repeats.counts()}) disagree among themselves: first at "
+        f"{disagreement.item} ({disagreement.results} different results){alike}; the engine does not repeat itself "
+        f"there (against the recording: {verdict.reason}){unreplayed}",
+        verdict.beyond_bound,
+    )
 
 
 def _nonfinite_change(items: list[CheckedItem]) -> tuple[str, str] | None:

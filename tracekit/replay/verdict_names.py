@@ -9,6 +9,7 @@ from enum import Enum
 from tracekit.errors import (
     EXIT_BAD_INPUT,
     EXIT_CANNOT_RUN_HERE,
+    EXIT_NONDETERMINISTIC,
     EXIT_NOT_REPLAYABLE_YET,
     EXIT_NOT_REPRODUCED,
     EXIT_OK,
@@ -17,13 +18,16 @@ from tracekit.errors import (
 
 
 class VerdictName(str, Enum):
-    """Every verdict a bundle can get: the six of a replayed step, the five only a replay under
+    """Every verdict a bundle can get: the seven of a replayed step, the five only a replay under
     another vLLM release than the recording's gives, and the five of a step that did not replay."""
 
     BIT_EXACT = "bit_exact"
     WITHIN_TOLERANCE = "within_tolerance"
     PLATFORM_DIFFERENCE = "platform_difference"
     DIVERGED = "diverged"
+    # Not reproduced, and replays of the step from the same restored state disagree among
+    # themselves (`tracekit.replay.repeats`): the engine does not repeat itself there.
+    NONDETERMINISTIC = "nondeterministic"
     ERROR_REPRODUCED = "error_reproduced"  # a step recorded because it raised, raised again
     ERROR_NOT_REPRODUCED = "error_not_reproduced"
     # Under another release: only float rounding moved; the recorded error or non-finite outputs
@@ -47,6 +51,7 @@ class VerdictName(str, Enum):
 
 _EXIT_CODES = {
     VerdictName.DIVERGED: EXIT_NOT_REPRODUCED,
+    VerdictName.NONDETERMINISTIC: EXIT_NONDETERMINISTIC,
     VerdictName.ERROR_NOT_REPRODUCED: EXIT_NOT_REPRODUCED,
     VerdictName.ERROR_GONE: EXIT_NOT_REPRODUCED,
     VerdictName.ERROR_APPEARED: EXIT_NOT_REPRODUCED,
@@ -65,12 +70,13 @@ NOT_REPLAYED = {
     EXIT_REPLAY_FAILED: VerdictName.CRASHED,
 }
 
-# Worst last. A divergence is the finding a suite exists for, so it wins over everything; a
-# replay that crashed (the step's fate is unknown) next; a bad bundle or argument (the suite
-# itself needs fixing) next; then a step no machine can replay with this tracekit (a gap in what
-# the suite checks), over a bundle only this machine cannot run.
+# Worst last. A divergence is the finding a suite exists for, so it wins over everything; an
+# engine that does not repeat itself (a finding too, about vLLM, but the step's own fate is not
+# told) next; a replay that crashed (the step's fate is unknown) next; a bad bundle or argument
+# (the suite itself needs fixing) next; then a step no machine can replay with this tracekit (a
+# gap in what the suite checks), over a bundle only this machine cannot run.
 EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPLAYABLE_YET, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED,
-                 EXIT_NOT_REPRODUCED)
+                 EXIT_NONDETERMINISTIC, EXIT_NOT_REPRODUCED)
 
 
 def worst_exit_code(codes) -> int:
