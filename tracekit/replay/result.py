@@ -61,6 +61,8 @@ class ReplayResult:
     kernel_choices: dict[str, list[str]] = field(default_factory=dict)
     # (recorded, here) vLLM versions where the bundle comes from another release series.
     releases: tuple[str, str] | None = None
+    # Across releases: how their samplers draw a token at a temperature otherwise, where known.
+    sampler_change: str | None = None
     # The step replayed again where it did not reproduce (`tracekit.replay.repeats`).
     repeats: Repeats | None = None
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
@@ -86,7 +88,7 @@ class ReplayResult:
     def verdict(self) -> Verdict:
         numeric = [d["field"] for d in self.environment_differences if d["affects_numerics"]]
         return decide(self.checks + self.layer_checks, numeric, self.tolerance, self.error_step, self.kv_recomputed,
-                      self.releases, self.repeats)
+                      self.releases, self.repeats, self.sampler_change)
 
     @property
     def exit_code(self) -> int:

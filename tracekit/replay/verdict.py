@@ -12,7 +12,10 @@ Under another vLLM release than the recording's (a replay across releases) the s
 the release as the difference that explains the rounding (`release_difference`, naming the
 first diverging layer where the bundle holds per-layer outputs), and what a user bisecting
 releases asks is told apart: the recorded error or non-finite outputs gone, an error or
-non-finite outputs appeared.
+non-finite outputs appeared. A documented release change named as the cause is
+`release_difference` too: tokens sampled at a temperature that differ from bit-identical logits
+where the two releases' samplers draw otherwise (read in their sources); `diverged` is kept for
+what no known release change explains.
 
 A step that does not reproduce is replayed again from the same restored state
 (`tracekit.replay.repeats`): where those replays disagree among themselves, a `diverged` step is
@@ -61,16 +64,19 @@ def decide(
     kv_recomputed: bool = False,
     releases: tuple[str, str] | None = None,
     repeats: Repeats | None = None,
+    sampler_change: str | None = None,
 ) -> Verdict:
     """`items`: every check (step items and per-layer items; those that do not decide, the
     padding rows, are left out); `numeric_differences`: the environment fields that differ and
     affect numerics; `error_step`: the recorded forward raised; `kv_recomputed`: the KV the step
     read was rebuilt by prefilling its tokens, not restored (the reason says so); `releases`:
     (recorded, here) vLLM versions when they are of different release series; `repeats`: the
-    step replayed again from the same restored state, where it did not reproduce."""
+    step replayed again from the same restored state, where it did not reproduce;
+    `sampler_change`: across releases, how the two releases' samplers draw a token at a
+    temperature otherwise, where their sources say so (`replay_engine.sampler_change`)."""
     items = [item for item in items if item.decides]
     if releases is not None:
-        verdict = _decide_across_releases(items, numeric_differences, tolerance, error_step, releases)
+        verdict = _decide_across_releases(items, numeric_differences, tolerance, error_step, releases, sampler_change)
     else:
         verdict = _decide(items, numeric_differences, tolerance, error_step)
     if repeats is not None and verdict.name == VerdictName.DIVERGED:
@@ -109,8 +115,9 @@ def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance:
 
 
 def _decide_across_releases(items: list[CheckedItem], numeric_differences: list[str], tolerance: float,
-                            error_step: bool, releases: tuple[str, str]) -> Verdict:
-    """The verdict of a step recorded under vLLM `releases[0]` and replayed under `releases[1]`."""
+                            error_step: bool, releases: tuple[str, str], sampler_change: str | None) -> Verdict:
+    """The verdict of a step recorded under vLLM `releases[0]` and replayed under `releases[1]`
+    (`sampler_change`: how their samplers draw otherwise, where known)."""
     recorded, here = releases
     raised = next((item for item in items if item.name == ERROR_ITEM), None)
     if error_step and raised is not None and raised.details.get("raised") is None:
@@ -125,10 +132,14 @@ def _decide_across_releases(items: list[CheckedItem], numeric_differences: list[
         return Verdict(name, f"{change[1]} {where} under vLLM {recorded} is {'not ' if change[0] == 'appeared' else ''}"
                              f"finite under {here}")
     verdict = _decide(items, numeric_differences, tolerance, error_step, explained_by="release")
-    logits = next((item for item in items if item.name == "logits"), None)
-    if verdict.beyond_bound == ["sampled_token_ids"] and logits is not None and logits.bit_exact:
-        verdict.reason = (f"the sampled ids differ from bit-identical logits: vLLM {here}'s sampler draws otherwise "
-                          f"than {recorded}'s; " + verdict.reason)
+    if _drawn_otherwise(items, verdict):
+        if sampler_change is not None:
+            return Verdict(VerdictName.RELEASE_DIFFERENCE,
+                           f"the sampled ids differ from bit-identical logits, only in rows sampled at a temperature: "
+                           f"{sampler_change} (docs/RELEASES.md)")
+        verdict.reason = (f"the sampled ids differ from bit-identical logits, only in rows sampled at a temperature, "
+                          f"and no change of the sampler between vLLM {recorded} and {here} is known to tracekit; "
+                          + verdict.reason)
     if verdict.name == VerdictName.PLATFORM_DIFFERENCE:
         layer = next((item.name.removeprefix(LAYER_PREFIX) for item in items
                       if item.name.startswith(LAYER_PREFIX) and not item.bit_exact), None)
@@ -161,6 +172,17 @@ def _repeated(verdict: Verdict, repeats: Repeats) -> Verdict:
         f"there (against the recording: {verdict.reason}){unreplayed}",
         verdict.beyond_bound,
     )
+
+
+def _drawn_otherwise(items: list[CheckedItem], verdict: Verdict) -> bool:
+    """Whether a step parted only at its sampled ids, from bit-identical logits, in rows that
+    sample at a temperature (a greedy row's argmax depends on the logits alone)."""
+    logits = next((item for item in items if item.name == "logits"), None)
+    sampled = next((item for item in items if item.name == "sampled_token_ids"), None)
+    if verdict.beyond_bound != ["sampled_token_ids"] or logits is None or not logits.bit_exact or sampled is None:
+        return False
+    rows = sampled.details.get("differing_rows", [])
+    return bool(rows) and all(row["sampling"] != "greedy" for row in rows)
 
 
 def _nonfinite_change(items: list[CheckedItem]) -> tuple[str, str] | None:

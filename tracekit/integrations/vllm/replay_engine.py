@@ -45,6 +45,7 @@ from tracekit.integrations.vllm.records.step_features import not_replayable_reas
 from tracekit.integrations.vllm.records.step_records import logits_rows
 from tracekit.integrations.vllm.records.weights import local_model_folder, weights_fingerprint
 from tracekit.integrations.vllm.records.window_records import WindowStep, window_steps
+from tracekit.integrations.vllm.releases import release_for
 from tracekit.integrations.vllm.releases.installed import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.runners.layer_capture import LayerCapture, capture_eager_forward
 from tracekit.integrations.vllm.runners.lora_adapters import LocatedAdapters, locate
@@ -56,7 +57,7 @@ __all__ = [
     "WindowRun", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
     "locate_lora_adapters", "logits_rows", "needs_of", "parse_engine_cli_args", "release_llm", "replay_engine_args", "require_drafting_known",
     "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
-    "require_replayable_kind", "union_of", "unpack_mask", "worker_adapter", "worker_error",
+    "require_replayable_kind", "sampler_change", "union_of", "unpack_mask", "worker_adapter", "worker_error",
 ]
 
 # The replay modes that run the engine's compiled code.
@@ -130,6 +131,20 @@ def require_replayable_here(content: BundleContent, step: Step) -> tuple[str, st
         return None
     release.require_takes(step, content.engine)
     return content.engine.vllm_version, release.version
+
+
+def sampler_change(content: BundleContent) -> str | None:
+    """How the recording's vLLM release and the installed one draw a token at a temperature
+    otherwise, in words, where both draws are read in their sources and differ
+    (`Release.sampler_draw`); None where they draw alike or either is not read."""
+    release = installed_release()
+    recorded = release_for(content.engine.vllm_version)
+    engine = content.engine
+    facts = (engine.runner, content.environment.device_kind, engine.engine_args)
+    before, here = recorded.sampler_draw(*facts), release.sampler_draw(*facts)
+    if before is None or here is None or before == here:
+        return None
+    return f"vLLM {release.version}'s sampler draws {here}, {recorded.version}'s {before}"
 
 
 def require_layout_buildable(parallel: ParallelRank, overrides: Mapping[str, Any]) -> None:

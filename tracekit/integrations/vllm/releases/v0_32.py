@@ -7,6 +7,12 @@ has a default (from 0.32; the base always passes it); V2's `Sampler.add_request(
 """
 
 from tracekit.integrations.vllm.releases import v0_26
+from tracekit.integrations.vllm.releases.base import (
+    CPU_EXPONENTIAL_NOISE,
+    CPU_SPLITMIX_GUMBEL,
+    MURMUR3_GUMBEL,
+    PHILOX_GUMBEL,
+)
 
 
 class Release(v0_26.Release):
@@ -16,3 +22,11 @@ class Release(v0_26.Release):
     # compiles again. Its per-range Inductor cache, the path without AOT, loads.
     lean_env = {"VLLM_USE_AOT_COMPILE": "0"}
     settings = tuple(setting for setting in v0_26.Release.settings if setting.name != "calculate_kv_scales")
+    # The V1 CPU sampler draws with SplitMix64 from 0.32; V2's Gumbel noise is murmur3's from 0.31
+    # (0.33: not read).
+    sampler_draws = {
+        ("v1", "cpu"): {"0.28": CPU_EXPONENTIAL_NOISE, "0.29": CPU_EXPONENTIAL_NOISE, "0.30": CPU_EXPONENTIAL_NOISE,
+                        "0.31": CPU_EXPONENTIAL_NOISE, "0.32": CPU_SPLITMIX_GUMBEL},
+        ("v2", "cpu"): {"0.28": PHILOX_GUMBEL, "0.29": PHILOX_GUMBEL, "0.30": PHILOX_GUMBEL, "0.31": MURMUR3_GUMBEL,
+                        "0.32": MURMUR3_GUMBEL},
+    }
