@@ -189,7 +189,7 @@ def test_inspect_shows_the_recorded_step(rich_step):
     assert content.engine.vllm_version in table.stdout and "LlamaForCausalLM" in table.stdout
     for request in step.requests:
         assert request.req_id in table.stdout
-    as_json = tracekit("inspect", "--json", path)
+    as_json = tracekit("inspect", path, "--json")
     assert as_json.returncode == 0, as_json.explain()
     summary = json.loads(as_json.stdout)
     (shown,) = summary["steps"]

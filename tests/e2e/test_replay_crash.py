@@ -51,5 +51,5 @@ def test_a_single_bundle_that_crashes_still_writes_its_record(builtin_bundles, t
     assert finished.returncode == 4, finished.explain()
     record = json.loads(out.read_text())
     assert record["verdict"] == "crashed" and record["step"] is not None and record["trigger"]
-    last = [line for line in finished.stdout.splitlines() if line.strip()][-1]
-    assert last.startswith("verdict crashed: REPLAY FAILED") and "IndexError" in last, finished.stdout[-2000:]
+    verdict = next(line for line in finished.stdout.splitlines() if line.startswith("verdict "))
+    assert verdict.startswith("verdict crashed: REPLAY FAILED") and "IndexError" in verdict, finished.stdout[-2000:]
