@@ -41,16 +41,35 @@ def version(package: str) -> str | None:
             return None
 
 
+def repeated(kept: dict, again: dict) -> dict:
+    """One configuration run again (lanes repeating it, as issue 49 asks of float32): its
+    recordings, steps and bit-exact counts added up, its parted steps numbered on."""
+    offset = kept.get("recordings", 0)
+    joined = {**kept, "seconds": round(kept.get("seconds", 0) + again.get("seconds", 0), 1),
+              "runs": kept.get("runs", 1) + again.get("runs", 1)}
+    for name in ("bit_exact", "steps", "recordings"):
+        joined[name] = kept.get(name, 0) + again.get(name, 0)
+    joined["bit_exact_per_recording"] = kept.get("bit_exact_per_recording", []) + again.get("bit_exact_per_recording", [])
+    joined["parted"] = kept.get("parted", []) + [{**step, "recording": step.get("recording", 0) + offset}
+                                                 for step in again.get("parted", [])]
+    joined["verdicts"] = sorted(set(kept.get("verdicts", [])) | set(again.get("verdicts", [])))
+    joined["bit_exact_of_total"] = f"{joined['bit_exact']}/{joined['steps']}"
+    return joined
+
+
 def merged(runs: list[dict]) -> dict:
     """One file for the runs of one commit, by vLLM version; the calls one run was split over
-    (`-k`) joined: their configurations, test counts and device seconds added up."""
+    (`-k`) joined: their configurations (one run again: `repeated`), test counts and device
+    seconds added up."""
     commits = {run["commit"] for run in runs}
     if len(commits) != 1:
         raise SystemExit(f"the runs are of different commits: {sorted(commits)}")
     by_version: dict[str, dict] = {}
     for run in sorted(runs, key=lambda run: run["ran_at"]):
         joined = by_version.setdefault(run["vllm"], {**run, "configurations": {}, "tests": {}, "device_seconds": 0})
-        joined["configurations"].update(run["configurations"])
+        for name, configuration in run["configurations"].items():
+            kept = joined["configurations"].get(name)
+            joined["configurations"][name] = configuration if kept is None else repeated(kept, configuration)
         for name, count in run["tests"].items():
             joined["tests"][name] = joined["tests"].get(name, 0) + count
         joined["device_seconds"] += run["device_seconds"]
