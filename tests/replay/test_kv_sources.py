@@ -20,8 +20,7 @@ from tracekit.format.schema import (
 )
 from tracekit.replay.checks import KV_DIGEST_ITEM, CheckedItem
 from tracekit.replay.kv_sources import describe, kv_sources, parted_rows
-from tracekit.replay.result import ReplayResult
-from tracekit.replay.window import WindowReplayResult
+from tracekit.replay.result import ReplayResult, SequenceFacts
 
 BLOCK = 4
 
@@ -99,7 +98,7 @@ def test_logits_alone_parting_write_no_other_kv_and_a_window_record_names_the_so
     found = kv_sources(STEPS, results)
     assert parted_rows(logits_only) == set() and 1 not in found
     assert found[2]["A"].to_plain() == {"written_at": [0, 1], "parted_at": []}
-    window = WindowReplayResult("w.zst", results, requested=5, recorded=[0, 1, 2, 3, 4], rebuilt=[0], kv_sources=found)
+    window = ReplayResult.of_steps(results, SequenceFacts(requested=5, recorded=[0, 1, 2, 3, 4], rebuilt=[0], kv_sources=found))
     records = window.step_records()
     assert records[2]["window"]["kv_sources"] == {"A": {"written_at": [0, 1], "parted_at": []}}
     assert "kv_sources" not in records[0]["window"]
@@ -134,34 +133,33 @@ def test_steps_after_the_last_that_ran_are_not_read():
 def test_the_window_report_says_it_per_parted_request_and_caps_the_lines():
     import io
 
-    from tracekit.cli.window_report import KV_SOURCE_LINES, print_window_report
+    from tracekit.cli.replay_report import KV_SOURCE_LINES, print_report
 
     results = [_result(0), _result(1, {"A": 0.5}), _result(2, {"A": 0.25}), _result(3), _result(4)]
-    window = WindowReplayResult("w.zst", results, requested=5, recorded=[0, 1, 2, 3, 4], rebuilt=[0],
-                                kv_sources=kv_sources(STEPS, results))
+    window = ReplayResult.of_steps(results, SequenceFacts(requested=5, recorded=[0, 1, 2, 3, 4], rebuilt=[0],
+                                                          kv_sources=kv_sources(STEPS, results)))
     stream = io.StringIO()
-    print_window_report(window, stream)
+    print_report(window, stream)
     text = " ".join(stream.getvalue().split())
     assert "step 1: request A reads KV written by step(s) 0, bit-exact there, and KV the replay put back" in text
     assert "step 2: request A reads KV that step(s) 1 wrote where the writing request parted" in text
     many = {index: {f"R{n}": found for n in range(KV_SOURCE_LINES)} for index, found in
-            ((index, sources["A"]) for index, sources in window.kv_sources.items())}
+            ((index, sources["A"]) for index, sources in window.sequence.kv_sources.items())}
     stream = io.StringIO()
-    print_window_report(WindowReplayResult("w.zst", results, requested=5, recorded=[0, 1, 2, 3, 4], rebuilt=[0],
-                                           kv_sources=many), stream)
+    print_report(ReplayResult.of_steps(results, SequenceFacts(requested=5, recorded=[0, 1, 2, 3, 4], rebuilt=[0],
+                                                              kv_sources=many)), stream)
     assert f"... {KV_SOURCE_LINES} more (--json)" in stream.getvalue()
 
 
 def test_the_report_names_each_request_that_wrote_other_kv_and_the_layer():
     import io
 
-    from tracekit.cli.replay_report import KV_WRITER_LINES
-    from tracekit.cli.window_report import print_window_report
+    from tracekit.cli.replay_report import KV_WRITER_LINES, print_report
 
     moved = {f"R{n}": "model.layers.1.self_attn.attn" for n in range(KV_WRITER_LINES + 2)}
     results = [_result(0), _with_digest(_result(1), moved), _result(2)]
     stream = io.StringIO()
-    print_window_report(WindowReplayResult("w.zst", results, requested=3, recorded=[0, 1, 2], rebuilt=[0]), stream)
+    print_report(ReplayResult.of_steps(results, SequenceFacts(requested=3, recorded=[0, 1, 2], rebuilt=[0])), stream)
     text = " ".join(stream.getvalue().split())
     assert "request R0 wrote other KV than recorded, from layer model.layers.1.self_attn.attn on" in text
     assert "... 2 more requests (--json)" in text and "step 1/kv_written" in text

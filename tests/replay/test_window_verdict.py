@@ -3,8 +3,7 @@ name it, a platform difference stays one, and a window whose last step raised wh
 in that step's error verdict unless a step before it parted."""
 
 from tracekit.replay.checks import CheckedItem
-from tracekit.replay.result import ReplayResult
-from tracekit.replay.window import WindowReplayResult
+from tracekit.replay.result import ReplayResult, SequenceFacts
 
 CPU_ISA = [{"field": "cpu_isa", "recorded": "AVX2", "here": "AVX512", "affects_numerics": True}]
 
@@ -22,9 +21,9 @@ def _parted(name: str, dtype: str | None = None, **details) -> CheckedItem:
     return CheckedItem(name, False, False, details, dtype)
 
 
-def _window(*steps: ReplayResult) -> WindowReplayResult:
-    return WindowReplayResult("w.zst", list(steps), requested=len(steps), recorded=[s.step_index for s in steps],
-                              rebuilt=[steps[0].step_index])
+def _window(*steps: ReplayResult) -> ReplayResult:
+    return ReplayResult.of_steps(list(steps), SequenceFacts(requested=len(steps), recorded=[s.step_index for s in steps],
+                                                            rebuilt=[steps[0].step_index]))
 
 
 def test_every_step_bit_exact_is_a_bit_exact_window():
@@ -60,27 +59,29 @@ def test_a_recorded_failure_at_the_end_decides_unless_a_step_before_parted():
 
 
 def test_a_compiled_step_that_parts_by_rounding_says_what_the_kernels_had_to_do_with_it():
-    """One process ran every step of the window: its Inductor kernels are held against the
-    recorded choices once, and a compiled step that parted by float rounding alone says so."""
+    """One process ran every step: its Inductor kernels are held against the recorded choices
+    once, and each compiled step that parted by float rounding alone says so, as a single step's
+    report does."""
     import dataclasses
     from pathlib import Path
 
     from tracekit.format.content import load_step
     from tracekit.format.schema import KernelChoice
-    from tracekit.graphs.kernel_choices import ChoicesApplied
-    from tracekit.replay.replayer import with_kernel_reports
+    from tracekit.graphs import kernel_choices
+    from tracekit.replay.replayer import step_result
 
-    content, _ = load_step(Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst", None)
+    content, step = load_step(Path(__file__).resolve().parents[2] / "traces" / "tiny-llama-mixed-step.zst", None)
     choice = KernelChoice("triton_red_fused_0", "0" * 64, {"XBLOCK": 1, "num_warps": 2, "num_stages": 1})
     content = dataclasses.replace(content, engine=dataclasses.replace(content.engine, kernel_choices=[choice]))
-    steps = [dataclasses.replace(_step(index, _exact("input_ids"), item), reference_mode="compiled")
-             for index, item in ((4, _exact("hidden_states", "bfloat16")), (5, _parted("hidden_states", "bfloat16")))]
+    kernels = kernel_choices.compare(content.engine.kernel_choices, [], kernel_choices.ChoicesApplied())
+    shared = {"bundle": "w.zst", "reference_mode": "compiled", "kernel_choices": kernels}
+    exact = step_result(step, None, [_exact("input_ids"), _exact("hidden_states", "bfloat16")], content, shared)
     # (a later step's digest of its KV writes parts with its floats: it does not make them discrete)
-    steps[1].checks.insert(1, CheckedItem("kv_written", False, False, {}, digest_only=True))
-    window = with_kernel_reports(_window(*steps), content, ChoicesApplied())
-    # (no Triton kernel runs in this process: none ran otherwise than recorded, none unrecorded)
-    assert window.kernel_choices == {"same": [], "other": [], "unrecorded": [], "several": [], "unapplied": []}
-    assert window.to_plain()["kernel_choices"] == window.kernel_choices
+    parted = step_result(dataclasses.replace(step, index=5), None,
+                         [_exact("input_ids"), CheckedItem("kv_written", False, False, {}, digest_only=True),
+                          _parted("hidden_states", "bfloat16")], content, shared)
+    window = _window(exact, parted)
+    assert window.to_plain()["kernel_choices"] == kernels
     assert not window.steps[0].notes
     (note,) = window.steps[1].notes
     assert "none of the 1 kernel choices the bundle records met a kernel autotuned or configured" in note

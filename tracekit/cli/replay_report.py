@@ -1,5 +1,6 @@
 """The human-readable replay reports: one bundle's in detail (the verdict first, what the bundle
-needs, what differs here, what matched, how fast it ran), and a suite's as one summary row per
+needs, what differs here, what matched, how fast it ran; of several steps, one row per step and
+the first step that parted in detail), and a suite's as one summary row per
 bundle with a progress bar meanwhile. On a terminal they fit its width; piped, every line and
 table row is one unwrapped line (`terminal.console_for`)."""
 
@@ -16,6 +17,7 @@ from tracekit.cli.terminal import console_for, inert, table
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.replay import verdict as verdicts
 from tracekit.replay.checks import KV_DIGEST_ITEM
+from tracekit.replay.kv_sources import describe
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.suite import SuiteOutcome, SuiteRecord
 from tracekit.replay.verdict import VerdictName
@@ -63,24 +65,85 @@ def print_differences(console: Console, environment_differences: list[dict[str, 
 
 
 def print_report(result: ReplayResult, stream: TextIO | None = None, needs: str | None = None) -> None:
-    """One replayed step in detail: the verdict first, what the bundle needs, then what differs
-    here, what matched and how fast it ran. `needs`: the bundle's needs line."""
+    """One replayed bundle in detail: the verdict first, what the bundle needs, then what differs
+    here, what matched and how fast it ran (of several steps: each step's row, then the first
+    step that parted). `needs`: the bundle's needs line."""
     console = console_for(stream)
-    padding = any(item.is_padding for item in result.checks)
+    padding = any(item.is_padding for step in result.steps for item in step.checks)
     print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
     if needs:
         console.print(inert(needs))
-    console.print(f"[bold]replay[/bold] {inert(result.bundle)}  step {result.step_index} ({inert(result.trigger)})")
+    facts = result.sequence
+    if result.several:
+        carried = "rebuilt at " + ", ".join(map(str, facts.rebuilt)) + ", carried by the runner from step to step"
+        console.print(f"[bold]replay[/bold] {inert(result.bundle)}  window of steps {facts.recorded[0]}.."
+                      f"{facts.recorded[-1]} ({len(facts.recorded)} of {facts.requested} asked for; {carried})")
+    else:
+        console.print(f"[bold]replay[/bold] {inert(result.bundle)}  step {result.step_index} ({inert(result.trigger)})")
     if result.engine_build is not None:
         console.print(f"   engine: {inert(describe_engine_build(result.engine_build))}")
     print_differences(console, result.environment_differences, result.overrides)
-    for note in result.notes:
+    if result.several:
+        _print_steps(console, result)
+    step = next((step for step in result.steps if step.verdict.exit_code() != 0), result.steps[0])
+    if result.several and step.verdict.exit_code() == 0:
+        return
+    if result.several:
+        console.print(f"step {step.step_index}, where the window parts:")
+    for note in step.notes:
         console.print(f"   note: {inert(note)}")
-    _print_dispatch(console, result.dispatch, attention=not result.bit_exact)
-    print_checks(console, result, result.verdict)
-    _print_not_deciding(console, result)
-    _print_layers(console, result)
-    _print_timing(console, result)
+    _print_dispatch(console, step.dispatch, attention=not step.bit_exact)
+    print_checks(console, step, step.verdict)
+    _print_not_deciding(console, step)
+    _print_layers(console, step)
+    _print_timing(console, step)
+    _print_kv_sources(console, result)
+
+
+def _ms(value: Any) -> str:
+    return f"{value / 1000:.3f}" if isinstance(value, (int, float)) else "-"
+
+
+def _dispatch_cell(audited: dict[str, Any]) -> str:
+    """The step's graph mode and padded rows here, flagged where they differ from the recording."""
+    here = audited.get("replayed") or {}
+    if not here:
+        return "-"
+    shown = f"{here.get('runtime_mode')} {here.get('num_tokens_padded')}"
+    return f"[yellow]{shown} (differs)[/yellow]" if audited.get("differences") else shown
+
+
+def _print_steps(console: Console, result: ReplayResult) -> None:
+    """One row per step of several: rebuilt or carried, its dispatch, its verdict, the first item
+    that parted, its forward recorded and replayed."""
+    steps = table(console, "steps vs recorded",
+                  ["step", "state", "dispatch", "verdict", "first divergence", "forward ms recorded", "replayed"])
+    for step in result.steps:
+        verdict = step.verdict
+        colour = "green" if verdict.exit_code() == 0 else "red"
+        steps.add_row(
+            str(step.step_index), "rebuilt" if step.step_index in result.sequence.rebuilt else "carried",
+            _dispatch_cell(step.dispatch), f"[{colour}]{verdict.name.value}[/{colour}]",
+            inert(step.first_divergence or "-"), _ms(step.recorded_timing.get("forward_us")),
+            _ms(step.replay_forward_us),
+        )
+    for index in result.sequence.not_run:
+        steps.add_row(str(index), "not run", "-", "-", "(after the step that raised)", "-", "-")
+    console.print(steps)
+
+
+KV_SOURCE_LINES = 12  # the most lines on where parted steps' KV came from (`--json` has them all)
+
+
+def _print_kv_sources(console: Console, result: ReplayResult) -> None:
+    """Of several steps, per parted step and request, where the KV it read came from: computed
+    bit-exact (the step parts in itself), or by a step before it that parted."""
+    lines = [describe(index, req_id, source) for index, sources in sorted(result.sequence.kv_sources.items())
+             for req_id, source in sources.items()] if result.several else []
+    for line in lines[:KV_SOURCE_LINES]:
+        console.print(f"   KV read: {inert(line)}")
+    if len(lines) > KV_SOURCE_LINES:
+        console.print(f"   ... {len(lines) - KV_SOURCE_LINES} more (--json)")
 
 
 def _print_layers(console: Console, result: ReplayResult) -> None:

@@ -102,11 +102,9 @@ def print_outcome(report: Any, stream: TextIO, needs: str | None = None) -> None
     """The report of what a replay came to, by its kind (`needs`: the bundle's needs line)."""
     from tracekit.cli.rank_set_report import print_rank_set_report
     from tracekit.cli.replay_report import print_report, print_suite_summary
-    from tracekit.cli.window_report import print_window_report
     from tracekit.replay.multirank import RankSetReplayResult
     from tracekit.replay.request import Crash
     from tracekit.replay.suite import SuiteOutcome
-    from tracekit.replay.window import WindowReplayResult
 
     if isinstance(report, Crash):
         print_crash(report.bundle, report.step, report.trigger, report.reason, stream)
@@ -114,8 +112,6 @@ def print_outcome(report: Any, stream: TextIO, needs: str | None = None) -> None
         print_suite_summary(report, stream)
     elif isinstance(report, RankSetReplayResult):
         print_rank_set_report(report, stream, needs)
-    elif isinstance(report, WindowReplayResult):
-        print_window_report(report, stream, needs)
     else:
         print_report(report, stream, needs)
 

@@ -695,13 +695,11 @@ class Step(SchemaRecord):
 
     def check_values(self, where: str) -> None:
         """A window's steps follow this one, and its calls name its steps."""
-        if self.window is None:
-            return
-        if self.window.steps and self.window.steps[0].index != self.index + 1:
-            raise BundleError(f"bundle content: {where}.window.steps[0].index {self.window.steps[0].index} does not "
+        if self.later and self.later[0].index != self.index + 1:
+            raise BundleError(f"bundle content: {where}.window.steps[0].index {self.later[0].index} does not "
                               f"follow step {self.index}: a window's steps are consecutive")
-        last = self.index + len(self.window.steps)
-        for number, call in enumerate(self.window.calls):
+        last = self.index + len(self.later)
+        for number, call in enumerate(self.runner_calls):
             if not self.index <= call["step"] <= last:
                 raise BundleError(f"bundle content: {where}.window.calls[{number}] names step {call['step']}, "
                                   f"not one of the window's steps {self.index}..{last}")
@@ -709,7 +707,45 @@ class Step(SchemaRecord):
     @property
     def window_indices(self) -> list[int]:
         """The engine step indices of this step and the steps of its window, in order."""
-        return [self.index, *(carried.index for carried in self.window.steps)] if self.window else [self.index]
+        return [self.index, *(carried.index for carried in self.later)]
+
+    @property
+    def later(self) -> list[CarriedStep]:
+        """The steps recorded after this one (`record --window N`), in order; none for a single step."""
+        return self.window.steps if self.window else []
+
+    @property
+    def held_requests(self) -> list[RequestState]:
+        """The requests the runner held outside this step's batch (kept where later steps follow)."""
+        return self.window.held_requests if self.window else []
+
+    @property
+    def window_extras(self) -> dict[str, Any]:
+        """Fields of the steps after this one that a newer tracekit added."""
+        return self.window.extras if self.window else {}
+
+    def with_later(self, later: list[CarriedStep], held: list[RequestState], calls: list[WindowCall] | None = None,
+                   requested: int | None = None) -> "Step":
+        """This step followed by `later` (the runner holding `held` outside its batch; `calls`: the
+        runner calls of its steps, by default those recorded; `requested`: the steps asked for,
+        by default those recorded): a single step when `later` is empty."""
+        if not later:
+            return dataclasses.replace(self, window=None)
+        recorded = self.window or StepWindow(requested=len(later) + 1)
+        return dataclasses.replace(self, window=StepWindow(
+            requested=recorded.requested if requested is None else requested, steps=later, held_requests=held,
+            calls=recorded.calls if calls is None else calls))
+
+    @property
+    def steps_requested(self) -> int:
+        """The steps the recording asked for from this one on (`record --window N`), this one included."""
+        return self.window.requested if self.window else 1
+
+    @property
+    def runner_calls(self) -> list[WindowCall]:
+        """The runner calls of this step and its window's in the order the engine made them (none
+        recorded for a single step)."""
+        return self.window.calls if self.window else []
 
     def request(self, req_id: str) -> RequestState:
         """The recorded state of request `req_id` (a `BundleError` when the step has none)."""
@@ -838,9 +874,8 @@ class BundleContent(SchemaRecord):
         blocks = self.engine.num_kv_blocks
         for number, step in enumerate(self.steps):
             named = [(f"requests[{i}].block_ids", ids) for i, request in enumerate(step.requests) for ids in request.block_ids]
-            if step.window is not None:
-                named += [(f"window.held_requests[{i}].block_ids", ids)
-                          for i, request in enumerate(step.window.held_requests) for ids in request.block_ids]
+            named += [(f"window.held_requests[{i}].block_ids", ids)
+                      for i, request in enumerate(step.held_requests) for ids in request.block_ids]
             named += [(f"kv.groups[{i}].{name}", getattr(group, name)) for i, group in enumerate(step.kv.groups)
                       for name in ("read_block_ids", "written_block_ids", "saved_block_ids")]
             for place, ids in named:

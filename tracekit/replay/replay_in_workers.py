@@ -14,7 +14,8 @@ from tracekit.errors import CannotRunHere, TracekitError, UsageError
 from tracekit.format.content import load_step
 from tracekit.integrations.vllm.replay_engine import (
     LocatedAdapters,
-    StepDriver,
+    SequenceDriver,
+    WindowStep,
     locate_lora_adapters,
     worker_adapter,
     worker_error,
@@ -23,7 +24,7 @@ from tracekit.replay.checks import check_step
 
 # Worker-process state, keyed by the session id the driver made: the step's driver, and where
 # its LoRA adapters are here (a folder of kept files is removed after the run).
-_prepared: dict[str, tuple[StepDriver, LocatedAdapters]] = {}
+_prepared: dict[str, tuple[SequenceDriver, LocatedAdapters]] = {}
 
 
 def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, A
             raise CannotRunHere("replaying a multi-rank step whose forward raised is not supported yet")
         located = locate_lora_adapters(step, {}, allow_mismatch=False)
         try:
-            driver = StepDriver(adapter, step, located.paths)
+            driver = SequenceDriver(adapter, [WindowStep(step)], lora_paths=located.paths)
         except BaseException:
             located.close()
             raise
@@ -68,8 +69,9 @@ def run_replay(worker: Any, session: str, tolerance: float, timed_runs: int) -> 
             backend.synchronize()
             times_us.append((time.perf_counter() - started) * 1e6)
 
+    driver.on_forward = time_forwards if timed_runs else None
     with located:
-        observed = driver.run(time_forwards if timed_runs else None)
+        observed = driver.run_one()
     return {
         "reference_mode": driver.adapter.reference_mode,
         "checks": check_step(observed, driver.step, tolerance),

@@ -4,8 +4,15 @@ The replay runs in named stages, each a function with one job:
 
     open -> check the machine -> engine -> run and compare -> time -> report
 
-A window of steps (`record --window N`) runs its steps in the run-and-compare stage, one after
-the other, the runner carrying its state (`tracekit.replay.window`), and is not timed.
+A bundle is a sequence of N >= 1 steps (`record --window N`; a single step is N = 1): the
+run-and-compare stage runs them one after the other, the runner carrying its state, and checks
+each; a bundle of several steps is not timed. `from_step` (`replay --from K`) rebuilds the
+runner's state at step K as the first step's is rebuilt, from the request states the bundle
+implies there, on the KV cache the steps before K left (those steps still run, carried, and are
+checked): if the steps part with their state carried and not from K, what parted lives in what
+the runner carried into K. Of the KV cache the runner carries, each parted step says more
+without another replay: per request whose rows parted, the steps whose KV it read and whether
+their rows had parted (`kv_sources`).
 
 A single step that does not reproduce is replayed again from the same restored state, here and
 where it diverged in a fresh process (`tracekit.replay.repeats`): replays that disagree among
@@ -32,7 +39,6 @@ from tracekit.integrations.vllm.replay_engine import (
     EngineSpec,
     ForwardHandle,
     ReplayEngine,
-    StepDriver,
     WindowStep,
     build_replay_engine,
     engine_of,
@@ -47,23 +53,23 @@ from tracekit.integrations.vllm.replay_engine import (
 )
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_step, error_item, padding_findings
+from tracekit.replay.kv_sources import kv_sources
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions
 from tracekit.replay.repeats import Repeats, repeat_here, repeat_in_fresh_process
-from tracekit.replay.result import ReplayResult
+from tracekit.replay.result import ReplayResult, SequenceFacts
 from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
 from tracekit.replay.verdict import VerdictName
-from tracekit.replay.window import WindowReplayResult, rebuilt_steps, run_window
 
-__all__ = ["ReplayOptions", "ReplayResult", "WindowReplayResult", "replay"]
+__all__ = ["ReplayOptions", "ReplayResult", "replay"]
 
 
 def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
-           **fields: Any) -> ReplayResult | WindowReplayResult:
-    """Replay one recorded step, or the window of steps it opens (options as a `ReplayOptions`,
-    or its fields as keywords). Pass `llm` (a previous result's `.llm`) to reuse an engine built
-    for the same engine arguments, and an `OpenedBundle` for a bundle the caller opened already."""
+           **fields: Any) -> ReplayResult:
+    """Replay a bundle's steps (options as a `ReplayOptions`, or its fields as keywords). Pass
+    `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments,
+    and an `OpenedBundle` for a bundle the caller opened already."""
     options = options or ReplayOptions(**fields)
     opened = checked_before_engine(bundle, options)
     choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
@@ -74,12 +80,6 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
             engine = engine_for(opened, options, llm, compile_here=bool(choices))
             here = engine.environment()
             engine.require_kv_layout_of(opened.content.environment, here)
-            if opened.window is not None:
-                differences = _environment_differences(opened.content, here, engine.set_in_process)
-                window = run_window(engine, opened.bundle, opened.window, opened.step, options.from_step,
-                                    options.tolerance, options.strict, differences, options.engine_overrides,
-                                    lora_paths=adapters.paths)
-                return with_kernel_reports(window, opened.content, pinned)
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
             ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
@@ -92,20 +92,33 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
     return result
 
 
+def replay_candidate(engine: ReplayEngine, content: BundleContent, step: Step, *, from_step: int | None = None,
+                     until: int | None = None, keep_kv_read: bool = False,
+                     lora_paths: dict[int, str] | None = None) -> ReplayResult:
+    """Replay `step` (of `content`, not read from a file: a shrink's candidate) and the steps of
+    its window on an engine the caller holds, checked bit-exact and not timed (`until`,
+    `keep_kv_read`: see `run_and_compare`)."""
+    options = ReplayOptions(modes=None, from_step=from_step)
+    opened = OpenedStep("candidate", content, step, [], expand_window(step, content))
+    ran = run_and_compare(engine, opened, options, lora_paths or {}, until, keep_kv_read)
+    return report(opened, options, engine, engine.environment(), ran, kernel_choices.ChoicesApplied())
+
+
 # -- open ----------------------------------------------------------------------------------------------
 
 
 @dataclass
 class OpenedStep:
-    """The step a replay runs, read and validated: the bundle (as named), its content, the step."""
+    """The steps a replay runs, read and validated: the bundle (as named), its content, its first
+    step, and every step whole (`expand_window`: the first alone for a single step)."""
 
     bundle: str
     content: BundleContent
     step: Step
     explicit_modes: list[str]  # the modes `--mode` names, expanded (none for reference timing)
+    steps: list[WindowStep]
     # (recorded, here) vLLM versions where the step was recorded under another release series
     releases: tuple[str, str] | None = None
-    window: list[WindowStep] | None = None  # the steps of the window the step opens, each whole
 
 
 def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
@@ -130,16 +143,24 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
         raise BundleError(f"{name}: step {step.index}: {disagreement}, so no replay can read what it read: the "
                           "recording is inconsistent (a tracekit fault: record the step again with this tracekit)")
     explicit_modes = expand_modes(options.modes) if options.modes not in (None, "reference") else []
-    window = None
-    if step.window is not None:
-        if explicit_modes or options.layers_out is not None or options.profile_prefix is not None:
-            raise UsageError(f"{name} holds a window of steps, replayed step after step and checked, not timed: "
-                             "--mode, --layers and --profile apply to a single step")
-        window = expand_window(step, content)
-        rebuilt_steps(window, options.from_step)
-    elif options.from_step is not None:
+    steps = expand_window(step, content)
+    several = len(steps) > 1
+    if several and (explicit_modes or options.layers_out is not None or options.profile_prefix is not None):
+        raise UsageError(f"{name} holds a window of steps, replayed step after step and checked, not timed: "
+                         "--mode, --layers and --profile apply to a single step")
+    if options.from_step is not None and not several:
         raise UsageError(f"--from {options.from_step}: {name} holds a single step, not a window of steps")
-    return OpenedStep(name, content, step, explicit_modes, window=window)
+    rebuilt_steps(steps, options.from_step)
+    return OpenedStep(name, content, step, explicit_modes, steps)
+
+
+def rebuilt_steps(steps: list[WindowStep], from_step: int | None) -> set[int]:
+    """The steps whose runner state a replay rebuilds: the first, and `from_step` (a usage error
+    when it is no step of the bundle)."""
+    indices = [each.index for each in steps]
+    if from_step is not None and from_step not in indices:
+        raise UsageError(f"--from {from_step} is not a step of the window (its steps are {indices[0]}..{indices[-1]})")
+    return {indices[0]} | ({from_step} if from_step is not None else set())
 
 
 # -- check the machine -----------------------------------------------------------------------------------
@@ -150,7 +171,7 @@ def check_machine(opened: OpenedStep) -> None:
     tracekit does not know, a step the installed release cannot take); note a replay across
     releases."""
     opened.releases = require_replayable_here(opened.content, opened.step)
-    if opened.releases is not None and opened.window is not None:
+    if opened.releases is not None and len(opened.steps) > 1:
         raise CannotRunHere(f"{opened.bundle} holds a window of steps, which replays only under the vLLM series that "
                             f"recorded it: install vLLM {opened.releases[0]} to replay it")
 
@@ -196,21 +217,26 @@ def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any, compile_her
 
 @dataclass
 class StepRun:
-    """What running the step gave: its checks, what the runner did, the modes timed on its engine."""
+    """What running the steps gave: each step's checks and what the runner did, the modes timed
+    on its engine (the first step's)."""
 
     reference_mode: str  # the mode the engine ran the forward in
     own_engine_modes: list[str]  # the modes still to time, each on an engine of its own
-    checks: list[CheckedItem] = field(default_factory=list)
-    observed: Any = None  # the ObservedStep (None for a step recorded because it raised)
+    rebuilt: set[int]  # the steps whose runner state was rebuilt
+    checks: dict[int, list[CheckedItem]] = field(default_factory=dict)  # per step that ran
+    observed: dict[int, Any] = field(default_factory=dict)  # the ObservedStep of each step that ran
+    not_run: list[int] = field(default_factory=list)  # steps after one that raised
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)
     captured_layers: dict[str, Any] = field(default_factory=dict)
-    repeats: Repeats | None = None  # a step that did not reproduce, replayed again (`options.repeats`)
+    kv_read: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # `SequenceFacts.kv_read`
+    repeats: Repeats | None = None  # a single step that did not reproduce, replayed again (`options.repeats`)
 
 
 def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOptions,
-                    lora_paths: dict[int, str]) -> StepRun:
-    """Run the step through the engine's runner (its LoRA adapters from `lora_paths`), compare it
-    with the recording, and time on the way (`on_forward`) the modes that run on this engine."""
+                    lora_paths: dict[int, str], until: int | None = None, keep_kv_read: bool = False) -> StepRun:
+    """Run the steps through the engine's runner (their LoRA adapters from `lora_paths`; up to
+    `until`), compare each with the recording, and time on the way (`on_forward`) the modes that
+    run on this engine; `keep_kv_read`: see `SequenceFacts.kv_read`."""
     step = opened.step
     requested = [engine.reference_mode] if options.modes == "reference" else opened.explicit_modes
     # Graph modes need an engine of their own (vLLM's graphs off, or tracekit's piecewise
@@ -218,7 +244,7 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
     # the piecewise engine still compiles its pieces for the per-piece divergence probe.
     own_engine_modes = [m for m in requested if m in OWN_ENGINE_MODES and (engine.has_graphs or m == "piecewise")]
     recorded_layers = step.outputs.layers if step.outputs is not None else {}
-    ran = StepRun(engine.reference_mode, own_engine_modes)
+    ran = StepRun(engine.reference_mode, own_engine_modes, rebuilt_steps(opened.steps, options.from_step))
 
     def on_forward(handle: ForwardHandle) -> None:
         if options.layers_out is not None or recorded_layers:
@@ -234,32 +260,48 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
                 ran.measured[mode] = measure(mode, handle, step, options.iters, options.samples, options.warmup_s,
                                              trace_to=trace_path(options.profile_prefix, mode))
 
-    driver = engine.driver(step, lora_paths)
+    wants_forward = step.error is None and (requested or options.layers_out is not None or recorded_layers)
     try:
-        if step.error is not None:
-            ran.checks = [_replay_failing_step(driver)]
-        else:
-            wants_forward = requested or options.layers_out is not None or recorded_layers
-            try:
-                ran.observed = driver.run(on_forward if wants_forward else None)
-            except Exception as error:  # under another release, a step that raises is an outcome
-                if opened.releases is None or isinstance(error, TracekitError):
-                    raise
-                ran.checks = [CheckedItem(ERROR_ITEM, False, False, {"raised": one_line(error), "recorded": None})]
-            else:
-                ran.checks = check_step(ran.observed, step, options.tolerance)
-                if options.repeats and not all(item.within_tolerance for item in ran.checks if item.decides):
-                    ran.repeats = repeat_here(ran.checks, lambda: _run_again(engine, driver, options.tolerance),
-                                              options.repeats)
+        run = engine.driver(opened.steps, lora_paths, rebuild=ran.rebuilt, until=until, keep_kv_read=keep_kv_read,
+                            on_forward=on_forward if wants_forward else None).run()
     finally:
         engine.forget_cached_prefixes()
+    failed_at, failure = run.failure if run.failure is not None else (None, None)
+    for each in opened.steps:
+        if each.index not in run.observed:
+            continue  # past `until`
+        if failed_at is not None and each.index > failed_at:
+            ran.not_run.append(each.index)
+        elif each.step.error is not None:
+            ran.checks[each.index] = [error_item(each.step, failure if each.index == failed_at else None)]
+        elif each.index == failed_at:
+            # under another release, a step that raises is an outcome
+            if opened.releases is None or isinstance(failure, TracekitError):
+                raise failure  # not the recording's failure: the replay crashed
+            ran.checks[each.index] = [CheckedItem(ERROR_ITEM, False, False, {"raised": one_line(failure),
+                                                                             "recorded": None})]
+        else:
+            ran.observed[each.index] = observed = run.observed[each.index]
+            ran.checks[each.index] = check_step(observed, each.step, options.tolerance,
+                                                each.carried.kv_written if each.carried is not None else [])
+            if observed.kv_read is not None:
+                ran.kv_read[each.index] = observed.kv_read
+    checks = ran.checks.get(step.index, [])
+    if (options.repeats and len(opened.steps) == 1 and step.index in ran.observed
+            and not all(item.within_tolerance for item in checks if item.decides)):
+        ran.repeats = repeat_here(checks, lambda: _run_again(engine, opened, lora_paths, options.tolerance),
+                                  options.repeats)
     return ran
 
 
-def _run_again(engine: ReplayEngine, driver: StepDriver, tolerance: float) -> list[CheckedItem]:
-    """The step once more from the same restored state, checked (no timing, no layer capture)."""
+def _run_again(engine: ReplayEngine, opened: OpenedStep, lora_paths: dict[int, str],
+               tolerance: float) -> list[CheckedItem]:
+    """The single step once more from the same restored state, checked (no timing, no layer capture)."""
     engine.forget_cached_prefixes()
-    return check_step(driver.run(), driver.step, tolerance)
+    try:
+        return check_step(engine.driver(opened.steps, lora_paths).run_one(), opened.step, tolerance)
+    finally:
+        engine.forget_cached_prefixes()
 
 
 def _repeat_in_a_fresh_process(result: ReplayResult, options: ReplayOptions) -> bool:
@@ -279,13 +321,6 @@ def _fresh_process_options(options: ReplayOptions) -> dict[str, Any]:
     return {name: getattr(options, name) for name in _FRESH_PROCESS_FIELDS}
 
 
-def _replay_failing_step(driver: StepDriver) -> CheckedItem:
-    """Run a step recorded because it raised: did it raise the same again?"""
-    try:
-        driver.run()
-    except Exception as error:  # the step's own failure, reproduced or not
-        return error_item(driver.step, error)
-    return error_item(driver.step, None)
 
 
 # -- time ------------------------------------------------------------------------------------------------------
@@ -310,60 +345,61 @@ def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[st
 
 def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, here: Any, ran: StepRun,
            pinned: kernel_choices.ChoicesApplied) -> ReplayResult:
-    """The replay's result: checks, dispatch audit, timings beside the recorded one, the
-    environment's differences from the recording, notes, and the per-layer bundle if asked."""
-    step, content, observed = opened.step, opened.content, ran.observed
-    recorded_timing = step.timing.to_plain()
-    audited = dispatch_audit.audit(step.graph, observed.dispatch) if observed is not None else {}
+    """The replay's result: each step's checks, dispatch audit and notes, timings beside the
+    recorded one, the environment's differences from the recording, the per-layer bundle if
+    asked; of several steps, the later ones and what the sequence was."""
+    content = opened.content
     kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices(), pinned)
-    notes = _kv_notes(step) + _dispatch_notes(audited) + _kernel_notes(content, ran.reference_mode, ran.checks, kernels)
-    compare_with_recorded(ran.measured, recorded_timing)
     build = engine.build
+    shared = dict(
+        bundle=opened.bundle, reference_mode=ran.reference_mode,
+        environment_differences=_environment_differences(content, here, engine.set_in_process),
+        overrides=dict(options.engine_overrides), tolerance=options.tolerance, strict=options.strict,
+        engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
+        kernel_choices=kernels, releases=opened.releases, llm=engine.llm,
+        sampler_change=sampler_change(content) if opened.releases is not None else None,
+    )
+    results = [step_result(each.step, ran.observed.get(each.index), ran.checks[each.index], content, shared)
+               for each in opened.steps if each.index in ran.checks]
+    first = results[0]
+    step = opened.step
+    first.notes[:0] = _kv_notes(step)  # (a later step's KV is the one the steps before left)
+    first.repeats = ran.repeats
+    compare_with_recorded(ran.measured, first.recorded_timing)
+    first.modes, first.mode_agreement = ran.measured, mode_agreement(ran.measured)
+    if step.outputs is not None and step.outputs.layers:
+        first.layer_checks = check_layers(ran.captured_layers, step.outputs.layers, options.tolerance)
+    if options.layers_out is not None and step.error is None:
+        first.layers_bundle = str(write_layers_bundle(options.layers_out, here, content.engine, step,
+                                                      ran.captured_layers))
+    return ReplayResult.of_steps(results, SequenceFacts(
+        requested=step.steps_requested,
+        recorded=[each.index for each in opened.steps], rebuilt=sorted(ran.rebuilt), from_step=options.from_step,
+        not_run=ran.not_run, kv_sources=kv_sources([each.step for each in opened.steps], results),
+        kv_read=ran.kv_read,
+    ))
+
+
+def step_result(step: Step, observed: Any, checks: list[CheckedItem], content: BundleContent,
+                shared: dict[str, Any]) -> ReplayResult:
+    """One step's result: its checks, dispatch audit and notes (`shared`: the fields every step of
+    the replay shares, its kernel comparisons among them)."""
+    ran = observed is not None and observed.dispatch is not None
+    audited = dispatch_audit.audit(step.graph, observed.dispatch) if ran else {}
+    notes = _dispatch_notes(audited) + _kernel_notes(content, shared["reference_mode"], checks, shared["kernel_choices"])
     return ReplayResult(
-        bundle=opened.bundle,
         step_index=step.index,
         trigger=step.trigger,
-        reference_mode=ran.reference_mode,
-        checks=ran.checks,
-        modes=ran.measured,
-        recorded_timing=recorded_timing,
+        checks=checks,
+        recorded_timing=step.timing.to_plain(),
         replay_forward_us=observed.forward_us if observed is not None else None,
-        environment_differences=_environment_differences(content, here, engine.set_in_process),
-        overrides=dict(options.engine_overrides),
         notes=notes,
-        tolerance=options.tolerance,
-        strict=options.strict,
         error_step=step.error is not None,
         kv_recomputed=step.kv.mode == KVMode.RECOMPUTE.value,
-        layer_checks=check_layers(ran.captured_layers, step.outputs.layers, options.tolerance)
-        if step.outputs is not None and step.outputs.layers else [],
-        layers_bundle=(
-            str(write_layers_bundle(options.layers_out, here, content.engine, step, ran.captured_layers))
-            if options.layers_out is not None and step.error is None else None
-        ),
         dispatch=audited,
-        padding_findings=padding_findings(observed, step) if observed is not None else [],
-        mode_agreement=mode_agreement(ran.measured),
-        engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
-        kernel_choices=kernels,
-        releases=opened.releases,
-        sampler_change=sampler_change(content) if opened.releases is not None else None,
-        repeats=ran.repeats,
-        llm=engine.llm,
+        padding_findings=padding_findings(observed, step) if ran else [],
+        **shared,
     )
-
-
-def with_kernel_reports(window: WindowReplayResult, content: BundleContent,
-                        pinned: kernel_choices.ChoicesApplied) -> WindowReplayResult:
-    """The window's Triton kernels against the recorded choices (one process ran
-    every step: one comparison), and on each step that parted by float rounding alone, what they
-    had to do with it, as a single step's report says."""
-    kernels = kernel_choices.compare(content.engine.kernel_choices, kernel_choices.launched_choices(), pinned)
-    window.kernel_choices = kernels
-    for step in window.steps:
-        step.kernel_choices = kernels
-        step.notes.extend(_kernel_notes(content, step.reference_mode, step.checks, kernels))
-    return window
 
 
 def _environment_differences(content: BundleContent, here: Any, set_by_tracekit: dict[str, str]) -> list[dict[str, Any]]:

@@ -134,7 +134,7 @@ class Crash:
 @dataclass
 class ReplayOutcome:
     """What the replay came to: its exit code, and what to report — a `ReplayResult` or
-    `WindowReplayResult` (one bundle), a `RankSetReplayResult`, a `SuiteOutcome` or a `Crash`."""
+    (one bundle), a `RankSetReplayResult`, a `SuiteOutcome` or a `Crash`."""
 
     exit_code: int
     report: Any
@@ -155,7 +155,7 @@ def carry_out(request: ReplayRequest, listener: Listener) -> ReplayOutcome:
 
 
 def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) -> ReplayOutcome:
-    from tracekit.replay.replayer import WindowReplayResult, replay
+    from tracekit.replay.replayer import replay
     from tracekit.replay.suite import SuiteRecord, record_of
 
     opened = request.opened
@@ -179,7 +179,7 @@ def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) 
         listener.finished({**record.to_plain(), **facts})
         return ReplayOutcome(EXIT_REPLAY_FAILED, crash)
     seconds = round(time.perf_counter() - started, 3)
-    if isinstance(result, WindowReplayResult):  # one record per step of the window
+    if result.several:  # one record per step
         for step_record in result.step_records():
             listener.finished({"name": name, "engine": 1, "engine_built": True, "seconds": seconds, **step_record})
         return ReplayOutcome(result.exit_code, result)

@@ -88,7 +88,7 @@ def measure_in_own_engine(
                     "pieces_compiled_with": "inductor", "pieces_captured": has_graphs, **probed.to_plain(),
                 }
 
-        own.driver(recorded, lora_paths).run(time_it)
+        own.driver(recorded, lora_paths, on_forward=time_it).run_one()
     finally:
         own.release()
     return report

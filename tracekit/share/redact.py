@@ -212,22 +212,19 @@ def redact_step(step: Step, plan: RedactionPlan | None = None) -> tuple[Step, Re
     return redacted, record
 
 
-def _redact_window(first: Step, content: BundleContent) -> tuple[Step, RedactionRecord]:
-    """A window redacted as one: its first step, the requests its runner held, and each later
-    step's scheduler output (new requests' prompts, resumed requests' token ids, sampling
+def redact_steps(first: Step, content: BundleContent) -> tuple[Step, RedactionRecord]:
+    """A bundle's steps redacted as one: the first step, the requests its runner held, and each
+    later step's scheduler output (new requests' prompts, resumed requests' token ids, sampling
     parameters), batch order, runner states and grammar, every request renamed alike."""
     from tracekit.integrations.vllm.replay_engine import expand_window
 
-    window = first.window
     _require_states_of_the_batch(first)
-    plan = plan_for([each.step for each in expand_window(first, content)], window.held_requests)
+    plan = plan_for([each.step for each in expand_window(first, content)], first.held_requests)
     redacted, record = redact_step(first, plan)
-    held = [_redact_request(request, plan, record) for request in window.held_requests]
-    steps = [_redact_carried(carried, plan, record) for carried in window.steps]
-    if window.extras:
-        record.unknown_fields_removed.extend(f"window.{name}" for name in sorted(window.extras))
-    redacted.window = dataclasses.replace(window, steps=steps, held_requests=held, extras={})
-    return redacted, record
+    held = [_redact_request(request, plan, record) for request in first.held_requests]
+    steps = [_redact_carried(carried, plan, record) for carried in first.later]
+    record.unknown_fields_removed.extend(f"window.{name}" for name in sorted(first.window_extras))
+    return redacted.with_later(steps, held), record
 
 
 def _redact_carried(carried: CarriedStep, plan: RedactionPlan, record: RedactionRecord) -> CarriedStep:
@@ -260,7 +257,7 @@ def redact_content(content: BundleContent) -> BundleContent:
     """The content with every step redacted, environment trimmed, and a `redact` derivation."""
     steps, records = [], []
     for step in content.steps:
-        redacted, record = _redact_window(step, content) if step.window is not None else redact_step(step)
+        redacted, record = redact_steps(step, content)
         steps.append(redacted)
         records.append(dataclasses.asdict(record))
     environment = content.environment

@@ -84,7 +84,7 @@ def shrink(
     require_parent(output)
     content, recorded = load_step(bundle, step)
     require_replayable_kind(recorded)
-    if recorded.window is not None:
+    if recorded.later:
         from tracekit.share.shrink_window import shrink_window
 
         with closing(EngineReplayer(content, llm, model, allow_weights_mismatch, recorded=recorded)) as replayer:

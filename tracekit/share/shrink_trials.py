@@ -137,7 +137,7 @@ class EngineReplayer(StepReplayer):
     def run(self, step: Step, on_forward: Any) -> Any:
         engine = self.engine()
         try:
-            return engine.driver(step, self.lora_paths).run(on_forward)
+            return engine.driver(step, self.lora_paths, on_forward=on_forward).run_one()
         finally:
             engine.forget_cached_prefixes()
 

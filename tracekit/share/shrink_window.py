@@ -35,7 +35,6 @@ from tracekit.format.schema import (
     KVSnapshot,
     Step,
     StepOutputs,
-    StepWindow,
 )
 from tracekit.outputs import require_parent
 from tracekit.share.reduce_step import reduce_step
@@ -65,13 +64,11 @@ class _WindowTrials:
         self.target: str | None = None  # the original's first divergence (`step S/item`), or the step that raises
 
     def run(self, first: Step, from_step: int | None = None, last: int | None = None, keep_kv_read: bool = False) -> Any:
-        from tracekit.integrations.vllm.replay_engine import expand_window
-        from tracekit.replay.window import run_window
+        from tracekit.replay.replayer import replay_candidate
 
-        engine = self.replayer.engine()
         self.replays += 1
-        return run_window(engine, "candidate", expand_window(first, self.replayer.content), first, from_step, 0.0,
-                          False, [], {}, until=last, keep_kv_read=keep_kv_read, lora_paths=self.replayer.lora_paths)
+        return replay_candidate(self.replayer.engine(), self.replayer.content, first, from_step=from_step, until=last,
+                                keep_kv_read=keep_kv_read, lora_paths=self.replayer.lora_paths)
 
     def judge(self, result: Any, before: int | None = None) -> _Trial:
         """Whether the replay keeps the property: the steps before `before` (a rebuilt step) bit-exact,
@@ -99,7 +96,7 @@ def shrink_window(bundle: str | Path, output: str | Path, until: str, *, content
     started = time.perf_counter()
     if until not in WINDOW_PROPERTIES:
         raise UsageError(f"--until {until} is not for a window of steps: choose one of {', '.join(WINDOW_PROPERTIES)}")
-    if until == "raises" and not any(carried.error for carried in first.window.steps):
+    if until == "raises" and not any(carried.error for carried in first.later):
         raise UsageError("--until raises needs a window whose last step raised when it was recorded")
     output = Path(output)
     require_parent(output)
@@ -114,7 +111,7 @@ def shrink_window(bundle: str | Path, output: str | Path, until: str, *, content
     trials.target = original.result.first_divergence
     trials.show(f"steps {steps[0].index}..{steps[-1].index}", dataclasses.replace(original, holds=True))
     start, kept_first = _drop_leading_steps(trials, first, steps, last)
-    window = _window_from(start, kept_first, steps, first.window, last)
+    window = _window_from(start, kept_first, steps, first.runner_calls, last)
     requests_before = _requests_of(window)
     final, cut_note = _drop_requests(trials, window, requests_before)
     final_steps = expand_window(final, content)
@@ -159,7 +156,7 @@ def _drop_leading_steps(trials: _WindowTrials, first: Step, steps: list[Any], la
         trial = trials.judge(result, before=start)
         trials.show(f"steps {start}..{last}, rebuilt at {start}", trial)
         if trial.holds:
-            return start, _with_kv(next(each.step for each in steps if each.index == start), result.kv_read[start])
+            return start, _with_kv(next(each.step for each in steps if each.index == start), result.sequence.kv_read[start])
     return steps[0].index, first
 
 
@@ -171,22 +168,18 @@ def _with_kv(step: Step, kv_read: list[dict[str, Any]]) -> Step:
     return dataclasses.replace(step, kv=KVSnapshot(mode=KVMode.READ.value, groups=groups), window=None)
 
 
-def _window_from(start: int, first: Step, steps: list[Any], window: StepWindow, last: int) -> Step:
-    """`first` (step `start`) opening the window of the recorded steps after it up to `last`."""
+def _window_from(start: int, first: Step, steps: list[Any], calls: list[dict[str, Any]], last: int) -> Step:
+    """`first` (step `start`) followed by the recorded steps after it up to `last`."""
     by_index = {each.index: each for each in steps}
     carried = [by_index[index].carried for index in range(start + 1, last + 1)]
-    calls = [call for call in window.calls if start <= call["step"] <= last]
-    held = by_index[start].held
-    if len(carried) == 0:
-        return dataclasses.replace(first, window=None)
-    return dataclasses.replace(first, window=StepWindow(requested=len(carried) + 1, steps=carried,
-                                                        held_requests=held, calls=calls))
+    return first.with_later(carried, by_index[start].held, [call for call in calls if start <= call["step"] <= last],
+                            requested=len(carried) + 1)
 
 
 def _requests_of(first: Step) -> list[str]:
     """Every request a window's steps run, in the order they first run."""
     seen = dict.fromkeys(first.batch_order)
-    for carried in first.window.steps if first.window else []:
+    for carried in first.later:
         seen.update(dict.fromkeys(carried.batch_order))
     return list(seen)
 
@@ -204,7 +197,7 @@ def _drop_requests(trials: _WindowTrials, first: Step, requests: list[str]) -> t
         return first, (f"the window parts first at {trials.target}, which a smaller batch may change by itself "
                        "(float rounding, random draws): its requests are kept")
     if first.grammar is not None or any(carried.grammar is not None
-                                        for carried in (first.window.steps if first.window else [])):
+                                        for carried in first.later):
         return first, "a step holds a grammar mask (structured outputs): its requests are kept"
     steps = expand_window(first, trials.replayer.content)
     judged: dict[tuple[str, ...], bool] = {}
@@ -238,12 +231,9 @@ def _cut(steps: list[Any], first: Step, keep: set[str]) -> Step | None:
             return None
         cut = reduce_step(step, counts)
         cut_steps.append(dataclasses.replace(cut, outputs=_discrete_outputs(step, counts)))
-    head = cut_steps[0]
-    if first.window is None:
-        return head
     held = [request for request in steps[0].held if request.req_id in keep]
     carried = [_as_carried(cut, each.carried, keep) for cut, each in zip(cut_steps[1:], steps[1:])]
-    return dataclasses.replace(head, window=dataclasses.replace(first.window, steps=carried, held_requests=held))
+    return cut_steps[0].with_later(carried, held, first.runner_calls)
 
 
 def _discrete_outputs(step: Step, kept: dict[str, int]) -> StepOutputs | None:

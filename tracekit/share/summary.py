@@ -168,17 +168,16 @@ def _spec_decode_summary(step) -> dict | None:
 
 def _window_summary(step) -> dict | None:
     """The steps a step's window holds after it (`record --window`), each in a line's worth."""
-    window = step.window
-    if window is None:
+    if not step.later:
         return None
-    calls = [(call["call"], call["step"]) for call in window.calls]
+    calls = [(call["call"], call["step"]) for call in step.runner_calls]
     overlap = any(("execute", index + 1) in calls and ("output", index) in calls
                   and calls.index(("output", index)) > calls.index(("execute", index + 1))
                   for index in step.window_indices)
     return {
         "steps": step.window_indices,
-        "requested": window.requested,
-        "held_requests": [request.req_id for request in window.held_requests],
+        "requested": step.steps_requested,
+        "held_requests": [request.req_id for request in step.held_requests],
         "outputs_read_after_the_next_step": overlap,
         "later": [
             {"index": carried.index, "requests": len(carried.batch_order),
@@ -187,6 +186,6 @@ def _window_summary(step) -> dict | None:
              "num_tokens_padded": carried.graph.num_tokens_padded if carried.graph is not None else None,
              "forward_us": carried.timing.forward_us,
              "error": carried.error.get("type") if carried.error is not None else None}
-            for carried in window.steps
+            for carried in step.later
         ],
     }

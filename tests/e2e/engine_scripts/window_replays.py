@@ -112,12 +112,11 @@ def fault_in_written_kv(computed: int, layer: str = "model.layers.1.self_attn.at
 
 
 def summary(result, fired: list[str]) -> dict:
-    steps = getattr(result, "steps", [result])
-    sources = getattr(result, "kv_sources", {})
+    steps, sources = result.steps, result.sequence.kv_sources
     return {
         "verdict": result.verdict.name.value,
         "first_divergence": result.first_divergence,
-        "rebuilt": getattr(result, "rebuilt", None),
+        "rebuilt": result.sequence.rebuilt,
         "steps": {str(step.step_index): {"verdict": step.verdict.name.value, "first_divergence": step.first_divergence,
                                          "items": [check.name for check in step.checks],
                                          "kv_written": next((check.details for check in step.checks

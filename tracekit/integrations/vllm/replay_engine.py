@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import BundleError, CannotRunHere, NotReplayableYet, TracekitError, UsageError
-from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step, StepWindow
+from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import default_device
 from tracekit.graphs.modes import ReplayMode
@@ -37,8 +37,8 @@ from tracekit.integrations.vllm.engines.build import (
 )
 from tracekit.integrations.vllm.engines.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
 from tracekit.integrations.vllm.engines.platform_facts import kv_layout_difference
+from tracekit.integrations.vllm.engines.sequence_driver import SequenceDriver
 from tracekit.integrations.vllm.engines.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
-from tracekit.integrations.vllm.engines.window_driver import WindowDriver, WindowRun
 from tracekit.integrations.vllm.records.grammar import unpack_mask
 from tracekit.integrations.vllm.records.spec_decode import STATEFUL_DRAFTERS
 from tracekit.integrations.vllm.records.step_features import not_replayable_reason
@@ -53,8 +53,7 @@ from tracekit.models import tiny_model_path
 
 __all__ = [
     "STATEFUL_DRAFTERS", "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "LocatedAdapters", "ReplayEngine",
-    "StepDriver",
-    "WindowRun", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
+    "SequenceDriver", "StepDriver", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
     "locate_lora_adapters", "logits_rows", "needs_of", "parse_engine_cli_args", "release_llm", "replay_engine_args", "require_drafting_known",
     "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
     "require_replayable_kind", "sampler_change", "union_of", "unpack_mask", "worker_adapter", "worker_error",
@@ -381,19 +380,17 @@ class ReplayEngine:
                     "record with compilation enabled to time it compiled")
         return None
 
-    def driver(self, step: Step, lora_paths: dict[int, str] | None = None) -> StepDriver:
-        """A driver of `step` through this engine's runner (refused where the step does not fit
-        it); `lora_paths`: where its LoRA adapters are here (`locate_lora_adapters`)."""
-        return StepDriver(self.adapter, step, lora_paths)
-
-    def window_driver(self, steps: list[WindowStep], window: StepWindow | None, rebuild: set[int] = frozenset(),
-                      until: int | None = None, keep_kv_read: bool = False,
-                      lora_paths: dict[int, str] | None = None) -> WindowDriver:
-        """A driver of a window's steps (`expand_window`) through this engine's runner, the runner
-        carrying its state from step to step except where a step in `rebuild` is rebuilt; the
-        steps after `until` are not run; `keep_kv_read`: a rebuilt step's KV blocks are copied as
-        its forward reads them; `lora_paths`: where the first step's LoRA adapters are here."""
-        return WindowDriver(self.adapter, steps, window, rebuild, until, keep_kv_read, lora_paths)
+    def driver(self, steps: list[WindowStep] | Step, lora_paths: dict[int, str] | None = None, *,
+               rebuild: set[int] = frozenset(), until: int | None = None, keep_kv_read: bool = False,
+               on_forward: Callable[[ForwardHandle], None] | None = None) -> SequenceDriver:
+        """A driver of a bundle's steps (`expand_window`; a `Step`: that step alone) through this
+        engine's runner (refused where a step does not fit it), the runner carrying its state
+        from step to step except where a step in `rebuild` is rebuilt; the steps after `until`
+        are not run; `keep_kv_read`: a rebuilt step's KV blocks are copied as its forward reads
+        them; `lora_paths`: where the first step's LoRA adapters are here
+        (`locate_lora_adapters`); `on_forward`: handed the first step's forward."""
+        steps = [WindowStep(steps)] if isinstance(steps, Step) else steps
+        return SequenceDriver(self.adapter, steps, rebuild, until, keep_kv_read, lora_paths, on_forward)
 
     def capture_layers(self, handle: ForwardHandle) -> LayerCapture:
         """Every watched layer's output of one eager run of the step's forward."""

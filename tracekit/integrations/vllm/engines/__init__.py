@@ -4,7 +4,7 @@
                     reaching their runner
   `lean_build`      building a replay engine with only what its steps need
   `step_driver`     driving one recorded step through a rebuilt runner, repeatably
-  `window_driver`   driving a window of recorded steps, the runner carrying its state
+  `sequence_driver` driving a bundle's steps (N >= 1), the runner carrying its state
   `graph_backend`   plugging tracekit's piecewise graph backend into vLLM's compilation
   `ranks`           a runner's place in a multi-rank engine, the layouts this machine can build
   `engine_options`  vLLM's engine options, read from its source without importing it

@@ -63,7 +63,7 @@ def needs_of(step: Step, modes: str | None = None) -> EngineNeeds:
     """The graph the step was dispatched to, and the PIECEWISE graph of its size where `modes`
     (a `--mode` value) times it in vLLM's PIECEWISE graphs too (`vllm-piecewise`, `all`); for a
     step that opens a window, those of every step of the window."""
-    later = [carried.graph for carried in step.window.steps if carried.graph is not None] if step.window else []
+    later = [carried.graph for carried in step.later if carried.graph is not None]
     return union_of(_needs_of_dispatch(dispatch, modes) for dispatch in [step.graph, *later])
 
 

@@ -1,4 +1,5 @@
-"""Driving one recorded step through a rebuilt runner's real `execute_model`/`sample_tokens`.
+"""Putting one recorded step back into a rebuilt runner's real `execute_model`/`sample_tokens`
+(`sequence_driver` runs the steps).
 
 The scheduler never saw the recorded requests, so the driver hands the runner a
 `SchedulerOutput` in which each of them is new, with its recorded prompt, computed tokens and
@@ -115,12 +116,17 @@ class ForwardHandle:
 
 
 class ReplayObserver:
-    """What the adapter's shadows report during a replayed step, kept for the checks."""
+    """What the adapter's shadows report during a replayed step, kept for the checks of the step
+    in progress (`current`: its observations)."""
 
     tracking = True
 
-    def __init__(self, observed: ObservedStep):
-        self.observed = observed
+    def __init__(self, current: Callable[[], ObservedStep]):
+        self.current = current
+
+    @property
+    def observed(self) -> ObservedStep:
+        return self.current()
 
     def step_started(self, scheduler_output: Any) -> None:
         pass
@@ -253,20 +259,6 @@ class StepDriver:
                 recompute_kv(adapter, step, self.loras)
         adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
         adapter.start_afresh()
-
-    def run(self, on_forward: Callable[[ForwardHandle], None] | None = None) -> ObservedStep:
-        observed = ObservedStep()
-        adapter, step = self.adapter, self.step
-        self.prepare_runner()
-        model_call = self.model_call(observed, on_forward)
-        observed.drafter_orders_dropped = adapter.release.drafter_orders_dropped(step)
-        with torch.inference_mode(), adapter.replaying(step), adapter.observe(ReplayObserver(observed), model_call):
-            try:
-                observed.batch_order = adapter.execute_and_sample(adapter.scheduler_output_for(step, loras=self.loras),
-                                                                  step.grammar)
-            finally:
-                adapter.finish(list(self.step.batch_order))
-        return observed
 
     # -- the recorded state, put back ----------------------------------------------------------
 

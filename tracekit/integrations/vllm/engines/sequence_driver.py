@@ -1,20 +1,22 @@
-"""Driving a window of recorded steps through a rebuilt runner, as the engine drove it (issue 32).
+"""Driving a bundle's recorded steps through a rebuilt runner, as the engine drove them.
 
-The first step is rebuilt as a single-step replay rebuilds it (every request new, the recorded
-KV blocks, RNG states and padding rows put back at its model call), but its requests are not
-finished after it: the runner keeps them, so the later steps' recorded scheduler outputs — whose
-cached-request deltas name them — apply as they did in the engine, and the runner carries its
-own state from step to step (its persistent batch, the sampled ids it keeps on the device under
-async scheduling, drafts, Model Runner V2's request slots). For a later step the driver puts back
-nothing but the padding rows of its inputs (junk rows a CUDA graph of the padded size reads) and,
-for the requests its scheduler output adds, what the runner keeps per request (V2: the seed the
-engine drew). The runner calls follow the recorded order (`StepWindow.calls`): under async
-scheduling a step's output is read after the next step ran, as in the engine.
+A bundle is a sequence of N >= 1 steps (a single step is N = 1). The first step is rebuilt
+(`StepDriver`: every request new, the recorded KV blocks, RNG states and padding rows put back
+at its model call), and its requests are not finished after it: the runner keeps them, so the
+later steps' recorded scheduler outputs — whose cached-request deltas name them — apply as they
+did in the engine, and the runner carries its own state from step to step (its persistent batch,
+the sampled ids it keeps on the device under async scheduling, drafts, Model Runner V2's request
+slots). For a later step the driver puts back nothing but the padding rows of its inputs (junk
+rows a CUDA graph of the padded size reads) and, for the requests its scheduler output adds,
+what the runner keeps per request (V2: the seed the engine drew). The runner calls follow the
+recorded order (`StepWindow.calls`): under async scheduling a step's output is read after the
+next step ran, as in the engine.
 
 `rebuild` names later steps whose state is rebuilt instead (`replay --from K`): the runner lets
-go of every request and of what it kept of its last step, and the step runs as a single step of
+go of every request and of what it kept of its last step, and the step runs as a first step of
 its request states (derived from the bundle: `window_records`) on the KV cache the steps before
-left. A step that raises ends the window there.
+left. A step that raises ends the sequence there. Afterwards every request is finished in the
+runner, which is left able to serve.
 """
 
 import dataclasses
@@ -23,74 +25,72 @@ from typing import Any, Callable
 
 import torch
 
-from tracekit.format.schema import RunnerCall, StepWindow
+from tracekit.format.schema import RunnerCall
 from tracekit.integrations.seam import ObservedStep
-from tracekit.integrations.vllm.engines.step_driver import ReplayObserver, StepDriver
+from tracekit.integrations.vllm.engines.step_driver import ForwardHandle, ReplayObserver, StepDriver
 from tracekit.integrations.vllm.records.window_records import WindowStep
 from tracekit.integrations.vllm.runners import kv_digest
 
+ONE_STEP_CALLS = (RunnerCall.EXECUTE, RunnerCall.SAMPLE, RunnerCall.OUTPUT)
+
 
 @dataclass
-class WindowRun:
-    """What running a window gave: each step's observations (steps that ran), and the failure
-    that ended it, if one did (the step's index and the exception)."""
+class SequenceRun:
+    """What running the steps gave: each step's observations (steps that ran), and the failure
+    that ended the run, if one did (the step's index and the exception)."""
 
     observed: dict[int, ObservedStep] = field(default_factory=dict)
     failure: tuple[int, BaseException] | None = None
 
-
-class _WindowObserver(ReplayObserver):
-    """The shadows' reports routed to the step in progress: the step last executed or sampled
-    (V1 computes a step's logits in `execute_model`, V2 in `sample_tokens`)."""
-
-    def __init__(self, observed: dict[int, ObservedStep]):
-        super().__init__(ObservedStep())
-        self.steps = observed
-        self.current: int | None = None
-
-    @property
-    def observed(self) -> ObservedStep:
-        return self.steps[self.current]
-
-    @observed.setter
-    def observed(self, value: ObservedStep) -> None:  # the base's initial step: the window has its own
-        pass
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure[1]
 
 
-class WindowDriver:
-    """Runs the steps of a window (`window_records.window_steps`) through the adapter's runner."""
+class SequenceDriver:
+    """Runs a bundle's steps (`window_records.window_steps`: the first alone for a single step)
+    through the adapter's runner, in the recorded order of runner calls (`Step.runner_calls`;
+    none recorded: each step's execute, sample and output in turn). `on_forward` is handed the first step's
+    forward (`ForwardHandle`), to time or capture it."""
 
-    def __init__(self, adapter: Any, steps: list[WindowStep], window: StepWindow | None,
-                 rebuild: set[int] = frozenset(), until: int | None = None, keep_kv_read: bool = False,
-                 lora_paths: dict[int, str] | None = None):
+    def __init__(self, adapter: Any, steps: list[WindowStep], rebuild: set[int] = frozenset(), until: int | None = None, keep_kv_read: bool = False,
+                 lora_paths: dict[int, str] | None = None,
+                 on_forward: Callable[[ForwardHandle], None] | None = None):
         self.adapter = adapter
         self.runner = adapter.runner
         self.steps = {each.index: each for each in steps if until is None or each.index <= until}
         self.first = steps[0].index
         self.rebuild = {self.first, *rebuild}
         self.keep_kv_read = keep_kv_read  # copy the KV blocks a rebuilt step reads (`ObservedStep.kv_read`)
+        self.on_forward = on_forward
         # each step's LoRA adapters are the first step's (the later steps find the slots as it left them)
         self.drivers = {index: StepDriver(adapter, each.step, lora_paths) for index, each in self.steps.items()}
         self.loras = self.drivers[self.first].loras  # the LoRARequest of each adapter located here, by name
-        calls = window.calls if window is not None else [
-            {"call": call.value, "step": self.first} for call in (RunnerCall.EXECUTE, RunnerCall.SAMPLE, RunnerCall.OUTPUT)]
+        calls = steps[0].step.runner_calls or [{"call": call.value, "step": index}
+                                               for index in self.steps for call in ONE_STEP_CALLS]
         self.calls = [call for call in calls if call["step"] in self.steps]
         self.grammar = {index: adapter.release.grammar_output(each.step.grammar)
                         for index, each in self.steps.items() if each.step.grammar is not None}
 
-    def run(self) -> WindowRun:
-        run = WindowRun({index: ObservedStep() for index in self.steps})
-        observer = _WindowObserver(run.observed)
+    @property
+    def step(self) -> Any:
+        """The first step, as recorded."""
+        return self.steps[self.first].step
+
+    def run(self) -> SequenceRun:
+        run = SequenceRun({index: ObservedStep() for index in self.steps})
+        current: list[int] = [self.first]  # the step in progress: the one last executed or sampled
+        observer = ReplayObserver(lambda: run.observed[current[0]])
         calls: dict[int, Callable] = {}
         digested = kv_digest.digested_layers(self.adapter.kv_groups(), self.adapter.model)
 
         def model_call(original: Callable, args: tuple, kwargs: dict) -> Any:
-            index = observer.current
+            index = current[0]
             if index not in calls:
-                rebuilt = index in self.rebuild
-                calls[index] = self.drivers[index].model_call(run.observed[index], restore=rebuilt,
-                                                              keep_kv_read=rebuilt and self.keep_kv_read,
-                                                              digest_kv=digested if index != self.first else None)
+                rebuilt, first = index in self.rebuild, index == self.first
+                calls[index] = self.drivers[index].model_call(
+                    run.observed[index], self.on_forward if first else None, restore=rebuilt,
+                    keep_kv_read=rebuilt and self.keep_kv_read, digest_kv=None if first else digested)
             return calls[index](original, args, kwargs)
 
         outputs: dict[int, Any] = {}
@@ -99,16 +99,21 @@ class WindowDriver:
             with self.adapter.observe(observer, model_call):
                 try:
                     for call in self.calls:
-                        index = call["step"]
-                        observer.current = index
-                        self._call(RunnerCall(call["call"]), index, outputs, run)
+                        current[0] = call["step"]
+                        self._call(RunnerCall(call["call"]), current[0], outputs, run)
                 except Exception as error:  # the step's own failure: the caller compares it with the recorded one
-                    run.failure = (observer.current, error)
+                    run.failure = (current[0], error)
                 finally:
                     self._leave(outputs)
         return run
 
-    def _call(self, call: RunnerCall, index: int, outputs: dict[int, Any], run: WindowRun) -> None:
+    def run_one(self) -> ObservedStep:
+        """Run a single step: what it produced, or its failure raised."""
+        run = self.run()
+        run.raise_failure()
+        return run.observed[self.first]
+
+    def _call(self, call: RunnerCall, index: int, outputs: dict[int, Any], run: SequenceRun) -> None:
         runner = self.runner
         if call is RunnerCall.EXECUTE:
             self._execute(index, run)
@@ -119,7 +124,7 @@ class WindowDriver:
             if hasattr(output, "get_output"):  # async: the observer's receiver runs as it is read
                 output.get_output()
 
-    def _execute(self, index: int, run: WindowRun) -> None:
+    def _execute(self, index: int, run: SequenceRun) -> None:
         """The step's scheduler output, applied and run: rebuilt (every request new, their
         per-request state put back) or as recorded (only its new requests' state put back)."""
         each, adapter = self.steps[index], self.adapter
