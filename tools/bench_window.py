@@ -108,7 +108,7 @@ def _bundles(load_step, written: list[Path], first: int, last: int) -> dict:
         _, step = load_step(path)
         sizes[step.index] = path.stat().st_size
         host_copy[step.index] = step.timing.host_copy_us
-        for carried in step.window.steps if step.window else []:
+        for carried in step.later:
             host_copy[carried.index] = carried.timing.host_copy_us
     return {"bytes": sizes, "host_copy_us": host_copy}
 

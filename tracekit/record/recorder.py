@@ -432,11 +432,8 @@ class Recorder:
         step.timing.step_us = step_us
         step.error = _error_record(error, pending.phase)
         self.count_bundle()
-        if not context_lost(error):  # a lost context's copies never land (the step is kept from host memory)
-            _copies_landed(step, pending.copies)
-        self._adapter_files.complete(step)
-        self._persister.write_now(*self._destination(self._completed(step)))
-        self._handed_over()
+        # (a lost context's copies never land: the step is kept from host memory)
+        self.write(step, [] if context_lost(error) else pending.copies, now=True)
 
     # -- what the capture kinds share ----------------------------------------------------------
 
@@ -481,25 +478,24 @@ class Recorder:
         step.trigger = trigger
         if pending.window is not None:
             pending.window.first_finished(step, pending.copies)
-            return
-        copies = list(pending.copies)
+        else:
+            self.write(step, pending.copies)
 
-        def ready() -> None:  # on the writer thread
+    def write(self, step: Step, copies: list[HostCopy], now: bool = False) -> None:
+        """Write the bundle of `step` and the steps recorded after it once their copies landed (and
+        its LoRA adapters' files are read): on the writer thread, or `now` (a step failed: the
+        engine may go down)."""
+        copies = list(copies)
+
+        def ready() -> None:  # on the writer thread, unless now
             _copies_landed(step, copies)
             self._adapter_files.complete(step)
 
-        self._persister.submit(*self._destination(self._completed(step)), ready=ready)
-        self._handed_over()
-
-    def write_window(self, first: Step, copies: list[HostCopy], now: bool) -> None:
-        """Write a window's bundle (its first step, the window hanging off it) once every step's
-        copies landed: on the writer thread, or `now` (a step failed: the engine may go down)."""
-        destination = self._destination(self._completed(first))
         if now:
-            _copies_landed(first, copies)
-            self._persister.write_now(*destination)
+            ready()
+            self._persister.write_now(*self._destination(self._completed(step)))
         else:
-            self._persister.submit(*destination, ready=lambda: _copies_landed(first, copies))
+            self._persister.submit(*self._destination(self._completed(step)), ready=ready)
         self._handed_over()
 
     def deferral_started(self) -> None:

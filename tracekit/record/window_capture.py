@@ -121,7 +121,7 @@ class OpenWindow:
         first = self.first
         first.window = StepWindow(requested=self.requested, steps=self.carried[:self.started],
                                   held_requests=self.held, calls=self.calls)
-        self.recorder.write_window(first, self.copies, now)
+        self.recorder.write(first, self.copies, now)
 
 
 class CarriedStepCapture(StepCapture):
