@@ -3,7 +3,7 @@
 `triggers` decides which steps fire and `capture_kinds` how a firing step is captured (copied
 before its forward for a step trigger; marked, and copied only if it fails or is not finite, for
 an event trigger); `step_capture` copies a step to host on the engine's critical path,
-`window_capture` keeps a window's later steps, `sampled_ids` the ids a V1 runner under async
+`window_capture` the sequence of steps a firing step opens, `sampled_ids` the ids a V1 runner under async
 scheduling does not; `persist` writes bundles on a background thread; `recorder` ties them to a
 model runner. `api` (an `LLM` you hold), `session` (`tracekit record`) and `plugin` (`vllm serve`)
 arm it, `arm_in_workers` inside an engine's worker processes; `settings` checks what a request to

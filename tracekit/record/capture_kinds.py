@@ -11,8 +11,9 @@ The recorder picks the kind when the step reaches its forward and then calls, in
 `after_forward`, `logits_computed`, and at the step's end either `receiver()` (what takes its
 sampled ids) or, for a failure, `failed(trigger, error)` (the step to write, or None); `stop()`
 lets go of anything hooked for the step. A kind never writes a bundle itself: it hands the
-recorder a step (`Recorder.submit`). A window's later steps have a kind of their own
-(`tracekit.record.window_capture.CarriedStepCapture`), picked when the step starts.
+recorder a step (`Recorder.write`), a copied one to the sequence of steps it opened
+(`window_capture.OpenWindow`, written with the steps after it). Those later steps have a kind of
+their own (`tracekit.record.window_capture.CarriedStepCapture`), picked when the step starts.
 """
 
 import dataclasses
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tracekit.format.schema import GrammarRecord, KVMode, RequestState, Step
+from tracekit.format.schema import GrammarRecord, KVMode, RequestState, RunnerCall, Step
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
@@ -47,7 +48,7 @@ class PendingStep:
     phase: Phase = Phase.PREPARE
     capture: "StepCapture | None" = None  # picked at the forward; None: nothing may fire for it
     copies: list[HostCopy] = field(default_factory=list)  # the step's copies to host
-    window: Any = None  # the `OpenWindow` this step opened (`record --window N`), if any
+    window: Any = None  # the `OpenWindow` a copied step opened: the steps from it on (`record --window N`)
 
 
 class Recording(Protocol):
@@ -67,7 +68,6 @@ class Recording(Protocol):
 
     def end_step(self, pending: PendingStep, step: Step, sampled: Any) -> None: ...
 
-    def submit(self, pending: PendingStep, step: Step, trigger: str) -> None: ...
 
     def write(self, step: Step, copies: list[HostCopy], now: bool = False) -> None: ...
 
@@ -196,6 +196,9 @@ class CopiedStep(StepCapture):
     def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
         self.step.grammar = read()
 
+    def sampling(self) -> None:
+        self.pending.window.log(RunnerCall.SAMPLE, self.pending.index)
+
     def grammar_applied(self, logits: Any) -> None:
         copy = self.recorder.new_copy(self.pending)
         step_capture.capture_grammar_applied(self.step, logits, copy)
@@ -210,7 +213,7 @@ class CopiedStep(StepCapture):
                 copy.wait()
             step_capture.outputs_finite(step)
             recorder.count_bundle()
-            recorder.submit(pending, step, pending.reason)
+            pending.window.first_finished(step, pending.copies)  # written with the steps after it
 
         return recorder.guarded(finish, "finish")
 
@@ -318,7 +321,8 @@ class MarkedStep(StepCapture):
 
     def _write(self, step: Step, sampled: Any) -> None:
         self.recorder.end_step(self.pending, step, sampled)
-        self.recorder.submit(self.pending, step, TriggerEvent.NONFINITE.value)
+        step.trigger = TriggerEvent.NONFINITE.value
+        self.recorder.write(step, self.pending.copies)
 
     def _finite(self, flag: DeviceFlag, logits: Any) -> bool:
         """The check's answer; a "not finite" from the cheap check is confirmed element by element

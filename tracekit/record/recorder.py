@@ -12,9 +12,10 @@ triggers (`--on exception`, `--on nonfinite`), meant to stay armed in a serving 
 nothing in advance and leave a mark, copied only if the step fails or its outputs are not finite
 (`MarkedStep`). The recorder picks the kind at the forward and hands each later event of the
 step to it; it keeps what all kinds share: the step's place and phase, its copies to host, the
-bundle count, and the writing. With `window` N (`record --window`), a firing step opens a window
-(`window_capture.OpenWindow`): the next N-1 steps are captured lightly as it carries them
-(`CarriedStepCapture`, picked when each starts) and the window is written as one bundle.
+bundle count, and the writing. A firing step opens a sequence of `window` N >= 1 steps
+(`record --window N`; `window_capture.OpenWindow`): the next N-1 steps are captured lightly as
+the runner carries them (`CarriedStepCapture`, picked when each starts) and the steps are written
+as one bundle (a single step is N = 1).
 
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import UsageError, one_line
-from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, RunnerCall, Step
+from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, Step
 from tracekit.graphs.host_copy import HostCopy, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
 from tracekit.integrations.seam import OutputReceiver, Phase
@@ -295,8 +296,8 @@ class Recorder:
             mark = self.adapter.mark(pending.scheduler_output, input_ids, positions)
             held = self.adapter.held_request_states(mark) if self.window > 1 else []
             pending.capture = copied = CopiedStep(self, pending, mark, first_of_its_size, held)
-            if self.window > 1:
-                self._window = pending.window = OpenWindow(self, pending, self.window, held, copied.step)
+            pending.window = OpenWindow(self, pending, self.window, held, copied.step)
+            self._window = pending.window if pending.window.taking else None
         elif self.triggers.events:  # kept cheaply, copied only if the step fails
             pending.capture = MarkedStep(self, pending, self.adapter.mark(pending.scheduler_output, input_ids, positions))
 
@@ -360,11 +361,7 @@ class Recorder:
     @_engine_boundary
     def sampling(self) -> None:
         pending = self._pending
-        if pending is None:
-            return
-        if pending.window is not None:
-            pending.window.log(RunnerCall.SAMPLE, pending.index)
-        if pending.capture is not None:
+        if pending is not None and pending.capture is not None:
             pending.capture.sampling()
 
     def output_receiver(self) -> OutputReceiver:
@@ -419,8 +416,7 @@ class Recorder:
             self._window = None
             pending.capture.failed_with(_error_record(error, pending.phase), step_us)
             return
-        if pending.window is not None:  # a window's first step: a single step with its failure
-            self._window = None
+        self._window = None  # (a sequence's first step failed: written as a single step with its failure)
         if pending.reason is None and TriggerEvent.EXCEPTION not in self.triggers.events:
             return
         trigger = pending.reason or TriggerEvent.EXCEPTION.value
@@ -471,15 +467,6 @@ class Recorder:
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
         for copy in pending.copies:
             copy.finish()
-
-    def submit(self, pending: PendingStep, step: Step, trigger: str) -> None:
-        """Write the step's bundle on the writer thread, once its copies landed; the first step
-        of a window goes to its window, written with it."""
-        step.trigger = trigger
-        if pending.window is not None:
-            pending.window.first_finished(step, pending.copies)
-        else:
-            self.write(step, pending.copies)
 
     def write(self, step: Step, copies: list[HostCopy], now: bool = False) -> None:
         """Write the bundle of `step` and the steps recorded after it once their copies landed (and

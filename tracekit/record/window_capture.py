@@ -1,18 +1,19 @@
-"""Recording a window of consecutive steps (`tracekit record --window N`, issue 32).
+"""Recording the sequence of N >= 1 consecutive steps a firing step opens (`tracekit record
+--window N`, issue 32; a single step is N = 1).
 
 The bugs that live between steps — in what the model runner carries from one step to the next:
 its persistent batch, the sampled ids it keeps on the device under async scheduling, drafts,
-Model Runner V2's request slots — need the steps that carried it. When a step trigger fires with
-`--window N`, that step is copied whole as any recorded step (`CopiedStep`) and an `OpenWindow`
-opens on it: each of the next N-1 steps is a `CarriedStepCapture`, which keeps only what the
+Model Runner V2's request slots — need the steps that carried it. When a step trigger fires,
+that step is copied whole (`CopiedStep`) and an `OpenWindow` opens on it: each of the next N-1
+steps is a `CarriedStepCapture`, which keeps only what the
 engine handed the runner and what came out — the scheduler output as the runner received it,
 the grammar mask, the batch order, what the runner kind keeps per request, the inputs, the
 dispatch, the RNG states and the outputs — no request states and no KV blocks. The window also
 keeps the requests the runner held outside the first step's batch and the order of the runner
 calls (under async scheduling the engine reads a step's output after the next step started).
 
-The window is written as one bundle, the first step's, once every step's output is in: when it
-holds N steps, or earlier when the engine sends a scheduler output without tokens (it finishes
+The steps are written as one bundle, the first step's, once every step's output is in: when
+they are N (at once for N = 1), or earlier when the engine sends a scheduler output without tokens (it finishes
 requests between steps), a later step fails (written at once, with the failure on that step) or
 the recorder is disarmed.
 """
@@ -20,15 +21,7 @@ the recorder is disarmed.
 import time
 from typing import Any, Callable
 
-from tracekit.format.schema import (
-    CarriedStep,
-    GrammarRecord,
-    RequestState,
-    RunnerCall,
-    SchedulerOutputRecord,
-    Step,
-    StepWindow,
-)
+from tracekit.format.schema import CarriedStep, GrammarRecord, RequestState, RunnerCall, SchedulerOutputRecord, Step
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.seam import Phase
 from tracekit.integrations.vllm.recording import RequestLedger, StepMark, digested_layers, kv_written
@@ -37,7 +30,8 @@ from tracekit.record.capture_kinds import ForwardTimer, PendingStep, Receiver, R
 
 
 class OpenWindow:
-    """A window being recorded: its first step, the later steps as they come, the runner calls."""
+    """The steps a firing step opens being recorded: its first step, the later steps as they
+    come, the runner calls."""
 
     def __init__(self, recorder: Recording, first: PendingStep, requested: int, held: list[RequestState],
                  first_step: Step):
@@ -45,23 +39,30 @@ class OpenWindow:
         self.first_index = first.index
         self.requested = requested
         self.held = held
-        # The requests' block tables as the scheduler outputs leave them (`RequestLedger`), and per
-        # KV cache group the blocks the window saved or wrote so far: a later step saves the blocks
-        # it reads from the prefix cache that are not among them.
-        self.ledger = RequestLedger([*first_step.requests, *held], recorder.adapter.frees_preempted)
-        self.block_sizes = [group.layout.block_size for group in first_step.kv.groups]
-        self.speculative = first_step.spec_decode is not None  # whether its steps keep proposals
-        # Per KV cache group, the layers whose writes each later step digests (`kv_digest`)
-        self.digested_layers = digested_layers(recorder.adapter.kv_groups(), recorder.adapter.model)
-        self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first_step.kv.groups]
+        self.first_step = first_step  # as copied before its forward
+        self.ledger: RequestLedger | None = None  # from the first later step on (`_follow`)
         self.calls: list[dict[str, Any]] = [{"call": RunnerCall.EXECUTE.value, "step": first.index}]
         self.first: Step | None = None  # once its sampled ids are in
         self.carried: list[CarriedStep] = []  # in step order, from their forwards on
         self.started = 0  # later steps taken so far
         self.finished = 0  # later steps whose output was read
         self.copies: list[HostCopy] = list(first.copies)
-        self.taking = True  # whether the next step belongs to the window
+        self.taking = requested > 1  # whether the next step belongs to the window
         self.written = False
+
+    def _follow(self) -> RequestLedger:
+        """What following later steps needs, made at the first: the requests' block tables as the
+        scheduler outputs leave them (`RequestLedger`), per KV cache group the blocks saved or
+        written so far (a later step saves the blocks it reads from the prefix cache that are not
+        among them) and the layers whose writes each later step digests (`kv_digest`)."""
+        if self.ledger is None:
+            first, adapter = self.first_step, self.recorder.adapter
+            self.ledger = RequestLedger([*first.requests, *self.held], adapter.frees_preempted)
+            self.block_sizes = [group.layout.block_size for group in first.kv.groups]
+            self.speculative = first.spec_decode is not None  # whether its steps keep proposals
+            self.digested_layers = digested_layers(adapter.kv_groups(), adapter.model)
+            self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first.kv.groups]
+        return self.ledger
 
     def log(self, call: RunnerCall, index: int) -> None:
         self.calls.append({"call": call.value, "step": index})
@@ -73,10 +74,11 @@ class OpenWindow:
             self.taking = False
         self.log(RunnerCall.EXECUTE, pending.index)
         started = time.perf_counter()
+        ledger = self._follow()
         scheduler_output = self.recorder.adapter.scheduler_output_record(pending.scheduler_output)
-        self.ledger.apply(scheduler_output, f"step {pending.index}")
-        written = self.ledger.written(scheduler_output, self.block_sizes)
-        scheduled = self.ledger.scheduled_blocks(scheduler_output)
+        ledger.apply(scheduler_output, f"step {pending.index}")
+        written = ledger.written(scheduler_output, self.block_sizes)
+        scheduled = ledger.scheduled_blocks(scheduler_output)
         return CarriedStepCapture(self.recorder, pending, self, scheduler_output, written, scheduled,
                                   (time.perf_counter() - started) * 1e6)
 
@@ -118,10 +120,8 @@ class OpenWindow:
         if self.written or self.first is None:
             return
         self.written = True
-        first = self.first
-        first.window = StepWindow(requested=self.requested, steps=self.carried[:self.started],
-                                  held_requests=self.held, calls=self.calls)
-        self.recorder.write(first, self.copies, now)
+        steps = self.first.with_later(self.carried[:self.started], self.held, self.calls, self.requested)
+        self.recorder.write(steps, self.copies, now)
 
 
 class CarriedStepCapture(StepCapture):
