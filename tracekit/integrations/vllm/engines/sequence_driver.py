@@ -42,10 +42,6 @@ class SequenceRun:
     observed: dict[int, ObservedStep] = field(default_factory=dict)
     failure: tuple[int, BaseException] | None = None
 
-    def raise_failure(self) -> None:
-        if self.failure is not None:
-            raise self.failure[1]
-
 
 class SequenceDriver:
     """Runs a bundle's steps (`window_records.window_steps`: the first alone for a single step)
@@ -110,7 +106,8 @@ class SequenceDriver:
     def run_one(self) -> ObservedStep:
         """Run a single step: what it produced, or its failure raised."""
         run = self.run()
-        run.raise_failure()
+        if run.failure is not None:
+            raise run.failure[1]
         return run.observed[self.first]
 
     def _call(self, call: RunnerCall, index: int, outputs: dict[int, Any], run: SequenceRun) -> None:
