@@ -38,7 +38,7 @@ from tracekit.integrations.vllm.engines.build import (
 from tracekit.integrations.vllm.engines.lean_build import EngineBuild, EngineNeeds, needs_of, union_of
 from tracekit.integrations.vllm.engines.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.engines.sequence_driver import SequenceDriver
-from tracekit.integrations.vllm.engines.step_driver import ForwardHandle, StepDriver, unknown_tokens_to_recompute
+from tracekit.integrations.vllm.engines.step_driver import ForwardHandle, unknown_tokens_to_recompute
 from tracekit.integrations.vllm.records.grammar import unpack_mask
 from tracekit.integrations.vllm.records.spec_decode import STATEFUL_DRAFTERS
 from tracekit.integrations.vllm.records.step_features import not_replayable_reason
@@ -53,7 +53,7 @@ from tracekit.models import tiny_model_path
 
 __all__ = [
     "STATEFUL_DRAFTERS", "EngineBuild", "EngineNeeds", "EngineSpec", "ForwardHandle", "LocatedAdapters", "ReplayEngine",
-    "SequenceDriver", "StepDriver", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
+    "SequenceDriver", "WindowStep", "build_replay_engine", "engine_key", "engine_of", "expand_window",
     "locate_lora_adapters", "logits_rows", "needs_of", "parse_engine_cli_args", "release_llm", "replay_engine_args", "require_drafting_known",
     "require_layout_buildable", "require_recomputable", "require_recorded_release_here", "require_replayable_here",
     "require_replayable_kind", "sampler_change", "union_of", "unpack_mask", "worker_adapter", "worker_error",
