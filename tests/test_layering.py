@@ -147,13 +147,15 @@ def test_recorded_vllm_objects_are_read_by_attribute_outside_their_records():
     typed once, when a bundle is read (format/schema): outside the schema, and
     integrations/vllm/records/ and releases/, which convert them to and from vLLM's, nothing reads
     their fields, or vLLM's set and tuple tags, by string key from a plain map (`x["field"]`,
-    `x.get("field")`). (`req_id` and `prompt_token_ids` also key tracekit's own plain data: a
-    check's rows, a workload's lines.)"""
-    from tracekit.format.schema import RecordedObject, RequestState
+    `x.get("field")`). (`req_id`, `prompt_token_ids` and `structured_outputs` also key plain data
+    that is no recorded object: a check's rows, a workload's lines and sampling settings; a
+    request's `RunnerState` is a typed map.)"""
+    from tracekit.format.schema import RecordedObject, RequestState, RunnerState
     from tracekit.format.typecheck import record_fields
 
     kinds = [RequestState, *RecordedObject.__subclasses__()]
-    keys = {name for kind in kinds for name in record_fields(kind)} - {"req_id", "prompt_token_ids"}
+    keys = {name for kind in kinds for name in record_fields(kind)} - {"req_id", "prompt_token_ids", "structured_outputs",
+                                                                     *RunnerState.__annotations__}
     keys |= {"$set", "$tuple", "$items", "$type"}
     allowed = (VLLM_INTEGRATION / "records", VLLM_INTEGRATION / "releases")
     found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} reads {key!r}"
@@ -165,7 +167,7 @@ def test_recorded_vllm_objects_are_read_by_attribute_outside_their_records():
 
 def _string_key(node: ast.AST) -> str | None:
     """The constant string key a subscript, or a map's get/pop/setdefault, reads (None: none)."""
-    if isinstance(node, ast.Subscript):
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
         key = node.slice
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
             and node.func.attr in ("get", "pop", "setdefault"):

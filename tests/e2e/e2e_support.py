@@ -102,7 +102,8 @@ def samples_this_step(request) -> bool:
 
 
 def sampling(request) -> dict[str, Any]:
-    return request.sampling_params or {}
+    """A request's sampling parameters as vLLM's fields (every one, not only those typed)."""
+    return request.sampling_params.to_plain() if request.sampling_params is not None else {}
 
 
 def is_greedy(request) -> bool:

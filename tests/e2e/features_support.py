@@ -48,7 +48,7 @@ def grammar_kinds(path: Path) -> set[str]:
     step = read_step(path)
     kinds = set()
     for req_id in step.grammar.request_ids if step.grammar is not None else ():
-        spec = step.request(req_id).sampling_params["structured_outputs"]
+        spec = step.request(req_id).sampling_params.structured_outputs
         kinds |= {kind for kind in ("json", "regex", "grammar") if spec.get(kind) is not None}
     return kinds
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from e2e_support import STEP_KINDS, has_penalties, is_greedy, only_on_runner, samples_this_step, tracekit
+from e2e_support import STEP_KINDS, has_penalties, is_greedy, only_on_runner, samples_this_step, sampling, tracekit
 
 from tracekit.format.content import load_step
 from tracekit.integrations.vllm.records.weights import weights_fingerprint
@@ -83,7 +83,7 @@ def test_sampling_params_match_the_workload(rich_step):
     _, _, step, _ = rich_step
     for request in step.requests:
         for name, value in workload_entry(request.req_id).sampling.items():
-            assert request.sampling_params[name] == pytest.approx(value), (request.req_id, name)
+            assert sampling(request)[name] == pytest.approx(value), (request.req_id, name)
     assert step.rng["cpu"].dtype == torch.uint8 and step.rng["cpu"].numel() == torch.get_rng_state().numel()
 
 

@@ -43,7 +43,7 @@ def test_the_failing_step_is_recorded_with_its_phase(crashed):
     assert step.error["phase"] == "bookkeeping"
     assert "_bookkeeping_sync" in step.error["traceback"]
     assert step.outputs is not None and step.outputs.hidden_states is not None  # the forward ran
-    assert any(request.sampling_params.get("seed") == 3 and request.is_prefill for request in step.requests)
+    assert any(request.sampling_params.seed == 3 and request.is_prefill for request in step.requests)
 
 
 def test_replay_reproduces_the_failure(crashed, tmp_path):

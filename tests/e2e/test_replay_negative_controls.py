@@ -65,8 +65,8 @@ def least_likely_draw(bundles, drawn_by):
         _, step = load_step(path, None)
         for row, request in enumerate(step.requests):
             params, drawn = request.sampling_params, step.outputs.sampled_token_ids[row]
-            if drawn_by(request) and params["temperature"] > 0 and drawn:
-                probabilities = torch.softmax(step.outputs.logits[row] / params["temperature"], dim=-1)
+            if drawn_by(request) and params.temperature > 0 and drawn:
+                probabilities = torch.softmax(step.outputs.logits[row] / params.temperature, dim=-1)
                 candidates.append((float(probabilities[drawn[0]]), str(path)))
     assert candidates, "no such request sampled in this workload"
     return min(candidates)[1]
@@ -83,7 +83,7 @@ def assert_only_the_sampled_ids_diverge(edited, tmp_path, runner_kind):
 @only_on_runner("v1")
 def test_dropped_generator_state_changes_only_the_sampled_ids(builtin_bundles, tmp_path, runner_kind):
     """V1: without its generator state a seeded request samples from a freshly seeded generator."""
-    path = least_likely_draw(builtin_bundles, lambda request: request.sampling_params.get("seed") is not None)
+    path = least_likely_draw(builtin_bundles, lambda request: request.sampling_params.seed is not None)
 
     def drop_generator(metadata, tensors):
         for position, request in enumerate(metadata["steps"][0]["requests"]):

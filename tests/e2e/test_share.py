@@ -24,6 +24,7 @@ from e2e_support import (
 
 from tracekit.format import open_bundle
 from tracekit.format.rewrite import rewrite_bundle
+from tracekit.format.schema import SamplingParamsRecord
 from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact
 from tracekit.share.shrink import shrink
 
@@ -122,7 +123,7 @@ def fill_history(metadata, tensors):
     step = metadata["steps"][0]
     for row, request in enumerate(step["requests"]):
         sampled = step["outputs"]["sampled_token_ids"][row]
-        if has_penalties(SimpleNamespace(sampling_params=request["sampling_params"])) and sampled:
+        if has_penalties(SimpleNamespace(sampling_params=SamplingParamsRecord.from_plain(request["sampling_params"]))) and sampled:
             tokens = request["prompt_token_ids"] + request["output_token_ids"]
             computed = request["num_computed_tokens"]
             tokens[:computed] = [sampled[0]] * computed

@@ -62,7 +62,7 @@ def test_every_step_replays_bit_exact_its_grammar_mask_checked(recorded, replays
     assert set().union(*map(grammar_kinds, masked.values())) == {"json", "grammar", "regex"}  # grammar: the choice
     # The chunked prompt's grammar request reaches the mask only once its prefill is done.
     chunked = [read_step(path) for path in recorded.values()
-               if any(r.sampling_params.get("structured_outputs") and not r.samples for r in read_step(path).requests)]
+               if any(r.sampling_params.structured_outputs and not r.samples for r in read_step(path).requests)]
     assert chunked and all(len(step.grammar.request_ids) < len(step.features["structured_outputs"]) for step in chunked)
 
 

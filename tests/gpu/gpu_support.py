@@ -17,7 +17,15 @@ from typing import Any
 E2E = Path(__file__).resolve().parents[1] / "e2e"
 sys.path.insert(0, str(E2E))  # the step kinds and bundle readers the CPU end-to-end tests use
 
-from e2e_support import Finished, bundles_by_step, long_context_decode, of_kind, read_content, read_step  # noqa: E402,F401
+from e2e_support import (  # noqa: E402,F401
+    Finished,
+    bundles_by_step,
+    long_context_decode,
+    of_kind,
+    read_content,
+    read_step,
+    sampling,
+)
 from features_support import checks_by_item, flip_one_allowed_token, grammar_kinds, make_adapter  # noqa: E402,F401
 
 ENGINE_TIMEOUT_S = 600

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from gpu_support import bundles_by_step, checks_of, of_kind
+from gpu_support import bundles_by_step, checks_of, of_kind, sampling
 
 from tracekit.format.content import load_step
 from tracekit.format.rewrite import rewrite_bundle
@@ -50,7 +50,7 @@ class Controls:
 def _counted(request) -> bool:
     """Whether a variant draws this request's token anew from a distribution known exactly
     (every non-greedy request is redrawn: each noise source is changed)."""
-    params = request.sampling_params or {}
+    params = sampling(request)
     return bool(params.get("temperature")) and all(params.get(name) in neutral
                                                    for name, neutral in NEUTRAL_SAMPLING.items())
 
@@ -81,7 +81,7 @@ def repeat_probability(step) -> float | None:
             return None
         if sampled[row] and _counted(request):
             redrawn = True
-            repeat *= draw_probability(outputs.logits[row], request.sampling_params, sampled[row][0])
+            repeat *= draw_probability(outputs.logits[row], sampling(request), sampled[row][0])
     return repeat if redrawn else None
 
 

@@ -14,6 +14,7 @@ from gpu_support import (
     of_kind,
     read_content,
     read_step,
+    sampling,
 )
 from negative_controls import assert_noise_caught
 
@@ -65,7 +66,7 @@ def test_top_k_and_top_p_requests_replay_bit_exact(recording):
     sampled = []
     for path in bundles_by_step(recording.folder).values():
         step = read_step(path)
-        if any((r.sampling_params or {}).get("top_k", 0) > 0 or (r.sampling_params or {}).get("top_p", 1.0) < 1.0
+        if any(sampling(r).get("top_k", 0) > 0 or sampling(r).get("top_p", 1.0) < 1.0
                for r in step.requests):
             sampled.append(path)
     assert sampled

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_support import sampling
 from negative_controls import (
     MISSED,
     change_noise,
@@ -43,7 +44,7 @@ def _draw_probabilities(step) -> list[float]:
     """Each temperature-only request's softmax(logits / T) at its drawn id, computed directly."""
     found = []
     for row, req_id in enumerate(step.batch_order):
-        params = step.request(req_id).sampling_params or {}
+        params = sampling(step.request(req_id))
         if params.get("temperature") and not params.get("min_tokens") and step.outputs.sampled_token_ids[row]:
             probs = torch.softmax(step.outputs.logits[row].double() / params["temperature"], dim=-1)
             found.append(float(probs[step.outputs.sampled_token_ids[row][0]]))
@@ -97,9 +98,9 @@ def test_a_variant_changes_each_noise_source_and_nothing_else(variant, tmp_path)
             assert "generator_state" not in after.runner_state
             continue
         seeded += 1
-        assert _seed_of(state) == before.sampling_params["seed"]
+        assert _seed_of(state) == before.sampling_params.seed
         new_state = after.runner_state["generator_state"]
-        assert _seed_of(new_state) == before.sampling_params["seed"] ^ (1 << variant)
+        assert _seed_of(new_state) == before.sampling_params.seed ^ (1 << variant)
         assert torch.equal(new_state[8:], state[8:])  # the Philox offset is kept
     assert seeded == 2
     assert _seed_of(changed.rng["cuda"]) == _seed_of(recorded.rng["cuda"]) ^ (1 << variant)

@@ -6,7 +6,7 @@ from tracekit.record.sampled_ids import SampledIds
 
 def _request(req_id: str, outputs: list[int]) -> RequestState:
     return RequestState(req_id=req_id, prompt_token_ids=[1, 2, 3], output_token_ids=outputs, block_ids=[[0]],
-                        num_computed_tokens=3 + len(outputs), num_scheduled_tokens=1, sampling_params={})
+                        num_computed_tokens=3 + len(outputs), num_scheduled_tokens=1)
 
 
 def test_placeholders_are_filled_in_order_for_requests_seen_from_their_start():

@@ -12,6 +12,7 @@ from vllm.sampling_params import RequestOutputKind  # noqa: E402
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 
 from tracekit.errors import BundleError  # noqa: E402
+from tracekit.format.schema import SchedulerOutputRecord  # noqa: E402
 from tracekit.integrations.vllm.records.serialize import (  # noqa: E402
     SerializationError,
     to_plain,
@@ -173,3 +174,15 @@ def test_a_034_step_s_split_capture_sizes_give_way_to_their_union_under_an_older
                                                      if k != "cudagraph_capture_sizes"}}
     with pytest.raises(CannotRunHere, match="compilation_config field (prefill|decode)_cudagraph"):
         release.adopt_engine_args(union_gone)  # nothing here to take their place
+
+
+def test_the_typed_record_of_a_scheduler_output_gives_vllm_the_same_object():
+    """Typed once when a bundle is read, and written back as it was read: the record of a recorded
+    scheduler output holds the same map, field order included, and rebuilds the same vLLM object."""
+    plain = to_versioned_plain(_scheduler_output(), "0.32.0")
+    record = SchedulerOutputRecord.from_plain(plain)
+    assert list(record.to_plain().items()) == list(plain.items())
+    assert record.scheduled_new_reqs[0].sampling_params.seed == 7 and record.finished_req_ids == ["old-a", "old-b"]
+    release = installed_release()
+    assert release.from_plain(record) == release.from_plain(plain)
+

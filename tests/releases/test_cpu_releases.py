@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e_support import BUILTIN_STEP_KINDS, CORE_ITEMS, bundles_by_step, of_kind, samples_this_step, tracekit
+from e2e_support import BUILTIN_STEP_KINDS, CORE_ITEMS, bundles_by_step, of_kind, samples_this_step, sampling, tracekit
 from release_support import CHECKOUT, CPU_RELEASES, json_lines, release_venv_or_skip, series_key
 
 from tracekit.format.content import load_step
@@ -191,7 +191,7 @@ def expected_verdict(forward_same: bool, sampler_same: bool, same_isa: bool) -> 
 
 
 def _samples_at_a_temperature(step) -> bool:
-    return any((r.sampling_params or {}).get("temperature", 0.0) > 0 and samples_this_step(r) for r in step.requests)
+    return any(sampling(r).get("temperature", 0.0) > 0 and samples_this_step(r) for r in step.requests)
 
 
 def test_the_traces_replay_under_the_release_with_the_verdict_the_pair_gives(release, v1_bundles, v1_replays,
@@ -218,7 +218,7 @@ def test_the_traces_replay_under_the_release_with_the_verdict_the_pair_gives(rel
 
 def _greedy_only(step) -> bool:
     sampling = [r for r in step.requests if samples_this_step(r)]
-    return bool(sampling) and all((r.sampling_params or {}).get("temperature") == 0.0 for r in sampling)
+    return bool(sampling) and all(sampling(r).get("temperature") == 0.0 for r in sampling)
 
 
 def test_steps_the_release_recorded_replay_under_the_suites_vllm_with_the_verdict_the_pair_gives(

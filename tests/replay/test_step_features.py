@@ -52,13 +52,13 @@ def test_an_older_bundle_is_judged_by_what_it_holds(step):
     assert not_replayable_reason(step) is None  # drafts replay (their tokens are in the scheduler output)
     output.scheduled_spec_decode_tokens = {}
     sampling = step.requests[0]
-    sampling.sampling_params = {**sampling.sampling_params, "structured_outputs": {"regex": "[0-9]+"}}
+    sampling.sampling_params = dataclasses.replace(sampling.sampling_params, structured_outputs={"regex": "[0-9]+"})
     assert "lacks the grammar mask its structured-output requests sampled under" in not_replayable_reason(step)
     step.grammar = GrammarRecord([sampling.req_id], [1], torch.zeros(1, 16, dtype=torch.int32))
     assert not_replayable_reason(step) is None
     # a prefill chunk that samples nothing needs no mask
     chunk = step.requests[4]
-    chunk.sampling_params = {**chunk.sampling_params, "structured_outputs": {"regex": "[0-9]+"}}
+    chunk.sampling_params = dataclasses.replace(chunk.sampling_params, structured_outputs={"regex": "[0-9]+"})
     assert not chunk.samples and not_replayable_reason(step) is None
 
 

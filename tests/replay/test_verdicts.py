@@ -133,7 +133,7 @@ def test_differing_sampled_ids_say_whether_the_recorded_logits_were_a_near_tie(a
     Greedy row 3 samples another token with logits as recorded on AVX2: its margin dwarfs ~1e-5
     moves. Row 1 samples at temperature 0.8: no margin decides a random draw."""
     (_, reference), (_, other) = avx512, avx2
-    temperatures = [request.sampling_params["temperature"] for request in reference.requests]
+    temperatures = [request.sampling_params.temperature for request in reference.requests]
     assert temperatures[0] == temperatures[3] == 0.0 and temperatures[1] > 0
     logits = other.outputs.logits.clone()
     top2 = torch.topk(reference.outputs.logits[0], 2).indices

@@ -89,7 +89,7 @@ def test_fillers_are_greedy_prefills_in_blocks_no_request_owns(step):
     assert 0 not in filler_blocks  # vLLM's null block
     for filler in fillers:
         assert filler.num_computed_tokens == 0 and filler.num_scheduled_tokens == len(filler.prompt_token_ids)
-        assert sampling_reproducible(filler) == "greedy" and filler.sampling_params["repetition_penalty"] == 1.0
+        assert sampling_reproducible(filler) == "greedy" and filler.sampling_params.repetition_penalty == 1.0
     assert {req_id: rows for req_id, rows in rows_of(variant).items() if req_id in step.batch_order} == rows_of(step)
     assert not set(variant.kv.groups[0].saved_block_ids) & set(filler_blocks)
     assert_consistent(variant)

@@ -108,7 +108,7 @@ def test_redacted_step_keeps_what_the_forward_and_sampling_read_and_nothing_else
         start, end = old.num_computed_tokens, old.num_computed_tokens + old.num_scheduled_tokens
         assert after[start:end] == before[start:end]  # the scheduled tokens: the forward's input ids
         params = old.sampling_params
-        if params["repetition_penalty"] != 1.0 or params["presence_penalty"] or params["frequency_penalty"]:
+        if params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
             assert after == before and record.history_kept[new.req_id]
         else:
             assert set(after[:start] + after[end:]) <= {NEUTRAL_TOKEN_ID}
@@ -123,7 +123,8 @@ def test_redacted_step_keeps_what_the_forward_and_sampling_read_and_nothing_else
 
 def with_sampling(step, index, **changes):
     requests = list(step.requests)
-    requests[index] = dataclasses.replace(requests[index], sampling_params={**requests[index].sampling_params, **changes})
+    requests[index] = dataclasses.replace(
+        requests[index], sampling_params=dataclasses.replace(requests[index].sampling_params, **changes))
     return dataclasses.replace(step, requests=requests)
 
 
@@ -134,7 +135,7 @@ def test_redaction_blanks_unread_sampling_fields_and_keeps_the_token_prompt_logp
     changed = with_sampling(step, index, stop=["secret stop"], extra_args={"user": "alice"}, prompt_logprobs=2)
     redacted, record = redact_step(changed)
     new = redacted.requests[index]
-    assert new.sampling_params["stop"] == [] and new.sampling_params["extra_args"] is None
+    assert new.sampling_params.stop == [] and new.sampling_params.extra_args is None
     assert sorted(record.sampling_fields_removed[new.req_id]) == ["extra_args", "stop"]
     end = prefill.num_computed_tokens + prefill.num_scheduled_tokens
     assert new.prompt_token_ids[end] == prefill.prompt_token_ids[end] != NEUTRAL_TOKEN_ID
@@ -147,7 +148,7 @@ def test_bad_words_keep_a_requests_history_but_not_their_text(sample):
     redacted, record = redact_step(changed)
     new = redacted.requests[0]
     assert tokens_of(new) == tokens_of(step.requests[0]) and "bad_words" in record.history_kept[new.req_id]
-    assert new.sampling_params["bad_words"] == [] and new.sampling_params["_bad_words_token_ids"] == [[77]]
+    assert new.sampling_params.bad_words == [] and new.sampling_params._bad_words_token_ids == [[77]]
 
 
 def test_redact_command_writes_a_bundle_inspect_marks_redacted(tmp_path):

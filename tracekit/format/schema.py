@@ -186,7 +186,7 @@ class RequestState(SchemaRecord):
     block_ids: list[list[BlockId]]  # one list per KV cache group
     num_computed_tokens: Count
     num_scheduled_tokens: Count
-    sampling_params: dict[str, Any] | None = None  # a tagged vLLM SamplingParams
+    sampling_params: "SamplingParamsRecord | None" = None
     runner_state: RunnerState = field(default_factory=dict)
     # Speculative decoding: the draft tokens this step verifies after the request's last sampled
     # token (the last `len` of its scheduled tokens), as the forward read them.
@@ -302,7 +302,7 @@ class NewRequestRecord(RecordedObject):
     prefill_token_ids: list[TokenId] | None = None  # prompt and outputs (a resumed request's, V2)
     block_ids: BlockGroups = field(default_factory=list)
     num_computed_tokens: Count = 0
-    sampling_params: dict[str, Any] | None = None  # a tagged vLLM SamplingParams
+    sampling_params: "SamplingParamsRecord | None" = None
     lora_request: "LoRARequestRecord | None" = None
     mm_features: Any = None  # multimodal inputs
     prompt_embeds: Any = None  # a tensor
@@ -314,6 +314,26 @@ class LoRARequestRecord(RecordedObject):
     """vLLM's `LoRARequest`: the adapter a request runs with."""
 
     lora_name: str | None = None
+
+
+@dataclass
+class SamplingParamsRecord(RecordedObject):
+    """vLLM's `SamplingParams`: how a request samples. Typed: what decides whether its draw is
+    reproducible, and what makes sampling read token ids beyond those the step computes
+    (`tracekit.integrations.vllm.records.step_records`)."""
+
+    temperature: float = 1.0
+    seed: int | None = None
+    prompt_logprobs: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    bad_words: list[str] | None = None
+    _bad_words_token_ids: list[list[TokenId]] | None = None
+    thinking_token_budget: int | None = None
+    stop: str | list[str] | None = None
+    extra_args: dict[str, Any] | None = None
+    structured_outputs: Any = None  # a tagged vLLM StructuredOutputsParams
 
 
 @dataclass

@@ -144,14 +144,14 @@ def _sampled_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
         logits_delta = (observed.logits.double() - outputs.logits.double()).abs()
     rows = []
     replayed = observed.sampled_token_ids or []
-    params = {request.req_id: request.sampling_params or {} for request in step.requests}
+    params = {request.req_id: request.sampling_params for request in step.requests}
     for row, recorded_ids in enumerate(outputs.sampled_token_ids):
         here = replayed[row] if row < len(replayed) else None
         if here == recorded_ids:
             continue
         req_id = step.batch_order[row] if row < len(step.batch_order) else None
-        temperature = params.get(req_id, {}).get("temperature")
-        greedy = isinstance(temperature, (int, float)) and temperature < GREEDY_TEMPERATURE
+        temperature = params[req_id].temperature if params.get(req_id) is not None else None
+        greedy = temperature is not None and temperature < GREEDY_TEMPERATURE
         entry: dict[str, Any] = {
             "row": row,
             "req_id": req_id,

@@ -15,21 +15,11 @@ import torch
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import RequestState, Step
-from tracekit.integrations.vllm.records.step_records import HISTORY_READERS
+from tracekit.integrations.vllm.records.step_records import filler_sampling
 from tracekit.share.reduce_step import reduce_step, step_running
 
 # The prefix of filler requests' ids (no recorded request id starts with it: checked).
 FILLER_PREFIX = "tracekit-filler-"
-# What a filler samples with (over a recorded request's parameters, where the release has the
-# field): greedy, no grammar, nothing that reads its tokens, so it draws no random numbers and
-# changes no other request's sampling path.
-_FILLER_SAMPLING = {
-    **HISTORY_READERS, "bad_words": [], "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
-    "min_tokens": 0, "logprobs": None, "prompt_logprobs": None, "logit_bias": None, "allowed_token_ids": None,
-    "logprob_token_ids": None, "prompt_logprob_token_ids": None, "structured_outputs": None, "extra_args": None,
-}
-
-
 def alone(step: Step, req_id: str) -> Step:
     """The step with request `req_id` only, scheduling what it scheduled."""
     return reduce_step(step, {req_id: step.request(req_id).num_scheduled_tokens})
@@ -68,7 +58,7 @@ def with_fillers(step: Step, extra_tokens: int, max_requests: int, max_model_len
         raise UsageError(f"{extra_tokens} more token(s) need {count} filler request(s); the engine runs at most "
                          f"{max_requests} request(s) per step and the step has {len(requests)}")
     source = [token for request in requests for token in request.prompt_token_ids] or [0]
-    template = next(iter(requests)).sampling_params or {}
+    template = next(iter(requests)).sampling_params
     free = [_free_blocks(step, group_index) for group_index in range(len(step.kv.groups))]
     fillers = []
     for index in range(count):
@@ -87,7 +77,7 @@ def with_fillers(step: Step, extra_tokens: int, max_requests: int, max_model_len
             block_ids=block_ids,
             num_computed_tokens=0,
             num_scheduled_tokens=length,
-            sampling_params={**template, **{k: v for k, v in _FILLER_SAMPLING.items() if k in template}} or None,
+            sampling_params=filler_sampling(template),
         ))
     return _with_requests(step, [*requests, *fillers])
 

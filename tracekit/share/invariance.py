@@ -136,12 +136,11 @@ def variant_kinds(kinds: str | tuple[str, ...]) -> tuple[str, ...]:
 
 def sampling_reproducible(request: RequestState) -> str | None:
     """How a request's sampled ids can be compared across batches, in words; None: they cannot."""
-    params = request.sampling_params or {}
-    temperature = params.get("temperature")
-    if isinstance(temperature, (int, float)) and temperature < GREEDY_TEMPERATURE:
+    params = request.sampling_params
+    if params is not None and params.temperature < GREEDY_TEMPERATURE:
         return "greedy"
-    if params.get("seed") is not None:
-        return f"seeded ({params['seed']})"
+    if params is not None and params.seed is not None:
+        return f"seeded ({params.seed})"
     if request.runner_state.get("seed") is not None:
         return "random with its recorded per-request seed (V2)"
     return None

@@ -132,7 +132,7 @@ class SequenceDriver:
             run.observed[index].drafter_orders_dropped = adapter.release.drafter_orders_dropped(each.step)
             putting_back = adapter.replaying(each.step, each.held)
         else:
-            scheduler_output = adapter.release.from_plain(each.step.scheduler_output.to_plain())
+            scheduler_output = adapter.release.from_plain(each.step.scheduler_output)
             self._locate_loras(scheduler_output)
             # (the step's inputs and positions are the whole batch's, not rows of its new requests)
             new = dataclasses.replace(each.step, requests=each.new, batch_order=[r.req_id for r in each.new],

@@ -205,7 +205,7 @@ def recompute_kv(adapter: Any, step: Step, loras: dict[str, Any]) -> None:
     sampling, seeds included, is left for the step), and is finished after each piece."""
     from vllm import SamplingParams
 
-    greedy = adapter.release.to_plain(SamplingParams(temperature=0.0, max_tokens=1), "recompute.sampling_params")
+    greedy = adapter.sampling_record(SamplingParams(temperature=0.0, max_tokens=1), "recompute.sampling_params")
     budget = adapter.max_tokens_per_step
     for request in step.requests:
         tokens = tokens_to_recompute(request)

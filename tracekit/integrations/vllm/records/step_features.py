@@ -121,7 +121,7 @@ def _inferred(step: Step) -> dict[str, list[str]]:
     if drafted:
         used["speculative_decoding"] = drafted
     structured = [request.req_id for request in step.requests
-                  if _present((request.sampling_params or {}).get("structured_outputs"))]
+                  if request.sampling_params is not None and _present(request.sampling_params.structured_outputs)]
     if structured:
         used["structured_outputs"] = structured
     return used

@@ -18,9 +18,9 @@ module knows, for the vLLM 0.32 series:
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
-from tracekit.format.schema import RequestState, SchedulerOutputRecord, Step
+from tracekit.format.schema import RequestState, SamplingParamsRecord, SchedulerOutputRecord, Step
 
 # SamplingParams fields (and their neutral values) that make sampling read earlier token ids.
 HISTORY_READERS = {
@@ -34,40 +34,38 @@ HISTORY_READERS = {
 # SamplingParams fields that hold user data nothing in the forward or sampling reads, and the
 # value each is set to when redacted.
 UNREAD_USER_FIELDS = {"stop": [], "bad_words": [], "extra_args": None}
+# What a filler request of `tracekit invariance` samples with (over a recorded request's
+# parameters, where its release has the field): greedy, no grammar, nothing that reads its
+# tokens, so it draws no random numbers and changes no other request's sampling path.
+FILLER_SAMPLING = {
+    **HISTORY_READERS, "bad_words": [], "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
+    "min_tokens": 0, "logprobs": None, "prompt_logprobs": None, "logit_bias": None, "allowed_token_ids": None,
+    "logprob_token_ids": None, "prompt_logprob_token_ids": None, "structured_outputs": None, "extra_args": None,
+}
 
 
-def history_readers(sampling_params: dict[str, Any] | None) -> list[str]:
-    """The sampling settings of a request that read token ids before the ones it computes (a
-    setting holding what no setting holds, a tensor, counts as set)."""
-    params = sampling_params if isinstance(sampling_params, dict) else {}
-    return [name for name, neutral in HISTORY_READERS.items() if name in params and _is_set(params[name], neutral)]
+def history_readers(params: SamplingParamsRecord | None) -> list[str]:
+    """The sampling settings of a request that read token ids before the ones it computes."""
+    return [name for name, neutral in HISTORY_READERS.items()
+            if params is not None and getattr(params, name) not in (neutral, None, [])]
 
 
-def _is_set(value: Any, neutral: Any) -> bool:
-    """Whether a sampling setting differs from its neutral value."""
-    if value is None or (isinstance(value, list) and not value):
-        return False
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(neutral, float):
-        return value != neutral  # a penalty of 1 is 1.0
-    return not isinstance(value, type(neutral)) or value != neutral
-
-
-def reads_next_prompt_token(sampling_params: dict[str, Any] | None) -> bool:
+def reads_next_prompt_token(params: SamplingParamsRecord | None) -> bool:
     """Prompt logprobs score each computed prompt position against the token after it."""
-    return (sampling_params or {}).get("prompt_logprobs") is not None
+    return params is not None and params.prompt_logprobs is not None
 
 
-def redact_sampling_params(sampling_params: dict[str, Any] | None) -> tuple[dict[str, Any] | None, list[str]]:
+def redact_sampling_params(params: SamplingParamsRecord | None) -> tuple[SamplingParamsRecord | None, list[str]]:
     """A copy without the user data sampling never reads, and the names of the fields blanked."""
-    if sampling_params is None:
-        return None, []
-    redacted = dict(sampling_params)
-    removed = []
-    for name, blank in UNREAD_USER_FIELDS.items():
-        if redacted.get(name) not in (None, [], {}):
-            redacted[name] = blank
-            removed.append(name)
-    return redacted, removed
+    removed = [name for name in UNREAD_USER_FIELDS if params is not None and getattr(params, name) not in (None, [], {})]
+    return params and dataclasses.replace(params, **{name: UNREAD_USER_FIELDS[name] for name in removed}), removed
+
+
+def filler_sampling(template: SamplingParamsRecord | None) -> SamplingParamsRecord | None:
+    """`template` as a filler request samples (`FILLER_SAMPLING`, where it has the field)."""
+    plain = template.to_plain() if template is not None else {}
+    return SamplingParamsRecord.from_plain({**plain, **{k: v for k, v in FILLER_SAMPLING.items() if k in plain}}) \
+        if plain else None
 
 
 # The most token comparisons `_same_slice` makes looking for a run in the middle of a request's ids.

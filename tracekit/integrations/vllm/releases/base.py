@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from tracekit.errors import CannotRunHere, UsageError
-from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, RequestState, Step
+from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, RecordedObject, RequestState, Step
 from tracekit.integrations.seam import RUNNER_KINDS, OutputReceiver, RunnerKind
 from tracekit.integrations.vllm.records import grammar, serialize
 from tracekit.integrations.vllm.records.request_ids import client_id_matcher
@@ -308,8 +308,11 @@ class Release:
         return serialize.to_versioned_plain(value, self.version, path)
 
     def from_plain(self, plain: Any) -> Any:
-        """Objects of this vLLM from plain records, which another release may have written: a
-        field this vLLM lacks is left out where it is empty, refused (exit 3) otherwise."""
+        """Objects of this vLLM from recorded ones (typed records, or their plain data), which
+        another release may have written: a field this vLLM lacks is left out where it is empty,
+        refused (exit 3) otherwise."""
+        if isinstance(plain, RecordedObject):
+            plain = plain.to_plain()
         if self._allowed is None:
             self._allowed = serialize.AllowList(self.allowed_types(), self.allowed_enums())
         try:

@@ -31,6 +31,7 @@ from tracekit.format.schema import (
     LoRAAdapter,
     ParallelRank,
     RequestState,
+    SamplingParamsRecord,
     SchedulerOutputRecord,
     SpecDecodeRecord,
     Step,
@@ -377,6 +378,10 @@ class RunnerAdapter:
             if req_id in resumed and computed and blocks is not None:
                 add(blocks, computed)
         return found
+
+    def sampling_record(self, params: Any, path: str) -> SamplingParamsRecord | None:
+        """A request's `SamplingParams` as recorded (None: it has none)."""
+        return None if params is None else SamplingParamsRecord.from_plain(self.release.to_plain(params, path), path)
 
     def scheduler_output_record(self, scheduler_output: Any) -> SchedulerOutputRecord:
         """The scheduler output as recorded, tagged with the vLLM version."""

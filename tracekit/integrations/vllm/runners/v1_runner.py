@@ -121,7 +121,7 @@ class V1Adapter(RunnerAdapter):
                 block_ids=[list(ids) for ids in state.block_ids],
                 num_computed_tokens=int(state.num_computed_tokens),
                 num_scheduled_tokens=0,
-                sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
+                sampling_params=self.sampling_record(state.sampling_params, f"{req_id}.sampling_params"),
                 runner_state={"generator_state": generator.get_state()} if generator is not None else {},
             ))
         return held
@@ -176,7 +176,7 @@ class V1Adapter(RunnerAdapter):
                     block_ids=[list(ids) for ids in state.block_ids],
                     num_computed_tokens=int(kept.num_computed[index]),
                     num_scheduled_tokens=int(scheduled[req_id]),
-                    sampling_params=self.release.to_plain(state.sampling_params, f"{req_id}.sampling_params"),
+                    sampling_params=self.sampling_record(state.sampling_params, f"{req_id}.sampling_params"),
                     runner_state=runner_states.get(req_id, {}),
                     lora_adapter=request_adapter_name(state),
                 )

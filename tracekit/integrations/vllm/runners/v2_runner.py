@@ -285,7 +285,7 @@ class V2Adapter(RunnerAdapter):
             ],
             num_computed_tokens=num_computed,
             num_scheduled_tokens=num_scheduled,
-            sampling_params=self.release.to_plain(params, f"{req_id}.sampling_params") if params is not None else None,
+            sampling_params=self.sampling_record(params, f"{req_id}.sampling_params"),
             runner_state=runner_state,
             lora_adapter=request_adapter_name(new_request),
         )
