@@ -12,7 +12,8 @@ place, never a crash later on.
 Tensor-valued fields hold a `torch.Tensor` while recording, a `{"$tensor": name}` reference in
 the file, and whatever `BundleReader.resolve` loads when replaying. vLLM objects (the scheduler
 output, sampling params) are stored as the field-by-field maps `tracekit.integrations.vllm`
-produces, tagged with the vLLM version that wrote them.
+produces, tagged with the vLLM version that wrote them, and read as `RecordedObject` records:
+the fields tracekit reads typed and checked, the others kept as they are.
 """
 
 import dataclasses

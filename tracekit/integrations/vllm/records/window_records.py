@@ -5,7 +5,8 @@ output the runner received, the runner's per-request state and the outputs — n
 Where a reader needs those — the checks of a later step (its requests' sampling), a replay that
 rebuilds the runner's state at a later step (`--from K`), a shrink that makes a later step the
 first — they follow from the first step's requests (and those the runner held outside its
-batch) by the runner's own bookkeeping, replayed here on plain data, step after step:
+batch) by the runner's own bookkeeping, replayed here on the recorded scheduler outputs, step
+after step:
 
 * the previous step's sampled ids are appended to its requests' outputs (the real ids: where
   V1 under async scheduling holds -1 placeholders, a request rebuilt from these gets the ids);
