@@ -42,6 +42,24 @@ def test_recorded_sample_reads_and_verifies(bundle):
     assert {r.is_prefill for r in step.requests} == {True, False}, "the sample is a mixed step"
 
 
+# Every sample of recorded content (the golden-v* files are samples of the container format).
+SAMPLES = sorted(path for path in TRACES.rglob("*.zst") if not path.name.startswith("golden"))
+
+
+@pytest.mark.parametrize("bundle", SAMPLES, ids=lambda path: str(path.relative_to(TRACES)))
+def test_a_samples_vllm_objects_read_back_as_they_were_recorded(bundle):
+    """vLLM's objects in a bundle — the scheduler output, each request's sampling parameters — are
+    typed when it is read (`RecordedObject` records) and written back as they were read: the
+    same map, field order included, that a replay rebuilds vLLM's objects from."""
+    with open_bundle(bundle) as reader:
+        metadata = reader.metadata
+    content = BundleContent.from_plain(metadata)
+    for step, plain in zip(content.steps, metadata["steps"], strict=True):
+        assert list(step.scheduler_output.to_plain().items()) == list(plain["scheduler_output"].items())
+        for request, recorded in zip(step.requests, plain["requests"], strict=True):
+            assert list(request.sampling_params.to_plain().items()) == list(recorded["sampling_params"].items())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("bundle", RECORDED_STEPS, ids=lambda path: path.name)
 def test_recorded_sample_replays_with_the_verdict_this_cpu_should_get(bundle, tmp_path):
