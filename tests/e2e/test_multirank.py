@@ -90,7 +90,7 @@ def test_a_tp2_step_replays_bit_exact_on_every_rank(plugin_recording, tmp_path):
             check["item"] for check in rank["checks"]}
         assert rank["modes"][rank["reference_mode"]]["latency_us"]["count"] == 2 * 2  # iters x samples timed forwards
     assert result["step_latency_us"]["count"] == 2 * 2
-    assert f"REPRODUCED on all {WORLD_SIZE} ranks (bit-exact)" in finished.stdout
+    assert f"verdict bit_exact: REPRODUCED on all {WORLD_SIZE} ranks (bit-exact" in finished.stdout
 
 
 def test_one_ranks_perturbed_kv_is_named_with_its_rank(api_recording, tmp_path):
