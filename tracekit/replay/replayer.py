@@ -96,9 +96,9 @@ def replay_candidate(engine: ReplayEngine, content: BundleContent, step: Step, *
                      until: int | None = None, keep_kv_read: bool = False,
                      lora_paths: dict[int, str] | None = None) -> ReplayResult:
     """Replay `step` (of `content`, not read from a file: a shrink's candidate) and the steps of
-    its window on an engine the caller holds, checked bit-exact and not timed (`until`,
-    `keep_kv_read`: see `run_and_compare`)."""
-    options = ReplayOptions(modes=None, from_step=from_step)
+    its window on an engine the caller holds, checked bit-exact, not timed and not repeated
+    (`until`, `keep_kv_read`: see `run_and_compare`)."""
+    options = ReplayOptions(modes=None, from_step=from_step, repeats=0)
     opened = OpenedStep("candidate", content, step, [], expand_window(step, content))
     ran = run_and_compare(engine, opened, options, lora_paths or {}, until, keep_kv_read)
     return report(opened, options, engine, engine.environment(), ran, kernel_choices.ChoicesApplied())
