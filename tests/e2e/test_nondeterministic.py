@@ -9,8 +9,11 @@ disagree with everything before it alike — never `diverged`, never a crash. A 
 (another recorded token) is a divergence every replay agrees on: still `diverged` (exit 1), after
 replays here and in a fresh process.
 
-Costs: three processes (record 8 steps; replay them as a suite with --keep-going, repeats
-included; the tampered bundle, with its fresh-process repeat), ~2 engine builds' worth each.
+`--repeats 0` is honoured: that step replayed once is `diverged`.
+
+Costs: four processes (record 8 steps; replay them as a suite with --keep-going, repeats
+included; the tampered bundle, with its fresh-process repeat; one step with --repeats 0), about
+1.5-2.5 minutes in all on the 2-core machine.
 """
 
 import json
@@ -91,3 +94,17 @@ def test_a_divergence_every_replay_agrees_on_stays_diverged(replayed):
     assert [run["where"] for run in record["repeats"]["runs"]] == ["this process"] * 3 + ["a fresh process"] * 3
     assert "replayed 6 times from the same restored state (3 this process, 3 a fresh process): every replay gave " \
            "the same" in record["verdict_reason"]
+
+
+def test_repeats_0_replays_the_step_once_as_asked(replayed):
+    """`--repeats 0`: the step is replayed once, so the engine's noise is not told apart from a
+    divergence: the step that was `nondeterministic` is `diverged`, and no replay is repeated."""
+    work, _, records, _ = replayed
+    bundle = next(record["bundle"] for record in records if record["verdict"] == "nondeterministic")
+    out = work / "once.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MALLOC_PERTURB_", "170")  # the heap as in the suite's replay, other than the recording's
+        finished = tracekit("replay", bundle, "--no-timing", "--repeats", 0, "--json", out)
+    record = json.loads(out.read_text())
+    assert finished.returncode == 1 and record["verdict"] == "diverged", finished.explain()
+    assert record["repeats"] is None and "replayed" not in record["verdict_reason"]
