@@ -107,11 +107,11 @@ def _parted_steps(results) -> list[dict]:
         for index, path in bundles_by_step(steps).items():
             record = records.get(str(path))
             if record is not None and record["verdict"] != "bit_exact":
-                items = {check["item"]: check.get("relative_rms") for check in record["checks"]
+                items = {check["item"]: check.get("relative_rms") for check in record.get("checks", [])
                          if not check["bit_exact"] and _decides(check)}
                 parted.append({"recording": recording, "step": index, "verdict": record["verdict"],
                                "first_divergence": record.get("first_divergence"), "items": items,
-                               "notes": record.get("notes")})
+                               "notes": record.get("notes") or [record.get("reason")]})
     return parted
 
 
