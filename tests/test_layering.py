@@ -17,6 +17,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 import tracekit
 
 PACKAGE = Path(tracekit.__file__).parent
@@ -245,31 +247,22 @@ def test_no_module_imports_itself_back():
     assert not cycles, "import loops:\n" + "\n".join(cycles)
 
 
-# What `tracekit/replay/` may import from the integrations: the seam to vLLM, and the torch-free
-# runner types both record and replay speak.
-REPLAY_SEAMS = {"tracekit.integrations.vllm.replay_engine", "tracekit.integrations.seam"}
+# What `tracekit/replay/` and `tracekit/record/` may import from the integrations: each its one
+# facade to vLLM, and the torch-free runner types both speak.
+SEAMS = {
+    "tracekit.replay": {"tracekit.integrations.vllm.replay_engine", "tracekit.integrations.seam"},
+    "tracekit.record": {"tracekit.integrations.vllm.recording", "tracekit.integrations.seam"},
+}
 
 
-def test_replay_reaches_vllm_through_one_seam():
+@pytest.mark.parametrize("package", sorted(SEAMS))
+def test_a_layer_reaches_vllm_through_one_seam(package):
     graph = _import_graph()
     reached = sorted(
-        f"{module} imports {target}" for module in graph if module.startswith("tracekit.replay")
-        for target in graph[module] if target.startswith("tracekit.integrations") and target not in REPLAY_SEAMS
+        f"{module} imports {target}" for module in graph if module.startswith(package)
+        for target in graph[module] if target.startswith("tracekit.integrations") and target not in SEAMS[package]
     )
-    assert not reached, "tracekit/replay reaches the integrations past its seam:\n" + "\n".join(reached)
-
-
-# What `tracekit/record/` may import from the integrations: its facade, and the torch-free runner types.
-RECORD_SEAMS = {"tracekit.integrations.vllm.recording", "tracekit.integrations.seam"}
-
-
-def test_record_reaches_vllm_through_one_seam():
-    graph = _import_graph()
-    reached = sorted(
-        f"{module} imports {target}" for module in graph if module.startswith("tracekit.record")
-        for target in graph[module] if target.startswith("tracekit.integrations") and target not in RECORD_SEAMS
-    )
-    assert not reached, "tracekit/record reaches the integrations past its seam:\n" + "\n".join(reached)
+    assert not reached, f"{package.replace('.', '/')} reaches the integrations past its seam:\n" + "\n".join(reached)
 
 
 def _vllm_vocabulary() -> set[str]:
