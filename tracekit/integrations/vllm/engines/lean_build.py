@@ -25,7 +25,6 @@ What a build kept is remembered per engine (`build_of`), for the replay's report
 """
 
 import gc
-import importlib
 import os
 import sys
 import time
@@ -38,6 +37,7 @@ from typing import Any
 from tracekit.format.schema import GraphDispatch, Step
 from tracekit.graphs.modes import ReplayMode, expand_modes
 from tracekit.integrations.vllm.engines.build import build_llm
+from tracekit.integrations.vllm.releases.base import classes_here
 from tracekit.integrations.vllm.releases.installed import installed_release
 from tracekit.integrations.vllm.runners import method_patch
 
@@ -182,13 +182,7 @@ def _import_engine_modules(release: Any) -> list[type]:
     runner classes that capture graphs."""
     from vllm import LLM  # noqa: F401 - vLLM loads its entry point lazily, on first use
 
-    capturers = []
-    for module_name, class_name in release.graph_capturers:
-        try:
-            capturers.append(getattr(importlib.import_module(module_name), class_name))
-        except (ImportError, AttributeError):
-            continue
-    return capturers
+    return classes_here(release.graph_capturers)
 
 
 @contextmanager

@@ -40,6 +40,18 @@ class Setting:
 
 
 
+def classes_here(listed: tuple[tuple[str, str], ...]) -> list[type]:
+    """The (module, class) pairs of a release's tables that this machine's vLLM has (another
+    platform's or runner kind's modules are not installed, or gone in this release)."""
+    found = []
+    for module_name, class_name in listed:
+        try:
+            found.append(getattr(importlib.import_module(module_name), class_name))
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
 def series_of(version: str) -> str:
     """`0.26.0+cu130` -> `0.26`."""
     return ".".join(version.split("+")[0].split(".")[:2])
@@ -201,13 +213,7 @@ class Release:
 
     def worker_classes_here(self) -> list[type]:
         """The `worker_classes` this machine's vLLM has (the others' platforms are not installed)."""
-        found = []
-        for module_name, class_name in self.worker_classes:
-            try:
-                found.append(getattr(importlib.import_module(module_name), class_name))
-            except (ImportError, AttributeError):
-                continue
-        return found
+        return classes_here(self.worker_classes)
 
     def client_request_matcher(self, client_id: str) -> Callable[[str], bool]:
         """Whether an engine request id is one of those a client of the API server knows as
