@@ -217,8 +217,8 @@ def test_the_traces_replay_under_the_release_with_the_verdict_the_pair_gives(rel
 
 
 def _greedy_only(step) -> bool:
-    sampling = [r for r in step.requests if samples_this_step(r)]
-    return bool(sampling) and all(sampling(r).get("temperature") == 0.0 for r in sampling)
+    drawing = [r for r in step.requests if samples_this_step(r)]
+    return bool(drawing) and all(sampling(r).get("temperature") == 0.0 for r in drawing)
 
 
 def test_steps_the_release_recorded_replay_under_the_suites_vllm_with_the_verdict_the_pair_gives(

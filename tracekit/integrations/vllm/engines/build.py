@@ -7,6 +7,7 @@ settings that shape the forward back out of the live `VllmConfig` (the release's
 process so that its model runner can be driven. `build_llm` is the one place an `LLM` is made.
 """
 
+import math
 import os
 import sys
 from typing import Any
@@ -63,12 +64,41 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> An
         os.environ.update(release.runner_env(runner_kind))
         release.require_buildable(runner_kind)
     engine_args = release.adopt_engine_args(engine_args)  # they may have been recorded under another release
+    if world_size == 1:
+        engine_args = within_free_memory(engine_args)
     from vllm import LLM
 
     try:
         return LLM(**engine_args)
     except (TypeError, ValueError) as error:
         raise CannotRunHere(f"vLLM refused the engine arguments: {error}") from error
+
+
+# The engine arguments that give the KV cache's size outright: vLLM then sizes nothing from
+# `gpu_memory_utilization`, which only feeds its start-up check.
+_KV_CACHE_SIZED_BY = ("num_gpu_blocks_override", "kv_cache_memory_bytes")
+
+
+def within_free_memory(engine_args: dict[str, Any], free_and_total: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The engine arguments with a `gpu_memory_utilization` the card's free memory covers, where
+    the KV cache's size is given and the user set none. Why: vLLM refuses to start when free memory
+    is below `gpu_memory_utilization` x total (0.9, or 0.92 in 0.34 when the extensible cache is
+    off, as a given size turns it), though a given cache size makes the budget unused — so a replay
+    beside any other process on the card (another replay, a live server) would be refused."""
+    if "gpu_memory_utilization" in engine_args or not any(engine_args.get(name) for name in _KV_CACHE_SIZED_BY):
+        return engine_args
+    if free_and_total is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return engine_args
+        free_and_total = torch.cuda.mem_get_info()
+    free, total = free_and_total
+    # vLLM asks for ceil(total x utilization) bytes: a thousandth below the free share stays under it
+    utilization = math.floor(free / total * 1000) / 1000 - 0.001
+    if utilization <= 0:
+        return engine_args  # nothing free: vLLM's own refusal says so
+    return {**engine_args, "gpu_memory_utilization": utilization}
 
 
 def find_runner(llm: Any) -> Any:

@@ -1,0 +1,22 @@
+"""A replay engine whose KV cache size is given asks vLLM for no more than the card has free: vLLM
+refuses to start below `gpu_memory_utilization` x total free, a budget a given cache size leaves
+unused, so a replay beside another process on the card was refused (vLLM 0.34, H100 lanes)."""
+
+from tracekit.integrations.vllm.engines.build import within_free_memory
+
+GIB = 1 << 30
+
+
+def test_a_given_cache_size_asks_for_what_is_free():
+    args = within_free_memory({"num_gpu_blocks_override": 128}, (30 * GIB, 80 * GIB))
+    assert args == {"num_gpu_blocks_override": 128, "gpu_memory_utilization": 0.374}
+    assert 80 * GIB * args["gpu_memory_utilization"] <= 30 * GIB
+    assert within_free_memory({"kv_cache_memory_bytes": 64 << 20}, (80 * GIB, 80 * GIB))["gpu_memory_utilization"] == 0.999
+
+
+def test_the_users_utilization_and_a_measured_cache_are_left_as_they_are():
+    given = {"num_gpu_blocks_override": 128, "gpu_memory_utilization": 0.5}
+    assert within_free_memory(given, (1 * GIB, 80 * GIB)) == given
+    measured = {"num_gpu_blocks_override": None, "dtype": "bfloat16"}
+    assert within_free_memory(measured, (30 * GIB, 80 * GIB)) == measured
+    assert within_free_memory({"num_gpu_blocks_override": 8}, (0, 80 * GIB)) == {"num_gpu_blocks_override": 8}
