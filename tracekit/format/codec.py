@@ -1,11 +1,6 @@
 """How one chunk of tensor bytes becomes zstd frames and back: the byte-shuffle filter, the
-compression parameters, and the checks made while decoding untrusted frames.
-
-Why shuffle: in a float tensor the high byte of each element (sign and exponent) repeats a
-handful of values while the low mantissa bytes are close to random. Splitting a chunk into
-byte planes (all byte 0s, then all byte 1s, ...) and giving each plane its own zstd frame lets
-zstd compress the exponent plane well and store the noise planes as raw blocks, which zstd
-detects and emits at several GB/s. Measured numbers are in docs/PERFORMANCE.md.
+compression parameters, and the checks made while decoding untrusted frames. Why each is what it
+is: docs/FORMAT-RATIONALE.md, "Compression choices"; measured numbers: docs/PERFORMANCE.md.
 """
 
 import threading
@@ -34,11 +29,9 @@ def choose_filter(itemsize: int, nbytes: int) -> str:
 
 
 def compression_parameters(level: int | None, literals: bool = True) -> zstandard.ZstdCompressionParameters:
-    """`None`: tracekit's default, zstd's fast strategy with a tiny hash table and long
-    minimum matches, which on KV data is ~3x faster than level 1 at an equal or better ratio
-    (float planes have few long repeats; literals are what compress). `literals=False` turns
-    off Huffman coding of literals (zstd does so for the fast strategy when target_length > 0):
-    for a noise plane it gains nothing and costs two thirds of the time. An int: zstd's level."""
+    """`None`: tracekit's default (fast strategy, tiny hash table: on KV data ~3x faster than
+    level 1 at an equal or better ratio), `literals=False` without Huffman-coded literals
+    (zstd drops them for the fast strategy when target_length > 0); an int: zstd's level."""
     if level is None:
         return zstandard.ZstdCompressionParameters(
             strategy=zstandard.STRATEGY_FAST, window_log=17, hash_log=6, chain_log=6,
@@ -103,12 +96,9 @@ _LITERALS_MIN_GAIN = 0.05
 
 
 class ChunkEncoder:
-    """Encodes chunks from several threads at once (one pair of zstd contexts per thread).
-
-    With the default parameters each large byte plane is compressed with or without Huffman
-    literals, whichever a sample says pays: the exponent plane of floats shrinks ~3x through
-    them, a mantissa plane not at all, and without them it compresses ~3x faster. Readers
-    see ordinary zstd frames either way."""
+    """Encodes chunks from several threads at once (one pair of zstd contexts per thread); with
+    the default parameters each large byte plane with or without Huffman literals, whichever a
+    sample says pays (an exponent plane shrinks ~3x through them, a mantissa plane not at all)."""
 
     def __init__(self, level: int | None):
         self._choose = level is None
@@ -151,11 +141,6 @@ class ChunkEncoder:
 def content_checksum(frame) -> int:
     """The zstd content checksum a frame ends with (the low 32 bits of XXH64 of its content)."""
     return int.from_bytes(frame[-4:], "little") if len(frame) >= 4 else -1
-
-
-def check_stored(frame: bytes | memoryview, crc32: int) -> None:
-    if zlib.crc32(frame) != crc32:
-        raise FrameDamage("is altered on disk (its stored bytes fail their CRC-32)")
 
 
 def check_frame_header(frame: bytes | memoryview, content_nbytes: int) -> None:
@@ -242,9 +227,8 @@ def decompress_into(frame: memoryview, head: bytearray, out: np.ndarray) -> None
 
 
 class Scratch(threading.local):
-    """Buffers that one thread reuses from chunk to chunk: a fresh buffer per frame costs a
-    page fault per 4 KiB, which doubled decoding time (measured: 89 ms against 44 ms to
-    decompress 64 MiB of bf16 planes). Each holds at most one chunk's part (limits.MAX_CHUNK_BYTES)."""
+    """Buffers that one thread reuses from chunk to chunk (a fresh one per frame costs a page
+    fault per 4 KiB: decoding took twice as long); each holds at most one chunk's part."""
 
     def __init__(self):
         self.buffers: dict[object, np.ndarray] = {}

@@ -1,11 +1,7 @@
-"""The closed list of element types a bundle may hold, and the moves between tensors and bytes.
-
-A bundle stores every tensor as its raw little-endian bytes plus a dtype name (torch's name
-without the `torch.` prefix). The names come from this table only: a name read from a file is
-looked up here, never passed to `getattr(torch, ...)` unchecked. torch is optional: without it
-a tensor decodes to numpy, or to bytes for the dtypes numpy lacks (bfloat16, float8, ...). Left out: quantized dtypes (their scales
-live outside the bytes) and torch's sub-byte shell dtypes uint1..7/int1..7 (no kernels hold
-data in them).
+"""The closed list of element types a bundle may hold (docs/FORMAT.md, "Element types"), and
+the moves between tensors and bytes. A dtype name read from a file is looked up here, never
+passed to `getattr(torch, ...)` unchecked; without torch a tensor decodes to numpy, or to bytes
+for the dtypes numpy lacks.
 """
 
 import sys
@@ -20,43 +16,39 @@ from tracekit.errors import BundleError
 class DtypeSpec:
     name: str
     itemsize: int
-    numpy_name: str | None  # None: numpy has no such type; decode to torch or bytes
-
-
-def _spec(name: str, itemsize: int, numpy_name: str | None = None) -> DtypeSpec:
-    return DtypeSpec(name, itemsize, numpy_name)
+    numpy_name: str | None = None  # None: numpy has no such type; decode to torch or bytes
 
 
 DTYPES: dict[str, DtypeSpec] = {
     spec.name: spec
     for spec in [
-        _spec("bool", 1, "bool"),
-        _spec("uint8", 1, "uint8"),
-        _spec("int8", 1, "int8"),
-        _spec("int16", 2, "<i2"),
-        _spec("int32", 4, "<i4"),
-        _spec("int64", 8, "<i8"),
-        _spec("uint16", 2, "<u2"),
-        _spec("uint32", 4, "<u4"),
-        _spec("uint64", 8, "<u8"),
-        _spec("float16", 2, "<f2"),
-        _spec("float32", 4, "<f4"),
-        _spec("float64", 8, "<f8"),
-        _spec("complex64", 8, "<c8"),
-        _spec("complex128", 16, "<c16"),
-        _spec("bfloat16", 2),
-        _spec("complex32", 4),
-        _spec("float8_e4m3fn", 1),
-        _spec("float8_e4m3fnuz", 1),
-        _spec("float8_e5m2", 1),
-        _spec("float8_e5m2fnuz", 1),
-        _spec("float8_e8m0fnu", 1),
-        _spec("float4_e2m1fn_x2", 1),
-        _spec("bits8", 1),
-        _spec("bits16", 2),
-        _spec("bits1x8", 1),
-        _spec("bits2x4", 1),
-        _spec("bits4x2", 1),
+        DtypeSpec("bool", 1, "bool"),
+        DtypeSpec("uint8", 1, "uint8"),
+        DtypeSpec("int8", 1, "int8"),
+        DtypeSpec("int16", 2, "<i2"),
+        DtypeSpec("int32", 4, "<i4"),
+        DtypeSpec("int64", 8, "<i8"),
+        DtypeSpec("uint16", 2, "<u2"),
+        DtypeSpec("uint32", 4, "<u4"),
+        DtypeSpec("uint64", 8, "<u8"),
+        DtypeSpec("float16", 2, "<f2"),
+        DtypeSpec("float32", 4, "<f4"),
+        DtypeSpec("float64", 8, "<f8"),
+        DtypeSpec("complex64", 8, "<c8"),
+        DtypeSpec("complex128", 16, "<c16"),
+        DtypeSpec("bfloat16", 2),
+        DtypeSpec("complex32", 4),
+        DtypeSpec("float8_e4m3fn", 1),
+        DtypeSpec("float8_e4m3fnuz", 1),
+        DtypeSpec("float8_e5m2", 1),
+        DtypeSpec("float8_e5m2fnuz", 1),
+        DtypeSpec("float8_e8m0fnu", 1),
+        DtypeSpec("float4_e2m1fn_x2", 1),
+        DtypeSpec("bits8", 1),
+        DtypeSpec("bits16", 2),
+        DtypeSpec("bits1x8", 1),
+        DtypeSpec("bits2x4", 1),
+        DtypeSpec("bits4x2", 1),
     ]
 }
 

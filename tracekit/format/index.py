@@ -6,13 +6,14 @@ field is type- and range-checked, because a hash proves integrity, not a well-be
 Fields this version does not know are ignored, so a newer minor writer may add some.
 """
 
+import zlib
 from dataclasses import dataclass, field
 
 import msgpack
 
 from tracekit.errors import BundleError
 from tracekit.format import limits
-from tracekit.format.codec import frame_spans
+from tracekit.format.codec import FrameDamage, content_checksum, frame_spans
 from tracekit.format.dtypes import DTYPES
 from tracekit.format.layout import CODEC, FILTER_NONE, FILTER_SHUFFLE, chunk_prefix
 from tracekit.format.untrusted import Refused, unpack_bounded
@@ -25,6 +26,14 @@ class FrameRef:
     content_nbytes: int
     crc32: int  # of the stored bytes: catches flips zstd ignores (unused header bits, padding)
     checksum: int | None = None  # v2: the zstd content checksum the frame ends with
+
+    def check_place(self, stored, crc: bool) -> None:
+        """That `stored` is the frame this entry puts here (v2: its content checksum), with `crc`
+        also that none of its stored bytes changed (its CRC-32); a `FrameDamage` if not."""
+        if crc and zlib.crc32(stored) != self.crc32:
+            raise FrameDamage("is altered on disk (its stored bytes fail their CRC-32)")
+        if self.checksum is not None and content_checksum(stored) != self.checksum:
+            raise FrameDamage("is not the frame the index put there (its content checksum differs)")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,8 @@
 """Temporary files of bundle writers: how they are named, and cleaning up after dead writers.
 
-A writer streams into `.<target name>.<host>-<pid>-<random>.tracekit-partial` beside its target
-and renames it at commit. A writer killed with SIGKILL (or a host that loses power) cannot
-delete it, so every new writer deletes, in the folder it writes to, the partial files whose
-writer is gone: same host and no such process any more, or (another host on a shared folder,
-or a pid the system has since reused) not written to for `STALE_AFTER_SECONDS`. A live writer
-appends at least every few seconds, so age never hits one that is still running.
+A writer killed with SIGKILL cannot delete its partial file, so every new writer deletes, in its
+folder, those whose writer is gone (docs/FORMAT.md, "Writing"): same host and no such process,
+or not written to for `STALE_AFTER_SECONDS` (a live writer appends every few seconds).
 """
 
 import os

@@ -1,11 +1,6 @@
-"""Caps that a reader enforces before it trusts a number read from a file.
-
-A bundle may come from anywhere, so every size or count it declares is checked against these
-before memory is allocated, data is decompressed or a loop runs: a forged header, index, frame
-(a zip bomb) or metadata object produces a BundleError, never an out-of-memory kill or a hang.
-The caps are far above what a real engine step produces (the largest real part is a layer's
-KV cache, a few GiB; real metadata is a few MiB, nested about 10 deep). docs/FORMAT.md lists
-them.
+"""Caps that a reader enforces before it trusts a number read from a file: a forged header,
+index, frame (a zip bomb) or metadata object is a BundleError, never an out-of-memory kill or a
+hang. docs/FORMAT.md lists them; docs/FORMAT-RATIONALE.md ("Caps") says why each is where it is.
 """
 
 MiB = 1 << 20
@@ -24,10 +19,8 @@ MAX_TOTAL_TENSOR_BYTES = 4096 * GiB
 MAX_NAME_CHARS = 1024
 
 MAX_METADATA_BYTES = 64 * MiB  # decompressed
-# Python objects cost up to ~70x their msgpack bytes (an empty map is 1 byte packed, 64 in
-# Python), so the numbers of entries (map entries plus array elements) and of maps and arrays
-# are capped too; a real step has up to a few million entries (token ids) but only ~30 maps and
-# arrays per request (132 in traces/tiny-llama-mixed-step.zst, 5 requests).
+# Python objects cost up to ~70x their msgpack bytes, so entries (map entries plus array
+# elements) and maps and arrays are capped too.
 MAX_METADATA_ITEMS = 4_000_000
 MAX_METADATA_CONTAINERS = 200_000
 MAX_METADATA_DEPTH = 64  # maps and arrays nested in one another

@@ -17,7 +17,7 @@ import numpy as np
 
 from tracekit.errors import BundleError
 from tracekit.format import limits
-from tracekit.format.codec import FrameDamage, Scratch, check_stored, content_checksum, decode_chunk, decompress_frame
+from tracekit.format.codec import FrameDamage, Scratch, decode_chunk, decompress_frame
 from tracekit.format.dtypes import decode
 from tracekit.format.index import ChunkRef, Index, TensorInfo, parse_index
 from tracekit.format.layout import (
@@ -226,9 +226,7 @@ class BundleReader:
         ref = self._index.metadata  # its size was checked against the cap with the index
         try:
             stored = self._read(ref.frame.offset, ref.frame.stored_nbytes, "metadata")
-            check_stored(stored, ref.frame.crc32)  # every check, always: metadata is small
-            if ref.frame.checksum is not None and content_checksum(stored) != ref.frame.checksum:
-                raise FrameDamage("is not the frame the index put there (its content checksum differs)")
+            ref.frame.check_place(stored, crc=True)  # every check, always: metadata is small
             content = decompress_frame(stored, ref.frame.content_nbytes)
         except FrameDamage as damage:
             raise self._damaged("metadata", str(damage)) from None
@@ -276,10 +274,7 @@ class BundleReader:
                 stored = self._read(first.offset, last.offset + last.stored_nbytes - first.offset, f"tensor {info.name!r}", scratch)
                 frames = [stored[frame.offset - first.offset:][: frame.stored_nbytes] for frame in chunk.frames]
                 for frame, ref in zip(frames, chunk.frames):
-                    if check_crc:
-                        check_stored(frame, ref.crc32)
-                    if ref.checksum is not None and content_checksum(frame) != ref.checksum:
-                        raise FrameDamage("is not the frame the index put there (its content checksum differs)")
+                    ref.check_place(frame, check_crc)
                 out = out_for_chunk(info, number, chunk, scratch)
                 decode_chunk(frames, info.name, number, info.filter, info.itemsize, out, scratch)
                 if verify and chunk.sha256 is not None and hashlib.sha256(out).digest() != chunk.sha256:

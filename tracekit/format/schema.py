@@ -1,19 +1,13 @@
 """The typed content of a bundle: what a recorded engine step holds, defined once.
 
-The container (header, frames, index) is versioned by the format version; this schema is the
-content inside the metadata map, versioned by `SCHEMA_VERSION`. Every record converts to and
-from plain msgpack data. Readers are lenient in one direction only: fields a newer tracekit
-added are kept in `extras` (and written back unchanged), fields an older one lacked take their
-defaults. Every field's annotation is its type in the file, checked when a record is built
-from plain data (`tracekit.format.typecheck`: one generic walk, containers included), so wrong
-types or out-of-range numbers in a stranger's bundle raise one `BundleError` line naming their
-place, never a crash later on.
-
-Tensor-valued fields hold a `torch.Tensor` while recording, a `{"$tensor": name}` reference in
-the file, and whatever `BundleReader.resolve` loads when replaying. vLLM objects (the scheduler
-output, sampling params) are stored as the field-by-field maps `tracekit.integrations.vllm`
-produces, tagged with the vLLM version that wrote them, and read as `RecordedObject` records:
-the fields tracekit reads typed and checked, the others kept as they are.
+docs/FORMAT.md ("Content schema") is the field-by-field reference; this is the code. Every
+record converts to and from plain msgpack data: fields a newer tracekit added are kept in
+`extras` (and written back unchanged), fields an older one lacked take their defaults. Each
+field's annotation is its type in the file, checked when a record is built from plain data
+(`tracekit.format.typecheck`), so a stranger's wrong value is one `BundleError` line naming its
+place, never a crash later on. Tensor fields hold a `torch.Tensor` while recording, a
+`{"$tensor": name}` reference in the file, and what `BundleReader.resolve` loads when replaying;
+vLLM objects are read as `RecordedObject` records.
 """
 
 import dataclasses
@@ -24,9 +18,8 @@ from typing import Annotated, Any, ClassVar, TypedDict
 from tracekit.errors import BundleError
 from tracekit.format.typecheck import INT64_MAX, NOT_IN_FILE, Range, Tensor, convert, in_file, record_fields, wrong_type
 
-# 2: each request's runner-specific state in one map, `RequestState.runner_state` (version 1 kept
-# V1's `generator_state` and V2's `seed` and `prefill_len` beside the common fields; readers move
-# them into the map).
+# 2: each request's runner-specific state in one map, `RequestState.runner_state` (readers move
+# version 1's fields into it).
 SCHEMA_VERSION = 2
 
 # vLLM holds token ids, token counts and block ids as int32.
@@ -104,9 +97,7 @@ class Environment(SchemaRecord):
     attention_backend: str | None = None  # vLLM's attention backend(s), e.g. "CPU_ATTN"
     num_threads: Count | None = None  # torch intra-op threads (CPU reductions may split by them)
     env_vars: dict[str, str] = field(default_factory=dict)  # VLLM_*, TRACEKIT_*, CUDA_* ...
-    # The name prefixes whose variables `env_vars` holds (None: a bundle from before the field,
-    # which recorded fewer): a variable outside them was not looked at, so it is unknown.
-    env_prefixes: list[str] | None = None
+    env_prefixes: list[str] | None = None  # whose variables `env_vars` holds: others are unknown
 
 
 @dataclass
@@ -118,11 +109,8 @@ class ModelInfo(SchemaRecord):
 
 @dataclass
 class KernelCopy(SchemaRecord):
-    """One copy of an autotuned Triton kernel in the recording process, told apart from the other
-    copies of its source by where it is bound (`tracekit.graphs.kernel_choices`): `graph` is the
-    sha256 of the code of the compiled graph's module that binds it (its comment lines left out:
-    they name cache folders and the compile order), `binding` the name of that module's global
-    the kernel is bound to, `config` the configuration the copy ran with (as `KernelChoice.config`)."""
+    """One copy of an autotuned Triton kernel, told apart from the other copies of its source by
+    where a compiled graph's module binds it (`tracekit.graphs.kernel_choices`)."""
 
     graph: str
     binding: str
@@ -132,12 +120,8 @@ class KernelCopy(SchemaRecord):
 @dataclass
 class KernelChoice(SchemaRecord):
     """The launch configuration one autotuned Triton kernel of the recording process ran with
-    (`tracekit.graphs.kernel_choices`): `source_hash` is Inductor's lookup hash of the kernel
-    (its size hints and source), `config` its block sizes (`XBLOCK`, ...), `num_warps` and
-    `num_stages`. One source can run as several copies, one per compiled graph whose kernels came
-    back from Inductor's compile workers, each configured on its own: `config` is the first
-    copy's, `other_configs` the other configurations its copies ran with, and `copies` each copy
-    a compiled graph binds with its own configuration (empty in bundles from before the field)."""
+    (`tracekit.graphs.kernel_choices`): `config` its first copy's, `other_configs` and `copies`
+    those of the copies configured on their own (one per compiled graph)."""
 
     kernel: str
     source_hash: str
@@ -151,8 +135,7 @@ class KernelChoice(SchemaRecord):
 class EngineConfig(SchemaRecord):
     """What is needed to rebuild the engine: vLLM `EngineArgs` values that differ from default,
     the model, the KV cache geometry the recorded block ids live in, the configurations its
-    compiled kernels were autotuned to. (An older tracekit's bundle may also hold `kernel_builds`,
-    the binaries of its other Triton kernels: kept as an unknown field, unread.)"""
+    compiled kernels were autotuned to."""
 
     vllm_version: str
     engine_args: dict[str, Any]
@@ -189,9 +172,7 @@ class RequestState(SchemaRecord):
     num_scheduled_tokens: Count
     sampling_params: "SamplingParamsRecord | None" = None
     runner_state: RunnerState = field(default_factory=dict)
-    # Speculative decoding: the draft tokens this step verifies after the request's last sampled
-    # token (the last `len` of its scheduled tokens), as the forward read them.
-    draft_token_ids: list[TokenId] = field(default_factory=list)
+    draft_token_ids: list[TokenId] = field(default_factory=list)  # those this step verifies
     lora_adapter: str | None = None  # the name of the LoRA adapter it runs with (`Step.lora_adapters`)
 
     # Schema version 1 kept these beside the common fields.
@@ -422,9 +403,7 @@ class KVMode(str, Enum):
     READ = "read"  # every block the forward reads: it replays exactly
     WRITTEN = "written"  # only those it writes
     NONE = "none"
-    # none: the replay rebuilds the KV the step reads by prefilling each request's recorded
-    # tokens (what a step leaves when its device context was lost and nothing could be read)
-    RECOMPUTE = "recompute"
+    RECOMPUTE = "recompute"  # none: the replay prefills each request's recorded tokens
 
 
 KV_MODES = tuple(mode.value for mode in KVMode)
@@ -432,12 +411,9 @@ KV_MODES = tuple(mode.value for mode in KVMode)
 
 @dataclass
 class KVSnapshot(SchemaRecord):
-    # A `KVMode`: any str is read (a replay refuses a mode it does not know by name, exit 3)
-    mode: str
+    mode: str  # a `KVMode`: any str is read (a replay refuses a mode it does not know, exit 3)
     groups: list[KVGroupSnapshot] = field(default_factory=list)
-    # When `before` was copied: "before_forward", or "after_step" (an event trigger decides only
-    # once the step ran: the slots of the step's own new tokens hold what it wrote there)
-    taken: str = "before_forward"
+    taken: str = "before_forward"  # when `before` was copied, or "after_step" (event triggers)
 
 
 class BatchDescriptor(TypedDict, total=False):
@@ -463,22 +439,17 @@ class GraphDispatch(SchemaRecord):
     num_tokens: Count = 0  # the tokens scheduled: the step's real rows
     num_tokens_padded: Count = 0  # the rows the forward ran (a graph's padded size); the rest is padding
     batch_descriptor: BatchDescriptor | None = None
-    # What the attention metadata builder decided, per metadata object (its class: plain fields,
-    # tensor shapes, digests of the tensors that split the kernels' work).
-    attention: dict[str, Any] | None = None
+    attention: dict[str, Any] | None = None  # what the attention metadata builder decided
 
 
 @dataclass
 class StepOutputs(SchemaRecord):
-    # `tracekit record --layers`: module name -> output tensor, in forward order (first in the
-    # file so that a diff meets them before the final hidden states they lead to).
+    # `record --layers`: module name -> output, in forward order (first in the file so that a
+    # diff meets them before the final hidden states they lead to)
     layers: dict[str, Tensor] = field(default_factory=dict)
     hidden_states: Tensor | None = None  # [num_tokens_padded, hidden]
     logits: Tensor | None = None  # [num_sampled, vocab], as the model computed them (before any grammar mask)
-    # A step with a grammar (`Step.grammar`): the mask as it reached the logits, per logits row,
-    # int32 [rows, ceil(vocab / 32)], bit j of word i set = token 32i+j was not at -inf when
-    # sampling began (`tracekit.integrations.vllm.records.grammar.applied_mask`). Step triggers only.
-    grammar_bitmask: Tensor | None = None
+    grammar_bitmask: Tensor | None = None  # the mask as it reached the logits (`records.grammar.applied_mask`)
     sampled_token_ids: list[list[TokenId]] | None = None  # per request, batch order
     finite: bool = True
 
@@ -516,21 +487,14 @@ class GrammarRecord(SchemaRecord):
 @dataclass
 class StepTiming(SchemaRecord):
     forward_us: float | None = None  # the model call in the engine, timed as `forward_timer` says
-    # "device_events_queued" (the device's own time for the model call, queued ahead of the
-    # device by a spin, as a replay times it: tracekit.graphs.timing.RegionTimer),
-    # "device_events" (events around it: the host's launch gaps inside; older bundles, or a call
-    # whose host issue outlasted the spin) or "perf_counter" (host wall clock, on CPU; nil in
-    # older bundles: around the forward plus a device sync)
+    # "device_events_queued" (as a replay times it: tracekit.graphs.timing.RegionTimer),
+    # "device_events" or "perf_counter" (host wall clock, on CPU); nil in older bundles
     forward_timer: str | None = None
     forward_cpu_us: float | None = None  # process CPU time of that forward
     step_us: float | None = None  # wall time of execute_model + sample_tokens
     host_copy_us: float | None = None  # the recorder's stall: copying the step to host
-    # On a device with streams: how long the step's copies held the side stream they ran on (the
-    # engine's stream waits for them there, its host does not)
-    device_copy_us: float | None = None
-    # Whether this was the first forward of its padded token count the recorder saw since it
-    # was armed: such a forward may hold one-time costs (compilation, autotuning, allocation).
-    first_of_its_size: bool | None = None
+    device_copy_us: float | None = None  # how long the step's copies held their side stream
+    first_of_its_size: bool | None = None  # may hold one-time costs (compilation, autotuning)
 
 
 @dataclass
@@ -552,13 +516,10 @@ class SpecDecodeRecord(SchemaRecord):
 
     method: str  # vLLM's speculative method: "ngram", "eagle", "eagle3", ...
     num_speculative_tokens: Count
-    # [requests in batch order, proposed]: the drafts the drafter proposed in this step for the
-    # next, -1 where it proposed fewer; None when not taken (a failed step, an event trigger's)
+    # [requests in batch order, proposed] for the next step, -1 where fewer; None: not taken
     proposals: Tensor | None = None
     drafter_calls: list[DrafterPass] = field(default_factory=list)  # its model calls, in order
-    # The drafter's first call reads the target's rows, a rejected draft's slot included (vLLM's
-    # default); False: only each request's accepted tokens (`disable_padded_drafter_batch`).
-    padded_drafter_batch: bool = True
+    padded_drafter_batch: bool = True  # False: vLLM's `disable_padded_drafter_batch`
 
 
 class StepError(TypedDict, total=False):
@@ -591,8 +552,7 @@ class WindowCall(TypedDict):
 @dataclass
 class KVWritten(SchemaRecord):
     """What one KV cache group's layers wrote in a window's later step, as a digest per layer and
-    request (`tracekit.integrations.vllm.runners.kv_digest`): a later step keeps no KV blocks, and this
-    says which request wrote other KV there, from which layer on, without them."""
+    request (`runners.kv_digest`): which request wrote other KV, from which layer on, without blocks."""
 
     layer_names: list[str]  # the layers digested, the model's own (a drafter's write later), in row order
     digests: Tensor  # int64 [len(layer_names), requests in batch order]
@@ -600,60 +560,38 @@ class KVWritten(SchemaRecord):
 
 @dataclass
 class CarriedStep(SchemaRecord):
-    """A later step of a window: what the engine handed the runner and what came out. The runner's
-    state is what it carried from the step before, so there are no request states and no KV
-    blocks: the scheduler output (its deltas), what only the runner kind keeps per request, the
-    inputs and the outputs."""
+    """A later step of a window: what the engine handed the runner and what came out (the runner
+    carried its state from the step before, so there are no request states and no KV blocks)."""
 
     index: Count  # the engine step, the one after the window's previous step
     scheduler_output: SchedulerOutputRecord  # as the runner received it
     batch_order: list[str]
-    # Per request of the batch, what only the recording runner kind keeps (`RequestState.runner_state`).
-    runner_states: dict[str, RunnerState] = field(default_factory=dict)
-    # As fed to the model (padded); None for a step that failed before its inputs were prepared
-    input_ids: Tensor | None = None
+    runner_states: dict[str, RunnerState] = field(default_factory=dict)  # per request of the batch
+    input_ids: Tensor | None = None  # as in a `Step`
     positions: Tensor | None = None
     graph: GraphDispatch | None = None  # None for a step that failed before its forward
     rng: dict[str, Tensor] = field(default_factory=dict)  # global generator states at the forward
-    # The KV blocks it reads that no step of the window before it wrote or saved: those its new
-    # and resumed requests found computed in the prefix cache (saved blocks only; None: none)
-    kv: KVSnapshot | None = None
+    kv: KVSnapshot | None = None  # the blocks it reads that no step before it wrote or saved
     outputs: StepOutputs | None = None
     timing: StepTiming = field(default_factory=StepTiming)
     error: StepError | None = None  # if the step raised (the window's last step)
     grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
-    # Speculative decoding: the drafter's proposals in this step for the next, as
-    # `SpecDecodeRecord.proposals` (the window's first step holds the method and its model calls)
-    proposals: Tensor | None = None
-    # Per KV cache group, a digest of the KV the step wrote (since 2026-12-05; empty: not kept)
-    kv_written: list[KVWritten] = field(default_factory=list)
+    proposals: Tensor | None = None  # as `SpecDecodeRecord.proposals`
+    kv_written: list[KVWritten] = field(default_factory=list)  # per KV cache group (empty: not kept)
 
 
 @dataclass
 class StepWindow(SchemaRecord):
     """The steps after a bundle's first, recorded as one window (`tracekit record --window N`):
-    the first step is recorded whole, each later one as what the engine handed its runner and
-    what came out, the runner carrying its own state from one to the next."""
+    the first step whole, each later one as a `CarriedStep`."""
 
     requested: Annotated[int, Range(2, INT32_MAX)]  # the steps asked for, the first included
     steps: list[CarriedStep] = field(default_factory=list)
-    # Requests the runner held at the first step outside its batch (not scheduled in it, or
-    # preempted), with num_scheduled_tokens 0: a later step may schedule them again.
+    # Requests the runner held at the first step outside its batch: a later step may schedule them
     held_requests: list[RequestState] = field(default_factory=list)
-    # The runner calls of the window's steps in the order the engine made them.
-    calls: list[WindowCall] = field(default_factory=list)
+    calls: list[WindowCall] = field(default_factory=list)  # in the order the engine made them
 
-    def check_values(self, where: str) -> None:
-        """Each later step follows the one before, and every call names a known call of a step
-        of the window."""
-        for number, (before, after) in enumerate(zip(self.steps, self.steps[1:]), 1):
-            if after.index != before.index + 1:
-                raise BundleError(f"bundle content: {where}.steps[{number}].index {after.index} does not follow "
-                                  f"step {before.index}: a window's steps are consecutive")
-        for number, call in enumerate(self.calls):
-            if call["call"] not in RUNNER_CALLS:
-                raise BundleError(f"bundle content: {where}.calls[{number}].call {call['call']!r} is none of "
-                                  f"{', '.join(RUNNER_CALLS)}")
+
 LoRAId = Annotated[int, Range(1, INT32_MAX)]  # vLLM's lora_int_id (0 means none)
 ADAPTER_CONFIG = "adapter_config.json"  # a peft adapter's config file
 KEPT_WEIGHTS_SUFFIX = ".safetensors"  # the weight files a bundle may keep (loading one executes nothing)
@@ -671,12 +609,9 @@ class LoRAAdapter(SchemaRecord):
     rank: Count | None = None  # `r` of its adapter_config.json
     alpha: float | None = None  # `lora_alpha`
     target_modules: list[str] = field(default_factory=list)
-    # blake2b-128 over the relative names and bytes of adapter_config.json and its weight files
-    # (the model's `weights_fingerprint`, over the adapter's files); None where they could not be read
-    fingerprint: str | None = None
+    fingerprint: str | None = None  # as the model's `weights_fingerprint`; None: unreadable files
     size_bytes: Annotated[int, Range(0, INT64_MAX)] | None = None  # of those files
-    # file name -> uint8 tensor of its bytes, when kept: adapter_config.json and *.safetensors only
-    files: dict[str, Tensor] = field(default_factory=dict)
+    files: dict[str, Tensor] = field(default_factory=dict)  # file name -> uint8 tensor of its bytes
 
     def check_values(self, where: str) -> None:
         """A kept file is written back into a folder by that name: a plain name of the two kinds."""
@@ -694,8 +629,7 @@ class Step(SchemaRecord):
     scheduler_output: SchedulerOutputRecord
     batch_order: list[str]
     requests: list[RequestState]
-    # As fed to the model (padded); None for a step that failed before its inputs were prepared
-    input_ids: Tensor | None
+    input_ids: Tensor | None  # as fed to the model (padded); None: failed before they were prepared
     positions: Tensor | None
     kv: KVSnapshot
     graph: GraphDispatch
@@ -705,25 +639,27 @@ class Step(SchemaRecord):
     error: StepError | None = None  # if the step raised
     spec_decode: SpecDecodeRecord | None = None  # the engine decodes speculatively
     grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
-    # Every LoRA adapter in the engine's slots when the forward ran (the requests' and any other)
-    lora_adapters: list[LoRAAdapter] = field(default_factory=list)
-    # Which requests used what beyond tokens and sampling settings ("structured_outputs", "lora",
-    # "speculative_decoding", "multimodal", "prompt_embeds", "pooling": their req_ids); None in
-    # bundles recorded before the field (`tracekit.integrations.vllm.records.step_features`)
+    lora_adapters: list[LoRAAdapter] = field(default_factory=list)  # every one in the engine's slots
+    # Which requests used what beyond tokens and sampling settings (`records.step_features`); None
+    # in bundles recorded before the field
     features: dict[str, list[str]] | None = None
-    # The steps recorded after this one as a window (`tracekit record --window N`); None: a single step
-    window: StepWindow | None = None
+    window: StepWindow | None = None  # the steps recorded after this one; None: a single step
 
     def check_values(self, where: str) -> None:
-        """A window's steps follow this one, and its calls name its steps."""
-        if self.later and self.later[0].index != self.index + 1:
-            raise BundleError(f"bundle content: {where}.window.steps[0].index {self.later[0].index} does not "
-                              f"follow step {self.index}: a window's steps are consecutive")
-        last = self.index + len(self.later)
+        """A window's steps follow this one and each other, and each of its calls is a known call
+        of one of its steps."""
+        indices = self.window_indices
+        for number, (before, after) in enumerate(zip(indices, indices[1:])):
+            if after != before + 1:
+                raise BundleError(f"bundle content: {where}.window.steps[{number}].index {after} does not follow "
+                                  f"step {before}: a window's steps are consecutive")
         for number, call in enumerate(self.runner_calls):
-            if not self.index <= call["step"] <= last:
+            if call["call"] not in RUNNER_CALLS:
+                raise BundleError(f"bundle content: {where}.window.calls[{number}].call {call['call']!r} is none of "
+                                  f"{', '.join(RUNNER_CALLS)}")
+            if not indices[0] <= call["step"] <= indices[-1]:
                 raise BundleError(f"bundle content: {where}.window.calls[{number}] names step {call['step']}, "
-                                  f"not one of the window's steps {self.index}..{last}")
+                                  f"not one of the window's steps {indices[0]}..{indices[-1]}")
 
     @property
     def window_indices(self) -> list[int]:
@@ -799,12 +735,8 @@ class Step(SchemaRecord):
         }
 
     def drafter_rows(self, call: int) -> list[int]:
-        """The rows of the drafter's `call`-th model call that hold the step's tokens; the others
-        are a graph's padding or, in the first call of a padded drafter batch, the slots of
-        rejected drafts (vLLM fills them with whatever its buffers held, and never samples them).
-        The first call reads each request's run of the target's rows, of a drafted request its
-        last sampled token and accepted drafts only (its sampled ids are those and one more);
-        later calls one row a request."""
+        """The rows of the drafter's `call`-th model call that hold the step's tokens (which, and
+        why the others are padding or rejected drafts' slots: docs/FORMAT.md, "DrafterPass")."""
         if call > 0:
             return list(range(len(self.batch_order)))
         sampled = self.outputs.sampled_token_ids if self.outputs is not None else None
@@ -853,8 +785,7 @@ class ParallelRank(SchemaRecord):
     tp_rank: Rank = 0
     pp_rank: Rank = 0
     set_id: str | None = None  # shared by every rank's bundles of one recording session
-    parts: list[str] = field(default_factory=list)  # every rank's bundle of this step, by rank,
-    # relative to this bundle's folder
+    parts: list[str] = field(default_factory=list)  # every rank's bundle, relative to this one's folder
 
     @property
     def multi_rank(self) -> bool:

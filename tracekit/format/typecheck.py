@@ -1,25 +1,13 @@
 """Plain data from a bundle checked against the content schema's type annotations: one walk.
 
 A bundle's metadata is whatever its writer put there, so before any code uses a value the
-schema's dataclasses (`tracekit.format.schema`) are built from it by `convert`, which checks
-each value against its field's annotation, containers all the way down:
-
-* `int` (not a bool; a 64-bit signed integer, so numpy and torch can hold it), `float` (an int
-  is fine), `str`, `bool`;
-* `X | None`, `list[X]`, `dict[str, X]`;
-* a record (a dataclass with `from_plain`, which converts its own fields the same way), and a
-  `TypedDict` (a map whose known keys are typed; other keys are kept unchecked, as a newer
-  tracekit may have added them);
-* `Annotated[int, Range(low, high)]`: an int between the bounds (counts that are never negative,
-  ids that vLLM holds as int32);
-* `Tensor`: a tensor reference `{"$tensor": name}` in the file, or the tensor itself once
-  `BundleReader.resolve` loaded it (nothing unpacked from msgpack is anything but plain data);
-* `Any`: plain data the schema leaves open (vLLM's own objects, engine arguments), which the
-  reader already capped in size and depth; the code that rebuilds vLLM objects from it checks
-  it against its allow-list.
-
-A value that does not fit raises one `BundleError` line naming its place in the content tree
-(`bundle.steps[0].requests[0].output_token_ids should be a list, not an int (2147483647)`).
+schema's records (`tracekit.format.schema`) are built from it by `convert`, which checks each
+value against its field's annotation, containers all the way down (the types, in the words of
+docs/FORMAT.md, "Content schema": scalars, `X | None`, lists, str-keyed maps, records,
+`TypedDict`s, `Annotated[int, Range(low, high)]`, `Tensor`, and `Any` for what the schema leaves
+to vLLM). A value that does not fit raises one `BundleError` line naming its place in the
+content tree (`bundle.steps[0].requests[0].output_token_ids should be a list, not an int
+(2147483647)`).
 """
 
 import dataclasses

@@ -1,10 +1,8 @@
 """Unpacking msgpack from a file that may be hostile, with memory, depth and reference caps.
 
-msgpack's own limits are per container; a few KiB of zstd can expand to 64 MiB of empty maps,
-which Python holds as ~4 GB of dicts. So every map and array is counted as it is built and the
-unpack stops at a cap, extension types are refused (nothing in a bundle selects a Python type),
-and the result is walked once, without recursion, to check its nesting depth and count its
-`{"$tensor": name}` references before any other code (which may recurse) touches it.
+msgpack's own limits are per container, and a few KiB of zstd can expand to ~4 GB of Python
+dicts: so maps and arrays are counted as they are built, extension types refused, and the
+result walked once without recursion before any code that recurses touches it.
 """
 
 import msgpack

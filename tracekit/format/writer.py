@@ -1,13 +1,8 @@
 """BundleWriter: streams tensors into a bundle as they arrive and publishes it atomically.
 
-Each `add_tensor` call copies the tensor chunk by chunk into a queue that a small thread pool
-encodes (zstd, sha256 and CRC-32 release the GIL), and appends finished frames in queue order;
-encoding of one tensor overlaps the writing of the last, and memory holds the caller's tensor
-plus a few chunks in flight, never the whole bundle. Everything goes to a temporary file next
-to the target; only a clean close (index + trailer written, fsync'd) renames it into place,
-so a killed writer leaves nothing at the target path that could read as a bundle. The
-temporary file's name says it is one (readers refuse it) and which process writes it, so the
-next writer in that folder deletes the leftovers of dead ones (`tracekit.format.leftovers`).
+A thread pool encodes chunks while the caller adds the next tensor, so memory holds a few chunks
+in flight, never the whole bundle; only a clean close renames the temporary file into place, so
+a killed writer leaves nothing at the target path (docs/FORMAT-RATIONALE.md, "Writer algorithm").
 """
 
 import collections
