@@ -194,26 +194,24 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 _thread_state = threading.local()
 
 
-def decompress_frame(frame: bytes | memoryview, content_nbytes: int) -> bytes:
-    """Decompress one zstd frame whose content the index says is `content_nbytes` long."""
+def decompress_frame(frame: bytes | memoryview, content_nbytes: int) -> bytearray:
+    """Decompress one zstd frame whose content the index says is `content_nbytes` long (its
+    header checked before the content's memory is taken)."""
     check_frame_header(frame, content_nbytes)
-    try:
-        content = _decompressor().decompress(frame)
-    except zstandard.ZstdError as error:
-        raise FrameDamage(f"does not decompress ({error})") from None
-    if len(content) != content_nbytes:
-        raise FrameDamage(f"decompresses to {len(content)} bytes where the index says {content_nbytes}")
+    content = bytearray(content_nbytes)
+    decompress_into(frame, content)
     return content
 
 
-def decompress_into(frame: memoryview, head: bytearray, out: np.ndarray) -> None:
-    """Decompress a frame whose content is `len(head)` bytes then `out.nbytes` bytes straight
-    into those two buffers (no intermediate copy of the large part); zstd checks the content
-    checksum when the frame ends, which the last read reaches."""
-    check_frame_header(frame, len(head) + out.nbytes)
+def decompress_into(frame: bytes | memoryview, *buffers) -> None:
+    """Decompress a frame whose content fills `buffers` (bytearrays, uint8 arrays), one after
+    the other, straight into them (no intermediate copy); zstd checks the content checksum when
+    the frame ends, which the last read reaches."""
+    targets = [memoryview(buffer).cast("B") for buffer in buffers]
+    check_frame_header(frame, sum(target.nbytes for target in targets))
     try:
         reader = _decompressor().stream_reader(frame, read_size=len(frame), read_across_frames=False)
-        for target in (memoryview(head), memoryview(out).cast("B")):
+        for target in targets:
             filled = 0
             while filled < len(target):
                 count = reader.readinto(target[filled:])
@@ -258,7 +256,7 @@ def decode_chunk(frames: list[memoryview], tensor_name: str, chunk_number: int, 
     for plane_number, (frame, (start, end)) in enumerate(zip(frames, spans)):
         # a whole frame into one buffer: zstd then decodes in one pass, without its own window copy
         content = scratch.buffer(("plane", plane_number), end - start)
-        decompress_into(frame, bytearray(), content)
+        decompress_into(frame, content)
         if plane_number == 0:
             if content[: len(prefix)].tobytes() != prefix:
                 raise FrameDamage("does not start with its chunk header")

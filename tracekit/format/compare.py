@@ -1,12 +1,9 @@
 """Comparing two tensors read from bundles, in numpy: the numbers `tracekit diff` prints.
 
-The definitions are those of `tracekit.numerics.compare_tensors` (exact bytes, `max_abs`,
-`relative_rms`, `max_abs_vs_rms`, `argmax_agreement`), which works on live torch tensors during a replay; this
-module computes the same from a bundle's bytes without torch, so that `tracekit.format` stays
-free of it. `tests/format/test_compare.py` checks that both give the same answers. Element
-types numpy lacks are widened to float64 here: bfloat16 by a shift, the float8 kinds by a
-256-entry table, complex kinds by their real part (as torch's `.double()` does); the packed
-kinds (float4_e2m1fn_x2, bits*) are compared as unsigned integers.
+The definitions are those of `tracekit.numerics.compare_tensors`, computed from a bundle's bytes
+without torch, so that `tracekit.format` stays free of it (`tests/format/test_compare.py` checks
+that both agree); element types numpy lacks are widened to float64 as torch's `.double()` does,
+the packed kinds (float4_e2m1fn_x2, bits*) compared as unsigned integers.
 """
 
 from functools import cache

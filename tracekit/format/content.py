@@ -1,9 +1,8 @@
 """A bundle's typed content to and from its file: the one pair every writer and reader uses.
 
-`write_content` stores a `BundleContent` (tensors as tensor frames named by their place in the
-content tree, the rest as metadata); `load_step` reads the content and one step with its tensors
-loaded as torch tensors (every other step's stay on disk). torch is imported only by the
-functions that handle tensors, so `tracekit.format` stays importable without it.
+Tensors are stored as frames named by their place in the content tree; `load_step` loads one
+step's only. torch is imported only by the functions that handle tensors, so `tracekit.format`
+stays importable without it.
 """
 
 from datetime import datetime, timezone
@@ -41,30 +40,32 @@ def load_step(bundle: str | Path, step: int | None = None) -> tuple[BundleConten
     """The bundle's content and one step (the first, or the one of engine step index `step`)
     with its tensors loaded; a bundle without that step is a `UsageError`."""
     with open_bundle(bundle) as reader:
-        metadata = reader.metadata
-        content = BundleContent.from_plain(metadata)
-        indices = [s.index for s in content.steps]
-        if not indices:
-            raise UsageError(f"bundle {bundle} holds no recorded step")
-        position = 0 if step is None else (indices.index(step) if step in indices else None)
-        if position is None:
-            raise UsageError(f"bundle {bundle} has no step {step} (it has {', '.join(map(str, indices))})")
-        loaded = Step.from_plain(reader.resolve(metadata["steps"][position], to="torch"))
+        content = BundleContent.from_plain(reader.metadata)
+        position = _position(bundle, content, step)
+        loaded = Step.from_plain(reader.resolve(reader.metadata["steps"][position], to="torch"))
     return content, loaded
 
 
 def read_step_facts(bundle: str | Path, step: int | None = None) -> dict[str, Any]:
     """{"step", "trigger"} of the step a replay of `bundle` would run, from metadata alone
-    (empty when the bundle cannot be read: its replay says why)."""
+    (empty when the bundle cannot be read or has no such step: its replay says why)."""
     try:
         with open_bundle(bundle) as reader:
             content = BundleContent.from_plain(reader.metadata)
+        recorded = content.steps[_position(bundle, content, step)]
     except (TracekitError, OSError):
         return {}
-    for recorded in content.steps:
-        if step is None or recorded.index == step:
-            return {"step": recorded.index, "trigger": recorded.trigger}
-    return {}
+    return {"step": recorded.index, "trigger": recorded.trigger}
+
+
+def _position(bundle: str | Path, content: BundleContent, step: int | None) -> int:
+    """Where the step of engine step index `step` (None: the first) is in `content.steps`."""
+    indices = [recorded.index for recorded in content.steps]
+    if not indices:
+        raise UsageError(f"bundle {bundle} holds no recorded step")
+    if step is not None and step not in indices:
+        raise UsageError(f"bundle {bundle} has no step {step} (it has {', '.join(map(str, indices))})")
+    return 0 if step is None else indices.index(step)
 
 
 def _store_tensors(value: Any, writer: BundleWriter, name: str) -> Any:

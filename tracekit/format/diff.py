@@ -1,12 +1,9 @@
 """Comparing two bundles tensor by tensor: the same step recorded on two machines, two vLLM
 versions, or eager against graph mode, shows where the numbers part.
 
-Tensors are paired by name (the recorder names them by their place in the step), compared with
-`tracekit.format.compare` (numpy, the definitions of `tracekit.numerics.compare_tensors`), and
-reported in the order the first bundle stores them; the environments and engine arguments are
-compared field by field. torch is not needed. A recorder stores a step's tensors in forward
-order (inputs, KV, per-layer outputs, final outputs), so the first tensor that differs is where
-the two runs part: for two `tracekit replay --save-layers` bundles, the first layer.
+Tensors are paired by name, compared with `tracekit.format.compare` (no torch), and reported in
+the order the first bundle stores them, forward order: so the first tensor that differs is where
+the two runs part. The rest of the metadata is compared field by field.
 """
 
 from dataclasses import dataclass, field

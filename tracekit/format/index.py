@@ -1,9 +1,7 @@
 """The bundle's table of contents: what the writer records about each tensor and the
-metadata, how it is serialized into the index frame, and how a reader validates it.
-
-The index is trusted only after its sha256 (kept in the trailer) matched; even then every
-field is type- and range-checked, because a hash proves integrity, not a well-behaved writer.
-Fields this version does not know are ignored, so a newer minor writer may add some.
+metadata, how it is serialized into the index frame, and how a reader validates it (every
+field type- and range-checked even after the hash matched: a hash proves integrity, not a
+well-behaved writer).
 """
 
 import zlib

@@ -1,13 +1,9 @@
 """The bundles of one multi-rank step: finding a part's siblings and telling whether the set is whole.
 
-An engine with tensor or pipeline parallelism runs each step on every rank at once, so tracekit
-records such a step as one bundle per rank. Each part names its rank, the world size, the
-recording session (`set_id`) and every part's path relative to its own folder. Given any part,
-this module finds the others — at their recorded paths first, then among the bundles of the
-same folder (renamed files) — and reports the ranks missing and any part that does not belong
-(another step or another session at a sibling's path). Only metadata is read; tensors stay on
-disk, and a stranger's bundle can name any paths it likes: they are only opened as bundles,
-never followed out of a cap on their number.
+A tensor- or pipeline-parallel step is one bundle per rank (`ParallelRank`). Given any part, this
+finds the others (at their recorded paths first, then among the bundles of the same folder) and
+reports the ranks missing and any part that does not belong. Only metadata is read, and the paths
+a stranger's bundle names are only opened as bundles, a capped number of them.
 """
 
 import os

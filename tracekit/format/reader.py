@@ -258,12 +258,8 @@ class BundleReader:
 
     def _decode_chunks(self, infos: list[TensorInfo], out_for_chunk, verify: bool) -> dict[tuple[str, int], str]:
         """Decode every chunk of `infos` into `out_for_chunk(info, number, chunk, scratch)`, all
-        in parallel (no thread waits between one tensor and the next); {(tensor name, chunk
-        number): problem} for the chunks that failed.
-
-        Each frame is bound to its index entry before it is decoded: in v2 by the zstd content
-        checksum it ends with (which zstd then checks against the content), in v1 by the CRC-32
-        of its stored bytes. `verify` adds the CRC-32 in v2 and the chunk sha256 in v1."""
+        in parallel (no thread waits between one tensor and the next), each frame bound to its
+        index entry first; {(tensor name, chunk number): problem} for the chunks that failed."""
         check_crc = verify or self.format_version == 1
 
         def decode_one(job: tuple[TensorInfo, int, ChunkRef]):
@@ -296,22 +292,11 @@ class BundleReader:
             results = [decode_one(job) for job in jobs]
         return {(info.name, number): problem for (info, number, _), problem in zip(jobs, results) if problem}
 
-    def _chunk_failure(self, info: TensorInfo, failures: dict[tuple[str, int], str]) -> str | None:
-        """The first failure among `info`'s chunks, worded for one line; None if none failed."""
-        numbers = sorted(number for name, number in failures if name == info.name)
-        if not numbers:
-            return None
-        problem = failures[info.name, numbers[0]]
-        return problem if len(info.chunks) == 1 else f"(chunk {numbers[0]}) {problem}"
-
     def read_tensor(self, name: str, to: str = "auto", *, verify_hash: bool = False):
         """The tensor as torch (to="torch"), numpy (to="numpy"), or raw little-endian bytes;
-        "auto" picks torch when installed, else numpy, else bytes for dtypes numpy lacks.
-
-        Every read checks that each frame is the one the index put at its place and that zstd's
-        content checksum holds, so the bytes returned are the bytes written; `verify_hash` also
-        checks every stored byte's CRC-32 (and, in v1 bundles, the chunks' sha256), as
-        `verify()` does."""
+        "auto" picks torch when installed, else numpy, else bytes for dtypes numpy lacks. The
+        bytes returned are the bytes written; `verify_hash` adds the checks `verify()` runs
+        (which read checks which: docs/FORMAT-RATIONALE.md, "Integrity")."""
         return self.read_tensors([name], to, verify_hash=verify_hash)[name]
 
     def read_tensors(self, names, to: str = "auto", *, verify_hash: bool = False) -> dict:
@@ -336,9 +321,11 @@ class BundleReader:
 
         failures = self._decode_chunks(infos, out_for_chunk, verify_hash)
         for info in infos:
-            problem = self._chunk_failure(info, failures)
-            if problem:
-                raise self._damaged(f"tensor {info.name!r}", problem)
+            failed = min(((number, problem) for (name, number), problem in failures.items() if name == info.name),
+                         default=None)
+            if failed:
+                number, problem = failed
+                raise self._damaged(f"tensor {info.name!r}", problem if len(info.chunks) == 1 else f"(chunk {number}) {problem}")
         return {info.name: decode(outs[info.name], info.dtype, info.shape, to) for info in infos}
 
     def verify(self) -> VerifyReport:

@@ -1,11 +1,7 @@
-"""Rewriting a bundle into a new one with edits. Only the tests use it, to forge edited
-bundles: negative controls for replay (a perturbed KV block, a dropped generator state), rank
-sets, `tracekit diff`, refusals. (Redaction and shrinking write a new bundle from the content
-with `record.persist.write_content` instead.)
-
-The source is read in full and verified; `edit(metadata, tensors)` may change the metadata and
-replace, add or drop tensors (`tensors` maps names to loaded tensors); the result is written
-atomically like any bundle, with references to dropped tensors refused.
+"""Rewriting a bundle into a new one with edits, for the tests and tools that forge edited
+bundles (negative controls, rank sets, refusals). `edit(metadata, tensors)` may change the
+metadata and replace, add or drop tensors (names to loaded tensors); references to dropped
+tensors are refused.
 """
 
 from pathlib import Path

@@ -62,12 +62,8 @@ class SchemaRecord:
         fields = record_fields(cls)
         values = {name: convert(data[name], annotation, f"{where}.{name}")
                   for name, annotation in fields.items() if name in data}
-        missing = [
-            item.name
-            for item in dataclasses.fields(cls)
-            if item.name in fields and item.name not in values
-            and item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
-        ]
+        missing = [item.name for item in dataclasses.fields(cls)
+                   if item.name in fields and item.name not in values and default_of(item) is dataclasses.MISSING]
         if missing:
             raise BundleError(f"bundle content: {where} lacks required field(s) {', '.join(missing)}")
         extras = {key: value for key, value in data.items() if key not in fields}
@@ -79,6 +75,11 @@ class SchemaRecord:
         """Rules between fields that no annotation can state, checked once a record of a
         bundle is built (a `BundleError` naming `where` if one breaks): the values a replay
         would otherwise index or size with, later, inside vLLM."""
+
+
+def default_of(item: dataclasses.Field) -> Any:
+    """The value a record's field takes where a bundle lacks it; `dataclasses.MISSING`: none."""
+    return item.default if item.default_factory is dataclasses.MISSING else item.default_factory()
 
 
 @dataclass
@@ -253,8 +254,7 @@ class RecordedObject(SchemaRecord):
         if self.read_keys is None:
             return plain
         changed = [item.name for item in dataclasses.fields(self) if in_file(item) and item.name not in self.read_keys
-                   and getattr(self, item.name) != (item.default_factory() if item.default is dataclasses.MISSING
-                                                    else item.default)]
+                   and getattr(self, item.name) != default_of(item)]
         return {key: plain[key] for key in [*self.read_keys, *changed, *self.extras] if key in plain}
 
 

@@ -17,11 +17,9 @@ import typing
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 from tracekit.errors import BundleError
-from tracekit.format.untrusted import KIND_NAMES, is_tensor_ref, kind_of
+from tracekit.format.untrusted import KIND_NAMES, PLAIN_TYPES, is_tensor_ref, kind_of
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-# What msgpack unpacks to; a tensor field holding anything else holds a loaded tensor.
-_PLAIN_TYPES = (dict, list, str, bytes, int, float, bool, type(None))
 
 
 class Tensor:
@@ -58,7 +56,7 @@ def convert(value: Any, annotation: Any, where: str) -> Any:
     if dataclasses.is_dataclass(annotation):
         return annotation.from_plain(value, where)
     if annotation is Tensor:
-        if is_tensor_ref(value) or not isinstance(value, _PLAIN_TYPES):
+        if is_tensor_ref(value) or not isinstance(value, PLAIN_TYPES):  # else: a loaded tensor
             return value
         raise wrong_type(where, annotation, value)
     if annotation in (int, float, str, bool):

@@ -59,6 +59,7 @@ def is_tensor_ref(value) -> bool:
 
 KIND_NAMES = {str: "a str", int: "an int", float: "a float", bool: "a bool", bytes: "a bin", list: "a list",
               dict: "a map", type(None): "nil"}
+PLAIN_TYPES = tuple(KIND_NAMES)  # what msgpack unpacks to
 
 
 def kind_of(value) -> str:
