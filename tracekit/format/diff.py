@@ -6,7 +6,7 @@ the order the first bundle stores them, forward order: so the first tensor that 
 the two runs part. The rest of the metadata is compared field by field.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,7 @@ class BundleDiff:
         return not self.only_in_first and not self.only_in_second and all(t["bit_exact"] for t in self.tensors)
 
     def to_plain(self) -> dict[str, Any]:
-        return {
-            "identical_tensors": self.identical_tensors,
-            "first_difference": self.first_difference,
-            "tensors": self.tensors,
-            "only_in_first": self.only_in_first,
-            "only_in_second": self.only_in_second,
-            "metadata": self.metadata,
-        }
+        return {"identical_tensors": self.identical_tensors, "first_difference": self.first_difference, **asdict(self)}
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:

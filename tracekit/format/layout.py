@@ -9,11 +9,9 @@ import struct
 
 import msgpack
 
-# Version 2 adds each frame's zstd content checksum to its index entry (plain reads bind every
-# frame to its place without hashing it) and drops the per-chunk sha256; version 1 stays readable.
+# 2: each frame's zstd content checksum in its index entry, no chunk sha256 (v1 stays readable).
 FORMAT_VERSION = 2
-# What this writer's bundles need; raised only when a change would break older readers
-# (a v1 reader refuses the 5-number frame entries of v2).
+# What this writer's bundles need: raised only for a change older readers cannot ignore.
 MIN_READER_VERSION = 2
 # The newest format this code reads; a bundle whose min_reader_version is above it is refused.
 READER_VERSION = 2
@@ -28,8 +26,7 @@ TRAILER_FRAME_MAGIC = 0x184D2A5F
 SKIPPABLE_HEADER = struct.Struct("<II")  # magic, payload length
 TRAILER_PAYLOAD = struct.Struct("<8sQQ32s")  # magic, index frame offset, index payload length, sha256
 TRAILER_MAGIC = b"TRACEKIT"
-# What a writer puts in the trailer until it commits: a file cut short of its commit (a killed
-# writer's leftover) never reads as a bundle, even if renamed.
+# The trailer's magic until the writer commits: a killed writer's file never reads as a bundle.
 UNCOMMITTED_TRAILER_MAGIC = b"UNCOMMIT"
 # A writer's temporary file is named ".<target name>.<host>-<pid>-<random>" + this suffix.
 PARTIAL_SUFFIX = ".tracekit-partial"

@@ -155,10 +155,8 @@ class RunnerState(TypedDict, total=False):
     generator_state: Tensor  # V1: a seeded request's torch.Generator state
     seed: int  # V2: its sampling seed (drawn at random when the request set none)
     prefill_len: Count  # V2: the tokens the runner was given when the request was added
-    # Probabilistic drafting: what the rejection sampler reads of the request's drafts,
-    # [drafts, vocab]: V1 the drafter's probabilities, V2 its logits (before temperature)
-    draft_probs: Tensor
-    draft_logits: Tensor
+    draft_probs: Tensor  # V1, probabilistic drafting: the drafter's probabilities, [drafts, vocab]
+    draft_logits: Tensor  # V2: its logits (before temperature)
 
 
 @dataclass
@@ -461,10 +459,8 @@ class GrammarRecord(SchemaRecord):
 
     request_ids: list[str]  # the requests sampling under a grammar, in the order of the bitmask rows
     rows_per_request: list[Size]  # the rows each owns: 1 + its drafts this step
-    # int32 [sum(rows_per_request), ceil(vocab / 32)]: bit j of word i set = token 32i+j allowed
-    bitmask: Tensor
-    # per request: how many leading drafts the mask constrained (vLLM 0.32+; None where vLLM has none)
-    num_acceptable_drafts: list[Count] | None = None
+    bitmask: Tensor  # int32 [sum(rows_per_request), ceil(vocab / 32)]: bit j of word i set = token 32i+j allowed
+    num_acceptable_drafts: list[Count] | None = None  # per request: leading drafts the mask constrained
 
     def check_values(self, where: str) -> None:
         counts = [len(self.rows_per_request)]

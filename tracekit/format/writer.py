@@ -82,8 +82,8 @@ class BundleWriter:
         self._encoder = ChunkEncoder(compression_level)
         self._threads = threads or min(4, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-writer")
-        self._tensors: dict[str, TensorInfo] = {}
-        self._order: list[str] = []  # tensors as added (an empty one completes before earlier ones)
+        # As added (an empty one completes before earlier ones): None until its chunks are written
+        self._tensors: dict[str, TensorInfo | None] = {}
         self._unfinished: dict[str, _UnfinishedTensor] = {}
         self._in_flight: collections.deque = collections.deque()  # (tensor name, nbytes, future)
         self._total_nbytes = 0
@@ -131,14 +131,14 @@ class BundleWriter:
         self._check_open()
         if not isinstance(name, str) or not 0 < len(name) <= limits.MAX_NAME_CHARS:
             raise BundleError(f"tensor name must be a non-empty string of at most {limits.MAX_NAME_CHARS} characters")
-        if name in self._tensors or name in self._unfinished:
+        if name in self._tensors:
             raise BundleError(f"tensor {name!r} is already in the bundle")
-        if len(self._tensors) + len(self._unfinished) >= limits.MAX_TENSORS:
+        if len(self._tensors) >= limits.MAX_TENSORS:
             raise BundleError(f"a bundle holds at most {limits.MAX_TENSORS} tensors")
         dtype, shape, flat = as_flat_bytes(tensor)
         if flat.nbytes > limits.MAX_TENSOR_BYTES or self._total_nbytes + flat.nbytes > limits.MAX_TOTAL_TENSOR_BYTES:
             raise BundleError(f"tensor {name!r} ({flat.nbytes} bytes) is over the size caps")
-        self._order.append(name)
+        self._tensors[name] = None
         itemsize = DTYPES[dtype].itemsize
         filter_name = choose_filter(itemsize, flat.nbytes)
         step = self._chunk_bytes - self._chunk_bytes % itemsize
@@ -220,7 +220,7 @@ class BundleWriter:
                 FrameRef(self._write(frame), len(frame), len(self._metadata_content), zlib.crc32(frame), content_checksum(frame)),
                 hashlib.sha256(self._metadata_content).digest(),
             )
-            index = Index(self._header_sha256, {name: self._tensors[name] for name in self._order}, metadata).pack()
+            index = Index(self._header_sha256, self._tensors, metadata).pack()
             index_offset = self._write(skippable_frame(INDEX_FRAME_MAGIC, index))
             index_sha256 = hashlib.sha256(index).digest()
             self._write(trailer(index_offset, len(index), index_sha256, magic=UNCOMMITTED_TRAILER_MAGIC))
