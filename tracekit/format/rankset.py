@@ -21,10 +21,7 @@ MAX_FOLDER_SCAN = 256  # bundles of a part's folder read when looking for rename
 class RankSet:
     """The parts found for one step of one recording session."""
 
-    world_size: int
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    set_id: str | None
+    parallel: ParallelRank  # the layout and session, as the part the set was found from has them
     step_index: int
     parts: dict[int, Path] = field(default_factory=dict)  # rank -> bundle
     expected: dict[int, Path] = field(default_factory=dict)  # rank -> where the recorder wrote it
@@ -32,7 +29,7 @@ class RankSet:
 
     @property
     def missing(self) -> list[int]:
-        return [rank for rank in range(self.world_size) if rank not in self.parts]
+        return [rank for rank in range(self.parallel.world_size) if rank not in self.parts]
 
     @property
     def complete(self) -> bool:
@@ -48,16 +45,16 @@ class RankSet:
                 for rank in self.missing
             )
             raise BundleError(
-                f"step {self.step_index} was recorded on {self.world_size} ranks, but {where} "
+                f"step {self.step_index} was recorded on {self.parallel.world_size} ranks, but {where} "
                 f"{'is' if len(self.missing) == 1 else 'are'} missing; replaying needs every rank's bundle"
             )
 
     def to_plain(self) -> dict:
         return {
-            "world_size": self.world_size,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "pipeline_parallel_size": self.pipeline_parallel_size,
-            "set_id": self.set_id,
+            "world_size": self.parallel.world_size,
+            "tensor_parallel_size": self.parallel.tensor_parallel_size,
+            "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
+            "set_id": self.parallel.set_id,
             "step": self.step_index,
             "parts": {str(rank): str(path) for rank, path in sorted(self.parts.items())},
             "missing": self.missing,
@@ -80,15 +77,7 @@ def find_rank_set(path: str | Path) -> RankSet:
     path = Path(path)
     content = read_part(path)
     parallel = content.parallel
-    step_index = content.steps[0].index if content.steps else 0
-    found = RankSet(
-        world_size=parallel.world_size,
-        tensor_parallel_size=parallel.tensor_parallel_size,
-        pipeline_parallel_size=parallel.pipeline_parallel_size,
-        set_id=parallel.set_id,
-        step_index=step_index,
-        parts={parallel.rank: path},
-    )
+    found = RankSet(parallel, content.steps[0].index if content.steps else 0, parts={parallel.rank: path})
     if not parallel.multi_rank:
         return found
     folder = path.parent
@@ -119,16 +108,16 @@ def _consider(found: RankSet, candidate: Path, reference: SchedulerOutputRecord,
         return
     parallel = content.parallel
     step = content.steps[0] if content.steps else None
-    if parallel.set_id != found.set_id or step is None or step.index != found.step_index or not parallel.multi_rank:
+    if parallel.set_id != found.parallel.set_id or step is None or step.index != found.step_index or not parallel.multi_rank:
         if listed_rank is not None:
             found.problems.append(
                 f"{candidate} (where rank {listed_rank}'s bundle of step {found.step_index} belongs) holds "
-                f"{_describe(parallel, step)}, not step {found.step_index} of session {found.set_id}"
+                f"{_describe(parallel, step)}, not step {found.step_index} of session {found.parallel.set_id}"
             )
         return
     if parallel.rank in found.parts:
         return
-    if (parallel.world_size, parallel.tensor_parallel_size) != (found.world_size, found.tensor_parallel_size):
+    if (parallel.world_size, parallel.tensor_parallel_size) != (found.parallel.world_size, found.parallel.tensor_parallel_size):
         found.problems.append(f"{candidate} has another parallel layout (world size {parallel.world_size})")
     elif step.scheduler_output != reference:
         found.problems.append(f"{candidate}: rank {parallel.rank} ran another batch than the other ranks")

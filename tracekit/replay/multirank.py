@@ -130,7 +130,7 @@ def replay_rank_set(
         require_replayable_kind(step)
     require_recorded_release_here(content)
     require_layout_buildable(content.parallel, overrides)
-    bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.world_size)]
+    bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.parallel.world_size)]
     runs = iters * samples if timing else 0
     engine = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=model,
                                             allow_weights_mismatch=allow_weights_mismatch, overrides=overrides))
@@ -167,8 +167,8 @@ def replay_rank_set(
         bundle=str(opened.path),
         step_index=step.index,
         trigger=step.trigger,
-        tensor_parallel_size=rank_set.tensor_parallel_size,
-        pipeline_parallel_size=rank_set.pipeline_parallel_size,
+        tensor_parallel_size=rank_set.parallel.tensor_parallel_size,
+        pipeline_parallel_size=rank_set.parallel.pipeline_parallel_size,
         ranks=per_rank,
         step_latency_us=latency_summary(slowest, samples, "perf_counter, slowest rank") if runs else None,
         environment_differences=prepared[0]["environment_differences"],
