@@ -307,7 +307,7 @@ def test_a_later_window_step_cut_keeps_its_kept_requests_proposals_and_no_kv_dig
     """Shrinking a window by requests: the drafter's proposals (token ids) of the kept requests
     stay, row for row; the digest of the step's KV writes goes (floats: they depend on the batch)."""
     from tracekit.format.schema import CarriedStep, KVWritten
-    from tracekit.share.shrink_window import _as_carried
+    from tracekit.share.reduce_step import as_carried
 
     step = sample.steps[0]
     kept = step.batch_order[1:3]
@@ -316,6 +316,6 @@ def test_a_later_window_step_cut_keeps_its_kept_requests_proposals_and_no_kv_dig
     recorded = CarriedStep(index=step.index, scheduler_output=SchedulerOutputRecord(), batch_order=list(step.batch_order),
                            proposals=proposals,
                            kv_written=[KVWritten(["layers.0"], torch.zeros(1, len(step.batch_order), dtype=torch.int64))])
-    carried = _as_carried(cut, recorded, set(kept))
+    carried = as_carried(cut, recorded, set(kept))
     assert carried.batch_order == kept and carried.kv_written == []
     assert carried.proposals.tolist() == proposals[1:3].tolist()

@@ -1,7 +1,7 @@
-"""What `tracekit shrink --until PROPERTY` keeps true while it cuts a step down.
+"""What `tracekit shrink --until PROPERTY` keeps true while it cuts a bundle down.
 
-A cut batch has no recorded outputs to compare with, so every property is judged from the
-replay alone:
+Of a single step, a cut batch has no recorded outputs to compare with, so every property is
+judged from the replay alone:
 
   raises         the forward raises the recorded error again (same type and message)
   nonfinite      the hidden states or logits of the replayed forward hold a NaN or an inf
@@ -10,48 +10,44 @@ replay alone:
                  the tolerance (relative RMS of the hidden states; 0: any bit)
   command:CMD    CMD exits 0 on the cut bundle (`{bundle}` in CMD is its path; else appended)
 
+Of several steps (`record --window`), the replay is checked against the recording:
+
+  diverges       the steps part from the recording at the same step and item as the bundle's own
+                 replay (`step S/item`)
+  raises         the last step raises the recorded error again
+
 The engine properties replay on one engine, built once (or handed in) and reused for every
-trial; `command:` needs no engine at all.
+trial (`shrink_trials.EngineReplayer`); `command:` needs no engine at all.
 """
 
 import shlex
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import Step
 from tracekit.numerics import compare_tensors
+from tracekit.share.shrink_trials import EngineReplayer
 
 PROPERTY_NAMES = ("raises", "nonfinite", "modes-differ", "command:CMD")
+WINDOW_PROPERTIES = ("diverges", "raises")
+# The items steps may part at for their requests to be cut: what the runner fed the model, which
+# a smaller batch does not change.
+FED_ITEMS = ("batch_order", "input_ids", "positions")
 
 
 @dataclass
 class PropertyOutcome:
-    """The outcome of checking a property on one candidate step: whether it holds, and what
-    was seen (a line for the shrink log). Not a replay verdict (`tracekit.replay.verdict`)."""
+    """The outcome of checking a property on one candidate: whether it holds, and what was seen
+    (a line for the shrink log; `result`: the replay of several steps). Not a replay verdict
+    (`tracekit.replay.verdict`)."""
 
     holds: bool
     detail: str
-
-
-class StepReplayer:
-    """Runs candidate steps: on the reused engine, or written to a file for a command."""
-
-    def run(self, step: Step, on_forward: Callable[[Any], None] | None) -> Any:
-        """The step replayed (an `ObservedStep`); raises what its forward raises."""
-        raise NotImplementedError
-
-    def write(self, step: Step) -> Path:
-        """A bundle file holding the step."""
-        raise NotImplementedError
-
-    def engine_mode(self) -> str:
-        """"eager" or "compiled": how the engine's own forward runs."""
-        raise NotImplementedError
+    result: Any = None
 
 
 class StepProperty:
@@ -63,8 +59,12 @@ class StepProperty:
     def check_bundle(self, step: Step) -> None:
         """Refuse (exit 2) a property this bundle cannot have, before any engine starts."""
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
+    def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
         raise NotImplementedError
+
+    def requests_kept(self, first: Step) -> str | None:
+        """Why the requests cannot be cut (None: they can)."""
+        return None
 
 
 def _described(error: BaseException) -> str:
@@ -76,7 +76,7 @@ class Raises(StepProperty):
         if step.error is None:
             raise UsageError("--until raises needs a bundle whose recorded forward raised (record with --on exception)")
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
+    def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
         try:
             replayer.run(step, None)
         except Exception as error:  # the property is about exactly this
@@ -90,7 +90,7 @@ def _first_rows(tensor: Any, rows: int) -> Any:
 
 
 class NonFinite(StepProperty):
-    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
+    def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
         try:
             observed = replayer.run(step, None)
         except Exception as error:  # a forward that raises yields no values at all
@@ -110,7 +110,7 @@ class ModesDiffer(StepProperty):
         super().__init__(text)
         self.tolerance = tolerance
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
+    def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
         if replayer.engine_mode() == "eager" and step.graph.runtime_mode == "NONE":
             raise UsageError(
                 "--until modes-differ compares the engine's compiled (or graph) forward with the eager one, "
@@ -146,14 +146,65 @@ class Command(StepProperty):
             raise UsageError("--until command:CMD needs a command after 'command:'")
         self.command = command
 
-    def evaluate(self, step: Step, replayer: StepReplayer) -> PropertyOutcome:
+    def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
         path = shlex.quote(str(replayer.write(step)))
         line = self.command.replace("{bundle}", path) if "{bundle}" in self.command else f"{self.command} {path}"
         finished = subprocess.run(line, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return PropertyOutcome(finished.returncode == 0, f"exit {finished.returncode}")
 
 
-def parse_property(text: str, tolerance: float = 0.0) -> StepProperty:
+class WindowProperty(StepProperty):
+    """`diverges` or `raises` on several steps, judged by their replay against the recording."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.target: str | None = None  # where the bundle's own replay parts (`step S/item`), once `aim` saw it
+
+    def check_bundle(self, step: Step) -> None:
+        if self.text == "raises" and not any(carried.error for carried in step.later):
+            raise UsageError("--until raises needs a window whose last step raised when it was recorded")
+
+    def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
+        return self.judge(replayer.replay(step))
+
+    def judge(self, result: Any, before: int | None = None) -> PropertyOutcome:
+        """Whether the replay keeps the property: the steps before `before` (a rebuilt step)
+        bit-exact, and the target step and item parting (before `aim`: any), or the last step
+        raising as recorded."""
+        if before is not None:
+            parted = [step.step_index for step in result.steps if step.step_index < before and not step.bit_exact]
+            if parted:
+                return PropertyOutcome(False, f"step {parted[0]} before the rebuilt one parted", result)
+        if self.text == "raises":
+            verdict = result.verdict.name.value
+            return PropertyOutcome(verdict == "error_reproduced", verdict, result)
+        found = result.first_divergence
+        return PropertyOutcome(found is not None and found == (self.target or found),
+                               f"first divergence {found or 'none'}", result)
+
+    def aim(self, result: Any) -> int:
+        """The step the property is about in the bundle's own replay (`result`): the one that
+        raises, or the first that parts, which every later judgement must part at."""
+        if self.text == "raises":
+            return result.steps[-1].step_index
+        self.target = result.first_divergence
+        return int(self.target.split("/", 1)[0].removeprefix("step "))
+
+    def requests_kept(self, first: Step) -> str | None:
+        if self.text == "diverges" and self.target.split("/", 1)[1] not in FED_ITEMS:
+            return (f"the window parts first at {self.target}, which a smaller batch may change by itself "
+                    "(float rounding, random draws): its requests are kept")
+        if first.grammar is not None or any(carried.grammar is not None for carried in first.later):
+            return "a step holds a grammar mask (structured outputs): its requests are kept"
+        return None
+
+
+def parse_property(text: str, tolerance: float = 0.0, several: bool = False) -> StepProperty:
+    """The property `--until` names, for a single step or for several (`several`)."""
+    if several:
+        if text not in WINDOW_PROPERTIES:
+            raise UsageError(f"--until {text} is not for a window of steps: choose one of {', '.join(WINDOW_PROPERTIES)}")
+        return WindowProperty(text)
     if text.startswith("command:"):
         return Command(text, text.removeprefix("command:"))
     if text == "raises":

@@ -1,4 +1,4 @@
-"""A recorded step cut down to fewer requests and shorter prefill chunks, still consistent.
+"""A recorded step (or several) cut down to fewer requests and shorter prefill chunks, still consistent.
 
 `tracekit shrink` tries many such cuts. A cut keeps, for each request it keeps, the first
 `n` of its scheduled tokens (a chunk can only end earlier: its start is fixed by the KV cache
@@ -8,6 +8,9 @@ filtered), the input ids and positions (each kept request's slice of the recorde
 blocks (only those the cut batch reads, from the recorded snapshot), and the scheduler output
 record. What the forward produced for the whole batch (outputs, KV written, timing, graph
 padding) is not known for the cut one and is dropped.
+
+Several steps (`cut_steps`, `steps_between`) are cut by whole requests, each step scheduling what it
+did; each keeps its sampled ids of the kept requests, which the steps after it read.
 """
 
 import dataclasses
@@ -16,15 +19,28 @@ from typing import Any
 import torch
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import GrammarRecord, KVGroupSnapshot, KVSnapshot, RequestState, Step, StepTiming
+from tracekit.format.schema import (
+    CarriedStep,
+    GrammarRecord,
+    KVGroupSnapshot,
+    KVMode,
+    KVSnapshot,
+    RequestState,
+    Step,
+    StepOutputs,
+    StepTiming,
+)
 from tracekit.integrations.vllm.records.step_records import rebuild_scheduler_output
 from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 
 
-def scheduled_tokens(step: Step) -> dict[str, int]:
-    """Each request's scheduled token count, in batch order."""
-    by_id = {request.req_id: request for request in step.requests}
-    return {req_id: by_id[req_id].num_scheduled_tokens for req_id in step.batch_order}
+def scheduled_tokens(*steps: Step) -> dict[str, int]:
+    """Each request's scheduled token count over `steps`, in the order the requests first run."""
+    counts: dict[str, int] = {}
+    for step in steps:
+        for req_id in step.batch_order:
+            counts[req_id] = counts.get(req_id, 0) + step.request(req_id).num_scheduled_tokens
+    return counts
 
 
 def reduce_step(step: Step, keep: dict[str, int]) -> Step:
@@ -140,3 +156,60 @@ def reduced_kv(kv: KVSnapshot, requests: list[RequestState]) -> KVSnapshot:
         ))
     return dataclasses.replace(kv, groups=groups, extras=dict(kv.extras))
 
+
+
+def steps_between(first: Step, steps: list[Any], start: int, last: int, kv_read: list[dict[str, Any]] | None) -> Step:
+    """The steps `start`..`last` of those `first` opens (`steps`: each whole, `expand_window`). A
+    later step made the first holds the blocks it reads as a replay's forward read them (`kv_read`,
+    per KV cache group; mode `read`)."""
+    by_index = {each.index: each for each in steps}
+    head = first
+    if start != first.index:
+        step = by_index[start].step
+        groups = [dataclasses.replace(group, saved_block_ids=list(group.read_block_ids), before=blocks, after={})
+                  for group, blocks in zip(step.kv.groups, kv_read)]
+        head = dataclasses.replace(step, kv=KVSnapshot(mode=KVMode.READ.value, groups=groups), window=None)
+    carried = [by_index[index].carried for index in range(start + 1, last + 1)]
+    calls = [call for call in first.runner_calls if start <= call["step"] <= last]
+    return head.with_later(carried, by_index[start].held, calls, requested=len(carried) + 1)
+
+
+def cut_steps(steps: list[Any], first: Step, keep: set[str]) -> Step | None:
+    """The steps `first` opens (`steps`: each whole) with only the requests in `keep` (None where a
+    step would run none): each step's batch, scheduler output and inputs cut (`reduce_step`), its
+    sampled ids kept for them (float outputs depend on the whole batch)."""
+    reduced = []
+    for each in steps:
+        step = each.step
+        counts = {request.req_id: request.num_scheduled_tokens for request in step.requests if request.req_id in keep}
+        if not counts:
+            return None
+        sampled = step.outputs.sampled_token_ids if step.outputs is not None else None
+        outputs = None if sampled is None else StepOutputs(
+            sampled_token_ids=[ids for req_id, ids in zip(step.batch_order, sampled) if req_id in counts])
+        reduced.append(dataclasses.replace(reduce_step(step, counts), outputs=outputs))
+    held = [request for request in steps[0].held if request.req_id in keep]
+    carried = [as_carried(cut, each.carried, keep) for cut, each in zip(reduced[1:], steps[1:])]
+    return reduced[0].with_later(carried, held, first.runner_calls)
+
+
+def as_carried(cut: Step, recorded: CarriedStep, keep: set[str]) -> CarriedStep:
+    """A cut later step back as a carried one: the drafter's proposals of the kept requests (token
+    ids, as the sampled ones), and no digest of its KV writes (floats: they depend on the batch)."""
+    rows = [row for row, req_id in enumerate(recorded.batch_order) if req_id in keep]
+    proposals = recorded.proposals
+    if proposals is not None and proposals.dim() >= 1 and proposals.shape[0] == len(recorded.batch_order):
+        proposals = proposals[rows]
+    return dataclasses.replace(
+        recorded,
+        scheduler_output=cut.scheduler_output,
+        batch_order=cut.batch_order,
+        runner_states={req_id: state for req_id, state in recorded.runner_states.items() if req_id in keep},
+        input_ids=cut.input_ids,
+        positions=cut.positions,
+        graph=cut.graph,
+        outputs=cut.outputs,
+        timing=dataclasses.replace(recorded.timing),
+        proposals=proposals,
+        kv_written=[],
+    )

@@ -1,30 +1,45 @@
-"""`shrink(bundle, output, until)`: the smallest batch of a recorded step that keeps a property.
+"""`shrink(bundle, output, until)`: the fewest steps, requests and tokens of a recorded bundle of
+N >= 1 steps that keep a property (`properties`). One search, by steps, then requests:
 
-Delta debugging (Zeller's ddmin) over the step's requests in batch order, then, for each prefill
-chunk that remains, the shortest chunk (a binary search over where it ends) that still keeps
-the property. Every trial is a replay of the cut step on one engine, reused throughout; a trial
-already judged is never replayed again. The search order depends only on the bundle, so a second
-run on the same bundle and engine gives the same bundle, byte for byte.
+1. Steps (N > 1): the steps after the one the property is about, S (the first that parts from
+   the recording, or the last, raising), are dropped. Then for K = S, S-1, ..., the steps are
+   replayed with the runner's state rebuilt at K (`replay --from K`, cut at S); K holds when the
+   steps before it replayed bit-exact — so the KV cache at K is the recording's, as far as any
+   check sees — and the property still holds. The largest K that holds becomes the first step:
+   whole, its request states derived from the bundle, the KV blocks it reads copied from the
+   replay engine's cache just before its forward (the derivation says so). At most S replays.
+2. Requests: delta debugging (Zeller's ddmin) over the requests in the order they first run; a
+   cut drops a request from every step (`reduce_step`), and one that leaves a step with no
+   request does not hold. Of several steps, requests are cut only where the steps part first in
+   what the runner fed the model (`properties.FED_ITEMS`), which depends on the requests' tokens
+   and the schedule alone: a smaller batch may round otherwise (float outputs are dropped) and
+   sample otherwise (V1 draws unseeded requests from one generator), which shows as a sampled id
+   parting, in the same step or an earlier one, so never as the item the steps part at. Where
+   they part first elsewhere, or a step holds a grammar mask, the requests are kept (the
+   derivation says why).
+3. Chunks (N = 1): for each prefill chunk that remains, the shortest (a binary search over where
+   it ends) that still keeps the property.
 
-A window of steps (`record --window`) is shrunk by `shrink_window`, by steps, then requests.
-
-The result records where it came from (file name and sha256), the property and the counts in its
-`derivations`; it holds no outputs (a cut batch was never run by the engine that recorded it).
+Every trial is a replay on one engine, reused throughout; a trial already judged is never
+replayed again. The search order depends only on the bundle, so a second run on the same bundle
+and engine gives the same bundle, byte for byte. The result records where it came from (file
+name and sha256), the property and the counts in its `derivations`; a cut single step holds no
+outputs (the engine that recorded it never ran the cut batch).
 """
 
 import tempfile
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 
 from tracekit.errors import UsageError
 from tracekit.format.schema import Step
 from tracekit.outputs import require_parent
-from tracekit.share.properties import PropertyOutcome, StepProperty, StepReplayer, parse_property
-from tracekit.share.reduce_step import reduce_step, scheduled_tokens
+from tracekit.share.properties import PropertyOutcome, StepProperty, parse_property
+from tracekit.share.reduce_step import cut_steps, reduce_step, scheduled_tokens, steps_between
 from tracekit.share.shrink_trials import (
     EngineReplayer,
     ShrinkReport,
@@ -35,30 +50,79 @@ from tracekit.share.shrink_trials import (
 )
 
 
-class _Trials:
-    """Judges cut steps, each at most once, and shows each judgement as it comes."""
+class _Search:
+    """The steps a shrink has come down to, and the candidates judged on them: each at most once,
+    each judgement shown as it comes."""
 
-    def __init__(self, step: Step, prop: StepProperty, replayer: StepReplayer, console: Console):
-        self.step = step
+    def __init__(self, prop: StepProperty, replayer: EngineReplayer, console: Console, first: Step):
         self.prop = prop
         self.replayer = replayer
         self.console = console
-        self.outcomes: dict[tuple[tuple[str, int], ...], PropertyOutcome] = {}
+        self.several = bool(first.later)
+        self.outcomes: dict[Any, PropertyOutcome] = {}
+        self.replays = 0
+        self.start_at(first)
 
-    def holds(self, keep: dict[str, int]) -> bool:
-        key = tuple((req_id, keep[req_id]) for req_id in self.step.batch_order if req_id in keep)
+    def start_at(self, first: Step) -> None:
+        """Go on with the steps `first` opens."""
+        from tracekit.integrations.vllm.replay_engine import expand_window
+
+        self.first = first
+        self.steps = expand_window(first, self.replayer.content)
+        self.requests = scheduled_tokens(*(each.step for each in self.steps))
+
+    def judge(self, key: Any, what: str, evaluate: Callable[[], PropertyOutcome]) -> PropertyOutcome:
         if key not in self.outcomes:
-            candidate = self.step if dict(key) == scheduled_tokens(self.step) else reduce_step(self.step, dict(key))
-            with self.console.status(f"replay {len(self.outcomes) + 1}: {len(key)} request(s), "
-                                     f"{sum(count for _, count in key)} token(s)"):
-                outcome = self.prop.evaluate(candidate, self.replayer)
-            self.outcomes[key] = outcome
+            self.replays += 1
+            with self.console.status(f"replay {self.replays}: {what}"):
+                outcome = self.outcomes[key] = evaluate()
             mark = "[green]holds[/green]" if outcome.holds else "[dim]no[/dim]"
-            self.console.print(
-                f"  replay {len(self.outcomes):>3}: {len(key):>3} request(s) {sum(c for _, c in key):>5} token(s)  "
-                f"{mark}  [dim]{outcome.detail}[/dim]", highlight=False,
-            )
-        return self.outcomes[key].holds
+            self.console.print(f"  replay {self.replays:>3}: {what}  {mark}  [dim]{outcome.detail}[/dim]",
+                               highlight=False)
+        return self.outcomes[key]
+
+    def candidate(self, keep: dict[str, int]) -> Step | None:
+        """The steps with only the requests in `keep` (req_id -> its tokens; of a single step, how
+        many of its scheduled tokens it keeps); None where a step would run none."""
+        if keep == self.requests:
+            return self.first
+        if self.several:
+            return cut_steps(self.steps, self.first, set(keep))
+        return reduce_step(self.first, keep)
+
+    def outcome(self, keep: dict[str, int]) -> PropertyOutcome:
+        key = (self.first.index, len(self.steps), tuple(keep.items()))
+        if key not in self.outcomes:
+            candidate = self.candidate(keep)
+            if candidate is None:
+                return PropertyOutcome(False, "a step runs none of the requests")
+            what = f"{len(keep):>3} request(s) {sum(keep.values()):>5} token(s)"
+            self.judge(key, what, lambda: self.prop.evaluate(candidate, self.replayer))
+        return self.outcomes[key]
+
+    def holds(self, req_ids: list[str]) -> bool:
+        return self.outcome({req_id: self.requests[req_id] for req_id in req_ids}).holds
+
+    def fewest_steps(self, bundle_replay: Any) -> dict[str, Any]:
+        """Step 1 of the module doc, from the bundle's own replay; the derivation's fields on it."""
+        before = [each.index for each in self.steps]
+        last = self.prop.aim(bundle_replay)
+        start, kv_read = before[0], None
+        for rebuilt in range(last, before[0], -1):
+            outcome = self.judge(("from", rebuilt), f"steps {rebuilt}..{last}, rebuilt at {rebuilt}", lambda k=rebuilt: (
+                self.prop.judge(self.replayer.replay(self.first, from_step=k, until=last, keep_kv_read=True), before=k)))
+            if outcome.holds:
+                start, kv_read = rebuilt, outcome.result.sequence.kv_read[rebuilt]
+                break
+        self.start_at(steps_between(self.first, self.steps, start, last, kv_read))
+        return {
+            "target": self.prop.target if self.prop.text == "diverges" else f"step {last} raises",
+            "steps_before": before,
+            "steps_after": self.first.window_indices,
+            # the KV blocks the first step reads: from the recording, or from the replay engine's
+            # cache after a bit-exact replay of the steps dropped before it
+            "first_step_kv": "recorded" if kv_read is None else "replayed",
+        }
 
 
 def shrink(
@@ -73,8 +137,8 @@ def shrink(
     llm: Any = None,
     console: Console | None = None,
 ) -> ShrinkReport:
-    """Cut the step down while `until` holds and write the result to `output`. Pass `llm` to
-    replay on an engine you hold (it must be built for the bundle's engine arguments)."""
+    """Cut the bundle's steps down while `until` holds and write the result to `output`. Pass
+    `llm` to replay on an engine you hold (it must be built for the bundle's engine arguments)."""
     from tracekit.format.content import load_step
     from tracekit.integrations.vllm.replay_engine import require_replayable_kind
 
@@ -84,29 +148,25 @@ def shrink(
     require_parent(output)
     content, recorded = load_step(bundle, step)
     require_replayable_kind(recorded)
-    if recorded.later:
-        from tracekit.share.shrink_window import shrink_window
-
-        with closing(EngineReplayer(content, llm, model, allow_weights_mismatch, recorded=recorded)) as replayer:
-            return shrink_window(bundle, output, until, content=content, first=recorded, replayer=replayer,
-                                 console=console)
-    prop = parse_property(until, tolerance)
+    prop = parse_property(until, tolerance, several=bool(recorded.later))
     prop.check_bundle(recorded)
-    original = scheduled_tokens(recorded)
     with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir, \
             closing(EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir), recorded)) as replayer:
-        trials = _Trials(recorded, prop, replayer, console)
-        console.print(f"[bold]shrink[/bold] {bundle}: {len(original)} request(s), {sum(original.values())} "
+        search = _Search(prop, replayer, console, recorded)
+        original = search.requests
+        steps = f"steps {recorded.index}..{search.steps[-1].index}, " if search.several else ""
+        console.print(f"[bold]shrink[/bold] {bundle}: {steps}{len(original)} request(s), {sum(original.values())} "
                       f"token(s), until {until}", highlight=False)
-        if not trials.holds(original):
-            detail = next(iter(trials.outcomes.values())).detail
-            raise UsageError(f"--until {until} does not hold on {bundle} ({detail}); nothing written")
-        kept_ids = ddmin(list(original), lambda ids: trials.holds({i: original[i] for i in ids}))
-        keep = {req_id: original[req_id] for req_id in kept_ids}
-        for req_id in kept_ids:  # a decode schedules one token; a prefill chunk can end earlier
+        itself = search.outcome(original)
+        if not itself.holds:
+            raise UsageError(f"--until {until} does not hold on {bundle} ({itself.detail}); nothing written")
+        more = search.fewest_steps(itself.result) if search.several else {}
+        not_cut = prop.requests_kept(search.first)
+        kept = list(search.requests) if not_cut else ddmin(list(search.requests), search.holds)
+        keep = {req_id: search.requests[req_id] for req_id in kept}
+        for req_id in [] if search.several else kept:  # a decode schedules one token; a chunk can end earlier
             if keep[req_id] > 1:
-                keep[req_id] = shortest_length(keep[req_id], lambda n, r=req_id: trials.holds({**keep, r: n}))
-        final = recorded if keep == original else reduce_step(recorded, keep)
+                keep[req_id] = shortest_length(keep[req_id], lambda n, r=req_id: search.outcome({**keep, r: n}).holds)
         report = ShrinkReport(
             output=str(output),
             property=until,
@@ -114,12 +174,15 @@ def shrink(
             requests_after=len(keep),
             tokens_before=sum(original.values()),
             tokens_after=sum(keep.values()),
-            replays=len(trials.outcomes),
+            replays=search.replays,
             seconds=0.0,
             kept=keep,
         )
-        derivation = shrink_derivation(bundle, recorded.index, until, report,
-                                       **({"tolerance": tolerance} if until == "modes-differ" else {}))
-        write_step(output, content, final, [derivation])
+        if not_cut:
+            more["requests_not_cut"] = not_cut
+        if until == "modes-differ":
+            more["tolerance"] = tolerance
+        derivation = shrink_derivation(bundle, recorded.index, until, report, **more)
+        write_step(output, content, search.candidate(keep), [derivation])
     report.seconds = time.perf_counter() - started
     return report

@@ -1,6 +1,6 @@
-"""What every shrink search shares (`tracekit shrink` of a step, of a window; `tracekit
-invariance` replays on the same engine): the engine candidates replay on, the searches over
-what to keep, the report, and the written result with where it came from.
+"""What the shrink search is built from (`tracekit invariance` replays on the same engine): the
+engine candidates replay on, the searches over what to keep, the report, and the written result
+with where it came from.
 """
 
 import hashlib
@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.format.schema import BundleContent, Step
-from tracekit.share.properties import StepReplayer
 
 
 @dataclass
@@ -87,7 +86,7 @@ def shortest_length(length: int, holds: Callable[[int], bool]) -> int:
     return high
 
 
-class EngineReplayer(StepReplayer):
+class EngineReplayer:
     """Builds the recorded engine on first use (or takes `llm`) and runs steps on it (also
     `tracekit invariance`'s variants)."""
 
@@ -135,16 +134,26 @@ class EngineReplayer(StepReplayer):
         return self.engine().adapter
 
     def run(self, step: Step, on_forward: Any) -> Any:
+        """The step replayed (an `ObservedStep`); raises what its forward raises."""
         engine = self.engine()
         try:
             return engine.driver(step, self.lora_paths, on_forward=on_forward).run_one()
         finally:
             engine.forget_cached_prefixes()
 
+    def replay(self, first: Step, **window: Any) -> Any:
+        """`first` and the steps after it replayed, checked against the recording (a
+        `ReplayResult`; `window`: `replay_candidate`'s from_step, until, keep_kv_read)."""
+        from tracekit.replay.replayer import replay_candidate
+
+        return replay_candidate(self.engine(), self.content, first, lora_paths=self.lora_paths, **window)
+
     def engine_mode(self) -> str:
+        """"eager" or "compiled": how the engine's own forward runs."""
         return self.adapter().reference_mode
 
     def write(self, step: Step) -> Path:
+        """A bundle file holding the step (for a `command:` property)."""
         path = self.workdir / "candidate.zst"
         write_step(path, self.content, step, [])
         return path
