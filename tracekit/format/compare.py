@@ -13,8 +13,6 @@ import numpy as np
 
 from tracekit.format.dtypes import dtype_spec
 
-FLOATING = {"float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
-            "float8_e5m2fnuz", "float8_e8m0fnu"}
 # name: (exponent bits, mantissa bits, bias, how NaN/inf are encoded)
 _FLOAT8 = {
     "float8_e4m3fn": (4, 3, 7, "fn"),  # no inf; NaN = all exponent and mantissa bits set
@@ -22,6 +20,7 @@ _FLOAT8 = {
     "float8_e4m3fnuz": (4, 3, 8, "fnuz"),  # no inf, no -0; NaN = 0x80
     "float8_e5m2fnuz": (5, 2, 16, "fnuz"),
 }
+FLOATING = {"float16", "float32", "float64", "bfloat16", "float8_e8m0fnu", *_FLOAT8}
 
 
 @cache
