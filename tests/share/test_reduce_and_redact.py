@@ -17,7 +17,7 @@ import torch
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, GrammarRecord, SchedulerOutputRecord
 from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
-from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact_step
+from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact_steps
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
 from tracekit.share.shrink_trials import ddmin, shortest_length
 
@@ -99,7 +99,7 @@ def test_shortest_length_bisects_to_the_first_length_that_holds():
 
 def test_redacted_step_keeps_what_the_forward_and_sampling_read_and_nothing_else(sample):
     step = sample.steps[0]
-    redacted, record = redact_step(step)
+    redacted, record = redact_steps(step, sample)
     assert redacted.batch_order == [f"req-{i}" for i in range(len(step.batch_order))]
     for old, new in zip(step.requests, redacted.requests):
         assert len(new.prompt_token_ids) == len(old.prompt_token_ids)
@@ -133,7 +133,7 @@ def test_redaction_blanks_unread_sampling_fields_and_keeps_the_token_prompt_logp
     index = next(i for i, r in enumerate(step.requests) if r.is_prefill)
     prefill = step.requests[index]
     changed = with_sampling(step, index, stop=["secret stop"], extra_args={"user": "alice"}, prompt_logprobs=2)
-    redacted, record = redact_step(changed)
+    redacted, record = redact_steps(changed, sample)
     new = redacted.requests[index]
     assert new.sampling_params.stop == [] and new.sampling_params.extra_args is None
     assert sorted(record.sampling_fields_removed[new.req_id]) == ["extra_args", "stop"]
@@ -145,7 +145,7 @@ def test_redaction_blanks_unread_sampling_fields_and_keeps_the_token_prompt_logp
 def test_bad_words_keep_a_requests_history_but_not_their_text(sample):
     step = sample.steps[0]
     changed = with_sampling(step, 0, bad_words=["secret"], _bad_words_token_ids=[[77]])
-    redacted, record = redact_step(changed)
+    redacted, record = redact_steps(changed, sample)
     new = redacted.requests[0]
     assert tokens_of(new) == tokens_of(step.requests[0]) and "bad_words" in record.history_kept[new.req_id]
     assert new.sampling_params.bad_words == [] and new.sampling_params._bad_words_token_ids == [[77]]
@@ -299,7 +299,7 @@ def test_redaction_renames_the_grammar_and_feature_requests(sample):
     first = step.batch_order[2]
     step.grammar = GrammarRecord([first], [1], torch.zeros(1, 16, dtype=torch.int32))
     step.features = {"structured_outputs": [first]}
-    redacted, _ = redact_step(step)
+    redacted, _ = redact_steps(step, sample)
     assert redacted.grammar.request_ids == ["req-2"] and redacted.features == {"structured_outputs": ["req-2"]}
 
 

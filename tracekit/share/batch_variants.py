@@ -29,8 +29,7 @@ def reordered(step: Step, order: list[str]) -> Step:
     """The same batch scheduled in `order` (a permutation of the recorded batch order)."""
     if sorted(order) != sorted(step.batch_order):
         raise UsageError(f"{order} is not an order of the step's batch {step.batch_order}")
-    by_id = {request.req_id: request for request in step.requests}
-    return _with_requests(step, [by_id[req_id] for req_id in order])
+    return _with_requests(step, [step.request(req_id) for req_id in order])
 
 
 def recomputed(step: Step, req_id: str) -> Step:

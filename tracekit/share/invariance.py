@@ -1,27 +1,13 @@
-"""`check_invariance(bundle)`: does each request of a recorded step come out the same in other batches?
+"""`check_invariance(bundle)`: does each request of a recorded step come out the same in other
+batches? An engine that is not batch invariant gives a request other numbers beside other
+requests, which no replay of the recorded batch shows.
 
 The step is replayed as recorded (the baseline: each request's in-batch result here), then in
-variants of its batch (`batch_variants`), all on one engine built once:
-
-  repeat        the recorded batch again: the control (an engine that is not deterministic run
-                to run makes every other verdict meaningless)
-  alone         each request by itself
-  order         the batch reversed, and rotated by one
-  fillers       new greedy prefills added so the step's token count crosses the thresholds
-                where the engine's forward may change kernels (`token_thresholds`)
-  recomputed    a request whose prompt prefix came from the prefix cache computes that prefix
-                again (not applicable where no request of the step hit the cache)
-
-A request stays invariant in a variant when its logits rows (the one its sampled token comes
-from; under speculative decoding also one per draft it verifies, its drafts going with it into
-every variant) are bit-identical to the baseline's, and — where its sampling is reproducible —
-its sampled ids (the accepted drafts and the token after them) too. Greedy and seeded requests sample reproducibly; on vLLM's V1 runner an unseeded random
-request draws from a generator the whole batch shares, so its draw depends on the batch and only
-its logits are compared (V2 keeps a seed per request, recorded in the bundle).
-
-Where a variant breaks and the engine runs eagerly, the layer probe (`layer_capture`) runs the
-baseline and that variant again capturing every module's output and names the first module whose
-rows for the moved request differ.
+variants of its batch (`VARIANT_KINDS`, built by `batch_variants`), all on one engine built once.
+A request stays invariant in a variant where its logits rows and, where its sampling is
+reproducible (`sampling_reproducible`), its sampled ids are bit-identical to the baseline's. Where
+a variant breaks on an eager engine, the layer probe (`first_moved_layer`) names the first module
+whose rows for the moved request differ. The variants and what is compared: docs/GUIDE.md#batch-invariance.
 """
 
 from contextlib import closing
@@ -147,15 +133,10 @@ def sampling_reproducible(request: RequestState) -> str | None:
 
 
 def token_thresholds(step: Step, compile_range_ends: list[int], max_tokens: int) -> dict[str, Any]:
-    """The token counts past which the engine may run the step with other kernels.
-
-    Chosen from the engine replaying the step: its graph capture sizes (a step runs the graph of
-    the smallest capture size at or above its token count, so one token past a size changes the
-    graph), its Inductor compile sizes and the ends of its compile ranges (a compiled engine runs
-    one compiled graph per range), and the multiples of 256 (kernels that tile tokens in blocks
-    of 256, like vLLM's RMSNorm, change tiling there). A filler variant schedules one token past
-    each threshold at or above the step's count, up to the most tokens the engine schedules per
-    step; where none can be reached it schedules that most, the largest batch the engine runs.
+    """The token counts past which the engine may run the step with other kernels: its graph
+    capture sizes, Inductor compile sizes and compile range ends, and the multiples of TOKEN_TILE
+    (docs/GUIDE.md#batch-invariance). The filler targets are one token past each at or above the
+    step's count that the engine can schedule, else the most it schedules per step.
     """
     graph = step.graph
     tokens = step.num_real_rows

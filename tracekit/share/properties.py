@@ -51,7 +51,7 @@ class PropertyOutcome:
 
 
 class StepProperty:
-    needs_engine = True
+    """What `--until` names: refused up front where the bundle cannot have it, judged per candidate."""
 
     def __init__(self, text: str):
         self.text = text
@@ -111,7 +111,7 @@ class ModesDiffer(StepProperty):
         self.tolerance = tolerance
 
     def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
-        if replayer.engine_mode() == "eager" and step.graph.runtime_mode == "NONE":
+        if replayer.adapter().reference_mode == "eager" and step.graph.runtime_mode == "NONE":
             raise UsageError(
                 "--until modes-differ compares the engine's compiled (or graph) forward with the eager one, "
                 "but this engine runs eagerly: record the step with compilation on"
@@ -138,8 +138,6 @@ class ModesDiffer(StepProperty):
 
 
 class Command(StepProperty):
-    needs_engine = False
-
     def __init__(self, text: str, command: str):
         super().__init__(text)
         if not command.strip():
@@ -191,6 +189,10 @@ class WindowProperty(StepProperty):
         return int(self.target.split("/", 1)[0].removeprefix("step "))
 
     def requests_kept(self, first: Step) -> str | None:
+        """Requests are cut only where the steps part first in what the runner fed the model, which
+        depends on the requests' tokens and the schedule alone: a smaller batch may round otherwise
+        and sample otherwise (V1 draws unseeded requests from one generator), which shows as a
+        sampled id parting, in the same step or an earlier one, never as the item they part at."""
         if self.text == "diverges" and self.target.split("/", 1)[1] not in FED_ITEMS:
             return (f"the window parts first at {self.target}, which a smaller batch may change by itself "
                     "(float rounding, random draws): its requests are kept")

@@ -1,28 +1,11 @@
-"""`redact(bundle, output)`: a bundle that still replays bit-exact but holds only what the
-step's forward and sampling read.
+"""`redact(bundle, output)`: a bundle that still replays bit-exact but holds only what its steps'
+forwards and sampling read, so that it can be shared (what is removed, what is kept and what a KV
+cache still reveals: docs/GUIDE.md#redact).
 
-Removed:
-* token ids the step does not compute: those already in the KV cache (before
-  `num_computed_tokens`) and those of the prompt after this step's chunk, replaced by the neutral
-  id `NEUTRAL_TOKEN_ID` so every length stays (the runner decides prefill vs decode, and whether a
-  request samples, from the prompt and output lengths). Kept in full for requests whose sampling
-  reads earlier tokens (penalties, bad words, a thinking budget) or the engine's drafter does (an
-  n-gram drafter proposes from them), listed in the record; the token after the chunk is kept
-  for requests that ask for prompt logprobs, and with a model drafter (EAGLE, MTP) also a prefill
-  chunk's request's newest token (its drafter reads one of the two);
-* request ids, replaced in batch order by `req-0`, `req-1`, ... everywhere they occur; other
-  requests the scheduler output names (finished, preempted) become `other-0`, ...;
-* sampling fields no runner reads: `stop` strings, `bad_words` text (their token ids stay),
-  `extra_args`;
-* environment variables that do not shape the numbers (`tracekit.environment`), and fields of
-  the step this tracekit does not know (they might hold anything).
-
-A window of steps is redacted as one (`plan_for` its steps): a request keeps the token ids any
-of its steps reads, and is renamed alike in each.
-
-Kept: the scheduled tokens, KV blocks, block tables, sampling parameters sampling reads, the
-generator and RNG states, the recorded outputs (needed to check the replay), the engine
-configuration and the error of a failing step. What a KV cache still reveals: docs/GUIDE.md.
+A token id no step computes becomes `NEUTRAL_TOKEN_ID`, every length kept (the runner decides
+prefill vs decode, and whether a request samples, from the prompt and output lengths); a request
+whose sampling or drafter reads its history keeps all its ids. A bundle's steps are redacted as
+one (`plan_for`): a request keeps the token ids any of its steps reads, and is renamed alike in each.
 """
 
 import dataclasses
@@ -33,7 +16,7 @@ from tracekit import __version__
 from tracekit.environment import numerics_relevant_env
 from tracekit.errors import BundleError
 from tracekit.format import open_bundle
-from tracekit.format.schema import BundleContent, CarriedStep, GrammarRecord, RequestState, SchedulerOutputRecord, Step
+from tracekit.format.schema import BundleContent, CarriedStep, RequestState, SchedulerOutputRecord, Step
 from tracekit.integrations.vllm.records.spec_decode import drafter_reads
 from tracekit.integrations.vllm.records.step_records import (
     history_readers,
@@ -171,13 +154,18 @@ def _renamed_output(output: SchedulerOutputRecord, mapping: dict[str, str]) -> S
     return SchedulerOutputRecord.from_plain(_renamed_strings(output.to_plain(), mapping))
 
 
-def _renamed_error(error: dict[str, Any] | None, plan: RedactionPlan) -> dict[str, Any] | None:
-    return error and {key: plan.renamed_in_text(value) if isinstance(value, str) else value for key, value in error.items()}
-
-
-def _renamed_grammar(grammar: GrammarRecord | None, plan: RedactionPlan) -> GrammarRecord | None:
-    return grammar and dataclasses.replace(
-        grammar, request_ids=[plan.mapping.get(req_id, req_id) for req_id in grammar.request_ids], extras={})
+def _renamed(step: Step | CarriedStep, where: str, scheduler_output: SchedulerOutputRecord, plan: RedactionPlan,
+             record: RedactionRecord, **more: Any) -> Any:
+    """A step (the first or a later one, `where` in the bundle) with `scheduler_output`, every
+    request id renamed by the plan, and the fields this tracekit does not know dropped."""
+    record.unknown_fields_removed.extend(f"{where}.{name}" for name in sorted(step.extras))
+    error = step.error and {key: plan.renamed_in_text(value) if isinstance(value, str) else value
+                            for key, value in step.error.items()}
+    grammar = step.grammar and dataclasses.replace(
+        step.grammar, request_ids=[plan.mapping.get(req_id, req_id) for req_id in step.grammar.request_ids], extras={})
+    return dataclasses.replace(step, scheduler_output=_renamed_output(scheduler_output, plan.mapping),
+                               batch_order=[plan.mapping.get(req_id, req_id) for req_id in step.batch_order],
+                               error=error, grammar=grammar, extras={}, **more)
 
 
 def _require_states_of_the_batch(step: Step) -> None:
@@ -188,59 +176,29 @@ def _require_states_of_the_batch(step: Step) -> None:
                           "requests: redact rewrites them request by request")
 
 
-def redact_step(step: Step, plan: RedactionPlan | None = None) -> tuple[Step, RedactionRecord]:
-    """`step` redacted by `plan` (by default, the plan of this step alone)."""
-    _require_states_of_the_batch(step)
-    plan = plan or plan_for([step])
-    record = RedactionRecord(request_ids_renamed=len(plan.names), other_ids_renamed=len(plan.other_names))
-    pairs = [(request, _redact_request(request, plan, record)) for request in step.requests]
-    ordered_pairs = sorted(pairs, key=lambda pair: step.batch_order.index(pair[0].req_id))
-    scheduler_output = _renamed_output(rebuild_scheduler_output(step.scheduler_output, ordered_pairs, plan.other_names),
-                                       plan.mapping)
-    record.unknown_fields_removed.extend(f"steps[].{name}" for name in sorted(step.extras))
-    redacted = dataclasses.replace(
-        step,
-        trigger=plan.renamed_in_text(step.trigger),
-        scheduler_output=scheduler_output,
-        batch_order=[plan.names[req_id] for req_id in step.batch_order],
-        requests=[new for _, new in pairs],
-        error=_renamed_error(step.error, plan),
-        grammar=_renamed_grammar(step.grammar, plan),
-        features=_renamed_strings(step.features, plan.mapping),
-        extras={},
-    )
-    return redacted, record
-
-
 def redact_steps(first: Step, content: BundleContent) -> tuple[Step, RedactionRecord]:
-    """A bundle's steps redacted as one: the first step, the requests its runner held, and each
-    later step's scheduler output (new requests' prompts, resumed requests' token ids, sampling
-    parameters), batch order, runner states and grammar, every request renamed alike."""
+    """A bundle's steps redacted as one (`first` and those after it): the first step, the requests
+    its runner held, and each later step's scheduler output (new requests' prompts, resumed
+    requests' token ids, sampling parameters), batch order, runner states and grammar, every
+    request renamed alike."""
     from tracekit.integrations.vllm.replay_engine import expand_window
 
     _require_states_of_the_batch(first)
     plan = plan_for([each.step for each in expand_window(first, content)], first.held_requests)
-    redacted, record = redact_step(first, plan)
+    record = RedactionRecord(request_ids_renamed=len(plan.names), other_ids_renamed=len(plan.other_names))
+    pairs = [(request, _redact_request(request, plan, record)) for request in first.requests]
+    ordered_pairs = sorted(pairs, key=lambda pair: first.batch_order.index(pair[0].req_id))
+    redacted = _renamed(first, "steps[]", rebuild_scheduler_output(first.scheduler_output, ordered_pairs,
+                                                                   plan.other_names), plan, record,
+                        trigger=plan.renamed_in_text(first.trigger), requests=[new for _, new in pairs],
+                        features=_renamed_strings(first.features, plan.mapping))
     held = [_redact_request(request, plan, record) for request in first.held_requests]
-    steps = [_redact_carried(carried, plan, record) for carried in first.later]
+    later = [_renamed(carried, "window.steps[]", _blanked_scheduler_output(carried.scheduler_output, plan, record),
+                      plan, record, runner_states={plan.mapping.get(req_id, req_id): state
+                                                   for req_id, state in carried.runner_states.items()})
+             for carried in first.later]
     record.unknown_fields_removed.extend(f"window.{name}" for name in sorted(first.window_extras))
-    return redacted.with_later(steps, held), record
-
-
-def _redact_carried(carried: CarriedStep, plan: RedactionPlan, record: RedactionRecord) -> CarriedStep:
-    """A window's later step redacted by the window's plan."""
-    if carried.extras:
-        record.unknown_fields_removed.extend(f"window.steps[].{name}" for name in sorted(carried.extras))
-    return dataclasses.replace(
-        carried,
-        scheduler_output=_renamed_output(_blanked_scheduler_output(carried.scheduler_output, plan, record),
-                                         plan.mapping),
-        batch_order=[plan.mapping.get(req_id, req_id) for req_id in carried.batch_order],
-        runner_states={plan.mapping.get(req_id, req_id): state for req_id, state in carried.runner_states.items()},
-        error=_renamed_error(carried.error, plan),
-        grammar=_renamed_grammar(carried.grammar, plan),
-        extras={},
-    )
+    return redacted.with_later(later, held), record
 
 
 def _blanked_scheduler_output(output: SchedulerOutputRecord, plan: RedactionPlan, record: RedactionRecord

@@ -1,16 +1,12 @@
-"""A recorded step (or several) cut down to fewer requests and shorter prefill chunks, still consistent.
+"""A recorded step cut down to fewer requests and shorter prefill chunks, still consistent:
+`tracekit shrink` tries many such cuts, and `tracekit invariance` runs the step in other batches.
 
-`tracekit shrink` tries many such cuts. A cut keeps, for each request it keeps, the first
-`n` of its scheduled tokens (a chunk can only end earlier: its start is fixed by the KV cache
-already computed; a drafted request's tokens are its last sampled token and then its drafts, so
-it keeps the drafts among its first `n`). Everything else follows from that choice: the batch order (the recorded one,
-filtered), the input ids and positions (each kept request's slice of the recorded ones), the KV
-blocks (only those the cut batch reads, from the recorded snapshot), and the scheduler output
-record. What the forward produced for the whole batch (outputs, KV written, timing, graph
-padding) is not known for the cut one and is dropped.
-
-Several steps (`cut_steps`, `steps_between`) are cut by whole requests, each step scheduling what it
-did; each keeps its sampled ids of the kept requests, which the steps after it read.
+A cut keeps, for each request it keeps, the first `n` of its scheduled tokens (a chunk can only
+end earlier: its start is fixed by the KV cache already computed; a drafted request's drafts come
+last). The rest follows from that choice (`step_running`); what the forward produced for the
+whole batch is not known for the cut one and is dropped. Several steps (`cut_steps`,
+`steps_between`) are cut by whole requests, each step keeping its sampled ids of the kept
+requests, which the steps after it read.
 """
 
 import dataclasses
@@ -49,10 +45,6 @@ def reduce_step(step: Step, keep: dict[str, int]) -> Step:
     unknown = set(keep) - set(by_id)
     if unknown or not keep:
         raise UsageError(f"cannot reduce the step to {sorted(keep)}: not a non-empty subset of its batch")
-    offsets, offset = {}, 0
-    for req_id in step.batch_order:
-        offsets[req_id] = offset
-        offset += by_id[req_id].num_scheduled_tokens
     order = [req_id for req_id in step.batch_order if req_id in keep]
     pairs = []
     for req_id in order:
@@ -61,10 +53,8 @@ def reduce_step(step: Step, keep: dict[str, int]) -> Step:
             raise UsageError(f"request {req_id} schedules {old.num_scheduled_tokens} tokens, not {count}")
         pairs.append((old, dataclasses.replace(old, num_scheduled_tokens=count, draft_token_ids=drafts_kept(old, count),
                                                extras=dict(old.extras))))
-    token_slices = [
-        torch.arange(offsets[req_id], offsets[req_id] + keep[req_id], dtype=torch.long) for req_id in order
-    ]
-    rows = torch.cat(token_slices)
+    runs = step.request_rows()
+    rows = torch.tensor([row for req_id in order for row in runs[req_id][:keep[req_id]]], dtype=torch.long)
     return step_running(
         step, pairs,
         step.input_ids.index_select(-1, rows) if step.input_ids is not None else None,

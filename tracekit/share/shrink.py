@@ -1,30 +1,11 @@
 """`shrink(bundle, output, until)`: the fewest steps, requests and tokens of a recorded bundle of
-N >= 1 steps that keep a property (`properties`). One search, by steps, then requests:
+N >= 1 steps that keep a property (`properties`), so that a failure is shared as small as it gets.
 
-1. Steps (N > 1): the steps after the one the property is about, S (the first that parts from
-   the recording, or the last, raising), are dropped. Then for K = S, S-1, ..., the steps are
-   replayed with the runner's state rebuilt at K (`replay --from K`, cut at S); K holds when the
-   steps before it replayed bit-exact — so the KV cache at K is the recording's, as far as any
-   check sees — and the property still holds. The largest K that holds becomes the first step:
-   whole, its request states derived from the bundle, the KV blocks it reads copied from the
-   replay engine's cache just before its forward (the derivation says so). At most S replays.
-2. Requests: delta debugging (Zeller's ddmin) over the requests in the order they first run; a
-   cut drops a request from every step (`reduce_step`), and one that leaves a step with no
-   request does not hold. Of several steps, requests are cut only where the steps part first in
-   what the runner fed the model (`properties.FED_ITEMS`), which depends on the requests' tokens
-   and the schedule alone: a smaller batch may round otherwise (float outputs are dropped) and
-   sample otherwise (V1 draws unseeded requests from one generator), which shows as a sampled id
-   parting, in the same step or an earlier one, so never as the item the steps part at. Where
-   they part first elsewhere, or a step holds a grammar mask, the requests are kept (the
-   derivation says why).
-3. Chunks (N = 1): for each prefill chunk that remains, the shortest (a binary search over where
-   it ends) that still keeps the property.
-
-Every trial is a replay on one engine, reused throughout; a trial already judged is never
-replayed again. The search order depends only on the bundle, so a second run on the same bundle
-and engine gives the same bundle, byte for byte. The result records where it came from (file
-name and sha256), the property and the counts in its `derivations`; a cut single step holds no
-outputs (the engine that recorded it never ran the cut batch).
+One search (docs/GUIDE.md#shrink): by steps (N > 1, `_Search.fewest_steps`), then requests (ddmin,
+in the order they first run), then, of a single step, each prefill chunk's end (bisection). Every
+trial is a replay on one engine, reused throughout, and is judged once; the order depends only
+on the bundle, so a second run writes the same bundle byte for byte. The result's `derivations`
+say where it came from (file name and sha256), the property and the counts.
 """
 
 import tempfile
@@ -45,7 +26,6 @@ from tracekit.share.shrink_trials import (
     ShrinkReport,
     ddmin,
     shortest_length,
-    shrink_derivation,
     write_step,
 )
 
@@ -104,7 +84,10 @@ class _Search:
         return self.outcome({req_id: self.requests[req_id] for req_id in req_ids}).holds
 
     def fewest_steps(self, bundle_replay: Any) -> dict[str, Any]:
-        """Step 1 of the module doc, from the bundle's own replay; the derivation's fields on it."""
+        """Go on with the steps from the latest K that keeps the property, rebuilt there, to the
+        step S it is about (`bundle_replay`: the bundle's own); the derivation's fields on them.
+        K holds where the steps before it replay bit-exact, so that the KV cache at K is the
+        recording's as far as any check sees, and its blocks are copied from the replay engine's."""
         before = [each.index for each in self.steps]
         last = self.prop.aim(bundle_replay)
         start, kv_read = before[0], None
@@ -182,7 +165,6 @@ def shrink(
             more["requests_not_cut"] = not_cut
         if until == "modes-differ":
             more["tolerance"] = tolerance
-        derivation = shrink_derivation(bundle, recorded.index, until, report, **more)
-        write_step(output, content, search.candidate(keep), [derivation])
+        write_step(output, content, search.candidate(keep), [report.derivation(bundle, recorded.index, **more)])
     report.seconds = time.perf_counter() - started
     return report

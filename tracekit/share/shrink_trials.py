@@ -26,21 +26,20 @@ class ShrinkReport:
     def to_plain(self) -> dict[str, Any]:
         return dict(vars(self))
 
+    def derivation(self, bundle: str | Path, step: int, **more: Any) -> dict[str, Any]:
+        """The `shrink` entry of the result's `derivations`: where it came from, the property,
+        `more` (the search's own fields) and the counts."""
+        from tracekit import __version__
 
-def shrink_derivation(bundle: str | Path, step: int, until: str, report: ShrinkReport, **more: Any) -> dict[str, Any]:
-    """The `shrink` entry of the result's `derivations`: where it came from, the property, the
-    counts of the report, and `more` (a search's own fields)."""
-    from tracekit import __version__
-
-    return {
-        "kind": "shrink",
-        "tool": f"tracekit {__version__}",
-        "from": {"file": Path(bundle).name, "sha256": file_sha256(bundle), "step": step},
-        "property": until,
-        **more,
-        **{name: getattr(report, name) for name in (
-            "requests_before", "requests_after", "tokens_before", "tokens_after", "replays", "kept")},
-    }
+        return {
+            "kind": "shrink",
+            "tool": f"tracekit {__version__}",
+            "from": {"file": Path(bundle).name, "sha256": file_sha256(bundle), "step": step},
+            "property": self.property,
+            **more,
+            **{name: getattr(self, name) for name in (
+                "requests_before", "requests_after", "tokens_before", "tokens_after", "replays", "kept")},
+        }
 
 
 def file_sha256(path: str | Path) -> str:
@@ -147,10 +146,6 @@ class EngineReplayer:
         from tracekit.replay.replayer import replay_candidate
 
         return replay_candidate(self.engine(), self.content, first, lora_paths=self.lora_paths, **window)
-
-    def engine_mode(self) -> str:
-        """"eager" or "compiled": how the engine's own forward runs."""
-        return self.adapter().reference_mode
 
     def write(self, step: Step) -> Path:
         """A bundle file holding the step (for a `command:` property)."""
