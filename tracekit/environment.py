@@ -107,6 +107,18 @@ def environment_differences(recorded: Environment, here: Environment) -> list[tu
     return differences
 
 
+def environment_records(recorded: Environment, here: Environment,
+                        set_by_tracekit: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every difference between the recording machine and this one, as a replay reports it, less
+    the variables tracekit itself set here to build the engine."""
+    set_by_tracekit = set_by_tracekit or {}
+    return [
+        {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
+        for name, before, now, numeric in environment_differences(recorded, here)
+        if not (name.startswith("env ") and set_by_tracekit.get(name.removeprefix("env ")) == now)
+    ]
+
+
 # Fields added after the first bundles were recorded: absent there, so unknown rather than different.
 _ADDED_FIELDS = ("attention_backend", "num_threads")
 

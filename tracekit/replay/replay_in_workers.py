@@ -9,7 +9,7 @@ collective.
 import time
 from typing import Any
 
-from tracekit.environment import environment_differences
+from tracekit.environment import environment_records
 from tracekit.errors import CannotRunHere, TracekitError, UsageError
 from tracekit.format.content import load_step
 from tracekit.integrations.vllm.replay_engine import (
@@ -46,11 +46,7 @@ def prepare_replay(worker: Any, session: str, bundles: list[str]) -> dict[str, A
     except TracekitError as error:
         return worker_error(error)
     _prepared[session] = driver, located
-    differences = [
-        {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
-        for name, before, now, numeric in environment_differences(content.environment, adapter.environment())
-    ]
-    return {"rank": rank, "environment_differences": differences}
+    return {"rank": rank, "environment_differences": environment_records(content.environment, adapter.environment())}
 
 
 def run_replay(worker: Any, session: str, tolerance: float, timed_runs: int) -> dict[str, Any]:

@@ -1,22 +1,13 @@
-"""`replay(bundle)`: rebuild the engine a bundle describes, run its step, check it, time it.
+"""`replay(bundle)`: rebuild the engine a bundle describes, run its steps, check them, time them.
 
 The replay runs in named stages, each a function with one job:
 
     open -> check the machine -> engine -> run and compare -> time -> report
 
-A bundle is a sequence of N >= 1 steps (`record --window N`; a single step is N = 1): the
-run-and-compare stage runs them one after the other, the runner carrying its state, and checks
-each; a bundle of several steps is not timed. `from_step` (`replay --from K`) rebuilds the
-runner's state at step K as the first step's is rebuilt, from the request states the bundle
-implies there, on the KV cache the steps before K left (those steps still run, carried, and are
-checked): if the steps part with their state carried and not from K, what parted lives in what
-the runner carried into K. Of the KV cache the runner carries, each parted step says more
-without another replay: per request whose rows parted, the steps whose KV it read and whether
-their rows had parted (`kv_sources`).
-
-A single step that does not reproduce is replayed again from the same restored state, here and
-where it diverged in a fresh process (`tracekit.replay.repeats`): replays that disagree among
-themselves make it `nondeterministic`.
+A bundle is a sequence of N >= 1 steps, run one after the other with the runner carrying its
+state, each checked; a bundle of several steps is not timed. `from_step` (`replay --from K`)
+rebuilds the runner's state at step K as the first step's is rebuilt (docs/GUIDE.md, "Windows").
+A single step that does not reproduce is replayed again (`tracekit.replay.repeats`).
 
 The order matters for the exit codes a `git bisect run` relies on: the bundle is read and
 validated first (bad input: 2), then this machine is checked — device, vLLM series, weights, the
@@ -29,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracekit.environment import environment_differences
+from tracekit.environment import environment_records
 from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError, one_line
 from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
 from tracekit.graphs import kernel_choices
@@ -88,7 +79,8 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
         if here.device_kind != "cpu" and engine.llm is not None:  # a device holds one engine at a time
             engine.release()
             result.llm = None
-        repeat_in_fresh_process(result.repeats, opened.bundle, _fresh_process_options(options))
+        repeat_in_fresh_process(result.repeats, opened.bundle,
+                                {name: getattr(options, name) for name in _FRESH_PROCESS_FIELDS})
     return result
 
 
@@ -317,12 +309,6 @@ _FRESH_PROCESS_FIELDS = ("step", "model", "allow_weights_mismatch", "engine_over
                          "lora_paths", "repeats")
 
 
-def _fresh_process_options(options: ReplayOptions) -> dict[str, Any]:
-    return {name: getattr(options, name) for name in _FRESH_PROCESS_FIELDS}
-
-
-
-
 # -- time ------------------------------------------------------------------------------------------------------
 
 
@@ -353,7 +339,7 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     build = engine.build
     shared = dict(
         bundle=opened.bundle, reference_mode=ran.reference_mode,
-        environment_differences=_environment_differences(content, here, engine.set_in_process),
+        environment_differences=environment_records(content.environment, here, engine.set_in_process),
         overrides=dict(options.engine_overrides), tolerance=options.tolerance, strict=options.strict,
         engine_build={**build.to_plain(), "built_for_this_step": engine.built_here} if build is not None else None,
         kernel_choices=kernels, releases=opened.releases, llm=engine.llm,
@@ -402,16 +388,6 @@ def step_result(step: Step, observed: Any, checks: list[CheckedItem], content: B
     )
 
 
-def _environment_differences(content: BundleContent, here: Any, set_by_tracekit: dict[str, str]) -> list[dict[str, Any]]:
-    """Every difference between the recording machine and this one, less the variables tracekit
-    itself set here to build the engine."""
-    return [
-        {"field": name, "recorded": before, "here": now, "affects_numerics": numeric}
-        for name, before, now, numeric in environment_differences(content.environment, here)
-        if not (name.startswith("env ") and set_by_tracekit.get(name.removeprefix("env ")) == now)
-    ]
-
-
 def _kv_notes(step: Step) -> list[str]:
     """Why a replay may not match before it runs: KV blocks the step read that the bundle lacks,
     or recomputed rather than restored."""
@@ -430,44 +406,40 @@ def _kv_notes(step: Step) -> list[str]:
     ]
 
 
+# What `_kernel_notes` says of each kind of kernel `kernel_choices.compare` finds, and how it joins them.
+_KERNEL_FINDINGS = (
+    ("other", "Inductor's kernels ran with another configuration than recorded (a reduction's block sizes decide "
+              "its rounding): ", "; "),
+    ("several", "copies of one Inductor kernel source ran with several configurations (one copy per compiled graph "
+                "whose kernels came back from Inductor's compile workers) and could not all be told apart by the "
+                "graph binding each, so some may have run with another configuration than recorded: ", "; "),
+    ("unapplied", "copies this replay could not give their recorded configuration: ", "; "),
+    ("unrecorded", "Inductor's kernels autotuned here, no choice recorded: ", ", "),
+)
+
+
 def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[CheckedItem],
                   kernels: dict[str, list[str]]) -> list[str]:
-    """Where a step parted by float rounding alone, what its Triton kernels had to do with it,
-    kernel by kernel: Inductor's kernels that ran with other configurations than
-    recorded or were autotuned here with none recorded, are named; where every kernel ran as
-    recorded, they are ruled out."""
+    """Where a compiled step parted by float rounding alone, what its Triton kernels had to do
+    with it: Inductor's kernels that ran with other configurations than recorded or were
+    autotuned here with none recorded are named; where every kernel ran as recorded, they are
+    ruled out."""
     deciding = [check for check in checks if check.decides]
-    if (all(check.bit_exact for check in deciding)
+    if (reference_mode != "compiled" or all(check.bit_exact for check in deciding)
             or any(not check.bit_exact and check.float_dtype is None and not check.digest_only for check in deciding)):
         return []
-    compiled = reference_mode == "compiled"
-    named = []
-    if compiled and kernels.get("other"):
-        named.append("Inductor's kernels ran with another configuration than recorded (a reduction's block "
-                     f"sizes decide its rounding): {'; '.join(kernels['other'])}")
-    if compiled and kernels.get("several"):
-        named.append("copies of one Inductor kernel source ran with several configurations (one copy per compiled "
-                     "graph whose kernels came back from Inductor's compile workers) and could not all be told apart "
-                     "by the graph binding each, so some may have run with another configuration than recorded: "
-                     f"{'; '.join(kernels['several'])}")
-    if compiled and kernels.get("unapplied"):
-        named.append(f"copies this replay could not give their recorded configuration: {'; '.join(kernels['unapplied'])}")
-    if compiled and kernels.get("unrecorded"):
-        named.append(f"Inductor's kernels autotuned here, no choice recorded: {', '.join(kernels['unrecorded'])}")
+    named = [text + joiner.join(kernels[kind]) for kind, text, joiner in _KERNEL_FINDINGS if kernels.get(kind)]
     if named:
         return ["only float items parted, and not every kernel ran as recorded: " + "; ".join(named)]
-    if compiled and content.engine.kernel_choices and not kernels.get("same"):
-        return [f"only float items parted, in a compiled step; none of the {len(content.engine.kernel_choices)} "
-                "kernel choices the bundle records met a kernel autotuned or configured in this process, so "
-                "Inductor's configurations are neither named nor ruled out"]
-    ruled_out = []
-    if compiled and content.engine.kernel_choices:
-        ruled_out.append(f"every one of the {len(kernels.get('same', []))} autotuned kernels ran with its "
-                         "recorded configuration")
-    if ruled_out:
-        return [f"only float items parted{', in a compiled step' if compiled else ''}, though "
-                + " and ".join(ruled_out) + ": the rounding difference lies elsewhere (see dispatch and "
-                "environment differences)"]
+    recorded = content.engine.kernel_choices
+    if recorded and not kernels.get("same"):
+        return [f"only float items parted, in a compiled step; none of the {len(recorded)} kernel choices the "
+                "bundle records met a kernel autotuned or configured in this process, so Inductor's configurations "
+                "are neither named nor ruled out"]
+    if recorded:
+        return [f"only float items parted, in a compiled step, though every one of the {len(kernels['same'])} "
+                "autotuned kernels ran with its recorded configuration: the rounding difference lies elsewhere "
+                "(see dispatch and environment differences)"]
     return []
 
 
