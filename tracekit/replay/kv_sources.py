@@ -1,22 +1,13 @@
-"""Where the KV cache a parted window step reads came from (issue 32).
+"""Where the KV cache a parted step of a sequence read came from (issue 32; docs/GUIDE.md, "Where
+the KV came from"): did the difference arise in the step's own forward, or come in with the KV an
+earlier step wrote? The bundle says which step wrote each KV slot a request reads (its block ids,
+computed and scheduled tokens, step by step), the checks which steps parted in whose rows.
 
-A window replay lets the runner carry its KV cache from step to step: a later step reads, for
-each request, the KV that steps before it wrote, and what the first step (or a step that found
-blocks in the prefix cache) put back from the recording. When a step parts in a request's rows,
-the first question is whether the difference arose in that step's own forward or came in with
-the KV an earlier step wrote. The bundle says which step wrote each KV slot a request reads (its
-block ids, computed and scheduled tokens, step by step), and the checks say in which steps whose
-rows parted; together they name, for each request whose rows parted, the window steps whose KV
-it read and which of those had parted in the writing request's rows.
-
-A window's later step says itself which requests wrote other KV: its digest of the KV each
-request wrote (item `kv_written`, recorded per layer and request). Where a step has none (the
-first step, whose written blocks are compared whole, or a bundle recorded before the digest), a
-step whose writing rows were bit-exact wrote the recorded KV values as far as its outputs show
-(the KV of every layer is computed from that layer's input, which the bit-exact hidden states
-follow from), at the slots its block table gave; one whose rows parted may have written other KV,
-or not (a difference that arose after the last layer's attention reaches no KV). Where the KV
-went is the runner's: a block table carried wrong shows as a step that parts "in itself".
+A step with no digest of its KV writes (the first, whose written blocks are compared whole, or a
+bundle recorded before the digest) is taken to have written the recorded KV where its writing rows
+were bit-exact: each layer's KV is computed from that layer's input, which bit-exact hidden states
+follow from. Where the KV went is the runner's: a block table carried wrong shows as a step that
+parts "in itself".
 """
 
 from dataclasses import dataclass

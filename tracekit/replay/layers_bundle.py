@@ -1,12 +1,9 @@
-"""`tracekit replay B --layers OUT`: the step's per-layer outputs here, as a small bundle.
+"""`tracekit replay B --save-layers OUT`: the step's per-layer outputs here, as a small bundle.
 
-It is a regular bundle (readable by `inspect`, comparable by `diff`) holding the recorded step's
-metadata — requests, input ids, positions, dispatch — with this machine's environment and, as
-outputs, only the per-layer outputs of an eager forward. KV blocks and RNG states are left out
-(they are what makes a step bundle large). Its tensors are named like those of a bundle
-recorded with `tracekit record --layers` (`steps/0/outputs/layers/NAME`), so `tracekit diff`
-pairs a layers bundle with another one, or with such a recording, and names the first layer
-that parts.
+A regular bundle holding the recorded step's metadata with this machine's environment and, as
+outputs, only the per-layer outputs of an eager forward (no KV blocks or RNG states: what makes a
+bundle large). Its tensors are named as `tracekit record --layers` names them, so `tracekit diff`
+pairs it with another such bundle, or with a recording, and names the first layer that parts.
 """
 
 import dataclasses

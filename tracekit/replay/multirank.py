@@ -1,12 +1,7 @@
-"""Replaying one step of a multi-rank (tensor-parallel) engine: every rank, together.
-
-Given any rank's bundle, the set is found and checked whole (a missing rank or a part of another
-step: exit 2), the machine is checked (device, vLLM series, enough cores or devices for the
-recorded layout; pipeline parallel, not supported yet; weights: exit 3), and an engine with the
-recorded parallel layout is built. Inside each worker its own rank's bundle is restored — KV
-blocks, RNG, request state — by the same `StepDriver` a single-rank replay uses, and the step runs
-on all ranks at once, so its collectives run as they did. Each rank is checked against its own
-recording; the first divergence is named with its rank.
+"""Replaying one step of a multi-rank (tensor-parallel) engine: every rank at once, on an engine of
+the recorded parallel layout, so its collectives run as they did (docs/GUIDE.md, "Multi-rank
+engines"). Each rank restores and checks its own part inside its worker (`replay_in_workers`);
+the first divergence is named with its rank.
 """
 
 import uuid
@@ -16,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.errors import EXIT_OK
 from tracekit.format.rankset import find_rank_set
 from tracekit.graphs.timing import HOST_CLOCK, latency_summary
 from tracekit.integrations.vllm.replay_engine import (
@@ -85,7 +79,7 @@ class RankSetReplayResult:
     @property
     def exit_code(self) -> int:
         """The worst rank's: each rank's verdict decides as a single-rank replay's does."""
-        return max((rank.exit_code for rank in self.ranks), default=EXIT_OK)
+        return self.worst_rank.exit_code
 
     def to_plain(self) -> dict[str, Any]:
         return {

@@ -1,15 +1,11 @@
-"""`tracekit replay --plot`: the figures people would rather look at than read.
+"""`tracekit replay --plot`: the figures people would rather look at than read (docs/GUIDE.md).
 
-Top: the latency distribution of every timed mode against the time recorded in the engine (one
-bundle: milliseconds, the recorded time as a line; many: each bundle's runs divided by its
-recorded time, so bundles of any size share one axis around 1x). Bottom, when a replay is not
-bit-exact: the relative error per layer, in forward order, drawn from a plain list of
-(layer name, relative RMS) pairs — today the KV each layer wrote, then the hidden states and
-logits.
-
-It draws from the records `--json` writes (`SuiteRecord.to_plain()`), so that a replay that ran
-in a child process is drawn by the command's own. matplotlib is an optional dependency
-(`pip install 'tracekit[plot]'`); without it `--plot` is refused before any engine starts.
+Top: each timed mode's latency distribution against the time recorded in the engine (several
+bundles: as multiples of their own recorded times, sharing one axis around 1x). Bottom, when a
+replay is not bit-exact: the relative error per layer in forward order. Drawn from the records
+`--json` writes (`SuiteRecord.to_plain()`), so that a replay that ran in a child process is drawn
+by the command's own; matplotlib is optional, and `--plot` is refused without it before any
+engine starts.
 """
 
 from collections.abc import Sequence
@@ -43,12 +39,8 @@ def layer_errors(record: Record) -> list[tuple[str, float]]:
     pairs = []
     for item in record.get("checks", []):
         relative, name = item.get("relative_rms"), item.get("item", "")
-        if relative is None:
-            continue
-        if name.startswith("kv_written/"):
+        if relative is not None and (name.startswith("kv_written/") or name in ("hidden_states", "logits")):
             pairs.append((name.removeprefix("kv_written/"), float(relative)))
-        elif name in ("hidden_states", "logits"):
-            pairs.append((name, float(relative)))
     return pairs
 
 
@@ -57,12 +49,11 @@ def plot_records(records: Sequence[Record], path: str | Path) -> str:
     from matplotlib.figure import Figure
 
     replayed = [record for record in records if "checks" in record]
-    layer_series = {
-        _name(record): layer_errors(record) for record in replayed if not record.get("bit_exact", True)
-    }
-    layer_series = {name: pairs for name, pairs in layer_series.items() if pairs}
+    parted = [record for record in replayed if not record.get("bit_exact", True)]
+    layer_series = {_name(record): pairs for record in parted if (pairs := layer_errors(record))}
     rows = 2 if layer_series else 1
-    figure = Figure(figsize=(max(7.0, 1.2 * _box_count(replayed)), 4.5 * rows), layout="constrained")
+    boxes = sum(len(_timed(record)) for record in replayed)
+    figure = Figure(figsize=(max(7.0, 1.2 * boxes), 4.5 * rows), layout="constrained")
     axes = figure.subplots(rows, 1, squeeze=False)[:, 0]
     draw_latencies(axes[0], replayed)
     if layer_series:
@@ -78,10 +69,6 @@ def _name(record: Record) -> str:
 
 def _timed(record: Record) -> list[tuple[str, dict[str, Any]]]:
     return [(mode, report) for mode, report in record.get("modes", {}).items() if report.get("available")]
-
-
-def _box_count(records: Sequence[Record]) -> int:
-    return sum(len(_timed(record)) for record in records)
 
 
 def draw_latencies(axis: Any, records: Sequence[Record]) -> None:
@@ -132,15 +119,11 @@ def draw_layer_errors(axis: Any, series: dict[str, list[tuple[str, float]]]) -> 
     for label, pairs in series.items():
         axis.plot(range(len(pairs)), [error for _, error in pairs], marker="o", label=label)
     longest = max(series.values(), key=len)
-    axis.set_xticks(range(len(longest)), [_short(name) for name, _ in longest], rotation=30, ha="right",
-                    fontsize="small")
+    # `model.layers.3.self_attn.attn` -> `layers.3.self_attn.attn`: the shared prefix adds nothing
+    axis.set_xticks(range(len(longest)), [name.removeprefix("model.") for name, _ in longest], rotation=30,
+                    ha="right", fontsize="small")
     axis.set_yscale("symlog", linthresh=smallest / 10)
     axis.set_ylim(bottom=0)
     axis.set_ylabel("relative RMS vs recorded")
     axis.set_title("where the replay parts from the recording (0: bit-exact)")
     axis.legend(loc="best", fontsize="small")
-
-
-def _short(layer: str) -> str:
-    """`model.layers.3.self_attn.attn` -> `layers.3.self_attn.attn`: the shared prefix adds nothing."""
-    return layer.removeprefix("model.")

@@ -1,10 +1,5 @@
-"""Timing a replayed step's forward in each `--mode`, and setting the times beside the recorded one.
-
-The reference mode is the forward as the engine ran it: the compiled model (or the eager one),
-or vLLM's own CUDA graph of the padded size the step was dispatched to. "eager",
-"compiled-no-graph" and "vllm-piecewise" run the same model call in the other forms vLLM's
-dispatch offers (`ForwardHandle`). "graph" and "piecewise" need an engine of their own: the recorded compilation with vLLM's graphs off and the step captured one-shot by
-tracekit, or tracekit's piecewise backend.
+"""Timing a replayed step's forward in each `--mode` (docs/GUIDE.md, "Dispatch and modes"), and
+setting the times beside the recorded one.
 
 The recorder times the engine's model call with events on the device's stream (on CPU, the host
 clock), as the timed runs here are timed, so `ratio_to_recorded` compares like with like; where
