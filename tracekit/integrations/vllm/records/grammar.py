@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tracekit.errors import BundleError
 from tracekit.format.schema import GrammarRecord
 from tracekit.integrations.vllm.records.serialize import SerializationError
 
@@ -29,8 +30,8 @@ TOKENS_PER_WORD = 32
 def grammar_record(grammar_output: Any, scheduler_output: Any, fixed_stride: bool = False) -> GrammarRecord:
     """`grammar_output` (vLLM's `GrammarOutput`) as a record, its bitmask copied to a host tensor.
     Each request owns `1 + its drafts` rows (the drafts the scheduler output schedules), or, with
-    `fixed_stride` (vLLM 0.34), a block of `1 + num_speculative_tokens` rows whatever its drafts
-    (the rows past its drafts allow every token)."""
+    `fixed_stride` (the release says: `Release.grammar_record`), a block of `1 +
+    num_speculative_tokens` rows whatever its drafts (the rows past its drafts allow every token)."""
     request_ids = [str(req_id) for req_id in grammar_output.structured_output_request_ids]
     bitmask = torch.from_numpy(np.array(grammar_output.grammar_bitmask, dtype=np.int32, copy=True))
     if fixed_stride and request_ids and bitmask.dim() == 2 and bitmask.shape[0] % len(request_ids) == 0:
@@ -54,12 +55,10 @@ def grammar_record(grammar_output: Any, scheduler_output: Any, fixed_stride: boo
 
 def grammar_output(record: GrammarRecord, output_class: type) -> Any:
     """The `GrammarOutput` (of `output_class`, the release's) a record was taken from; a field
-    the class lacks (`num_acceptable_drafts` before vLLM 0.32) is left out."""
+    the class lacks (`num_acceptable_drafts` in an older release) is left out."""
     bitmask = record.bitmask
     if not (isinstance(bitmask, torch.Tensor) and bitmask.dtype == torch.int32 and bitmask.dim() == 2
             and bitmask.shape[0] == sum(record.rows_per_request)):
-        from tracekit.errors import BundleError
-
         raise BundleError("bundle content: grammar.bitmask should be an int32 tensor with one row per sampled "
                           "position of its requests (the sum of rows_per_request)")
     fields = {

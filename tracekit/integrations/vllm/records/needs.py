@@ -16,13 +16,6 @@ from tracekit.format.schema import BundleContent, Step
 from tracekit.integrations.vllm.records.weights import weights_fingerprint
 from tracekit.models import tiny_model_path
 
-# What a fingerprint of these names means instead of a hash of files.
-_DUMMY_WEIGHTS = "dummy"
-# The recorded engine argument that names the dtype (resolved by the recorder).
-_DTYPE_ARG = "dtype"
-_NO_COMPILATION = "NONE"
-_NO_GRAPH = "NONE"
-
 
 @dataclass(frozen=True)
 class BundleNeeds:
@@ -58,13 +51,13 @@ def bundle_needs(content: BundleContent, bundle: str | Path) -> BundleNeeds:
     engine, environment = content.engine, content.environment
     step = content.steps[0] if content.steps else None
     fingerprint = engine.model.weights_fingerprint
-    # tracekit's own tiny model is found by its fingerprint wherever it was recorded
-    ships_with_tracekit = fingerprint in (_DUMMY_WEIGHTS, weights_fingerprint(tiny_model_path(), None))
-    adapters = [_adapter(adapter) for adapter in (step.lora_adapters if step is not None else [])]
+    adapters = step.lora_adapters if step is not None else []
+    dtype = engine.engine_args.get("dtype")  # as the recorder resolved it
     command = [f"tracekit replay {bundle}"]
-    if not ships_with_tracekit:
+    # vLLM's dummy weights, and tracekit's own tiny model (found by its fingerprint), need no folder
+    if fingerprint not in ("dummy", weights_fingerprint(tiny_model_path(), None)):
         command.append(f"[--model DIR, where the weights are not at {engine.model.path}]")
-    command += [f"[--lora {adapter.name}=DIR]" for adapter in _not_kept(step)]
+    command += [f"[--lora {adapter.name}=DIR]" for adapter in adapters if not adapter.files]
     return BundleNeeds(
         vllm_series=_series(engine.vllm_version),
         device=environment.device_kind,
@@ -72,13 +65,13 @@ def bundle_needs(content: BundleContent, bundle: str | Path) -> BundleNeeds:
         compute_capability=environment.gpu_capability or environment.cpu_isa,
         runner=engine.runner,
         graph_mode=_graph_mode(step),
-        dtype=str(engine.engine_args.get(_DTYPE_ARG)) if engine.engine_args.get(_DTYPE_ARG) else None,
+        dtype=str(dtype) if dtype else None,
         model=engine.model.path,
         fingerprint=fingerprint,
         not_fingerprinted=None if fingerprint is not None else (
             "its weights were in no local folder when recorded (a hub id an older tracekit did not resolve), so a "
             "replay cannot check it finds the same ones"),
-        lora_adapters=adapters,
+        lora_adapters=[_adapter(adapter) for adapter in adapters],
         command=" ".join(command),
     )
 
@@ -90,8 +83,8 @@ def _series(version: str | None) -> str | None:
 def _graph_mode(step: Step | None) -> str:
     if step is None:
         return "no step"
-    compiled = "eager" if step.graph.compilation_mode == _NO_COMPILATION else "compiled"
-    if step.graph.runtime_mode == _NO_GRAPH:
+    compiled = "eager" if step.graph.compilation_mode == "NONE" else "compiled"
+    if step.graph.runtime_mode == "NONE":
         return compiled
     return f"{compiled}, {step.graph.runtime_mode} graph of {step.graph.num_tokens_padded} rows"
 
@@ -99,7 +92,3 @@ def _graph_mode(step: Step | None) -> str:
 def _adapter(adapter) -> str:
     found = "kept in the bundle" if adapter.files else (adapter.fingerprint or "no fingerprint")
     return f"{adapter.name or adapter.int_id} ({found})"
-
-
-def _not_kept(step: Step | None) -> list:
-    return [adapter for adapter in (step.lora_adapters if step is not None else []) if not adapter.files]

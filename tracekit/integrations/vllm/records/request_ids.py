@@ -2,8 +2,8 @@
 
 A client knows its request by the `id` of the response, or by the `X-Request-Id` header it sent
 (or the body's `request_id`), which the server takes as the response id's base. The engine core
-and the model runner know it by an internal id vLLM derives from that (the same in the 0.26,
-0.32 and 0.34 series):
+and the model runner know it by an internal id vLLM derives from that (the same in every supported
+series: `Release.client_request_matcher`):
 
     /v1/completions        response id  cmpl-<base>          per prompt i: cmpl-<base>-<i>
     /v1/chat/completions   response id  chatcmpl-<base>      several inputs: chatcmpl-<base>_<i>

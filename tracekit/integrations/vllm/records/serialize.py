@@ -10,10 +10,10 @@ their fields, msgspec structs by `__struct_fields__` (private and default fields
     {"$enum": "RequestOutputKind", "value": 0}
 
 Tensors and numpy arrays stay tensors: the bundle writer stores them as tensor frames. A Python
-`array.array` (vLLM 0.34 keeps token ids in `TokenBuffer`, an int32 `array` subclass) becomes the
-list of numbers it holds, as vLLM's in-process clients pass them. Reading
-back only ever builds types from a fixed allow-list, which each vLLM release module names
-(`releases/`): a bundle's content never decides what gets imported or called.
+`array.array` (a release's token buffer may be one) becomes the list of numbers it holds, as
+vLLM's in-process clients pass them. Reading back only ever builds types from a fixed allow-list,
+which each vLLM release module names (`releases/`): a bundle's content never decides what gets
+imported or called.
 """
 
 import array

@@ -54,17 +54,9 @@ def add_drafts(requests: list[RequestState], scheduled: dict[str, list[int]], in
     """Each request's drafts this step (`draft_token_ids`): the last `n` of its scheduled input ids,
     `n` its drafts in the scheduler output (`scheduled`); the scheduler's ids themselves where
     there are no input ids (a step that failed before preparing them)."""
-    if scheduled:
-        _set_drafts(requests, {req_id: len(drafts) for req_id, drafts in scheduled.items()},
-                    input_ids.tolist() if input_ids is not None else None, scheduled)
-
-
-def _set_drafts(requests: list[RequestState], counts: dict[str, int], flat: list[int] | None,
-                scheduled: dict[str, Any]) -> None:
-    """Each request's `counts` drafts from its rows of the flattened input ids `flat`, or where
-    there are none, as `scheduled` lists them."""
+    flat = input_ids.tolist() if input_ids is not None and scheduled else None
     for request, run in zip(requests, token_runs(requests)):
-        count = min(counts.get(request.req_id, 0), len(run) - 1)  # its last sampled token comes first
+        count = min(len(scheduled.get(request.req_id, ())), len(run) - 1)  # its last sampled token comes first
         if count <= 0:
             continue
         drafts = [flat[row] for row in draft_rows(run, count)] if flat is not None else scheduled[request.req_id]
@@ -117,14 +109,9 @@ def proposals_tensor(proposed: Any, num_requests: int) -> torch.Tensor:
 def fill_drafts_from_inputs(step: Any) -> None:
     """A bundle recorded before tracekit kept each request's drafts (issue 31): take them from its
     scheduler output record's counts and its input ids, where the forward read them."""
-    scheduled = step.scheduler_output.scheduled_spec_decode_tokens
-    if not scheduled or any(request.draft_token_ids for request in step.requests):
-        return
-    if step.input_ids is None:
-        return
-    requests = [step.request(req_id) for req_id in step.batch_order]
-    counts = {req_id: len(drafts) for req_id, drafts in scheduled.items()}
-    _set_drafts(requests, counts, step.input_ids.tolist(), scheduled)
+    if step.input_ids is not None and not any(request.draft_token_ids for request in step.requests):
+        add_drafts([step.request(req_id) for req_id in step.batch_order],
+                   step.scheduler_output.scheduled_spec_decode_tokens, step.input_ids)
 
 
 def drafter_pass(inputs: dict[str, Any], output: Any, to_host: Callable[[torch.Tensor], torch.Tensor]) -> DrafterPass:

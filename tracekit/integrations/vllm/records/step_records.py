@@ -1,52 +1,30 @@
 """Editing the vLLM records of a recorded step for `tracekit shrink` and `tracekit redact`.
 
-A step holds vLLM objects as plain maps (`serialize.py`): each request's `SamplingParams` and
-the `SchedulerOutput` the runner received. Shrinking drops requests and shortens prefill chunks;
-redacting renames requests and blanks token ids. Both must leave these records consistent with
-the step's request states, and both must know what vLLM's sampling reads — which is what this
-module knows, for the vLLM 0.32 series:
-
-* The runner reads a request's token ids only at the positions it computes this step, except
-  where sampling looks further: penalties (repetition: the prompt; presence/frequency: the
-  outputs), bad words (the last tokens before the sampled one), the thinking-token budget (the
-  outputs), and prompt logprobs (the prompt token after each computed one).
-* `min_tokens`, `stop_token_ids`, `logit_bias`, `allowed_token_ids`, logprob counts and seeds
-  are read as values, never through earlier tokens.
-* `stop` strings and `bad_words` text are matched by the detokenizer and the frontend (the runner
-  reads `_bad_words_token_ids`), `extra_args` by the scheduler and the API layer: none reach the
-  forward or sampling.
+A step holds vLLM objects as typed records (`format/schema.py`): each request's `SamplingParams`
+and the `SchedulerOutput` the runner received. Shrinking drops requests and shortens prefill
+chunks; redacting renames requests and blanks token ids. Both must leave these records consistent
+with the step's request states, and both must know what vLLM's sampling reads, which each release
+module says (`Release.history_reading_params`, `unread_user_params`, `filler_params`; a bundle may
+come from any series, so the tables of all of them count).
 """
 
 import dataclasses
-from typing import Callable
+import os.path
+from typing import Any, Callable
 
 from tracekit.format.schema import RequestState, SamplingParamsRecord, SchedulerOutputRecord, Step
+from tracekit.integrations.vllm.releases import release_classes
+from tracekit.integrations.vllm.releases.base import every_release_fact
 
-# SamplingParams fields (and their neutral values) that make sampling read earlier token ids.
-HISTORY_READERS = {
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "bad_words": [],
-    "_bad_words_token_ids": None,
-    "thinking_token_budget": None,
-}
-# SamplingParams fields that hold user data nothing in the forward or sampling reads, and the
-# value each is set to when redacted.
-UNREAD_USER_FIELDS = {"stop": [], "bad_words": [], "extra_args": None}
-# What a filler request of `tracekit invariance` samples with (over a recorded request's
-# parameters, where its release has the field): greedy, no grammar, nothing that reads its
-# tokens, so it draws no random numbers and changes no other request's sampling path.
-FILLER_SAMPLING = {
-    **HISTORY_READERS, "bad_words": [], "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
-    "min_tokens": 0, "logprobs": None, "prompt_logprobs": None, "logit_bias": None, "allowed_token_ids": None,
-    "logprob_token_ids": None, "prompt_logprob_token_ids": None, "structured_outputs": None, "extra_args": None,
-}
+
+def _sampling_fact(name: str) -> dict[str, Any]:
+    release_classes()  # every series' module imported: `every_release_fact` sees all of them
+    return every_release_fact(name)
 
 
 def history_readers(params: SamplingParamsRecord | None) -> list[str]:
     """The sampling settings of a request that read token ids before the ones it computes."""
-    return [name for name, neutral in HISTORY_READERS.items()
+    return [name for name, neutral in _sampling_fact("history_reading_params").items()
             if params is not None and getattr(params, name) not in (neutral, None, [])]
 
 
@@ -57,14 +35,16 @@ def reads_next_prompt_token(params: SamplingParamsRecord | None) -> bool:
 
 def redact_sampling_params(params: SamplingParamsRecord | None) -> tuple[SamplingParamsRecord | None, list[str]]:
     """A copy without the user data sampling never reads, and the names of the fields blanked."""
-    removed = [name for name in UNREAD_USER_FIELDS if params is not None and getattr(params, name) not in (None, [], {})]
-    return params and dataclasses.replace(params, **{name: UNREAD_USER_FIELDS[name] for name in removed}), removed
+    unread = _sampling_fact("unread_user_params")
+    removed = [name for name in unread if params is not None and getattr(params, name) not in (None, [], {})]
+    return params and dataclasses.replace(params, **{name: unread[name] for name in removed}), removed
 
 
 def filler_sampling(template: SamplingParamsRecord | None) -> SamplingParamsRecord | None:
-    """`template` as a filler request samples (`FILLER_SAMPLING`, where it has the field)."""
+    """`template` as a filler request samples (`filler_params`, where it has the field)."""
     plain = template.to_plain() if template is not None else {}
-    return SamplingParamsRecord.from_plain({**plain, **{k: v for k, v in FILLER_SAMPLING.items() if k in plain}}) \
+    filler = _sampling_fact("filler_params")
+    return SamplingParamsRecord.from_plain({**plain, **{k: v for k, v in filler.items() if k in plain}}) \
         if plain else None
 
 
@@ -127,7 +107,8 @@ def rebuild_scheduler_output(
     common = record.num_common_prefix_blocks
     if common and len(requests) != len(record.num_scheduled_tokens):
         # cascade attention's shared prefix: the blocks every request of the (smaller) batch shares
-        common = [_common_prefix([new.block_ids[g] for _, new in requests]) for g in range(len(common))]
+        # (`os.path.commonprefix` compares any sequences element by element)
+        common = [len(os.path.commonprefix([new.block_ids[g] for _, new in requests])) for g in range(len(common))]
     drafts = _cut_drafts(record, by_old)
     return dataclasses.replace(
         record, scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached, num_scheduled_tokens=scheduled,
@@ -180,15 +161,6 @@ def _cut_drafts(record: SchedulerOutputRecord, by_old: dict[str, tuple[RequestSt
             if count:
                 kept[req_id] = tokens[:count]
     return kept
-
-
-def _common_prefix(block_lists: list[list[int]]) -> int:
-    length = 0
-    for column in zip(*block_lists):
-        if len(set(column)) != 1:
-            break
-        length += 1
-    return length
 
 
 def prefix_cache_hits(record: SchedulerOutputRecord) -> dict[str, int]:

@@ -3,10 +3,8 @@
 A bundle stores the fingerprint of the weights its engine loaded — the model's, and each LoRA
 adapter's; a replay on another machine finds them at another path (or under `--model`, `--lora`)
 and compares. A model named by hub id is fingerprinted in the Hugging Face cache folder it was
-loaded from, so its bundle is checked like any other. One definition for both: a hash over the relative names and bytes of the weight
-files and the config file that shapes them, sorted by path. Kept apart from the modules that
-build engines because the release support (`release.Release.engine_config`) needs it too, and
-importing those from there would close an import loop.
+loaded from, so its bundle is checked like any other. One definition for both: a hash over the
+relative names and bytes of the weight files and the config file that shapes them, sorted by path.
 """
 
 import hashlib

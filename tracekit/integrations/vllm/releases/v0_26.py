@@ -8,7 +8,7 @@ through), V2 has no `StepTimingCollector` (tracekit does not use it), and `calcu
 is an engine setting.
 """
 
-from tracekit.integrations.vllm.releases.base import CPU_EXPONENTIAL_NOISE, PHILOX_GUMBEL, Setting
+from tracekit.integrations.vllm.releases.base import CPU_EXPONENTIAL_NOISE, PHILOX_GUMBEL, settings_of
 from tracekit.integrations.vllm.releases.base import Release as ReleaseBase
 from tracekit.integrations.vllm.runners.v1_runner import V1Adapter
 from tracekit.integrations.vllm.runners.v2_runner import V2Adapter
@@ -26,48 +26,24 @@ class Release(ReleaseBase):
         ("vllm_ascend.worker.worker", "NPUWorker"),
     )
     settings = (
-        Setting("model", "model_config.model"),
-        Setting("tokenizer", "model_config.tokenizer"),
-        # The config laid over the checkpoint's (a model's shapes, RoPE scaling): another model without it.
-        Setting("hf_overrides", "model_config.hf_overrides"),
-        Setting("dtype", "model_config.dtype"),
-        Setting("seed", "model_config.seed"),
-        Setting("max_model_len", "model_config.max_model_len"),
-        Setting("enforce_eager", "model_config.enforce_eager"),
-        Setting("trust_remote_code", "model_config.trust_remote_code"),
-        Setting("quantization", "model_config.quantization"),
-        Setting("logprobs_mode", "model_config.logprobs_mode"),
-        Setting("max_logprobs", "model_config.max_logprobs"),
-        Setting("disable_cascade_attn", "model_config.disable_cascade_attn"),
-        Setting("disable_sliding_window", "model_config.disable_sliding_window"),
-        Setting("use_fp64_gumbel", "model_config.use_fp64_gumbel"),
-        Setting("load_format", "load_config.load_format"),
-        Setting("block_size", "cache_config.block_size"),
-        Setting("enable_prefix_caching", "cache_config.enable_prefix_caching"),
-        Setting("kv_cache_dtype", "cache_config.cache_dtype"),
-        Setting("kv_cache_memory_bytes", "cache_config.kv_cache_memory_bytes"),
-        Setting("num_gpu_blocks_override", "cache_config.num_gpu_blocks"),
-        Setting("kv_sharing_fast_prefill", "cache_config.kv_sharing_fast_prefill"),
-        Setting("calculate_kv_scales", "cache_config.calculate_kv_scales"),
-        Setting("max_num_seqs", "scheduler_config.max_num_seqs"),
-        Setting("max_num_batched_tokens", "scheduler_config.max_num_batched_tokens"),
-        Setting("enable_chunked_prefill", "scheduler_config.enable_chunked_prefill"),
-        Setting("async_scheduling", "scheduler_config.async_scheduling"),
-        Setting("attention_backend", "attention_config.backend"),
-        Setting("tensor_parallel_size", "parallel_config.tensor_parallel_size"),
-        Setting("pipeline_parallel_size", "parallel_config.pipeline_parallel_size"),
-        Setting("enable_expert_parallel", "parallel_config.enable_expert_parallel"),
-        Setting("disable_custom_all_reduce", "parallel_config.disable_custom_all_reduce"),
-        # Routes every request through the embedding input, token ids too: another forward.
-        Setting("enable_prompt_embeds", "model_config.enable_prompt_embeds"),
+        # `hf_overrides`: the config laid over the checkpoint's (a model's shapes, RoPE scaling);
+        # `enable_prompt_embeds` routes every request through the embedding input, token ids too.
+        # Either makes another model or another forward.
+        *settings_of("model_config", "model", "tokenizer", "hf_overrides", "dtype", "seed", "max_model_len",
+                     "enforce_eager", "trust_remote_code", "quantization", "logprobs_mode", "max_logprobs",
+                     "disable_cascade_attn", "disable_sliding_window", "use_fp64_gumbel", "enable_prompt_embeds"),
+        *settings_of("load_config", "load_format"),
+        *settings_of("cache_config", "block_size", "enable_prefix_caching", "kv_cache_memory_bytes",
+                     "kv_sharing_fast_prefill", "calculate_kv_scales", kv_cache_dtype="cache_dtype",
+                     num_gpu_blocks_override="num_gpu_blocks"),
+        *settings_of("scheduler_config", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                     "async_scheduling"),
+        *settings_of("attention_config", attention_backend="backend"),
+        *settings_of("parallel_config", "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
+                     "disable_custom_all_reduce"),
         # LoRA: the slots the adapters sit in and the kernels' shapes (`enable_lora` is derived).
-        Setting("max_loras", "lora_config.max_loras"),
-        Setting("max_lora_rank", "lora_config.max_lora_rank"),
-        Setting("max_cpu_loras", "lora_config.max_cpu_loras"),
-        Setting("fully_sharded_loras", "lora_config.fully_sharded_loras"),
-        Setting("lora_dtype", "lora_config.lora_dtype"),
-        Setting("lora_target_modules", "lora_config.target_modules"),
-        Setting("specialize_active_lora", "lora_config.specialize_active_lora"),
+        *settings_of("lora_config", "max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras", "lora_dtype",
+                     "specialize_active_lora", lora_target_modules="target_modules"),
     )
     speculative_fields = (
         "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "quantization", "revision",

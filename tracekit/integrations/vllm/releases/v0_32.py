@@ -22,8 +22,10 @@ class Release(v0_26.Release):
     # compiles again. Its per-range Inductor cache, the path without AOT, loads.
     lean_env = {"VLLM_USE_AOT_COMPILE": "0"}
     settings = tuple(setting for setting in v0_26.Release.settings if setting.name != "calculate_kv_scales")
-    # The V1 CPU sampler draws with SplitMix64 from 0.32; V2's Gumbel noise is murmur3's from 0.31
-    # (0.33: not read).
+    # The V1 CPU sampler draws with SplitMix64 from 0.32; before, with exponential noise, or through
+    # `compiled_random_sample` (the global generator) where rows lack a seed (which rows, 0.29
+    # changed: one entry, for the draws of those releases agree in some batches). V2's Gumbel noise
+    # is murmur3's from 0.31 (0.33: not read).
     sampler_draws = {
         ("v1", "cpu"): {"0.28": CPU_EXPONENTIAL_NOISE, "0.29": CPU_EXPONENTIAL_NOISE, "0.30": CPU_EXPONENTIAL_NOISE,
                         "0.31": CPU_EXPONENTIAL_NOISE, "0.32": CPU_SPLITMIX_GUMBEL},

@@ -16,6 +16,9 @@ What differs from 0.32 in what tracekit touches:
   scheduler output leaves it out. A step recorded with cascade attention under an older release
   runs without it here (a float difference, which the verdict says).
 * `NewRequestData.prefill_token_ids` is required (the base always passes it).
+* `CachedRequestData` has no `resumed_req_ids` and `all_token_ids`: a resumed request is sent
+  whole, as a new one (as 0.32 did for V2), so its records hold those fields empty and a window's
+  request states follow from its `NewRequestData` (`records/window_records`).
 * CUDA graphs: V2 sizes prefill graphs in tokens and decode graphs in requests
   (`prefill_cudagraph_capture_token_sizes`, `decode_cudagraph_capture_request_sizes`, their caps,
   and the decode token budget), with `cudagraph_capture_sizes` kept as the union; all are
