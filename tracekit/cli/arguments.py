@@ -37,6 +37,25 @@ def json_took_an_argument(json_out: str | None, argument: str):
     raise UsageError(f"missing argument {argument}")
 
 
+def bundle_argument():
+    """BUNDLE, one bundle file: where there is none, refused (usage) before any work."""
+
+    def existing(ctx, parameter, value):
+        if not Path(value).is_file():
+            raise UsageError(f"no bundle at {value}")
+        return value
+
+    return click.argument("bundle", type=click.Path(dir_okay=False), callback=existing)
+
+
+def weights_options():
+    """`--model` and `--allow-weights-mismatch`, for a command that replays a bundle's step."""
+    model = click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
+    mismatch = click.option("--allow-weights-mismatch", is_flag=True,
+                            help="Replay even if the weights' fingerprint (the model's, a LoRA adapter's) differs.")
+    return lambda command: model(mismatch(command))
+
+
 def force_option():
     return click.option("--force", is_flag=True,
                         help="Write over output files that exist (a bundle, or this command's own input, too).")

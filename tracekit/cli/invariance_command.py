@@ -10,21 +10,28 @@ Exit codes: 0 invariant, 1 not invariant, 2 bad input, 3 this machine cannot rep
 """
 
 import sys
-from pathlib import Path
 
 import click
 
-from tracekit.cli.arguments import force_option, json_option, one_step, renamed_option, steps_option, verbose_option
-from tracekit.errors import UsageError
+from tracekit.cli.arguments import (
+    bundle_argument,
+    force_option,
+    json_option,
+    one_step,
+    renamed_option,
+    steps_option,
+    verbose_option,
+    weights_options,
+)
+from tracekit.cli.terminal import console_for, inert
 
 
 @click.command("invariance")
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@bundle_argument()
 @click.option("--variants", default="all", show_default=True,
               help="Comma-separated variant kinds to run: repeat, alone, order, fillers, recomputed (or all).")
 @steps_option("The step to check, of a bundle holding several (default: the first).")
-@click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
-@click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
+@weights_options()
 @json_option("the report")
 @force_option()
 @verbose_option()
@@ -35,8 +42,6 @@ def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, j
     from tracekit.cli.isolation import crash_record, print_crash, run_isolated
     from tracekit.outputs import claim_outputs, write_json
 
-    if not Path(bundle).is_file():
-        raise UsageError(f"no bundle at {bundle}")
     claim_outputs({"--json": json_out}, [bundle], force)
     step = one_step(steps)
     to_stderr = json_out == "-"
@@ -58,10 +63,9 @@ def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, j
 def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verbose, to_stderr) -> int:
     from tracekit.cli.engine_output import engine_output
     from tracekit.cli.isolation import print_crash
-    from tracekit.cli.terminal import inert
     from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
     from tracekit.format.content import read_step_facts
-    from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
+    from tracekit.replay.verdict_names import VerdictName, not_replayed
     from tracekit.share.invariance import check_invariance
 
     facts = read_step_facts(bundle, step)
@@ -69,14 +73,14 @@ def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verb
     base = {"bundle": bundle, **facts}
     with engine_output(verbose, "invariance") as output:
         stream = output.errors if to_stderr else output.report
-        _console(stream).print(f"[bold]invariance[/bold] {inert(bundle)}  step {inert(facts.get('step'))}: the "
+        console_for(stream).print(f"[bold]invariance[/bold] {inert(bundle)}  step {inert(facts.get('step'))}: the "
                                "recorded batch, then each variant, on one engine")
         try:
             report = check_invariance(bundle, kinds=variants, step=step, model=model,
                                       allow_weights_mismatch=allow_weights_mismatch,
                                       on_variant=lambda outcome: _print_variant(outcome, stream))
         except TracekitError as error:  # refused: one line (printed by the caller), and its record
-            verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
+            verdict = not_replayed(error.exit_code)
             progress.finished({**base, "verdict": verdict.value, "exit_code": error.exit_code, "error": str(error)})
             raise
         except Exception as error:  # inside vLLM, the device or tracekit: says nothing about the step
@@ -86,21 +90,13 @@ def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verb
             return EXIT_REPLAY_FAILED
         print_summary(report.to_plain(), stream)
         if output.log_line():
-            _console(stream).print(f"   {inert(output.log_line())}")
+            console_for(stream).print(f"   {inert(output.log_line())}")
     progress.finished(report.to_plain())
     return report.exit_code
 
 
-def _console(stream):
-    from rich.console import Console
-
-    return Console(file=stream, highlight=False, soft_wrap=True)
-
-
 def _print_variant(outcome, stream) -> None:
-    from tracekit.cli.terminal import inert
-
-    console = _console(stream)
+    console = console_for(stream)
     if not outcome.applicable:
         console.print(f"  {inert(outcome.name):<28} [dim]not applicable: {inert(outcome.reason)}[/dim]")
         return
@@ -116,8 +112,6 @@ def _print_variant(outcome, stream) -> None:
 
 
 def _moved_text(moved: dict) -> str:
-    from tracekit.cli.terminal import inert
-
     parts = []
     logits = moved.get("logits")
     if logits:
@@ -130,9 +124,7 @@ def _moved_text(moved: dict) -> str:
 
 def print_summary(plain: dict, stream) -> None:
     """What was compared, the thresholds chosen, and the verdict (after the per-variant lines)."""
-    from tracekit.cli.terminal import inert
-
-    console = _console(stream)
+    console = console_for(stream)
     thresholds = plain["thresholds"]
     console.print(f"  engine: {plain['runner'].upper()} runner, {plain['engine_mode']}")
     if any(variant["kind"] == "fillers" for variant in plain["variants"]):

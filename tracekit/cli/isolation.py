@@ -24,27 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from tracekit.errors import (
-    EXIT_BAD_INPUT,
-    EXIT_CANNOT_RUN_HERE,
-    EXIT_NONDETERMINISTIC,
-    EXIT_NOT_REPLAYABLE_YET,
-    EXIT_NOT_REPRODUCED,
-    EXIT_OK,
-    EXIT_REPLAY_FAILED,
-    one_line,
-)
+from tracekit.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REPLAY_FAILED, TracekitError, one_line
+from tracekit.replay.verdict_names import EXIT_SEVERITY, VerdictName
 
 IN_PROCESS_VARIABLE = "TRACEKIT_REPLAY_IN_PROCESS"
-CONTRACT = (EXIT_OK, EXIT_NOT_REPRODUCED, EXIT_BAD_INPUT, EXIT_CANNOT_RUN_HERE, EXIT_REPLAY_FAILED,
-            EXIT_NOT_REPLAYABLE_YET, EXIT_NONDETERMINISTIC)
 
 
 class Progress:
-    """The child's side: tells the parent what it starts and what each bundle came to."""
+    """The child's side: tells the parent what it starts and what each bundle came to (in the
+    command's own process, only keeps the records)."""
 
-    def __init__(self, stream: TextIO | None):
+    def __init__(self, stream: TextIO | None, records: list[dict[str, Any]] | None = None):
         self._stream = stream
+        self._records = records
 
     def _send(self, message: dict[str, Any]) -> None:
         if self._stream is not None:
@@ -55,6 +47,8 @@ class Progress:
         self._send({"started": bundle, **facts})
 
     def finished(self, record: dict[str, Any]) -> None:
+        if self._records is not None:
+            self._records.append(record)
         self._send({"finished": record})
 
 
@@ -71,8 +65,7 @@ def run_isolated(work: Callable[[Progress], int]) -> ChildOutcome:
     """Run `work(progress)` (it returns the exit code) in a child process; see the module doc."""
     if os.environ.get(IN_PROCESS_VARIABLE) == "1":
         records: list[dict[str, Any]] = []
-        progress = _CollectingProgress(records)
-        return ChildOutcome(work(progress), records)
+        return ChildOutcome(work(Progress(None, records)), records)
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -102,8 +95,8 @@ def run_isolated(work: Callable[[Progress], int]) -> ChildOutcome:
         outcome.death = f"the replay process was killed by {signal.Signals(number).name}"
     else:
         code = os.WEXITSTATUS(status)
-        outcome.exit_code = code if code in CONTRACT else EXIT_REPLAY_FAILED
-        if code not in CONTRACT:
+        outcome.exit_code = code if code in EXIT_SEVERITY else EXIT_REPLAY_FAILED  # it lists every code
+        if code not in EXIT_SEVERITY:
             outcome.death = f"the replay process exited with status {code}"
     if outcome.died_on is not None and outcome.death is None:  # it left early, saying why on stderr
         outcome.death = f"the replay ended (exit {outcome.exit_code}) before this bundle's outcome"
@@ -112,8 +105,6 @@ def run_isolated(work: Callable[[Progress], int]) -> ChildOutcome:
 
 
 def _exit_code_of(work: Callable[[Progress], int], progress: Progress) -> int:
-    from tracekit.errors import TracekitError
-
     try:
         return work(progress)
     except SystemExit as leaving:
@@ -136,19 +127,8 @@ def _leave(code: int) -> None:
 
 
 
-class _CollectingProgress(Progress):
-    def __init__(self, records: list[dict[str, Any]]):
-        super().__init__(None)
-        self._records = records
-
-    def finished(self, record: dict[str, Any]) -> None:
-        self._records.append(record)
-
-
 def crash_record(started: dict[str, Any], reason: str, name: str | None = None) -> dict[str, Any]:
     """The JSON record of the bundle a replay died on (docs/GUIDE.md, "JSON fields")."""
-    from tracekit.replay.verdict_names import VerdictName
-
     return {
         "bundle": started["started"],
         "name": name,
@@ -162,12 +142,9 @@ def crash_record(started: dict[str, Any], reason: str, name: str | None = None) 
 
 def print_crash(bundle: str, step: Any, trigger: Any, error: str, stream: TextIO | None = None) -> None:
     """The report of a replay that broke off inside vLLM, the device or tracekit."""
-    from rich.console import Console
+    from tracekit.cli.terminal import console_for, inert
 
-    from tracekit.cli.terminal import inert
-    from tracekit.replay.verdict_names import VerdictName
-
-    console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    console = console_for(stream)
     where = f"  step {inert(step)} ({inert(trigger)})" if step is not None else ""
     console.print(f"[bold]replay[/bold] {inert(bundle)}{where}")
     console.print(

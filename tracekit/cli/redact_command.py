@@ -6,23 +6,18 @@ reveals".
 
 import click
 
-from tracekit.cli.arguments import force_option
+from tracekit.cli.arguments import bundle_argument, force_option
 
 
 @click.command("redact")
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@bundle_argument()
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the redacted bundle.")
 @force_option()
 def redact_command(bundle, output, force):
     """Remove from BUNDLE what its step's forward and sampling do not read (prompts, ids, ...)."""
-    from pathlib import Path
-
-    from tracekit.errors import UsageError
     from tracekit.outputs import claim_outputs
     from tracekit.share.redact import redact
 
-    if not Path(bundle).is_file():
-        raise UsageError(f"no bundle at {bundle}")
     claim_outputs({"-o": output}, [bundle], force)
     _print_redacted(bundle, output, redact(bundle, output))
 

@@ -27,6 +27,7 @@ from tracekit.cli.arguments import (
     renamed_option,
     steps_option,
     verbose_option,
+    weights_options,
 )
 from tracekit.errors import UsageError
 
@@ -37,9 +38,7 @@ from tracekit.errors import UsageError
 @click.option("--from", "from_step", type=int, default=None,
               help="In a window of steps: rebuild the model runner's state at this step as a single-step replay "
                    "builds it, instead of letting the runner carry it there (the steps before still run, carried).")
-@click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
-@click.option("--allow-weights-mismatch", is_flag=True,
-              help="Replay even if the weights' fingerprint (the model's, a LoRA adapter's) differs.")
+@weights_options()
 @click.option("--lora", "loras", multiple=True, metavar="NAME=PATH",
               help="Where LoRA adapter NAME is here, when the bundle does not keep its files and it is not at "
                    "the recorded path (checked against the recorded fingerprint). Repeatable.")

@@ -6,11 +6,20 @@ bundle itself (nothing is written then), 3 this machine cannot replay the bundle
 
 import click
 
-from tracekit.cli.arguments import force_option, json_option, one_step, renamed_option, steps_option, verbose_option
+from tracekit.cli.arguments import (
+    bundle_argument,
+    force_option,
+    json_option,
+    one_step,
+    renamed_option,
+    steps_option,
+    verbose_option,
+    weights_options,
+)
 
 
 @click.command("shrink")
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@bundle_argument()
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the shrunk bundle.")
 @click.option("--until", "until", required=True,
               help="What must stay true: raises | nonfinite | modes-differ | command:CMD "
@@ -19,24 +28,18 @@ from tracekit.cli.arguments import force_option, json_option, one_step, renamed_
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="modes-differ: the relative RMS the two modes must differ by (0: any bit).")
 @steps_option("The step to shrink, of a bundle holding several (default: the first).")
-@click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
-@click.option("--allow-weights-mismatch", is_flag=True, help="Replay even if the weights' fingerprint differs.")
+@weights_options()
 @json_option("the shrink report")
 @force_option()
 @verbose_option()
 @renamed_option("--step", "--steps")
 def shrink_command(bundle, output, until, tolerance, steps, model, allow_weights_mismatch, json_out, force, verbose):
     """Delta-debug BUNDLE's step down to the fewest requests and tokens for which PROPERTY holds."""
-    from pathlib import Path
-
     from tracekit.cli.engine_output import engine_output
     from tracekit.cli.terminal import console_for, inert
-    from tracekit.errors import UsageError
     from tracekit.outputs import claim_outputs, write_json
     from tracekit.share.shrink import shrink
 
-    if not Path(bundle).is_file():
-        raise UsageError(f"no bundle at {bundle}")
     claim_outputs({"-o": output, "--json": json_out}, [bundle], force)
     with engine_output(verbose, "shrink") as engine:
         report = shrink(bundle, output, until, tolerance=tolerance, step=one_step(steps), model=model,

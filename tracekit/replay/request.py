@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tracekit.bundles import find_bundles, unique_names
-from tracekit.errors import EXIT_REPLAY_FAILED, CannotRunHere, TracekitError, UsageError, one_line
+from tracekit.errors import EXIT_REPLAY_FAILED, CannotRunHere, TracekitError, UsageError
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions
-from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
 
 @dataclass
@@ -156,7 +155,7 @@ def carry_out(request: ReplayRequest, listener: Listener) -> ReplayOutcome:
 
 def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) -> ReplayOutcome:
     from tracekit.replay.replayer import replay
-    from tracekit.replay.suite import SuiteRecord, record_of
+    from tracekit.replay.suite import crashed_record, record_of, refused_record
 
     opened = request.opened
     name = request.names[request.bundles[0]]
@@ -168,15 +167,12 @@ def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) 
     try:
         result = replay(opened, options)
     except TracekitError as error:  # refused: its record, then the error (one line, its exit code)
-        verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
-        listener.finished({**SuiteRecord(str(opened.path), name, verdict.value, error.exit_code,
-                                         error=str(error)).to_plain(), **facts})
+        listener.finished({**refused_record(opened.path, name, error).to_plain(), **facts})
         raise
     except Exception as error:  # inside vLLM, the device or tracekit: not a verdict on the step
-        crash = Crash(str(opened.path), facts.get("step"), facts.get("trigger"), one_line(error))
-        record = SuiteRecord(crash.bundle, name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=crash.reason,
-                             seconds=time.perf_counter() - started)
+        record = crashed_record(opened.path, name, error, seconds=time.perf_counter() - started)
         listener.finished({**record.to_plain(), **facts})
+        crash = Crash(record.bundle, facts.get("step"), facts.get("trigger"), record.error)
         return ReplayOutcome(EXIT_REPLAY_FAILED, crash)
     seconds = round(time.perf_counter() - started, 3)
     if result.several:  # one record per step

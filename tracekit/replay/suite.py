@@ -39,13 +39,7 @@ from tracekit.integrations.vllm.replay_engine import (
     union_of,
 )
 from tracekit.replay.replayer import ReplayResult, replay
-from tracekit.replay.verdict import NOT_REPLAYED, VerdictName
-from tracekit.replay.verdict_names import worst_exit_code
-
-
-def verdict_of(result: ReplayResult) -> str:
-    """The replay's verdict (`tracekit.replay.verdict_names.VerdictName`)."""
-    return result.verdict.name.value
+from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName, not_replayed, worst_exit_code
 
 
 @dataclass
@@ -93,7 +87,18 @@ class SuiteRecord:
 
 
 def record_of(result: ReplayResult, name: str, **suite_fields: Any) -> SuiteRecord:
-    return SuiteRecord(result.bundle, name, verdict_of(result), result.exit_code, result=result, **suite_fields)
+    return SuiteRecord(result.bundle, name, result.verdict.name.value, result.exit_code, result=result, **suite_fields)
+
+
+def refused_record(bundle: Path, name: str, error: TracekitError) -> SuiteRecord:
+    """The record of a bundle refused before or by its replay: the verdict of the error's exit code."""
+    return SuiteRecord(str(bundle), name, not_replayed(error.exit_code).value, error.exit_code, error=str(error))
+
+
+def crashed_record(bundle: Path, name: str, error: BaseException, **suite_fields: Any) -> SuiteRecord:
+    """The record of a bundle whose replay broke off inside vLLM, the device or tracekit (exit 4)."""
+    return SuiteRecord(str(bundle), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=one_line(error),
+                       **suite_fields)
 
 
 @dataclass
@@ -129,7 +134,7 @@ def run_suite(
             with open_bundle(bundle) as reader:
                 content = BundleContent.from_plain(reader.metadata)
         except TracekitError as error:
-            records.append(_error_record(bundle, names[bundle], error))
+            records.append(refused_record(bundle, names[bundle], error))
             on_done(records[-1])
             continue
         if not content.steps:
@@ -142,7 +147,7 @@ def run_suite(
             if step is not None:
                 require_replayable_kind(step)
         except TracekitError as error:  # no engine needed to say so
-            records.append(_error_record(bundle, names[bundle], error))
+            records.append(refused_record(bundle, names[bundle], error))
             on_done(records[-1])
             continue
         key = _engine_with_kernels(engine_key(content), content.engine, kernels)
@@ -166,7 +171,7 @@ def run_suite(
                 queue.remove(bundle)
                 on_start(len(records), bundle, llm is None and engine_error is None)
                 if engine_error is not None:  # this group's engine could not be built here
-                    record = _error_record(bundle, names[bundle], engine_error)
+                    record = refused_record(bundle, names[bundle], engine_error)
                 else:
                     record, llm, engine_error, built = _replay_one(
                         bundle, names[bundle], llm, profile_dir, group_options
@@ -232,7 +237,7 @@ def _replay_one(
     try:
         result = replay(bundle, llm=llm, profile_prefix=profile_dir / name if profile_dir else None, **options)
     except TracekitError as error:
-        record = _error_record(bundle, name, error)
+        record = refused_record(bundle, name, error)
         # Refused before an engine existed (weights not here, vLLM refused the arguments): every
         # bundle of the group needs that same engine.
         group_error = error if building and error.exit_code == EXIT_CANNOT_RUN_HERE else None
@@ -243,15 +248,8 @@ def _replay_one(
                 release_llm(llm)
             except Exception:  # a device the failure poisoned: the next engine says so itself
                 pass
-        message = one_line(error)
-        record = SuiteRecord(str(bundle), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=message,
-                             engine_built=building, seconds=time.perf_counter() - started)
+        record = crashed_record(bundle, name, error, engine_built=building, seconds=time.perf_counter() - started)
         return record, None, None, building
     record = record_of(result, name, engine_built=building, seconds=time.perf_counter() - started)
     return record, result.llm, None, building
-
-
-def _error_record(bundle: Path, name: str, error: TracekitError) -> SuiteRecord:
-    verdict = NOT_REPLAYED.get(error.exit_code, VerdictName.BAD_INPUT)
-    return SuiteRecord(str(bundle), name, verdict.value, error.exit_code, error=str(error))
 

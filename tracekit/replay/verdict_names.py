@@ -70,6 +70,11 @@ NOT_REPLAYED = {
     EXIT_REPLAY_FAILED: VerdictName.CRASHED,
 }
 
+
+def not_replayed(exit_code: int) -> VerdictName:
+    """The verdict of a bundle that did not replay, by the exit code of what stopped it (`NOT_REPLAYED`)."""
+    return NOT_REPLAYED.get(exit_code, VerdictName.BAD_INPUT)
+
 # Worst last. A divergence is the finding a suite exists for, so it wins over everything; an
 # engine that does not repeat itself (a finding too, about vLLM, but the step's own fate is not
 # told) next; a replay that crashed (the step's fate is unknown) next; a bad bundle or argument
