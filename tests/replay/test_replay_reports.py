@@ -9,7 +9,6 @@ from pathlib import Path
 
 from test_verdicts import observed_like
 
-from tracekit.cli.rank_set_report import print_rank_set_report
 from tracekit.cli.replay_report import print_report
 from tracekit.format.content import load_step
 from tracekit.replay.checks import check_step
@@ -37,7 +36,7 @@ def test_a_rank_set_within_the_platform_bound_is_not_reported_as_not_reproduced(
     result = RankSetReplayResult(bundle="step.rank0.zst", step_index=rank.step_index, trigger=rank.trigger,
                                  tensor_parallel_size=2, pipeline_parallel_size=1, ranks=[rank, rank])
     out = io.StringIO()
-    print_rank_set_report(result, out)
+    print_report(result, out)
     text = out.getvalue()
     assert result.exit_code == 0 and "NOT REPRODUCED" not in text, text
     assert "verdict platform_difference" in text

@@ -1,16 +1,9 @@
 """`tracekit replay BUNDLE...`: reproduce, check and time recorded steps.
 
 One bundle gets the detailed report. Many (files, folders, globs) run as a regression suite: one
-engine per engine configuration, a summary table, one JSON line per bundle.
-
-Exit codes (for `git bisect run` and CI): each verdict's own (`tracekit.replay.verdict_names`:
-0 for a step reproduced — bit-exact, within tolerance, or up to a difference the platform or the
-release explains; with --strict bit-exact only — 1 for one that was not), 2 bad input or usage,
-3 this machine (or this vLLM release) cannot replay it, 4 the replay crashed, 5
-(cannot_replay_yet) the step used something tracekit records but cannot replay yet, 6
-(nondeterministic) replays of the step from the same restored state disagree among themselves
-(`tracekit.replay.repeats`: the engine does not repeat itself there). A suite
-exits with the worst of its bundles' codes (`tracekit.replay.verdict_names.worst_exit_code`).
+engine per engine configuration, a summary table, one JSON line per bundle. Exit codes (for `git
+bisect run` and CI): each verdict's own (`tracekit.replay.verdict_names`, docs/GUIDE.md
+"Verdicts"); a suite exits with the worst of its bundles' (`verdict_names.worst_exit_code`).
 """
 
 import sys

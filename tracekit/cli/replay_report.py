@@ -1,30 +1,36 @@
-"""The human-readable replay reports: one bundle's in detail (the verdict first, what the bundle
-needs, what differs here, what matched, how fast it ran; of several steps, one row per step and
-the first step that parted in detail), and a suite's as one summary row per
-bundle with a progress bar meanwhile. On a terminal they fit its width; piped, every line and
-table row is one unwrapped line (`terminal.console_for`)."""
+"""The human-readable report of what `tracekit replay` came to, one function for every kind:
+one bundle in detail (the verdict first, what the bundle needs, what differs here, what matched,
+how fast it ran; of several steps, one row per step and the first step that parted in detail; of
+a multi-rank step, one row per rank), a suite as one summary row per bundle, a crash in one
+line. On a terminal they fit its width; piped, every line and table row is one unwrapped line
+(`terminal.console_for`)."""
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tracekit.cli.isolation import print_crash
 from tracekit.cli.terminal import console_for, inert, table
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.replay import verdict as verdicts
 from tracekit.replay.checks import KV_DIGEST_ITEM
 from tracekit.replay.kv_sources import describe
+from tracekit.replay.multirank import RankSetReplayResult
+from tracekit.replay.request import Crash
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.suite import SuiteOutcome, SuiteRecord
 from tracekit.replay.verdict import VerdictName
 
 
+def _ms(value: Any, places: int = 3) -> str:
+    """A time in microseconds, shown in milliseconds ("-" where there is none)."""
+    return f"{value / 1000:.{places}f}" if isinstance(value, (int, float)) else "-"
+
+
 def _us(value: Any) -> str:
-    return f"{value / 1000:.3f} ms" if isinstance(value, (int, float)) else "-"
+    """A time in microseconds, shown in milliseconds with its unit."""
+    return "-" if _ms(value) == "-" else f"{_ms(value)} ms"
 
 
 def _number(value: Any) -> str:
@@ -48,7 +54,7 @@ def describe_engine_build(build: dict[str, Any]) -> str:
     return f"{what}, built in {build['seconds']:.1f} s{imports}"
 
 
-def print_differences(console: Console, environment_differences: list[dict[str, Any]], overrides: dict[str, Any]) -> None:
+def _print_differences(console: Console, environment_differences: list[dict[str, Any]], overrides: dict[str, Any]) -> None:
     """How this machine differs from the recording one where that can change the numbers (the
     others are only counted: `--json` lists them all), and the engine arguments overridden."""
     numeric = [difference for difference in environment_differences if difference["affects_numerics"]]
@@ -64,11 +70,22 @@ def print_differences(console: Console, environment_differences: list[dict[str, 
         console.print(f"   engine argument given here: {inert(name)} = {inert(repr(value))}")
 
 
-def print_report(result: ReplayResult, stream: TextIO | None = None, needs: str | None = None) -> None:
+def print_report(report: Any, stream: TextIO | None = None, needs: str | None = None) -> None:
+    """What a replay came to (`ReplayOutcome.report`), by its kind; `needs`: the bundle's needs line."""
+    if isinstance(report, Crash):
+        print_crash(report.bundle, report.step, report.trigger, report.reason, stream)
+    elif isinstance(report, SuiteOutcome):
+        _print_suite(console_for(stream), report)
+    elif isinstance(report, RankSetReplayResult):
+        _print_rank_set(console_for(stream), report, needs)
+    else:
+        _print_replay(console_for(stream), report, needs)
+
+
+def _print_replay(console: Console, result: ReplayResult, needs: str | None) -> None:
     """One replayed bundle in detail: the verdict first, what the bundle needs, then what differs
     here, what matched and how fast it ran (of several steps: each step's row, then the first
-    step that parted). `needs`: the bundle's needs line."""
-    console = console_for(stream)
+    step that parted)."""
     padding = any(item.is_padding for step in result.steps for item in step.checks)
     print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
     if needs:
@@ -82,7 +99,7 @@ def print_report(result: ReplayResult, stream: TextIO | None = None, needs: str 
         console.print(f"[bold]replay[/bold] {inert(result.bundle)}  step {result.step_index} ({inert(result.trigger)})")
     if result.engine_build is not None:
         console.print(f"   engine: {inert(describe_engine_build(result.engine_build))}")
-    print_differences(console, result.environment_differences, result.overrides)
+    _print_differences(console, result.environment_differences, result.overrides)
     if result.several:
         _print_steps(console, result)
     step = next((step for step in result.steps if step.verdict.exit_code() != 0), result.steps[0])
@@ -93,15 +110,11 @@ def print_report(result: ReplayResult, stream: TextIO | None = None, needs: str 
     for note in step.notes:
         console.print(f"   note: {inert(note)}")
     _print_dispatch(console, step.dispatch, attention=not step.bit_exact)
-    print_checks(console, step, step.verdict)
+    _print_checks(console, step, step.verdict)
     _print_not_deciding(console, step)
     _print_layers(console, step)
     _print_timing(console, step)
     _print_kv_sources(console, result)
-
-
-def _ms(value: Any) -> str:
-    return f"{value / 1000:.3f}" if isinstance(value, (int, float)) else "-"
 
 
 def _dispatch_cell(audited: dict[str, Any]) -> str:
@@ -261,7 +274,7 @@ def print_verdict(console: Console, verdict: Any, first_divergence: str | None, 
                   f"exit {code})")
 
 
-def print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
+def _print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
     """The step's items against the recording (those that decide), then the requests whose
     sampled ids differ; `verdict` says how an item that is not bit-exact counts (the platform's)."""
     deciding = [item for item in result.checks if item.decides]
@@ -356,10 +369,9 @@ def _suite_ratio(record: SuiteRecord) -> str:
     return _shown_ratio(timed)
 
 
-def print_suite_summary(outcome: SuiteOutcome, stream: TextIO | None = None) -> None:
+def _print_suite(console: Console, outcome: SuiteOutcome) -> None:
     """One row per bundle, in the order they ran (the times only where any was timed); errors and
     bundles left unrun below."""
-    console = console_for(stream)
     timed = any(record.forward_us is not None for record in outcome.records)
     columns = ["bundle", "step", "engine", "verdict", "first divergence"]
     summary = table(console, f"{len(outcome.records)} bundle(s) on {outcome.engines_built} engine(s)",
@@ -398,24 +410,61 @@ def _print_suite_notes(console: Console, outcome: SuiteOutcome) -> None:
         console.print(f"[bold green]all {len(outcome.records)} bundle(s) reproduced[/bold green]")
 
 
-class _SuiteProgress:
-    def __init__(self, progress: Progress, total: int):
-        self._progress = progress
-        self._task = progress.add_task("reading bundles", total=total)
+def _print_rank_set(console: Console, result: RankSetReplayResult, needs: str | None) -> None:
+    """Every rank's replay of one step: the verdict first, what the bundle needs, one row per rank,
+    then each rank's items that are not bit-exact."""
+    _print_rank_set_verdict(console, result)
+    if needs:
+        console.print(inert(needs))
+    layout = f"TP={result.tensor_parallel_size}" + (
+        f" PP={result.pipeline_parallel_size}" if result.pipeline_parallel_size > 1 else ""
+    )
+    console.print(
+        f"[bold]replay[/bold] {inert(result.bundle)}  step {inert(result.step_index)} ({inert(result.trigger)}), "
+        f"{result.world_size} ranks ({layout})"
+    )
+    _print_differences(console, result.environment_differences, result.overrides)
+    _print_ranks(console, result)
+    for rank, replayed in enumerate(result.ranks):
+        diverged = [item for item in replayed.checks if not item.bit_exact]
+        if not diverged:
+            continue
+        detail = table(console, f"rank {rank}: items not bit-exact", ["item", "within tol", "max_abs", "relative_rms"])
+        for item in diverged:
+            detail.add_row(inert(item.name), "yes" if item.within_tolerance else "[red]no[/red]",
+                           str(item.details.get("max_abs", "-")), str(item.details.get("relative_rms", "-")))
+        console.print(detail)
 
-    def start(self, position: int, bundle: Path, building_engine: bool) -> None:
-        doing = "building an engine for" if building_engine else "replaying"
-        self._progress.update(self._task, description=f"{doing} {inert(bundle.name)}")
 
-    def done(self, record: dict) -> None:
-        self._progress.advance(self._task)
+def _print_ranks(console: Console, result: RankSetReplayResult) -> None:
+    """One row per rank (forward times in ms: recorded, replayed cold, then the timed runs), and
+    the step's, its slowest rank's per run."""
+    ranks = table(console, "per rank (forward times in ms: recorded, replayed cold, then timed runs)",
+                  ["rank", "verdict", "first divergence", "recorded", "replay", "median", "min"],
+                  right=("recorded", "replay", "median", "min"))
+    for rank, replayed in enumerate(result.ranks):
+        latency = next(iter(replayed.modes.values()), {}).get("latency_us", {})
+        name = replayed.verdict.name
+        colour = "green" if name == VerdictName.BIT_EXACT else "red" if replayed.exit_code else "yellow"
+        ranks.add_row(str(rank), f"[{colour}]{name.value}[/{colour}]", inert(replayed.first_divergence or "-"),
+                      _ms(replayed.recorded_timing.get("forward_us"), 2), _ms(replayed.replay_forward_us, 2),
+                      _ms(latency.get("median"), 2), _ms(latency.get("min"), 2))
+    if result.step_latency_us:
+        step = result.step_latency_us
+        ranks.add_row("step", "", "slowest rank per run",
+                      _ms(max((r.recorded_timing.get("forward_us") or 0 for r in result.ranks), default=None), 2),
+                      _ms(max((r.replay_forward_us or 0 for r in result.ranks), default=None), 2),
+                      _ms(step["median"], 2), _ms(step["min"], 2))
+    console.print(ranks)
 
 
-@contextlib.contextmanager
-def suite_progress(total: int, stream: TextIO | None = None) -> Iterator[_SuiteProgress]:
-    """A progress bar on `stream` (default: standard error; drawn only on a terminal), gone when
-    the suite ends."""
-    console = Console(file=stream or sys.stderr)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        yield _SuiteProgress(progress, total)
+def _print_rank_set_verdict(console: Console, result: RankSetReplayResult) -> None:
+    verdict = result.verdict
+    if result.exit_code == 0:
+        how = {VerdictName.BIT_EXACT: "bit-exact", VerdictName.WITHIN_TOLERANCE: f"within tolerance {result.tolerance:g}"}
+        console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold green]REPRODUCED[/bold green] on all "
+                      f"{result.world_size} ranks ({how.get(verdict.name, inert(verdict.reason))}; exit 0)")
+    else:
+        console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold red]NOT REPRODUCED[/bold red]: first "
+                      f"divergence at [bold]{inert(result.first_divergence or '-')}[/bold] ({inert(verdict.reason)}; "
+                      f"exit {result.exit_code})")

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 import click
 
 from tracekit.cli.isolation import Progress, crash_record, print_crash, run_isolated
+from tracekit.cli.terminal import inert
 from tracekit.replay.request import ReplayRequest
 from tracekit.replay.verdict_names import worst_exit_code
 
@@ -43,13 +44,14 @@ def replay_isolated(request: ReplayRequest, verbose: bool, report_to_stderr: boo
 def _work(request: ReplayRequest, progress: Progress, verbose: bool, report_to_stderr: bool) -> int:
     """The child's part: replay, report, return the exit code."""
     from tracekit.cli.engine_output import engine_output
+    from tracekit.cli.replay_report import print_report
     from tracekit.replay.request import carry_out
 
     with engine_output(verbose, "replay") as output:
         stream = output.errors if report_to_stderr else output.report
         with _Listener(progress, len(request.bundles), output.errors) as listener:
             outcome = carry_out(request, listener)
-        print_outcome(outcome.report, stream, _needs(request))
+        print_report(outcome.report, stream, _needs(request))
         if output.log_line():
             click.echo(f"   {output.log_line()}", file=stream)
     return outcome.exit_code
@@ -66,54 +68,39 @@ def _needs(request: ReplayRequest) -> str | None:
 
 class _Listener:
     """Sends each bundle's start and record to the parent; with many bundles, draws a progress
-    bar meanwhile (on the terminal's standard error)."""
+    bar meanwhile on `errors` (only on a terminal; gone when the suite ends)."""
 
     def __init__(self, progress: Progress, total: int, errors: TextIO):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+
         self._progress = progress
-        self._total = total
-        self._errors = errors
-        self._bar: Any = None
-        self._closing: Any = None
+        self._bar = None
+        if total > 1:
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            self._bar = Bar(*columns, console=Console(file=errors), transient=True)
+            self._task = self._bar.add_task("reading bundles", total=total)
 
     def __enter__(self) -> "_Listener":
-        if self._total > 1:
-            from tracekit.cli.replay_report import suite_progress
-
-            self._closing = suite_progress(self._total, self._errors)
-            self._bar = self._closing.__enter__()
+        if self._bar is not None:
+            self._bar.start()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._closing is not None:
-            self._closing.__exit__(*exc_info)
+        if self._bar is not None:
+            self._bar.stop()
 
     def started(self, position: int, bundle: Path, building: bool, facts: dict[str, Any]) -> None:
         self._progress.started(str(bundle), **facts)
         if self._bar is not None:
-            self._bar.start(position, Path(bundle), building)
+            doing = "building an engine for" if building else "replaying"
+            self._bar.update(self._task, description=f"{doing} {inert(Path(bundle).name)}")
 
     def finished(self, record: dict[str, Any]) -> None:
         self._progress.finished(record)
         if self._bar is not None:
-            self._bar.done(record)
-
-
-def print_outcome(report: Any, stream: TextIO, needs: str | None = None) -> None:
-    """The report of what a replay came to, by its kind (`needs`: the bundle's needs line)."""
-    from tracekit.cli.rank_set_report import print_rank_set_report
-    from tracekit.cli.replay_report import print_report, print_suite_summary
-    from tracekit.replay.multirank import RankSetReplayResult
-    from tracekit.replay.request import Crash
-    from tracekit.replay.suite import SuiteOutcome
-
-    if isinstance(report, Crash):
-        print_crash(report.bundle, report.step, report.trigger, report.reason, stream)
-    elif isinstance(report, SuiteOutcome):
-        print_suite_summary(report, stream)
-    elif isinstance(report, RankSetReplayResult):
-        print_rank_set_report(report, stream, needs)
-    else:
-        print_report(report, stream, needs)
+            self._bar.advance(self._task)
 
 
 def write_reports(records: list[dict[str, Any]], json_out: str | None, plot_path: str | None) -> None:

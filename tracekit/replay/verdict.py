@@ -1,26 +1,13 @@
-"""What a replay's outcome means, in one word: the report's last line, the JSON's `verdict`, the
-exit code.
+"""What a replay's outcome means, in one word: the report's first line, the JSON's `verdict`, the
+exit code (each verdict: docs/GUIDE.md "Verdicts"; what each covers and how its bounds were
+measured: docs/VERDICTS.md).
 
-A replay on the recording platform is bit-exact or it is a bug. On another platform (other CPU
-ISA, GPU model, torch/vLLM build, attention backend, thread count, numerics env vars) other
-kernels round differently, so "not bit-exact" alone says nothing: there the verdict is
-`platform_difference` when every discrete item (batch order, input ids, positions, sampled ids)
-is equal and every float item stays within the calibrated per-dtype bound
-(`tracekit.numerics.PLATFORM_BOUNDS`), and `diverged` otherwise.
-
-Under another vLLM release than the recording's (a replay across releases) the same holds with
-the release as the difference that explains the rounding (`release_difference`, naming the
-first diverging layer where the bundle holds per-layer outputs), and what a user bisecting
-releases asks is told apart: the recorded error or non-finite outputs gone, an error or
-non-finite outputs appeared. A documented release change named as the cause is
-`release_difference` too: tokens sampled at a temperature that differ from bit-identical logits
-where the two releases' samplers draw otherwise (read in their sources); `diverged` is kept for
-what no known release change explains.
-
-A step that does not reproduce is replayed again from the same restored state
-(`tracekit.replay.repeats`): where those replays disagree among themselves, a `diverged` step is
-`nondeterministic` (exit 6): the engine does not repeat itself there, which is a finding about
-vLLM, and whether the step reproduces cannot be told.
+A replay on the recording platform is bit-exact or it is a bug. Elsewhere, other kernels round
+differently, so "not bit-exact" alone says nothing: the verdict then asks whether the platform
+(or, across vLLM releases, the release) explains the difference — every discrete item equal,
+every float item within the calibrated per-dtype bound (`tracekit.numerics.PLATFORM_BOUNDS`) —
+and whether replays of the step from the same restored state agree among themselves
+(`tracekit.replay.repeats`).
 """
 
 from dataclasses import dataclass, field
