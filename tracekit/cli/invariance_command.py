@@ -64,11 +64,12 @@ def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verb
     from tracekit.cli.engine_output import engine_output
     from tracekit.cli.isolation import print_crash
     from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
-    from tracekit.format.content import read_step_facts
+    from tracekit.replay.opened import OpenedBundle
     from tracekit.replay.verdict_names import VerdictName, not_replayed
     from tracekit.share.invariance import check_invariance
 
-    facts = read_step_facts(bundle, step)
+    with OpenedBundle(bundle) as opened:
+        facts = opened.facts(step)
     progress.started(bundle, **facts)
     base = {"bundle": bundle, **facts}
     with engine_output(verbose, "invariance") as output:

@@ -14,7 +14,7 @@ from tracekit.cli.isolation import print_crash
 from tracekit.cli.terminal import console_for, inert, table
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.replay import verdict as verdicts
-from tracekit.replay.checks import KV_DIGEST_ITEM
+from tracekit.replay.checks import KV_DIGEST_ITEM, LAYER_PREFIX
 from tracekit.replay.kv_sources import describe
 from tracekit.replay.multirank import RankSetReplayResult
 from tracekit.replay.request import Crash
@@ -167,7 +167,7 @@ def _print_layers(console: Console, result: ReplayResult) -> None:
         console.print(
             f"layers vs recorded (eager): {agreeing}/{len(result.layer_checks)} bit-exact"
             + ("" if first_layer is None else
-               f"; first diverging layer [bold]{inert(first_layer.name.removeprefix('layer/'))}[/bold] "
+               f"; first diverging layer [bold]{inert(first_layer.name.removeprefix(LAYER_PREFIX))}[/bold] "
                f"max_abs {_number(first_layer.details.get('max_abs'))} "
                f"relative_rms {_number(first_layer.details.get('relative_rms'))}")
         )

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import TracekitError, UsageError
+from tracekit.errors import UsageError
 from tracekit.format.reader import open_bundle
 from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
 from tracekit.format.writer import BundleWriter
@@ -41,21 +41,13 @@ def load_step(bundle: str | Path, step: int | None = None) -> tuple[BundleConten
     with its tensors loaded; a bundle without that step is a `UsageError`."""
     with open_bundle(bundle) as reader:
         content = BundleContent.from_plain(reader.metadata)
-        position = _position(bundle, content, step)
-        loaded = Step.from_plain(reader.resolve(reader.metadata["steps"][position], to="torch"))
-    return content, loaded
+        return content, read_step(reader, content, bundle, step)
 
 
-def read_step_facts(bundle: str | Path, step: int | None = None) -> dict[str, Any]:
-    """{"step", "trigger"} of the step a replay of `bundle` would run, from metadata alone
-    (empty when the bundle cannot be read or has no such step: its replay says why)."""
-    try:
-        with open_bundle(bundle) as reader:
-            content = BundleContent.from_plain(reader.metadata)
-        recorded = content.steps[_position(bundle, content, step)]
-    except (TracekitError, OSError):
-        return {}
-    return {"step": recorded.index, "trigger": recorded.trigger}
+def read_step(reader: Any, content: BundleContent, bundle: str | Path, step: int | None = None) -> Step:
+    """`load_step`'s step, from a bundle already open (`reader`, its `content`)."""
+    position = _position(bundle, content, step)
+    return Step.from_plain(reader.resolve(reader.metadata["steps"][position], to="torch"))
 
 
 def _position(bundle: str | Path, content: BundleContent, step: int | None) -> int:

@@ -223,11 +223,16 @@ def _row_items(name: str, actual: Any, expected: Any, step: Step, tolerance: flo
     if not items[0].bit_exact and actual.shape[1:] == expected.shape[1:]:
         items[0].details["requests_moved"] = _requests_moved(actual[:real], expected[:real], step)
     if expected.shape[0] > real:
-        padding = _tensor_item(name + PADDING, actual[real:], expected[real:], tolerance)
-        padding.decides = False
-        padding.details["rows"] = [real, int(expected.shape[0])]
-        items.append(padding)
+        items.append(_padding_item(name, actual[real:], expected[real:], tolerance, [real, int(expected.shape[0])]))
     return items
+
+
+def _padding_item(name: str, actual: Any, expected: Any, tolerance: float, rows: list[int]) -> CheckedItem:
+    """Rows past the step's real ones (`rows`: which), compared apart as `name/padding`: they do not decide."""
+    padding = _tensor_item(name + PADDING, actual, expected, tolerance)
+    padding.decides = False
+    padding.details["rows"] = rows
+    return padding
 
 
 def _requests_moved(actual: torch.Tensor, expected: torch.Tensor, step: Step) -> dict[str, float]:
@@ -354,10 +359,8 @@ def _chosen_rows_items(name: str, actual: Any, expected: Any, rows: list[int], t
     others = torch.tensor(sorted(set(range(expected.shape[0])) - set(rows)), dtype=torch.long)
     items = [_tensor_item(name, actual.index_select(0, chosen), expected.index_select(0, chosen), tolerance)]
     if len(others):
-        padding = _tensor_item(name + PADDING, actual.index_select(0, others), expected.index_select(0, others), tolerance)
-        padding.decides = False
-        padding.details["rows"] = others.tolist()
-        items.append(padding)
+        items.append(_padding_item(name, actual.index_select(0, others), expected.index_select(0, others), tolerance,
+                                   others.tolist()))
     return items
 
 
@@ -424,9 +427,13 @@ def padding_findings(observed: ObservedStep, step: Step) -> list[str]:
     return findings
 
 
+LAYER_PREFIX = "layer/"  # of the items that check one module's output
+
+
 def check_layers(replayed: dict[str, Any], recorded: dict[str, Any], tolerance: float = 0.0) -> list[CheckedItem]:
     """Per-module outputs of an eager forward against those recorded, in recorded (forward) order."""
-    return [_tensor_item(f"layer/{name}", replayed.get(name), expected, tolerance) for name, expected in recorded.items()]
+    return [_tensor_item(LAYER_PREFIX + name, replayed.get(name), expected, tolerance)
+            for name, expected in recorded.items()]
 
 
 # The item of a step's error (a step recorded because it raised, or one that raised in the replay).

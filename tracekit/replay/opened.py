@@ -14,6 +14,7 @@ from typing import Any
 
 from tracekit.errors import TracekitError, UsageError
 from tracekit.format import open_bundle
+from tracekit.format.content import read_step
 from tracekit.format.schema import BundleContent, Step
 
 
@@ -78,22 +79,18 @@ class OpenedBundle:
         return {}
 
     def load_step(self, index: int | None = None) -> Step:
-        """The step of engine step index `index` (the first by default) with its tensors loaded;
-        the file is let go afterwards. A bundle without that step is a `UsageError`."""
+        """The step of engine step index `index` (the first by default) with its tensors loaded
+        (`format.content.read_step`); the file is let go afterwards. A later step of a window is
+        refused, naming the window."""
         content = self.content
-        indices = [step.index for step in content.steps]
-        if not indices:
-            raise UsageError(f"bundle {self.path} holds no recorded step")
-        if index is not None and index not in indices:
+        if index is not None and index not in [step.index for step in content.steps]:
             opener = next((step for step in content.steps if index in step.window_indices), None)
             if opener is not None:
                 raise UsageError(f"step {index} of {self.path} is a later step of the window step {opener.index} opens: "
                                  f"replay the window (--from {index} rebuilds the runner's state there)")
-            raise UsageError(f"bundle {self.path} has no step {index} (it has {', '.join(map(str, indices))})")
-        position = 0 if index is None else indices.index(index)
         reader = self._reader or open_bundle(self.path)
         try:
-            return Step.from_plain(reader.resolve(reader.metadata["steps"][position], to="torch"))
+            return read_step(reader, content, self.path, index)
         finally:
             reader.close()
             self._reader = None

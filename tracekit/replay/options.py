@@ -15,20 +15,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class ReplayOptions:
-    """How to replay a bundle. `modes`: None (check only), "reference" (also time the forward
-    as the engine ran it), a mode, or "all". `layers_out`: also run the step eagerly capturing
-    every layer's output, into a bundle there (a bundle recorded with `--layers` is always
-    checked layer by layer against such an eager forward). `strict`: the exit code is 0 for a
-    bit-exact replay only. `profile_prefix`: each timed mode's forwards are also traced with the
-    torch profiler into `{profile_prefix}.{mode}.trace.json`. `full_engine`: build the engine as vLLM
-    builds it (every graph and compile size) instead of a lean one with what the step needs;
-    `engine_needs`: what the lean engine must hold (a suite passes its group's; default: this
-    step's, and what `modes` asks). `from_step`: in a window, rebuild the runner's state at that
-    step as a single-step replay builds it, instead of letting it carry its state into it.
-    `repeats`: how many more times a single step that does not reproduce is replayed from the
-    same restored state, here and (where those agree and it diverged) in a fresh process, to tell
-    an engine that does not repeat itself (`nondeterministic`) from a divergence; 0: not at all
-    (`tracekit.replay.repeats`). `repeat_fresh`: False in that fresh process itself."""
+    """How to replay a bundle. Each field the command line sets is one of `tracekit replay`'s
+    options (`--help`; docs/GUIDE.md, "Replaying"), named alike but `step` (`--steps`),
+    `from_step` (`--from`), `layers_out` (`--save-layers`), `lora_paths` (`--lora`),
+    `engine_overrides` (the engine arguments) and `modes` (None: `--no-timing`; "reference"
+    times the forward as the engine ran it). Set by callers:
+    `profile_prefix` (each timed mode's trace is `{profile_prefix}.{mode}.trace.json`),
+    `engine_needs` (what a lean engine must hold: a suite passes its group's; default: this
+    step's and what `modes` asks), `kernel_choices` (a suite's engine's, for all its bundles) and
+    `repeat_fresh` (False in the fresh process that repeats a step, `tracekit.replay.repeats`)."""
 
     step: int | None = None
     from_step: int | None = None
@@ -45,9 +40,7 @@ class ReplayOptions:
     profile_prefix: str | Path | None = None
     full_engine: bool = False
     engine_needs: "EngineNeeds | None" = None
-    kernel_choices: "list[KernelChoice] | None" = None  # a suite's engine's, for all its bundles
-    # LoRA adapter name -> its folder here, where the bundle does not keep its files and it is
-    # not at the recorded path (`--lora NAME=PATH`)
+    kernel_choices: "list[KernelChoice] | None" = None
     lora_paths: dict[str, str] = field(default_factory=dict)
     repeats: int = 2
     repeat_fresh: bool = True

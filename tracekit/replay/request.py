@@ -187,13 +187,10 @@ def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) 
 def _suite(request: ReplayRequest, options: ReplayOptions, listener: Listener) -> ReplayOutcome:
     from tracekit.replay.suite import run_suite
 
-    # run_suite takes the options as keywords; each bundle's profile prefix is its own
-    keywords = {item.name: getattr(options, item.name) for item in dataclasses.fields(options)
-                if item.name != "profile_prefix"}
     outcome = run_suite(
-        request.bundles, keep_going=request.keep_going, profile_dir=request.profile_dir,
+        request.bundles, options, keep_going=request.keep_going, profile_dir=request.profile_dir,
         on_start=lambda position, bundle, building: listener.started(position, bundle, building, {}),
-        on_done=lambda record: listener.finished(record.to_plain()), **keywords,
+        on_done=lambda record: listener.finished(record.to_plain()),
     )
     return ReplayOutcome(outcome.exit_code, outcome)
 

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.replay.checks import ERROR_ITEM, CheckedItem, first_divergence
+from tracekit.replay.checks import ERROR_ITEM, LAYER_PREFIX, CheckedItem, first_divergence
 from tracekit.replay.repeats import Repeats
 from tracekit.replay.verdict import Verdict, VerdictName, decide
 
@@ -211,7 +211,7 @@ class ReplayResult:
             "checks": [item.to_plain() for item in self.checks],
             "padding_findings": self.padding_findings,
             "dispatch": self.dispatch,
-            "first_diverging_layer": None if first_layer is None else first_layer.name.removeprefix("layer/"),
+            "first_diverging_layer": None if first_layer is None else first_layer.name.removeprefix(LAYER_PREFIX),
             "layer_checks": [item.to_plain() for item in self.layer_checks],
             "layers_bundle": self.layers_bundle,
             "modes": self.modes,

@@ -13,6 +13,7 @@ replayed again on its group's engine (`tracekit.replay.repeats`), not in a fresh
 bundle replayed alone is: the reason says so.
 """
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from tracekit.integrations.vllm.replay_engine import (
     require_replayable_kind,
     union_of,
 )
+from tracekit.replay.options import ReplayOptions
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName, not_replayed, worst_exit_code
 
@@ -114,46 +116,42 @@ class SuiteOutcome:
 
 def run_suite(
     bundles: Sequence[Path],
+    options: ReplayOptions | None = None,
     *,
     keep_going: bool = False,
     profile_dir: Path | None = None,
     on_start: Callable[[int, Path, bool], None] = lambda index, bundle, building: None,
     on_done: Callable[[SuiteRecord], None] = lambda record: None,
-    **replay_options: Any,
+    **fields: Any,
 ) -> SuiteOutcome:
-    """Replay every bundle; `replay_options` go to `replay` (model and engine overrides apply to
-    every engine built). Without `keep_going`, stop at the first bundle that does not exit 0.
+    """Replay every bundle with `options` (or its fields as keywords; model and engine overrides
+    apply to every engine built; each bundle's profile prefix is its own, in `profile_dir`). Without `keep_going`, stop at the first bundle that does not exit 0.
     `on_start(position, bundle, building_engine)` and `on_done(record)` report progress."""
+    options = options or ReplayOptions(**fields)
     names = dict(zip(bundles, unique_names(bundles)))
     records: list[SuiteRecord] = []
     groups: dict[str, list[Path]] = {}
     needs: dict[str, list[EngineNeeds]] = {}
     kernels: dict[str, list[EngineKernels]] = {}  # engine key -> each engine's kernel choices
     for bundle in bundles:
-        try:
+        try:  # read, and refused where no engine is needed to say so
             with open_bundle(bundle) as reader:
                 content = BundleContent.from_plain(reader.metadata)
-        except TracekitError as error:
-            records.append(refused_record(bundle, names[bundle], error))
-            on_done(records[-1])
-            continue
-        if not content.steps:
-            records.append(SuiteRecord(str(bundle), names[bundle], VerdictName.NO_STEP.value, EXIT_OK,
-                                       error="holds no recorded step"))
-            on_done(records[-1])
-            continue
-        step = next((s for s in content.steps if replay_options.get("step") in (None, s.index)), None)
-        try:
+            step = next((s for s in content.steps if options.step in (None, s.index)), None)
             if step is not None:
                 require_replayable_kind(step)
-        except TracekitError as error:  # no engine needed to say so
+        except TracekitError as error:
             records.append(refused_record(bundle, names[bundle], error))
-            on_done(records[-1])
-            continue
-        key = _engine_with_kernels(engine_key(content), content.engine, kernels)
-        groups.setdefault(key, []).append(bundle)
-        if step is not None:  # a bundle without the step is refused by its replay
-            needs.setdefault(key, []).append(needs_of(step, replay_options.get("modes")))
+        else:
+            if content.steps:
+                key = _engine_with_kernels(engine_key(content), content.engine, kernels)
+                groups.setdefault(key, []).append(bundle)
+                if step is not None:  # a bundle without the step is refused by its replay
+                    needs.setdefault(key, []).append(needs_of(step, options.modes))
+                continue
+            records.append(SuiteRecord(str(bundle), names[bundle], VerdictName.NO_STEP.value, EXIT_OK,
+                                       error="holds no recorded step"))
+        on_done(records[-1])
     queue = [bundle for group in groups.values() for bundle in group]
     if any(record.exit_code != EXIT_OK for record in records) and not keep_going:
         return SuiteOutcome(records, [str(bundle) for bundle in queue], 0)
@@ -164,8 +162,8 @@ def run_suite(
         engine_kernels = _kernels_of(key, kernels)
         # A diverged bundle is replayed again on the group's engine only: a fresh process for
         # each would cost an engine build, and on a device the group's engine with it.
-        group_options = {**replay_options, "engine_needs": union_of(needs.get(key, [])),
-                         "kernel_choices": engine_kernels.choice_list(), "repeat_fresh": False}
+        group_options = dataclasses.replace(options, engine_needs=union_of(needs.get(key, [])),
+                                            kernel_choices=engine_kernels.choice_list(), repeat_fresh=False)
         try:
             for bundle in group:
                 queue.remove(bundle)
@@ -224,18 +222,17 @@ def _kernels_of(group: str, kernels: dict[str, list[EngineKernels]]) -> EngineKe
 
 
 def _replay_one(
-    bundle: Path, name: str, llm: Any, profile_dir: Path | None, replay_options: dict[str, Any]
+    bundle: Path, name: str, llm: Any, profile_dir: Path | None, options: ReplayOptions
 ) -> tuple[SuiteRecord, Any, TracekitError | None, bool]:
     """Replay one bundle on `llm` (None: build one). Returns its record, the engine for the next
     bundle of the group, the error that keeps the group from an engine, and whether it built one."""
     building = llm is None
-    options = dict(replay_options)
+    options = dataclasses.replace(options, profile_prefix=profile_dir / name if profile_dir else None)
     if not building:  # model and overrides shaped the engine when it was built
-        options.pop("model", None)
-        options.pop("engine_overrides", None)
+        options = dataclasses.replace(options, model=None, engine_overrides={})
     started = time.perf_counter()
     try:
-        result = replay(bundle, llm=llm, profile_prefix=profile_dir / name if profile_dir else None, **options)
+        result = replay(bundle, options, llm=llm)
     except TracekitError as error:
         record = refused_record(bundle, name, error)
         # Refused before an engine existed (weights not here, vLLM refused the arguments): every

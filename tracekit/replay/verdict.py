@@ -15,7 +15,7 @@ from typing import Any
 
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.numerics import within_platform_bound
-from tracekit.replay.checks import ERROR_ITEM, CheckedItem
+from tracekit.replay.checks import ERROR_ITEM, LAYER_PREFIX, CheckedItem
 from tracekit.replay.repeats import Repeats
 from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
 
@@ -37,10 +37,6 @@ class Verdict:
 
     def to_plain(self) -> dict[str, Any]:
         return {"verdict": self.name.value, "verdict_reason": self.reason, "beyond_platform_bound": self.beyond_bound}
-
-
-# The item a replay checks in place of the outputs of a step that raised (`replayer`).
-LAYER_PREFIX = "layer/"
 
 
 def decide(

@@ -62,7 +62,6 @@ _EXIT_CODES = {
     VerdictName.CANNOT_REPLAY_YET: EXIT_NOT_REPLAYABLE_YET,
     VerdictName.CRASHED: EXIT_REPLAY_FAILED,
 }
-# The verdict of a bundle that did not replay, by the exit code of what stopped it.
 NOT_REPLAYED = {
     EXIT_BAD_INPUT: VerdictName.BAD_INPUT,
     EXIT_CANNOT_RUN_HERE: VerdictName.CANNOT_RUN_HERE,
