@@ -56,6 +56,20 @@ def weights_options():
     return lambda command: model(mismatch(command))
 
 
+def one_step_options(step_help: str, json_what: str):
+    """The options of a command that replays one step of a bundle (`invariance`, `shrink`), in
+    this order: `--steps`, the weights', `--json`, `--force`, `-v`."""
+    decorators = (steps_option(step_help), weights_options(), json_option(json_what), force_option(), verbose_option(),
+                  renamed_option("--step", "--steps"))
+
+    def add(command):
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return add
+
+
 def force_option():
     return click.option("--force", is_flag=True,
                         help="Write over output files that exist (a bundle, or this command's own input, too).")

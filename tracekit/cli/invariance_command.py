@@ -13,16 +13,7 @@ import sys
 
 import click
 
-from tracekit.cli.arguments import (
-    bundle_argument,
-    force_option,
-    json_option,
-    one_step,
-    renamed_option,
-    steps_option,
-    verbose_option,
-    weights_options,
-)
+from tracekit.cli.arguments import bundle_argument, one_step, one_step_options
 from tracekit.cli.terminal import console_for, inert
 
 
@@ -30,12 +21,7 @@ from tracekit.cli.terminal import console_for, inert
 @bundle_argument()
 @click.option("--variants", default="all", show_default=True,
               help="Comma-separated variant kinds to run: repeat, alone, order, fillers, recomputed (or all).")
-@steps_option("The step to check, of a bundle holding several (default: the first).")
-@weights_options()
-@json_option("the report")
-@force_option()
-@verbose_option()
-@renamed_option("--step", "--steps")
+@one_step_options("The step to check, of a bundle holding several (default: the first).", "the report")
 def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, json_out, force, verbose):
     """Replay BUNDLE's step in other batches on one engine and check, per request, that its
     logits row and sampled ids stay bit-identical to its result in the recorded batch."""
@@ -53,7 +39,7 @@ def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, j
     records = outcome.records
     if outcome.died_on is not None:
         crashed = crash_record(outcome.died_on, outcome.death)
-        print_crash(bundle, crashed["step"], crashed["trigger"], outcome.death, sys.stderr if to_stderr else sys.stdout)
+        print_crash(crashed, sys.stderr if to_stderr else sys.stdout)
         records = [crashed]
     if json_out and records:
         write_json(records[-1], json_out, indent=1)
@@ -85,9 +71,10 @@ def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verb
             progress.finished({**base, "verdict": verdict.value, "exit_code": error.exit_code, "error": str(error)})
             raise
         except Exception as error:  # inside vLLM, the device or tracekit: says nothing about the step
-            print_crash(bundle, facts.get("step"), facts.get("trigger"), one_line(error), stream)
-            progress.finished({**base, "verdict": VerdictName.CRASHED.value, "exit_code": EXIT_REPLAY_FAILED,
-                               "error": one_line(error)})
+            crashed = {**base, "verdict": VerdictName.CRASHED.value, "exit_code": EXIT_REPLAY_FAILED,
+                       "error": one_line(error)}
+            print_crash(crashed, stream)
+            progress.finished(crashed)
             return EXIT_REPLAY_FAILED
         print_summary(report.to_plain(), stream)
         if output.log_line():

@@ -140,14 +140,16 @@ def crash_record(started: dict[str, Any], reason: str, name: str | None = None) 
     }
 
 
-def print_crash(bundle: str, step: Any, trigger: Any, error: str, stream: TextIO | None = None) -> None:
-    """The report of a replay that broke off inside vLLM, the device or tracekit."""
+def print_crash(record: dict[str, Any], stream: TextIO | None = None) -> None:
+    """The report of a replay that broke off inside vLLM, the device or tracekit, from its record
+    (made here, or by the child that caught the failure)."""
     from tracekit.cli.terminal import console_for, inert
 
     console = console_for(stream)
-    where = f"  step {inert(step)} ({inert(trigger)})" if step is not None else ""
-    console.print(f"[bold]replay[/bold] {inert(bundle)}{where}")
+    step = record.get("step")
+    where = f"  step {inert(step)} ({inert(record.get('trigger'))})" if step is not None else ""
+    console.print(f"[bold]replay[/bold] {inert(record['bundle'])}{where}")
     console.print(
         f"verdict [bold]{VerdictName.CRASHED.value}[/bold]: [bold red]REPLAY FAILED[/bold red] "
-        f"(exit {VerdictName.CRASHED.exit_code}; says nothing yet about the step): {inert(error)}"
+        f"(exit {VerdictName.CRASHED.exit_code}; says nothing yet about the step): {inert(record['error'])}"
     )

@@ -32,11 +32,11 @@ key_option = click.option("--api-key", "key", envvar=API_KEY_VARIABLE, default=N
 def arm_command(server, key, steps, when, events, kv, output, max_bundles, window):
     """Arm (or re-arm with new triggers) the recorders of a running vllm serve, without a restart."""
     from tracekit.cli import live_client
+    from tracekit.cli.arguments import comma_separated
     from tracekit.record.triggers import CLI_NAMES
 
-    on = [event.strip() for value in events for event in value.split(",") if event.strip()]
-    settings = {"output": output, "steps": steps, "when": when, "on": on, "kv": kv, "max_bundles": max_bundles,
-                "window": window}
+    settings = {"output": output, "steps": steps, "when": when, "on": list(comma_separated(events)), "kv": kv,
+                "max_bundles": max_bundles, "window": window}
     reply = live_client.arm(server, settings, key, CLI_NAMES)
     click.echo("\n".join(live_client.report("arm", reply)))
 

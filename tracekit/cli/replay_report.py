@@ -17,7 +17,6 @@ from tracekit.replay import verdict as verdicts
 from tracekit.replay.checks import KV_DIGEST_ITEM, LAYER_PREFIX
 from tracekit.replay.kv_sources import describe
 from tracekit.replay.multirank import RankSetReplayResult
-from tracekit.replay.request import Crash
 from tracekit.replay.result import ReplayResult
 from tracekit.replay.suite import SuiteOutcome, SuiteRecord
 from tracekit.replay.verdict import VerdictName
@@ -72,8 +71,8 @@ def _print_differences(console: Console, environment_differences: list[dict[str,
 
 def print_report(report: Any, stream: TextIO | None = None, needs: str | None = None) -> None:
     """What a replay came to (`ReplayOutcome.report`), by its kind; `needs`: the bundle's needs line."""
-    if isinstance(report, Crash):
-        print_crash(report.bundle, report.step, report.trigger, report.reason, stream)
+    if isinstance(report, dict):  # the record of a replay that broke off
+        print_crash(report, stream)
     elif isinstance(report, SuiteOutcome):
         _print_suite(console_for(stream), report)
     elif isinstance(report, RankSetReplayResult):
@@ -132,11 +131,9 @@ def _print_steps(console: Console, result: ReplayResult) -> None:
     steps = table(console, "steps vs recorded",
                   ["step", "state", "dispatch", "verdict", "first divergence", "forward ms recorded", "replayed"])
     for step in result.steps:
-        verdict = step.verdict
-        colour = "green" if verdict.exit_code() == 0 else "red"
         steps.add_row(
             str(step.step_index), "rebuilt" if step.step_index in result.sequence.rebuilt else "carried",
-            _dispatch_cell(step.dispatch), f"[{colour}]{verdict.name.value}[/{colour}]",
+            _dispatch_cell(step.dispatch), _verdict_cell(step.verdict.name.value, step.verdict.exit_code()),
             inert(step.first_divergence or "-"), _ms(step.recorded_timing.get("forward_us")),
             _ms(step.replay_forward_us),
         )
@@ -356,9 +353,10 @@ def _print_not_deciding(console: Console, result: ReplayResult) -> None:
         console.print(f"   [red]padding[/red]: {inert(finding)}")
 
 
-def _verdict_cell(record: SuiteRecord) -> str:
-    colour = "green" if record.exit_code == EXIT_OK else "red"
-    return f"[{colour}]{record.verdict}[/{colour}]"
+def _verdict_cell(verdict: str, exit_code: int) -> str:
+    """A verdict in a table row: green where it exits 0, red otherwise."""
+    colour = "green" if exit_code == EXIT_OK else "red"
+    return f"[{colour}]{verdict}[/{colour}]"
 
 
 def _suite_ratio(record: SuiteRecord) -> str:
@@ -380,7 +378,7 @@ def _print_suite(console: Console, outcome: SuiteOutcome) -> None:
     for record in outcome.records:
         result = record.result
         row = [inert(record.name), "-" if result is None else str(result.step_index),
-               "-" if record.engine is None else str(record.engine), _verdict_cell(record),
+               "-" if record.engine is None else str(record.engine), _verdict_cell(record.verdict, record.exit_code),
                inert((result.first_divergence if result else None) or "-")]
         summary.add_row(*row, *([_us(record.forward_us), _us(record.recorded_forward_us), _suite_ratio(record)]
                                 if timed else []))

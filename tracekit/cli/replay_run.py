@@ -33,7 +33,7 @@ def replay_isolated(request: ReplayRequest, verbose: bool, report_to_stderr: boo
         dead = Path(outcome.died_on["started"])
         crashed = crash_record(outcome.died_on, outcome.death, request.names.get(dead))
         records.append(crashed)
-        print_crash(str(dead), crashed["step"], crashed["trigger"], outcome.death, stream)
+        print_crash(crashed, stream)
         request = request.without({Path(record["bundle"]) for record in records})
         if request.bundles and (not request.keep_going or request.opened is not None):
             click.echo(f"tracekit: {len(request.bundles)} bundle(s) not run (--keep-going runs them all)", file=stream)

@@ -6,16 +6,7 @@ bundle itself (nothing is written then), 3 this machine cannot replay the bundle
 
 import click
 
-from tracekit.cli.arguments import (
-    bundle_argument,
-    force_option,
-    json_option,
-    one_step,
-    renamed_option,
-    steps_option,
-    verbose_option,
-    weights_options,
-)
+from tracekit.cli.arguments import bundle_argument, one_step, one_step_options
 
 
 @click.command("shrink")
@@ -27,12 +18,7 @@ from tracekit.cli.arguments import (
                    "window of steps: diverges (parts from the recording at the same step and item) | raises.")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="modes-differ: the relative RMS the two modes must differ by (0: any bit).")
-@steps_option("The step to shrink, of a bundle holding several (default: the first).")
-@weights_options()
-@json_option("the shrink report")
-@force_option()
-@verbose_option()
-@renamed_option("--step", "--steps")
+@one_step_options("The step to shrink, of a bundle holding several (default: the first).", "the shrink report")
 def shrink_command(bundle, output, until, tolerance, steps, model, allow_weights_mismatch, json_out, force, verbose):
     """Delta-debug BUNDLE's step down to the fewest requests and tokens for which PROPERTY holds."""
     from tracekit.cli.engine_output import engine_output

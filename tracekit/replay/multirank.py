@@ -23,7 +23,7 @@ from tracekit.integrations.vllm.replay_engine import (
 from tracekit.replay import replay_in_workers
 from tracekit.replay.checks import first_divergence
 from tracekit.replay.opened import OpenedBundle
-from tracekit.replay.result import ReplayResult
+from tracekit.replay.result import ReplayResult, outcome_fields
 from tracekit.replay.verdict import Verdict
 
 
@@ -83,17 +83,10 @@ class RankSetReplayResult:
 
     def to_plain(self) -> dict[str, Any]:
         return {
-            "bundle": self.bundle,
-            "step": self.step_index,
-            "trigger": self.trigger,
+            **outcome_fields(self),
             "world_size": self.world_size,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
-            **self.verdict.to_plain(),
-            "exit_code": self.exit_code,
-            "reproduced": self.reproduced,
-            "bit_exact": self.bit_exact,
-            "first_divergence": self.first_divergence,
             "tolerance_relative_rms": self.tolerance,
             "ranks": [{"rank": rank, **result.to_plain()} for rank, result in enumerate(self.ranks)],
             "step_latency_us": self.step_latency_us,

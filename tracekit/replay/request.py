@@ -120,20 +120,10 @@ class Listener(Protocol):
 
 
 @dataclass
-class Crash:
-    """A single replay that broke off inside vLLM, the device or tracekit (exit 4): it says
-    nothing yet about the step."""
-
-    bundle: str
-    step: int | None
-    trigger: str | None
-    reason: str
-
-
-@dataclass
 class ReplayOutcome:
-    """What the replay came to: its exit code, and what to report — a `ReplayResult` or
-    (one bundle), a `RankSetReplayResult`, a `SuiteOutcome` or a `Crash`."""
+    """What the replay came to: its exit code, and what to report — a `ReplayResult` or (one
+    bundle), a `RankSetReplayResult`, a `SuiteOutcome`, or the record of a replay that broke off
+    inside vLLM, the device or tracekit (exit 4: it says nothing yet about the step)."""
 
     exit_code: int
     report: Any
@@ -170,10 +160,10 @@ def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) 
         listener.finished({**refused_record(opened.path, name, error).to_plain(), **facts})
         raise
     except Exception as error:  # inside vLLM, the device or tracekit: not a verdict on the step
-        record = crashed_record(opened.path, name, error, seconds=time.perf_counter() - started)
-        listener.finished({**record.to_plain(), **facts})
-        crash = Crash(record.bundle, facts.get("step"), facts.get("trigger"), record.error)
-        return ReplayOutcome(EXIT_REPLAY_FAILED, crash)
+        crashed = {**crashed_record(opened.path, name, error, seconds=time.perf_counter() - started).to_plain(),
+                   **facts}
+        listener.finished(crashed)
+        return ReplayOutcome(EXIT_REPLAY_FAILED, crashed)
     seconds = round(time.perf_counter() - started, 3)
     if result.several:  # one record per step
         for step_record in result.step_records():

@@ -16,9 +16,9 @@ from tracekit.replay.repeats import Repeats
 from tracekit.replay.verdict import Verdict, VerdictName, decide
 
 
-def outcome_fields(result: "ReplayResult") -> dict[str, Any]:
-    """The head of a replay's JSON record (of a step's, or of a sequence's): what was replayed
-    and what it came to."""
+def outcome_fields(result: Any) -> dict[str, Any]:
+    """The head of a replay's JSON record (of a step's, a sequence's or a multi-rank step's): what
+    was replayed and what it came to."""
     return {
         "bundle": result.bundle,
         "step": result.step_index,
