@@ -6,10 +6,13 @@ against xgrammar's own kernel, the one vLLM's V1 runner masks CPU logits with. T
 vLLM's `GrammarOutput` goes back into one; the check names the logits row, its request and
 position, and the tokens a differing row allows."""
 
+import io
+
 import numpy as np
 import pytest
 import torch
 
+from tracekit.cli.replay_report import print_report
 from tracekit.format.schema import (
     GrammarRecord,
     GraphDispatch,
@@ -23,6 +26,7 @@ from tracekit.integrations.seam import ObservedStep
 from tracekit.integrations.vllm.records.grammar import applied_mask, unpack_mask
 from tracekit.integrations.vllm.releases.installed import installed_release
 from tracekit.replay.checks import check_step
+from tracekit.replay.result import ReplayResult
 from tracekit.replay.verdict import describe_mask_row
 
 VOCAB = 70  # not a multiple of 32: the last word is part padding
@@ -110,6 +114,10 @@ def test_a_differing_row_is_named_with_its_request_and_tokens():
     allowed_before = bool(unpack_mask(recorded, VOCAB)[1, 35])
     assert (row["tokens_only_recorded"], row["tokens_only_here"]) == (([35], []) if allowed_before else ([], [35]))
     assert "request masked, its sampled token" in describe_mask_row(row)
+    report = io.StringIO()  # the replay report names the row as the docs say
+    print_report(ReplayResult(bundle="b.zst", step_index=0, trigger="steps 0", reference_mode="eager",
+                              checks=check_step(observed, step)), report)
+    assert "grammar mask row 1 (request masked, its sampled token)" in report.getvalue(), report.getvalue()
 
     same = ObservedStep(batch_order=step.batch_order, logits=step.outputs.logits, grammar_bitmask=recorded.clone(),
                         sampled_token_ids=[[3], [4]])

@@ -148,12 +148,18 @@ KV_SOURCE_LINES = 12  # the most lines on where parted steps' KV came from (`--j
 def _print_kv_sources(console: Console, result: ReplayResult) -> None:
     """Of several steps, per parted step and request, where the KV it read came from: computed
     bit-exact (the step parts in itself), or by a step before it that parted."""
-    lines = [describe(index, req_id, source) for index, sources in sorted(result.sequence.kv_sources.items())
+    lines = [f"   KV read: {inert(describe(index, req_id, source))}"
+             for index, sources in sorted(result.sequence.kv_sources.items())
              for req_id, source in sources.items()] if result.several else []
-    for line in lines[:KV_SOURCE_LINES]:
-        console.print(f"   KV read: {inert(line)}")
-    if len(lines) > KV_SOURCE_LINES:
-        console.print(f"   ... {len(lines) - KV_SOURCE_LINES} more (--json)")
+    _print_at_most(console, lines, KV_SOURCE_LINES, "")
+
+
+def _print_at_most(console: Console, lines: list[str], most: int, what: str) -> None:
+    """The first `most` of `lines`, and how many more `what` `--json` holds."""
+    for line in lines[:most]:
+        console.print(line)
+    if len(lines) > most:
+        console.print(f"   ... {len(lines) - most} more{what} (--json)")
 
 
 def _print_layers(console: Console, result: ReplayResult) -> None:
@@ -273,7 +279,7 @@ def print_verdict(console: Console, verdict: Any, first_divergence: str | None, 
 
 def _print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
     """The step's items against the recording (those that decide), then the requests whose
-    sampled ids differ; `verdict` says how an item that is not bit-exact counts (the platform's)."""
+    sampled ids differ and the grammar mask rows that differ; `verdict` says how an item that is not bit-exact counts (the platform's)."""
     deciding = [item for item in result.checks if item.decides]
     checks = table(console, f"vs recorded ({result.reference_mode} forward)",
                    ["item", "bit-exact", "max_abs", "relative_rms", "argmax/tokens"])
@@ -287,6 +293,8 @@ def _print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
     for item in result.checks:
         for row in item.details.get("differing_rows", []):
             console.print(f"   {inert(verdicts.describe_differing_row(row))}")
+        for row in item.details.get("differing_mask_rows", []):
+            console.print(f"   {inert(verdicts.describe_mask_row(row))}")
         if item.name == KV_DIGEST_ITEM:
             _print_kv_writes(console, item)
 
@@ -313,11 +321,9 @@ def _print_kv_writes(console: Console, item: Any) -> None:
     layer on; or why the replay could not check them."""
     if "problem" in item.details:
         console.print(f"   kv_written not checked: {inert(item.details['problem'])}")
-    moved = list(item.details.get("requests_moved", {}).items())
-    for req_id, layer in moved[:KV_WRITER_LINES]:
-        console.print(f"   request {inert(req_id)} wrote other KV than recorded, from layer {inert(layer)} on")
-    if len(moved) > KV_WRITER_LINES:
-        console.print(f"   ... {len(moved) - KV_WRITER_LINES} more requests (--json)")
+    _print_at_most(console, [f"   request {inert(req_id)} wrote other KV than recorded, from layer {inert(layer)} on"
+                              for req_id, layer in item.details.get("requests_moved", {}).items()],
+                   KV_WRITER_LINES, " requests")
 
 
 def _print_dispatch(console: Console, audited: dict[str, Any], attention: bool) -> None:
