@@ -1,17 +1,13 @@
-"""Running `tracekit replay`'s work in a child process, so that no failure ends it with a traceback.
+"""Running a command's replay work in a child process, so that no failure ends it with a traceback.
 
-A replay drives vLLM and the device. A CUDA device-side assert or an illegal address poisons the
-process's CUDA context: the Python exception that reports it is followed, at exit, by aborts in
-destructors (exit 134, no report, nothing a `git bisect run` can read). So the command forks
-before anything imports torch or vLLM: the child does the work and reports each bundle's start
-and outcome, as JSON lines, on a pipe; the parent only waits. If the child dies — killed by a
-signal, or exiting with a code outside the contract — the parent knows which bundle it was on,
-names the failure in one line, and the bundle gets the verdict `crashed` (exit 4) in the report
-and the JSON. A suite with `--keep-going` then goes on with the bundles left, in a new child.
-
-Inside the child, a failure that is a Python exception is caught where the bundle was replayed
-(`report_crash`): its record is sent, and the child leaves with `os._exit`, skipping the
-destructors that would abort.
+A CUDA device-side assert or an illegal address poisons the process's CUDA context: the Python
+exception that reports it is followed, at exit, by aborts in destructors (exit 134, no report,
+nothing a `git bisect run` can read). So the command forks before anything imports torch or
+vLLM: the child does the work and reports each bundle's start and record, as JSON lines, on a
+pipe. If the child dies (a signal, or an exit code outside the contract), the parent knows which
+bundle it was on and gives it a `crashed` record, exit 4 (docs/GUIDE.md, "Replaying"). A Python
+exception in the child is caught where the bundle was replayed: its record is sent, and the
+child leaves with `os._exit`, skipping the destructors that would abort.
 
 `TRACEKIT_REPLAY_IN_PROCESS=1` runs the work in the command's own process (for debuggers).
 """

@@ -1,16 +1,11 @@
 """Replaying many bundles as a regression suite, one engine per engine configuration.
 
 Building an engine costs seconds to minutes; replaying a step costs milliseconds. So the bundles
-are read first (metadata only), grouped by the engine they need — the recorded engine arguments
-with the model named by its weights' fingerprint rather than its path, and the vLLM version —
-and each group replays on one engine (`replay(bundle, llm=previous.llm)`), released before the
-next group's is built. That engine is lean unless `full_engine`: it holds what every step of its
-group needs (`EngineNeeds`, their union).
-
-Every bundle gets a record with a verdict and an exit code; the suite's exit code is the worst
-of them, in the order of `verdict_names.EXIT_SEVERITY`. A bundle that does not reproduce is
-replayed again on its group's engine (`tracekit.replay.repeats`), not in a fresh process as a
-bundle replayed alone is: the reason says so.
+are read first (metadata only), grouped by the engine they need (`engine_key`; kernel choices
+that disagree part a group) and each group replays on one engine (`replay(bundle, llm=...)`),
+released before the next group's is built: lean unless `full_engine`, holding what every step
+of its group needs (`EngineNeeds`, their union). Exit codes and what a suite reports:
+docs/GUIDE.md, "Bundles as a regression suite".
 """
 
 import dataclasses

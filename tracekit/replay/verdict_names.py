@@ -74,11 +74,7 @@ def not_replayed(exit_code: int) -> VerdictName:
     """The verdict of a bundle that did not replay, by the exit code of what stopped it (`NOT_REPLAYED`)."""
     return NOT_REPLAYED.get(exit_code, VerdictName.BAD_INPUT)
 
-# Worst last. A divergence is the finding a suite exists for, so it wins over everything; an
-# engine that does not repeat itself (a finding too, about vLLM, but the step's own fate is not
-# told) next; a replay that crashed (the step's fate is unknown) next; a bad bundle or argument
-# (the suite itself needs fixing) next; then a step no machine can replay with this tracekit (a
-# gap in what the suite checks), over a bundle only this machine cannot run.
+# Worst last; the order, and why: docs/GUIDE.md, "Bundles as a regression suite".
 EXIT_SEVERITY = (EXIT_OK, EXIT_CANNOT_RUN_HERE, EXIT_NOT_REPLAYABLE_YET, EXIT_BAD_INPUT, EXIT_REPLAY_FAILED,
                  EXIT_NONDETERMINISTIC, EXIT_NOT_REPRODUCED)
 
