@@ -367,10 +367,9 @@ def _verdict_cell(verdict: str, exit_code: int) -> str:
 
 def _suite_ratio(record: SuiteRecord) -> str:
     """A bundle's timed forward over its recorded one, where comparable and not too noisy to mean much."""
-    timed = record.result.modes.get(record.result.reference_mode, {}) if record.result else {}
-    if not timed.get("available") or timed.get("ratio_means_little"):
+    if not record.timed.get("available") or record.timed.get("ratio_means_little"):
         return "-"
-    return _shown_ratio(timed)
+    return _shown_ratio(record.timed)
 
 
 def _print_suite(console: Console, outcome: SuiteOutcome) -> None:

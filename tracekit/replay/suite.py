@@ -54,11 +54,15 @@ class SuiteRecord:
     result: ReplayResult | None = field(default=None, repr=False)
 
     @property
+    def timed(self) -> dict[str, Any]:
+        """The timing of the forwards in the mode the engine ran (empty where none ran)."""
+        return self.result.modes.get(self.result.reference_mode, {}) if self.result else {}
+
+    @property
     def forward_us(self) -> float | None:
         """The median of the timed forwards in the mode the engine ran (None when not timed: the
         checked run alone is cold, no match for the recorded time of a warm engine)."""
-        timed = self.result.modes.get(self.result.reference_mode, {}) if self.result else {}
-        return timed["latency_us"]["median"] if timed.get("available") else None
+        return self.timed["latency_us"]["median"] if self.timed.get("available") else None
 
     @property
     def recorded_forward_us(self) -> float | None:
