@@ -23,6 +23,7 @@ from tracekit.integrations.vllm.replay_engine import (
 from tracekit.replay import replay_in_workers
 from tracekit.replay.checks import first_divergence
 from tracekit.replay.opened import OpenedBundle
+from tracekit.replay.options import ReplayOptions
 from tracekit.replay.result import ReplayResult, outcome_fields
 from tracekit.replay.verdict import Verdict
 
@@ -95,36 +96,26 @@ class RankSetReplayResult:
         }
 
 
-def replay_rank_set(
-    bundle: str | Path | OpenedBundle,
-    *,
-    model: str | None = None,
-    allow_weights_mismatch: bool = False,
-    engine_overrides: dict[str, Any] | None = None,
-    timing: bool = True,
-    iters: int = 10,
-    samples: int = 3,
-    tolerance: float = 0.0,
-    strict: bool = False,
-) -> RankSetReplayResult:
-    """Replay the step `bundle` (any rank's part) belongs to, on every rank."""
+def replay_rank_set(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> RankSetReplayResult:
+    """Replay the step `bundle` (any rank's part) belongs to, on every rank: checked, and timed as
+    the engine ran it unless `options.modes` is None (`plan` refuses the options it cannot honour)."""
     with OpenedBundle.of(bundle) as opened:
         rank_set = find_rank_set(opened.path)  # reads the part's rank fields (and checks them)
         rank_set.require_complete()
         content = opened.content
-    overrides = dict(engine_overrides or {})
+    overrides = dict(options.engine_overrides)
     for step in content.steps:
         require_replayable_kind(step)
     require_recorded_release_here(content)
     require_layout_buildable(content.parallel, overrides)
     bundles = [str(Path(rank_set.parts[rank]).absolute()) for rank in range(rank_set.parallel.world_size)]
-    runs = iters * samples if timing else 0
-    engine = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=model,
-                                            allow_weights_mismatch=allow_weights_mismatch, overrides=overrides))
+    runs = options.iters * options.samples if options.modes is not None else 0
+    engine = build_replay_engine(EngineSpec(content.engine, recorded=content.environment, model=options.model,
+                                            allow_weights_mismatch=options.allow_weights_mismatch, overrides=overrides))
     session = uuid.uuid4().hex
     try:
         prepared = engine.on_every_worker(replay_in_workers.prepare_replay, session, bundles)
-        outcomes = engine.on_every_worker(replay_in_workers.run_replay, session, tolerance, runs)
+        outcomes = engine.on_every_worker(replay_in_workers.run_replay, session, options.tolerance, runs)
         engine.forget_cached_prefixes()
     finally:
         engine.release()
@@ -139,13 +130,13 @@ def replay_rank_set(
             modes={outcome["reference_mode"]: {
                 "mode": outcome["reference_mode"],
                 "available": True,
-                "latency_us": latency_summary(outcome["times_us"], samples, HOST_CLOCK),
+                "latency_us": latency_summary(outcome["times_us"], options.samples, HOST_CLOCK),
             }} if runs else {},
             recorded_timing=outcome["recorded_timing"],
             replay_forward_us=outcome["forward_us"],
             environment_differences=prepared[rank]["environment_differences"],
-            tolerance=tolerance,
-            strict=strict,
+            tolerance=options.tolerance,
+            strict=options.strict,
         )
         for rank, outcome in enumerate(outcomes)
     ]
@@ -157,8 +148,8 @@ def replay_rank_set(
         tensor_parallel_size=rank_set.parallel.tensor_parallel_size,
         pipeline_parallel_size=rank_set.parallel.pipeline_parallel_size,
         ranks=per_rank,
-        step_latency_us=latency_summary(slowest, samples, "perf_counter, slowest rank") if runs else None,
+        step_latency_us=latency_summary(slowest, options.samples, "perf_counter, slowest rank") if runs else None,
         environment_differences=prepared[0]["environment_differences"],
         overrides=overrides,
-        tolerance=tolerance,
+        tolerance=options.tolerance,
     )

@@ -191,10 +191,6 @@ def _rank_set(request: ReplayRequest, options: ReplayOptions, listener: Listener
 
     opened = request.opened
     listener.started(0, opened.path, True, {})
-    result = replay_rank_set(
-        opened, engine_overrides=options.engine_overrides, model=options.model,
-        allow_weights_mismatch=options.allow_weights_mismatch, timing=options.modes is not None,
-        iters=options.iters, samples=options.samples, tolerance=options.tolerance, strict=options.strict,
-    )
+    result = replay_rank_set(opened, options)
     listener.finished(result.to_plain())
     return ReplayOutcome(result.exit_code, result)
