@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK, CannotRunHere, UsageError
-from tracekit.format.schema import RequestState, Step
+from tracekit.format.schema import RequestState, Step, token_runs
 from tracekit.integrations.seam import ObservedStep
 from tracekit.integrations.vllm.records.spec_decode import fill_drafts_from_inputs
 from tracekit.integrations.vllm.records.step_records import prefix_cache_hits
@@ -36,19 +36,12 @@ TOKEN_TILE = 256
 
 @dataclass
 class Variant:
+    """A variant of the step's batch and, once run, how the recorded requests moved in it."""
+
     name: str
     kind: str
     description: str
     step: Step | None = None  # None: not applicable (see `reason`)
-    reason: str | None = None
-
-
-@dataclass
-class VariantOutcome:
-    name: str
-    kind: str
-    description: str
-    applicable: bool
     reason: str | None = None
     num_tokens: int | None = None
     batch_order: list[str] = field(default_factory=list)  # as the runner ran it
@@ -58,11 +51,16 @@ class VariantOutcome:
     moved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
+    def applicable(self) -> bool:
+        return self.step is not None
+
+    @property
     def invariant(self) -> bool:
         return not self.moved
 
     def to_plain(self) -> dict[str, Any]:
-        return {**vars(self), "invariant": self.invariant if self.applicable else None}
+        plain = {name: value for name, value in vars(self).items() if name != "step"}
+        return {**plain, "applicable": self.applicable, "invariant": self.invariant if self.applicable else None}
 
 
 @dataclass
@@ -74,7 +72,7 @@ class InvarianceReport:
     sampling: dict[str, str]  # req_id -> how its sampled ids are compared
     thresholds: dict[str, Any]
     baseline_reproduces_recording: bool | None
-    variants: list[VariantOutcome]
+    variants: list[Variant]
     first_layer: dict[str, Any] | None = None  # the layer probe's finding, or why none
     notes: list[str] = field(default_factory=list)
 
@@ -83,7 +81,7 @@ class InvarianceReport:
         return all(outcome.invariant for outcome in self.variants if outcome.applicable)
 
     @property
-    def first_broken(self) -> VariantOutcome | None:
+    def first_broken(self) -> Variant | None:
         return next((outcome for outcome in self.variants if outcome.applicable and not outcome.invariant), None)
 
     @property
@@ -261,13 +259,8 @@ def compare_requests(baseline: ObservedStep, base_step: Step, variant: ObservedS
 
 def _token_rows(observed: ObservedStep, step: Step, req_id: str, count: int) -> slice:
     """The last `count` token rows of `req_id` in a forward that ran `observed.batch_order`."""
-    offset = 0
-    for other in observed.batch_order:
-        scheduled = step.request(other).num_scheduled_tokens
-        if other == req_id:
-            return slice(offset + scheduled - count, offset + scheduled)
-        offset += scheduled
-    raise KeyError(req_id)
+    runs = dict(zip(observed.batch_order, token_runs([step.request(other) for other in observed.batch_order])))
+    return slice(runs[req_id].stop - count, runs[req_id].stop)
 
 
 def first_moved_layer(run: Callable[[Step, Callable | None], ObservedStep], model: Any, base_step: Step,
@@ -312,7 +305,7 @@ def check_invariance(
     model: str | None = None,
     allow_weights_mismatch: bool = False,
     llm: Any = None,
-    on_variant: Callable[[VariantOutcome], None] | None = None,
+    on_variant: Callable[[Variant], None] | None = None,
 ) -> InvarianceReport:
     """Replay the bundle's step and its variants of `kinds` (a tuple, or the `--variants` text)
     on one engine (built once, or `llm`)."""
@@ -334,7 +327,7 @@ def check_invariance(
 
 
 def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, recorded: Step, replayer: Any,
-                    on_variant: Callable[[VariantOutcome], None] | None) -> InvarianceReport:
+                    on_variant: Callable[[Variant], None] | None) -> InvarianceReport:
     """The baseline and every variant of `kinds`, run by `replayer`; the first broken variant's layer."""
     args = content.engine.engine_args
     adapter = replayer.adapter()
@@ -356,25 +349,19 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
             notes.append(f"the replay here does not reproduce the recording (first divergence: {diverged.name}); "
                          "the variants are compared with the replay here")
     reproducible = {request.req_id: sampling_reproducible(request) for request in recorded.requests}
-    outcomes = []
     for variant in variants:
-        if variant.step is None:
-            outcome = VariantOutcome(variant.name, variant.kind, variant.description, False, variant.reason)
-        else:
+        if variant.applicable:
             observed = run(variant.step)
-            compared, moved = compare_requests(baseline, recorded, observed, variant.step, reproducible)
-            outcome = VariantOutcome(variant.name, variant.kind, variant.description, True,
-                                     num_tokens=variant.step.num_real_rows, batch_order=list(observed.batch_order),
-                                     reordered_by_runner=observed.batch_order != variant.step.batch_order,
-                                     compared=compared, moved=moved)
-        outcomes.append(outcome)
+            variant.compared, variant.moved = compare_requests(baseline, recorded, observed, variant.step, reproducible)
+            variant.num_tokens, variant.batch_order = variant.step.num_real_rows, list(observed.batch_order)
+            variant.reordered_by_runner = observed.batch_order != variant.step.batch_order
         if on_variant is not None:
-            on_variant(outcome)
+            on_variant(variant)
     report = InvarianceReport(
         bundle=str(bundle), step_index=recorded.index, runner=content.engine.runner, engine_mode=adapter.reference_mode,
         sampling={req_id: reproducible[req_id] or "not compared: unseeded random sampling draws from a generator the "
                   "batch shares (logits compared)" for req_id in recorded.batch_order},
-        thresholds=thresholds, baseline_reproduces_recording=reproduces, variants=outcomes, notes=notes,
+        thresholds=thresholds, baseline_reproduces_recording=reproduces, variants=variants, notes=notes,
     )
     broken = report.first_broken
     if broken is not None:
@@ -383,6 +370,5 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
                 "the layer probe captures an eager forward, and this engine runs compiled (another forward): "
                 "record the step with --enforce-eager to find the layer")}
         else:
-            variant_step = next(variant.step for variant in variants if variant.name == broken.name)
-            report.first_layer = first_moved_layer(run, adapter.model, recorded, variant_step, next(iter(broken.moved)))
+            report.first_layer = first_moved_layer(run, adapter.model, recorded, broken.step, next(iter(broken.moved)))
     return report
