@@ -12,8 +12,6 @@ import tracekit
 SEQUENCE_CODE = {
     "format/schema.py",  # the steps' shape in a bundle
     "integrations/vllm/records/window_records.py",  # the later steps' request states, derived
-    "record/window_capture.py",  # recording the steps after a firing one
-    "record/recorder.py",  # which capture each step gets, a later step's among them
 }
 BRANCH = re.compile(r"\bwindow is (not )?None\b")
 
@@ -29,5 +27,5 @@ def test_only_the_sequence_code_asks_whether_a_step_has_later_ones():
 def test_the_replay_has_one_result_type_and_one_report():
     root = Path(tracekit.__file__).parent
     assert not list(root.rglob("window*.py")) or {str(p.relative_to(root)) for p in root.rglob("window*.py")} <= {
-        "record/window_capture.py", "integrations/vllm/records/window_records.py"}
+        "integrations/vllm/records/window_records.py"}
     assert not re.search(r"class \w*Window\w*Result", "".join(p.read_text() for p in root.rglob("*.py")))

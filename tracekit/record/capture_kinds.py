@@ -1,32 +1,49 @@
 """How the recorder captures one step: one strategy per capture kind, behind one interface.
 
-A step trigger (`--steps`, `--when`) knows before the forward that the step fires: `CopiedStep`
-copies the step then, and its outputs as they come. An event trigger (`--on exception`,
-`--on nonfinite`) knows only later, and is meant to stay armed in a serving engine: `MarkedStep`
-copies nothing in advance, keeps a `StepMark` (references, the RNG states, a few numbers per
-request), checks the outputs for NaN/inf on the device, and copies the step only if it fails or
-its outputs are not finite.
+A step trigger (`--steps`, `--when`) knows before the forward that the step fires: it opens a
+bundle of N >= 1 consecutive steps (`OpenBundle`, `record --window N`; a single step is N = 1),
+whose steps are copied just before their forwards and their outputs as they come: the firing
+step whole (`CopiedStep`), each later one as the runner carries it (`CarriedStepCapture`). An
+event trigger (`--on exception`, `--on nonfinite`) knows only later, and is meant to stay armed
+in a serving engine: `MarkedStep` copies nothing in advance, keeps a `StepMark` (references, the
+RNG states, a few numbers per request), checks the outputs for NaN/inf on the device, and copies
+the step only if it fails or its outputs are not finite.
 
-The recorder picks the kind when the step reaches its forward and then calls, in step order,
-`after_forward`, `logits_computed`, and at the step's end either `receiver()` (what takes its
-sampled ids) or, for a failure, `failed(trigger, error)` (the step to write, or None); `stop()`
-lets go of anything hooked for the step. A kind never writes a bundle itself: it hands the
-recorder a step (`Recorder.write`), a copied one to the sequence of steps it opened
-(`window_capture.OpenWindow`, written with the steps after it). Those later steps have a kind of
-their own (`tracekit.record.window_capture.CarriedStepCapture`), picked when the step starts.
+The recorder picks the kind when the step starts (the open bundle's next step) or reaches its
+forward, and then calls, in step order, `after_forward`, `logits_computed`, and at the step's end
+either `receiver()` (what takes its sampled ids) or, for a failure, `failed(trigger, error)` (the
+step to write, or None); `stop()` lets go of anything hooked for the step. A kind never writes a
+bundle itself: it hands the recorder a step (`Recorder.write`), or its bundle does.
 """
 
 import dataclasses
 import logging
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tracekit.format.schema import GrammarRecord, KVMode, RequestState, RunnerCall, Step
+from tracekit.format.schema import (
+    CarriedStep,
+    GrammarRecord,
+    KVMode,
+    RequestState,
+    RunnerCall,
+    SchedulerOutputRecord,
+    Step,
+    StepError,
+)
 from tracekit.graphs.host_copy import DeviceFlag, HostCopy, all_finite, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US, MAX_HEAD_START_US, RegionTimer
 from tracekit.integrations.seam import Phase
-from tracekit.integrations.vllm.recording import LayerCapture, StepMark, hidden_states_of
+from tracekit.integrations.vllm.recording import (
+    LayerCapture,
+    RequestLedger,
+    StepMark,
+    digested_layers,
+    hidden_states_of,
+    kv_written,
+)
 from tracekit.record import step_capture
 from tracekit.record.step_capture import KVTaken
 from tracekit.record.triggers import TriggerEvent, TriggerSet
@@ -43,12 +60,11 @@ class PendingStep:
     index: int
     scheduler_output: Any
     started: float
-    reason: str | None = None  # the step trigger that fired before the forward, if one did
+    reason: str | None = None  # the step trigger it is recorded for (its bundle's first step's), if any
     forward_seen: bool = False
     phase: Phase = Phase.PREPARE
-    capture: "StepCapture | None" = None  # picked at the forward; None: nothing may fire for it
+    capture: "StepCapture | None" = None  # None: nothing may fire for it
     copies: list[HostCopy] = field(default_factory=list)  # the step's copies to host
-    window: Any = None  # the `OpenWindow` a copied step opened: the steps from it on (`record --window N`)
 
 
 class Recording(Protocol):
@@ -66,8 +82,7 @@ class Recording(Protocol):
 
     def new_copy(self, pending: PendingStep) -> HostCopy: ...
 
-    def end_step(self, pending: PendingStep, step: Step, sampled: Any) -> None: ...
-
+    def end_step(self, pending: PendingStep, step: Step | CarriedStep, sampled: Any) -> None: ...
 
     def write(self, step: Step, copies: list[HostCopy], now: bool = False) -> None: ...
 
@@ -76,7 +91,6 @@ class Recording(Protocol):
     def deferral_started(self) -> None: ...
 
     def deferral_ended(self) -> frozenset[str]: ...
-
 
 
 class StepCapture:
@@ -122,6 +136,18 @@ class StepCapture:
     def stop(self) -> None:
         """Let go of whatever was hooked for the step."""
 
+    def _copy(self, capture: Callable[[HostCopy], Any]) -> Any:
+        """What `capture` returns, its copies to host through a batch of the step's own, finished
+        in this callback (the engine's later work waits for them; the bundle is written once they
+        landed)."""
+        copy = self.recorder.new_copy(self.pending)
+        captured = capture(copy)
+        copy.finish()
+        return captured
+
+
+NOTHING = StepCapture(None, None)  # the capture of a step nothing records: every event ignored
+
 
 class ForwardTimer:
     """The model call of a copied step, timed from now as `StepTiming` records it: on the
@@ -146,76 +172,185 @@ class ForwardTimer:
         return True
 
 
-class CopiedStep(StepCapture):
-    """A step trigger fired: the step is copied just before its forward (inputs and the KV
-    blocks it reads), its forward timed, its outputs copied as they come."""
+class OpenBundle:
+    """The bundle a firing step trigger opens: that step and the next N-1 as they come (`record
+    --window N`, issue 32), with the order of the runner calls (under async scheduling the engine
+    reads a step's output after the next step started) and, where later steps follow, the requests
+    the runner held outside the first step's batch. The bugs that live between steps, in what the
+    runner carries from one to the next (its persistent batch, the sampled ids it keeps on the
+    device, drafts, Model Runner V2's request slots), need the steps that carried it.
+
+    The steps are written as one bundle, the first step's, once every step's output is in: when
+    they are N (at once for N = 1), or earlier when the engine sends a scheduler output without
+    tokens (it finishes requests between steps), a later step fails (written at once, with the
+    failure on that step) or the recorder is disarmed."""
+
+    def __init__(self, recorder: Recording, first: PendingStep, requested: int, held: list[RequestState]):
+        self.recorder = recorder
+        self.requested = requested
+        self.held = held
+        self.steps: list[BundleStep] = []  # the captures of the steps taken, in order
+        self.calls: list[dict[str, Any]] = []
+        self.log(RunnerCall.EXECUTE, first.index)
+        self.ledger: RequestLedger | None = None  # from the first later step on (`_follow`)
+        self.closed = False  # no later step joins
+        self.written = False
+
+    @property
+    def taking(self) -> bool:
+        """Whether the next step belongs to the bundle."""
+        return not self.closed and len(self.steps) < self.requested
+
+    def log(self, call: RunnerCall, index: int) -> None:
+        self.calls.append({"call": call.value, "step": index})
+
+    def _follow(self) -> RequestLedger:
+        """What following later steps needs, made at the first: the requests' block tables as the
+        scheduler outputs leave them (`RequestLedger`), per KV cache group the blocks saved or
+        written so far (a later step saves the blocks it reads from the prefix cache that are not
+        among them) and the layers whose writes each later step digests (`kv_digest`)."""
+        if self.ledger is None:
+            first, adapter = self.steps[0].step, self.recorder.adapter  # as copied before its forward
+            self.ledger = RequestLedger([*first.requests, *self.held], adapter.frees_preempted)
+            self.block_sizes = [group.layout.block_size for group in first.kv.groups]
+            self.digested_layers = digested_layers(adapter.kv_groups(), adapter.model)
+            self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first.kv.groups]
+        return self.ledger
+
+    @property
+    def speculative(self) -> bool:
+        """Whether its steps keep the drafter's proposals (else the engine decodes one token a step)."""
+        return self.steps[0].step.spec_decode is not None
+
+    def take(self, pending: PendingStep) -> "CarriedStepCapture":
+        """The next step of the bundle has started: recorded as the runner receives it."""
+        self.log(RunnerCall.EXECUTE, pending.index)
+        pending.reason = self.steps[0].pending.reason
+        started = time.perf_counter()
+        ledger = self._follow()
+        scheduler_output = self.recorder.adapter.scheduler_output_record(pending.scheduler_output)
+        ledger.apply(scheduler_output, f"step {pending.index}")
+        written = ledger.written(scheduler_output, self.block_sizes)
+        scheduled = ledger.scheduled_blocks(scheduler_output)
+        return CarriedStepCapture(self.recorder, pending, self, scheduler_output, written, scheduled,
+                                  (time.perf_counter() - started) * 1e6)
+
+    def stop_taking(self) -> None:
+        """No later step joins: written as it stands once the outputs of those taken are in."""
+        self.closed = True
+        self.step_finished()
+
+    def step_finished(self) -> None:
+        """A step's output is in: written once every step's is and no more join."""
+        if not self.taking and all(capture.finished for capture in self.steps):
+            self._write(now=False)
+
+    def step_failed(self) -> None:
+        """A later step failed: the bundle ends with it, written now (the engine may be going
+        down; an earlier step whose output the engine had not read yet has no sampled ids)."""
+        self.closed = True
+        self._write(now=True)
+
+    def _write(self, now: bool) -> None:
+        first = self.steps[0]
+        if self.written or not first.finished:
+            return
+        self.written = True
+        later = [capture.step for capture in self.steps[1:] if capture.step is not None]
+        copies = [copy for capture in self.steps for copy in capture.pending.copies]
+        self.recorder.write(first.step.with_later(later, self.held, self.calls, self.requested), copies, now)
+
+
+class BundleStep(StepCapture):
+    """A step of an open bundle: copied just before its forward, its forward timed, its outputs
+    copied as they come, its runner calls logged, its end told to the bundle."""
+
+    def __init__(self, recorder: Recording, pending: PendingStep, bundle: OpenBundle):
+        super().__init__(recorder, pending)
+        self.bundle = bundle
+        bundle.steps.append(self)
+        self.step: Step | CarriedStep | None = None  # from the forward on
+        self.forward_timer: ForwardTimer | None = None
+        self.finished = False  # its output is in
+
+    def after_forward(self, output: Any) -> None:
+        if self.forward_timer is None or not self.forward_timer.stop(self.step.timing):  # a later model call
+            return
+        # copied before the next forward writes the blocks (async outputs are read later)
+        self._copy(lambda copy: self._forward_returned(output, copy))
+        self.pending.phase = Phase.LOGITS
+
+    def _forward_returned(self, output: Any, copy: HostCopy) -> None:
+        """What the step keeps of its forward's `output`, copied through `copy`."""
+        step_capture.capture_after_forward(self.recorder.adapter, self.step, output, copy)
+
+    def logits_computed(self, logits: Any) -> None:
+        if self.step is not None:
+            self._copy(lambda copy: step_capture.capture_logits(self.step, logits, copy))
+
+    def sampling(self) -> None:
+        self.bundle.log(RunnerCall.SAMPLE, self.pending.index)
+
+    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
+        if self.step is not None:
+            self.step.grammar = read()
+
+    def grammar_applied(self, logits: Any) -> None:
+        if self.step is not None:
+            self._copy(lambda copy: step_capture.capture_grammar_applied(self.step, logits, copy))
+
+    def drafts_proposed(self, read: Callable[[], Any]) -> None:
+        if self.step is not None and self.bundle.speculative:
+            self._copy(lambda copy: step_capture.capture_proposals(self.step, read(), copy))
+
+    def receiver(self) -> Receiver:
+        def finish(sampled: Any) -> None:
+            self.recorder.end_step(self.pending, self.step, sampled)
+            self._ended()
+            self.finished = True
+            self.bundle.step_finished()
+
+        return self.recorder.guarded(finish, "finish")
+
+    def _ended(self) -> None:
+        """The step's sampled ids are in (its copies are all queued)."""
+        self.bundle.log(RunnerCall.OUTPUT, self.pending.index)
+
+
+class CopiedStep(BundleStep):
+    """The step a step trigger fired for, the first of its bundle: copied whole just before its
+    forward (its request states, inputs and the KV blocks it reads; in mode `read` also those the
+    requests the runner holds outside the batch computed, as a later step may read them)."""
 
     def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool,
-                 held: list[RequestState] = ()):
-        super().__init__(recorder, pending)
+                 steps: int):
         adapter = recorder.adapter
-        copy = recorder.new_copy(pending)
+        held = adapter.held_request_states(mark) if steps > 1 else []
+        super().__init__(recorder, pending, OpenBundle(recorder, pending, steps, held))
         self.mark = mark
-        self.step = step_capture.capture(adapter, mark, pending.index, pending.reason, recorder.kv, copy, held=held)
-        copy.finish()  # the forward, which writes KV, runs after the copy
+        # (the forward, which writes KV, runs after the copy)
+        self.step = self._copy(lambda copy: step_capture.capture(adapter, mark, pending.index, pending.reason,
+                                                                 recorder.kv, copy, held=held))
         self.step.timing.first_of_its_size = first_of_its_size
         self.layers = LayerCapture(adapter.model).__enter__() if recorder.layers else None
         self.forward_timer = ForwardTimer(recorder)
 
-    def after_forward(self, output: Any) -> None:
-        recorder, pending, step = self.recorder, self.pending, self.step
-        if not self.forward_timer.stop(step.timing):  # a later model call of the same step
-            return
+    def _forward_returned(self, output: Any, copy: HostCopy) -> None:
         layers = self._stop_layers()
-        copy = recorder.new_copy(pending)
-        step_capture.capture_after_forward(recorder.adapter, step, output, copy)
-        copy.finish()  # before the next forward writes the blocks (async outputs are read later)
+        super()._forward_returned(output, copy)
         if layers is not None and layers.failure is None:
-            step.outputs.layers = layers.outputs
-        pending.phase = Phase.LOGITS
-
-    def logits_computed(self, logits: Any) -> None:
-        copy = self.recorder.new_copy(self.pending)
-        step_capture.capture_logits(self.step, logits, copy)
-        copy.finish()
+            self.step.outputs.layers = layers.outputs
 
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
-        if self.step.spec_decode is None:
-            return
-        copy = self.recorder.new_copy(self.pending)
-        step_capture.capture_drafter_pass(self.step, inputs, output, copy)
-        copy.finish()  # before the drafter's next call writes its buffers again
+        if self.step.spec_decode is not None:  # copied before the drafter's next call writes its buffers again
+            self._copy(lambda copy: step_capture.capture_drafter_pass(self.step, inputs, output, copy))
 
-    def drafts_proposed(self, read: Callable[[], Any]) -> None:
-        if self.step.spec_decode is None:  # the engine decodes one token a step
-            return
-        copy = self.recorder.new_copy(self.pending)
-        step_capture.capture_proposals(self.step, read(), copy)
-        copy.finish()
-
-    def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:
-        self.step.grammar = read()
-
-    def sampling(self) -> None:
-        self.pending.window.log(RunnerCall.SAMPLE, self.pending.index)
-
-    def grammar_applied(self, logits: Any) -> None:
-        copy = self.recorder.new_copy(self.pending)
-        step_capture.capture_grammar_applied(self.step, logits, copy)
-        copy.finish()
-
-    def receiver(self) -> Receiver:
-        recorder, pending, step = self.recorder, self.pending, self.step
-
-        def finish(sampled: Any) -> None:
-            recorder.end_step(pending, step, sampled)
-            for copy in pending.copies:  # the finite check below reads the copies
-                copy.wait()
-            step_capture.outputs_finite(step)
-            recorder.count_bundle()
-            pending.window.first_finished(step, pending.copies)  # written with the steps after it
-
-        return recorder.guarded(finish, "finish")
+    def _ended(self) -> None:
+        for copy in self.pending.copies:  # the finite check below reads the copies
+            copy.wait()
+        step_capture.outputs_finite(self.step)
+        self.recorder.count_bundle()
+        super()._ended()
 
     def failed(self, trigger: str, error: BaseException) -> Step | None:
         if context_lost(error):  # the copies taken before the forward cannot be waited for
@@ -231,6 +366,56 @@ class CopiedStep(StepCapture):
         if layers is not None:
             layers.__exit__(None, None, None)
         return layers
+
+
+class CarriedStepCapture(BundleStep):
+    """A later step of a bundle: picked when the step starts (its scheduler output is recorded
+    before the runner applies it), copied as the runner carries it just before its forward
+    (`step_capture.capture_carried`: no request states, no KV blocks but those the bundle does
+    not hold yet), and a digest of the KV its forward wrote."""
+
+    def __init__(self, recorder: Recording, pending: PendingStep, bundle: OpenBundle,
+                 scheduler_output: SchedulerOutputRecord, written: list[set[int]],
+                 scheduled: dict[str, tuple[int, list[list[int]]]], recorded_us: float):
+        super().__init__(recorder, pending, bundle)
+        self.scheduler_output = scheduler_output
+        self.written = written  # per KV cache group, the blocks the step writes
+        self.scheduled = scheduled  # per request: its scheduled tokens, its blocks per KV cache group
+        self.positions: Any = None  # the forward's input positions, on the device
+        self.recorded_us = recorded_us  # the recorder's host time on the scheduler output
+
+    def before_forward(self, input_ids: Any, positions: Any) -> None:
+        recorder, pending, bundle = self.recorder, self.pending, self.bundle
+        mark: StepMark = recorder.adapter.mark(pending.scheduler_output, input_ids, positions)
+        self.positions = mark.positions
+        self.step = self._copy(lambda copy: step_capture.capture_carried(
+            recorder.adapter, mark, pending.index, self.scheduler_output, copy, bundle.known))
+        for known, written in zip(bundle.known, self.written):
+            known.update(written)
+        self.step.timing.host_copy_us += self.recorded_us
+        self.forward_timer = ForwardTimer(recorder)
+
+    def _forward_returned(self, output: Any, copy: HostCopy) -> None:
+        """Also a digest of the KV the forward wrote, per layer and request (`kv_digest`):
+        computed on the copy's side stream, before the next step can write the same blocks."""
+        super()._forward_returned(output, copy)
+        started = time.perf_counter()
+        order = self.step.batch_order
+        if all(req_id in self.scheduled for req_id in order):
+            self.step.kv_written = kv_written(
+                self.recorder.adapter.kv_groups(), self.bundle.digested_layers, self.positions,
+                [self.scheduled[req_id][0] for req_id in order], [self.scheduled[req_id][1] for req_id in order],
+                copy.computed)
+        self.step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
+
+    def failed(self, trigger: str, error: BaseException) -> None:
+        """The bundle ends with this step, written now with its failure. A step that failed
+        before its forward has no batch order, inputs or dispatch."""
+        self.step = self.step or CarriedStep(index=self.pending.index, scheduler_output=self.scheduler_output,
+                                             batch_order=[])
+        note_failure(self.step, self.pending, error)
+        self.bundle.step_failed()
+        return None
 
 
 class MarkedStep(StepCapture):
@@ -375,4 +560,11 @@ def kept_from_host(recorder: Recording, mark: StepMark, pending: PendingStep, tr
     the replay."""
     logger.warning("tracekit: the device context is lost (%s); the step is kept from host memory, "
                    "its KV to be recomputed by the replay", type(error).__name__)
-    return step_capture.capture_without_device(recorder.adapter, mark, pending.index, trigger)
+    return step_capture.capture(recorder.adapter, mark, pending.index, trigger, KVMode.RECOMPUTE.value, None)
+
+
+def note_failure(step: Step | CarriedStep, pending: PendingStep, error: BaseException) -> None:
+    """How the step raised (`Step.error`), and how long it had run."""
+    step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
+    step.error = StepError(type=type(error).__name__, message=str(error),
+                           traceback="".join(traceback.format_exception(error)), phase=Phase(pending.phase).value)

@@ -7,15 +7,10 @@ it (outputs, KV written), logits, sampling and bookkeeping phases, sampled ids, 
 any of those phases. Disarming removes the shadows.
 
 How a step is captured depends on what may fire for it, one strategy per capture kind
-(`capture_kinds`): a step trigger copies the step before its forward (`CopiedStep`); event
-triggers (`--on exception`, `--on nonfinite`), meant to stay armed in a serving engine, copy
-nothing in advance and leave a mark, copied only if the step fails or its outputs are not finite
-(`MarkedStep`). The recorder picks the kind at the forward and hands each later event of the
-step to it; it keeps what all kinds share: the step's place and phase, its copies to host, the
-bundle count, and the writing. A firing step opens a sequence of `window` N >= 1 steps
-(`record --window N`; `window_capture.OpenWindow`): the next N-1 steps are captured lightly as
-the runner carries them (`CarriedStepCapture`, picked when each starts) and the steps are written
-as one bundle (a single step is N = 1).
+(`capture_kinds`). The recorder picks the kind, when the step starts for the next step of an
+open bundle (a firing step trigger opens one of `window` N >= 1 steps), else at its forward, and
+hands each later event of the step to it; it keeps what all kinds share: the step's place and
+phase, its copies to host, the bundle count, and the writing.
 
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
@@ -31,7 +26,6 @@ import logging
 import os
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,11 +42,20 @@ from tracekit.integrations.vllm.recording import (
     require_recordable,
     unknown_tokens_to_recompute,
 )
-from tracekit.record import step_capture
-from tracekit.record.capture_kinds import CopiedStep, MarkedStep, PendingStep, ignore
+from tracekit.record.capture_kinds import (
+    NOTHING,
+    CopiedStep,
+    MarkedStep,
+    OpenBundle,
+    PendingStep,
+    StepCapture,
+    ignore,
+    note_failure,
+)
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
 from tracekit.record.sampled_ids import SampledIds
 from tracekit.record.settings import bundles, require_window
+from tracekit.record.step_capture import KVTaken, capture_sampled
 from tracekit.record.triggers import (
     CLI_NAMES,
     DEFAULT_MAX_BUNDLES,
@@ -61,7 +64,6 @@ from tracekit.record.triggers import (
     TriggerEvent,
     TriggerSet,
 )
-from tracekit.record.window_capture import CarriedStepCapture, OpenWindow
 
 logger = logging.getLogger("tracekit.record")
 
@@ -115,7 +117,7 @@ class Recorder:
             raise UsageError(f"bad {names.max_bundles} {max_bundles}: must be at least 1")
         self.max_bundles = 1 if self.output.single else max_bundles
         self.window = window  # steps per bundle from a firing step on (`record --window N`)
-        self._window: OpenWindow | None = None  # the window taking the next steps, if one is
+        self._open: OpenBundle | None = None  # the bundle taking the next steps, if one is
         # the LoRA adapters' files, read on the writer thread (kept up to a size, or always)
         self._adapter_files = AdapterFiles(keep_always=keep_lora_weights)
         self.steps_seen = 0
@@ -194,9 +196,9 @@ class Recorder:
         shadows, self._shadows = self._shadows, None
         _stop_capture(self._pending)
         self._pending = None
-        window, self._window = self._window, None
-        if window is not None and self._persister is not None:
-            window.stop_taking()  # written if its steps' outputs are in
+        bundle, self._open = self._open, None
+        if bundle is not None and self._persister is not None:
+            bundle.stop_taking()  # written if its steps' outputs are in
         if shadows is not None:
             shadows.__exit__(None, None, None)
         if self._persister is not None:
@@ -230,7 +232,7 @@ class Recorder:
         on; the writer thread goes on writing what it was handed."""
         with self._callback_lock:
             _stop_capture(self._pending)
-            shadows, self._shadows, self._pending, self._window = self._shadows, None, None, None
+            shadows, self._shadows, self._pending, self._open = self._shadows, None, None, None
             if shadows is not None:
                 try:
                     shadows.__exit__(None, None, None)
@@ -258,22 +260,18 @@ class Recorder:
         self.adapter.scheduler_output_seen(scheduler_output)
         if self._deferred:  # a step whose check is read later: its KV blocks stay its own unless preempted
             self._preempted |= self.adapter.preempted(scheduler_output)
-        if self._window is not None:  # the next step of a window, whatever the bundle count
-            self._pending = PendingStep(self.steps_seen, scheduler_output, time.perf_counter())
-            self.steps_seen += 1
-            self._pending.capture = self._window.take(self._pending)
-            if not self._window.taking:
-                self._window = None
-            return
-        if self.exhausted:
+        if self.exhausted and self._open is None:
             self._pending = None
-            self._stop_once_all_handed()  # (a window's bundle is handed when its last step ends)
+            self._stop_once_all_handed()
             return
         if self._sampled is not None:
             self._sampled.keep_only(self.adapter.live_req_ids())
             self._sampled.started(self.adapter.new_req_ids(scheduler_output))
         self._pending = PendingStep(self.steps_seen, scheduler_output, time.perf_counter())
         self.steps_seen += 1
+        if self._open is not None:  # the open bundle's next step, whatever the bundle count
+            self._pending.capture = self._open.take(self._pending)
+            self._open = self._open if self._open.taking else None
 
     @_engine_boundary
     def before_forward(self, input_ids: Any, positions: Any) -> None:
@@ -282,7 +280,7 @@ class Recorder:
             return
         pending.forward_seen = True
         pending.phase = Phase.FORWARD
-        if pending.capture is not None:  # picked when the step started (a window's later step)
+        if pending.capture is not None:  # picked when the step started (an open bundle's next step)
             pending.capture.before_forward(input_ids, positions)
             return
         size = int(input_ids.shape[0]) if input_ids is not None else None
@@ -292,12 +290,10 @@ class Recorder:
             pending.index, lambda: self.adapter.batch_facts(pending.scheduler_output),
             lambda: self._requests_named(pending.scheduler_output),
         )
-        if pending.reason is not None:
+        if pending.reason is not None:  # opens a bundle of `window` steps
             mark = self.adapter.mark(pending.scheduler_output, input_ids, positions)
-            held = self.adapter.held_request_states(mark) if self.window > 1 else []
-            pending.capture = copied = CopiedStep(self, pending, mark, first_of_its_size, held)
-            pending.window = OpenWindow(self, pending, self.window, held, copied.step)
-            self._window = pending.window if pending.window.taking else None
+            pending.capture = copied = CopiedStep(self, pending, mark, first_of_its_size, self.window)
+            self._open = copied.bundle if copied.bundle.taking else None
         elif self.triggers.events:  # kept cheaply, copied only if the step fails
             pending.capture = MarkedStep(self, pending, self.adapter.mark(pending.scheduler_output, input_ids, positions))
 
@@ -306,44 +302,36 @@ class Recorder:
         named = self._watch.named(self.adapter.scheduled_req_ids(scheduler_output))
         return self.adapter.request_progress(scheduler_output, named) if named else []
 
+    def _capture(self) -> StepCapture:
+        """The capture of the step in progress (`NOTHING` where none is)."""
+        pending = self._pending
+        return pending.capture if pending is not None and pending.capture is not None else NOTHING
+
     @_engine_boundary
     def after_forward(self, hidden_states: Any) -> None:
-        pending = self._pending
-        if pending is not None and pending.capture is not None:
-            pending.capture.after_forward(hidden_states)
+        self._capture().after_forward(hidden_states)
 
     @_engine_boundary
     def logits_computed(self, logits: Any) -> None:
-        pending = self._pending
-        if pending is None:
-            return
-        pending.phase = Phase.SAMPLING
-        if pending.capture is not None:
-            pending.capture.logits_computed(logits)
+        if self._pending is not None:
+            self._pending.phase = Phase.SAMPLING
+        self._capture().logits_computed(logits)
 
     @_engine_boundary
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
-        pending = self._pending
-        if pending is not None and pending.capture is not None:
-            pending.capture.drafter_called(inputs, output)
+        self._capture().drafter_called(inputs, output)
 
     @_engine_boundary
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
-        pending = self._pending
-        if pending is not None and pending.capture is not None:
-            pending.capture.drafts_proposed(read)
+        self._capture().drafts_proposed(read)
 
     @_engine_boundary
     def grammar_received(self, read: Callable[[], Any]) -> None:
-        pending = self._pending
-        if pending is not None and pending.capture is not None:
-            pending.capture.grammar_received(read)
+        self._capture().grammar_received(read)
 
     @_engine_boundary
     def grammar_applied(self, logits: Any) -> None:
-        pending = self._pending
-        if pending is not None and pending.capture is not None:
-            pending.capture.grammar_applied(logits)
+        self._capture().grammar_applied(logits)
 
     @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
@@ -352,17 +340,15 @@ class Recorder:
 
     @_engine_boundary
     def idle_step(self, scheduler_output: Any) -> None:
-        """A scheduler output without tokens finishes requests between steps: a window taking
-        steps ends before it (a window's replay runs steps)."""
-        window, self._window = self._window, None
-        if window is not None:
-            window.stop_taking()
+        """A scheduler output without tokens finishes requests between steps: an open bundle
+        ends before it (its replay runs steps)."""
+        bundle, self._open = self._open, None
+        if bundle is not None:
+            bundle.stop_taking()
 
     @_engine_boundary
     def sampling(self) -> None:
-        pending = self._pending
-        if pending is not None and pending.capture is not None:
-            pending.capture.sampling()
+        self._capture().sampling()
 
     def output_receiver(self) -> OutputReceiver:
         pending, self._pending = self._pending, None
@@ -411,22 +397,18 @@ class Recorder:
         _stop_capture(pending)
         if pending is None:
             return
-        step_us = (time.perf_counter() - pending.started) * 1e6
-        if isinstance(pending.capture, CarriedStepCapture):
-            self._window = None
-            pending.capture.failed_with(_error_record(error, pending.phase), step_us)
-            return
-        self._window = None  # (a sequence's first step failed: written as a single step with its failure)
+        # A failure ends the open bundle: with a later step, written now with the failure on it;
+        # with its first, that step is written as a single step with its failure.
+        self._open = None
         if pending.reason is None and TriggerEvent.EXCEPTION not in self.triggers.events:
             return
         trigger = pending.reason or TriggerEvent.EXCEPTION.value
-        capture = pending.capture or MarkedStep(self, pending, None, step_capture.KVTaken.BEFORE_FORWARD)
+        capture = pending.capture or MarkedStep(self, pending, None, KVTaken.BEFORE_FORWARD)
         step = capture.failed(trigger, error)
         if step is None:
             return
         step.trigger = trigger
-        step.timing.step_us = step_us
-        step.error = _error_record(error, pending.phase)
+        note_failure(step, pending, error)
         self.count_bundle()
         # (a lost context's copies never land: the step is kept from host memory)
         self.write(step, [] if context_lost(error) else pending.copies, now=True)
@@ -463,7 +445,7 @@ class Recorder:
 
     def end_step(self, pending: PendingStep, step: Step, sampled: Any) -> None:
         """The step's sampled ids are in: its copies to host are all queued."""
-        step_capture.capture_sampled(step, sampled)
+        capture_sampled(step, sampled)
         step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
         for copy in pending.copies:
             copy.finish()
@@ -508,7 +490,7 @@ class Recorder:
     def _stop_once_all_handed(self) -> None:
         """Once every bundle the recorder takes went to the writer, it stops observing the runner
         (the engine then runs exactly as without tracekit), saying so."""
-        if not self.exhausted or self._handed < self.bundles_fired or self._window is not None:
+        if not self.exhausted or self._handed < self.bundles_fired or self._open is not None:
             return
         if self.output.single:
             self.stopped = f"took the one step its path takes ({self.output.template} has no {{step}})"
@@ -536,16 +518,6 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
-
-
-def _error_record(error: BaseException, phase: Phase) -> dict[str, Any]:
-    """How a step raised, as `Step.error` keeps it."""
-    return {
-        "type": type(error).__name__,
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
-        "phase": Phase(phase).value,
-    }
 
 
 def _warn_if_not_recomputable(step: Step) -> None:

@@ -58,19 +58,29 @@ def capture(
     index: int,
     trigger: str,
     kv_mode: str,
-    copy: HostCopy,
+    copy: HostCopy | None,
     taken: KVTaken = KVTaken.BEFORE_FORWARD,
     held: list[RequestState] = (),
 ) -> Step:
     """The marked step as a `Step`: its requests walked into plain data, its inputs and the KV
-    blocks `kv_mode` names copied to host through `copy`. Before the forward
-    (a step trigger) or later in the same step (an event trigger), from what the mark kept.
-    `held`: requests the runner holds outside the batch (a window's first step): in mode `read`
-    the blocks they computed are saved too, as a later step of the window may read them."""
+    blocks `kv_mode` names copied to host through `copy`. Before the forward (a step trigger) or
+    later in the same step (an event trigger), from what the mark kept. `held`: requests the
+    runner holds outside the batch (the first of a bundle's several steps): in mode `read` the
+    blocks they computed are saved too, as a later step may read them.
+
+    `copy` None: the device context can no longer be read (a device-side assert, an illegal
+    address), and the step is kept from host memory alone: its requests and their token ids, no
+    KV blocks (`--kv recompute`: the replay prefills the tokens to rebuild the KV), no inputs (the
+    replay prepares them again), the RNG states the mark copied (host tensors, a CUDA generator's
+    too), the dispatch without the attention metadata's device tensors."""
     started = time.perf_counter()
-    input_ids, positions = mark.input_ids, mark.positions
-    requests = adapter.request_states(mark, input_ids)
-    for request in requests:  # what the runner keeps on the device (probabilistic drafting's draft probabilities)
+    if copy is None:
+        kv_mode, input_ids, positions = KVMode.RECOMPUTE.value, None, None
+        requests = adapter.request_states(dataclasses.replace(mark, input_ids=None), None)
+    else:
+        input_ids, positions = mark.input_ids, mark.positions
+        requests = adapter.request_states(mark, input_ids)
+    for request in requests if copy is not None else ():  # what the runner keeps on the device (draft probabilities)
         request.runner_state = {name: copy.copy(value) if isinstance(value, torch.Tensor) and value.device.type != "cpu"
                                 else value for name, value in request.runner_state.items()}
     mode = KVMode(kv_mode)
@@ -102,7 +112,7 @@ def capture(
         input_ids=copy.copy(input_ids) if input_ids is not None else None,
         positions=copy.copy(positions) if positions is not None else None,
         kv=KVSnapshot(mode=mode.value, groups=groups, taken=taken.value),
-        graph=adapter.graph_dispatch(num_tokens, padded, mark),
+        graph=adapter.graph_dispatch(num_tokens, padded, mark, attention=copy is not None),
         rng=dict(mark.rng),
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
@@ -111,36 +121,6 @@ def capture(
     )
     step.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return step
-
-
-def capture_without_device(adapter: RunnerAdapter, mark: StepMark, index: int, trigger: str) -> Step:
-    """The marked step from host memory alone, for a device context that can no longer be read
-    (a device-side assert, an illegal address): its requests and their token ids, no KV blocks
-    (`--kv recompute`: the replay prefills the tokens to rebuild the KV), no inputs (the replay
-    prepares them again), the RNG states the mark copied, the dispatch without the attention
-    metadata's device tensors."""
-    requests = adapter.request_states(dataclasses.replace(mark, input_ids=None), None)
-    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
-    groups = []
-    for group_index, group in enumerate(adapter.kv_groups()):
-        read, written = blocks_read_and_written(requests, group_index, group.layout.block_size)
-        groups.append(KVGroupSnapshot(group.layer_names, group.layout, read, written, []))
-    return Step(
-        index=index,
-        trigger=trigger,
-        scheduler_output=adapter.scheduler_output_record(mark.scheduler_output),
-        batch_order=[request.req_id for request in requests],
-        requests=requests,
-        input_ids=None,
-        positions=None,
-        kv=KVSnapshot(mode=KVMode.RECOMPUTE.value, groups=groups),
-        graph=adapter.graph_dispatch(num_tokens, num_tokens, mark, attention=False),
-        rng=dict(mark.rng),  # host tensors (a CUDA generator's state too)
-        timing=StepTiming(),
-        spec_decode=adapter.spec_decode_record(),
-        features=step_features(adapter.request_objects(mark), mark.scheduler_output),
-        lora_adapters=adapter.lora_adapters(mark),
-    )
 
 
 def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: SchedulerOutputRecord,
@@ -204,16 +184,12 @@ def capture_drafter_pass(step: Step, inputs: dict[str, Any], output: Any, copy: 
         step.spec_decode.drafter_calls.append(drafter_pass(inputs, output, copy.copy))
 
 
-def capture_proposals(step: Step, proposals: torch.Tensor | None, copy: HostCopy) -> None:
-    """The drafter's proposals for the next step, copied to host."""
-    if step.spec_decode is not None and proposals is not None:
-        step.spec_decode.proposals = copy.copy(proposals)
-
-
-def capture_carried_proposals(carried: CarriedStep, proposals: torch.Tensor | None, copy: HostCopy) -> None:
-    """A window's later step: the drafter's proposals for the next step, copied to host."""
-    if proposals is not None:
-        carried.proposals = copy.copy(proposals)
+def capture_proposals(step: Step | CarriedStep, proposals: torch.Tensor | None, copy: HostCopy) -> None:
+    """The drafter's proposals for the next step, copied to host (a bundle's first step keeps
+    them with the drafter's calls, `SpecDecodeRecord.proposals`)."""
+    kept = step.spec_decode if isinstance(step, Step) else step
+    if kept is not None and proposals is not None:
+        kept.proposals = copy.copy(proposals)
 
 
 def capture_grammar_applied(step: Step | CarriedStep, logits: torch.Tensor, copy: HostCopy) -> None:
