@@ -22,7 +22,8 @@ from tracekit.errors import TracekitError
 from tracekit.integrations.vllm.recording import find_runner, on_every_worker, runner_in_this_process
 from tracekit.record import arm_in_workers
 from tracekit.record.recorder import Recorder
-from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, TriggerSet
+from tracekit.record.settings import RecordSettings
+from tracekit.record.triggers import DEFAULT_MAX_BUNDLES
 
 
 class WorkerRecording:
@@ -53,25 +54,23 @@ def recording(
     state from one to the next (`tracekit record --window`). `keep_lora_weights`: keep every
     LoRA adapter's files in the bundles, whatever their size (by default only those up to
     `lora_adapters.KEEP_LIMIT`)."""
-    triggers = TriggerSet(steps=steps, when=when, events=tuple(on))
-    if runner_in_this_process(llm):
-        recorder = Recorder(find_runner(llm), output, triggers, kv=kv, max_bundles=max_bundles, layers=layers,
-                            window=window, keep_lora_weights=keep_lora_weights)
-        with recorder:
-            yield recorder
-        return
-    with _recording_in_workers(
-        llm, str(Path(output).absolute()), steps, when, tuple(on), kv, max_bundles, layers, window, keep_lora_weights
-    ) as remote:
-        yield remote
+    settings = RecordSettings(steps, when, tuple(on), kv, max_bundles, window, layers, keep_lora_weights)
+    with recording_with(llm, output, settings) as recorder:
+        yield recorder
 
 
 @contextmanager
-def _recording_in_workers(llm: Any, output: str, *settings: Any) -> Iterator[WorkerRecording]:
+def recording_with(llm: Any, output: str | Path, settings: RecordSettings) -> Iterator[Recorder | WorkerRecording]:
+    """`recording`, its settings given as one."""
+    settings.check()  # refused here, before any worker hears of them
+    if runner_in_this_process(llm):
+        with Recorder(find_runner(llm), output, settings) as recorder:
+            yield recorder
+        return
     session = uuid.uuid4().hex
     remote = WorkerRecording()
     try:
-        on_every_worker(llm, arm_in_workers.arm_recorder, session, output, *settings)
+        on_every_worker(llm, arm_in_workers.arm_recorder, session, str(Path(output).absolute()), settings)
     except TracekitError:
         on_every_worker(llm, arm_in_workers.disarm_recorder, session)  # ranks that did arm
         raise

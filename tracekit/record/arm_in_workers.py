@@ -10,27 +10,15 @@ from typing import Any
 from tracekit.errors import TracekitError
 from tracekit.integrations.vllm.recording import reported, runner_of
 from tracekit.record.recorder import Recorder
-from tracekit.record.triggers import TriggerSet
+from tracekit.record.settings import RecordSettings
 
 # Worker-process state, keyed by the session id the driver made.
 _recorders: dict[str, Recorder] = {}
 
 
-def arm_recorder(worker: Any, session: str, output: str, steps: str | None, when: str | None,
-                 events: tuple[str, ...], kv: str, max_bundles: int, layers: bool, window: int,
-                 keep_lora_weights: bool = False) -> dict[str, Any]:
+def arm_recorder(worker: Any, session: str, output: str, settings: RecordSettings) -> dict[str, Any]:
     try:
-        recorder = Recorder(
-            runner_of(worker),
-            output,
-            TriggerSet(steps=steps, when=when, events=tuple(events)),
-            kv=kv,
-            max_bundles=max_bundles,
-            layers=layers,
-            set_id=session,
-            window=window,
-            keep_lora_weights=keep_lora_weights,
-        )
+        recorder = Recorder(runner_of(worker), output, settings, set_id=session)
     except TracekitError as error:
         return reported(error)
     _recorders[session] = recorder.arm()  # a runner it cannot arm on: see `failures` at disarm

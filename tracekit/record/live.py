@@ -160,9 +160,7 @@ def _arm(runner: Any, payload: dict[str, Any]) -> dict[str, Any]:
     if served is None:
         raise UsageError(f"live control is off in this process ({SERVE_DIR_VARIABLE} is not set)")
     folder = bundle_folder(served, settings.output)
-    recorder = Recorder(runner, str(folder / BUNDLE_NAME), settings.triggers(), kv=settings.kv,
-                        max_bundles=settings.max_bundles, window=settings.window, set_id=payload.get("set_id"),
-                        names=ROUTE_NAMES)
+    recorder = Recorder(runner, str(folder / BUNDLE_NAME), settings, set_id=payload.get("set_id"), names=ROUTE_NAMES)
     previous = _armed.pop(id(runner), None)
     if previous is not None and previous.recorder.armed:  # replaced at this step boundary
         previous.recorder.disarm(wait=False)

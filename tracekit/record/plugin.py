@@ -5,27 +5,12 @@ vLLM loads `vllm.general_plugins` entry points in every process it starts (`regi
 Installed and not asked for anything, the plugin does nothing: no recorder, no shadow on the
 runner, nothing per step.
 
-Armed at start (every process of the engine):
-
-    TRACEKIT_RECORD_OUTPUT=/tmp/step{step}.zst TRACEKIT_RECORD_STEPS=5 vllm serve MODEL
-
-    TRACEKIT_RECORD_OUTPUT  bundle path; `{step}` in it records every firing step; each rank of a
-                            multi-rank engine writes its own (`{rank}`, else `.rank{rank}` inserted)
-    TRACEKIT_RECORD_STEPS   e.g. `7`, `5:9`, `3,7`
-    TRACEKIT_RECORD_WHEN    a predicate, e.g. `num_reqs>=2 and has_prefill`, `request==cmpl-99a6...`
-    TRACEKIT_RECORD_ON      `exception`, `nonfinite` or both, comma separated
-    TRACEKIT_RECORD_KV      `read` (default), `written`, `none` or `recompute`
-    TRACEKIT_RECORD_MAX_BUNDLES  with `{step}`: the most bundles one process writes (default 16)
-    TRACEKIT_RECORD_WINDOW  consecutive steps per bundle from a firing step on (default 1)
-    TRACEKIT_RECORD_LORA_WEIGHTS `1`: keep every LoRA adapter's files in the bundles, whatever
-                            their size (by default only adapters up to 64 MiB are kept)
-
-Live control (`tracekit.record.live`): with `TRACEKIT_SERVE_DIR=FOLDER` and `VLLM_PLUGINS`
-naming `tracekit`, the API server gets routes to arm, re-arm, query and disarm a recorder
-without a restart, writing only under FOLDER:
-
-    VLLM_PLUGINS=tracekit TRACEKIT_SERVE_DIR=/data/tracekit vllm serve MODEL
-    tracekit arm --server http://127.0.0.1:8000 --when 'request==cmpl-99a6...' -o incident-42
+Armed at start in every process of the engine by the `TRACEKIT_RECORD_*` variables
+(`TRACEKIT_RECORD_OUTPUT=/tmp/step{step}.zst TRACEKIT_RECORD_STEPS=5 vllm serve MODEL`; each is
+a `tracekit record` flag, tabled in docs/GUIDE.md, "The vLLM plugin"), or live
+(`tracekit.record.live`): with `TRACEKIT_SERVE_DIR=FOLDER` and `VLLM_PLUGINS` naming `tracekit`,
+the API server gets routes to arm, re-arm, query and disarm a recorder without a restart,
+writing only under FOLDER.
 
 A recorder is armed on each model runner once its worker has finished compiling and warming up
 (those runs are not steps); its bundles are written when the process exits. tracekit's lines
@@ -91,7 +76,8 @@ def _runner_ready(runner: Any, armed_at_start: bool, live_control: bool) -> None
 def _arm_from_environment(runner: Any) -> None:
     from tracekit.record import live
     from tracekit.record.recorder import Recorder
-    from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, SettingNames, TriggerSet
+    from tracekit.record.settings import RecordSettings
+    from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, SettingNames
 
     if live.status(runner)["armed"]:  # warmed up twice
         return
@@ -100,16 +86,16 @@ def _arm_from_environment(runner: Any) -> None:
                          window="TRACEKIT_RECORD_WINDOW", output=OUTPUT_VARIABLE)
     events = tuple(e.strip() for e in os.environ.get(names.on, "").split(",") if e.strip())
     try:
-        recorder = Recorder(
-            runner,
-            os.environ[OUTPUT_VARIABLE],
-            TriggerSet(steps=os.environ.get(names.steps), when=os.environ.get(names.when), events=events, names=names),
+        settings = RecordSettings(
+            steps=os.environ.get(names.steps),
+            when=os.environ.get(names.when),
+            on=events,
             kv=os.environ.get(names.kv, "read"),
             max_bundles=_int_env(names.max_bundles, DEFAULT_MAX_BUNDLES),
             window=_int_env(names.window, 1),
             keep_lora_weights=os.environ.get("TRACEKIT_RECORD_LORA_WEIGHTS", "") == "1",
-            names=names,
-        ).arm()
+        )
+        recorder = Recorder(runner, os.environ[OUTPUT_VARIABLE], settings, names=names).arm()
     except Exception as error:  # bad settings, or anything else: the engine starts unrecorded
         logger.error("tracekit: recorder not armed, the server runs unrecorded: %s", error)
         return

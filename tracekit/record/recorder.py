@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import UsageError, one_line
-from tracekit.format.schema import KV_MODES, KVMode, ParallelRank, Step
+from tracekit.format.schema import KVMode, ParallelRank, Step
 from tracekit.graphs.host_copy import HostCopy, context_lost
 from tracekit.graphs.timing import DEFAULT_HEAD_START_US
 from tracekit.integrations.seam import OutputReceiver, Phase
@@ -54,16 +54,9 @@ from tracekit.record.capture_kinds import (
 )
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
 from tracekit.record.sampled_ids import SampledIds
-from tracekit.record.settings import bundles, require_window
+from tracekit.record.settings import RecordSettings, bundles
 from tracekit.record.step_capture import KVTaken, capture_sampled
-from tracekit.record.triggers import (
-    CLI_NAMES,
-    DEFAULT_MAX_BUNDLES,
-    RequestWatch,
-    SettingNames,
-    TriggerEvent,
-    TriggerSet,
-)
+from tracekit.record.triggers import CLI_NAMES, RequestWatch, SettingNames, TriggerEvent
 
 logger = logging.getLogger("tracekit.record")
 
@@ -86,18 +79,11 @@ class Recorder:
         self,
         runner: Any,
         output: str | Path,
-        triggers: TriggerSet,
-        kv: str = "read",
-        max_bundles: int = DEFAULT_MAX_BUNDLES,
-        layers: bool = False,
+        settings: RecordSettings,
         set_id: str | None = None,
-        window: int = 1,
-        keep_lora_weights: bool = False,
         names: SettingNames = CLI_NAMES,
     ):
-        if kv not in KV_MODES:
-            raise UsageError(f"bad {names.kv} {kv!r}: choose one of {', '.join(KV_MODES)}")
-        require_window(window, triggers, names)
+        self.triggers = triggers = settings.check(names)
         self.names = names  # how the user spelled the settings, for the messages that name one
         self.runner = runner
         try:
@@ -108,18 +94,15 @@ class Recorder:
         self.rank = rank_of(runner, set_id)
         require_recordable(self.rank)
         self.output = OutputTemplate(output, self.rank.world_size)
-        self.triggers = triggers
-        self.kv = kv
-        if layers and self.adapter is not None and self.adapter.compiled:
+        self.kv = settings.kv
+        if settings.layers and self.adapter is not None and self.adapter.compiled:
             raise UsageError("--layers records per-layer outputs only from an eager engine: add --enforce-eager")
-        self.layers = layers  # also store every layer's output of a recorded step (eager engines)
-        if max_bundles < 1:
-            raise UsageError(f"bad {names.max_bundles} {max_bundles}: must be at least 1")
-        self.max_bundles = 1 if self.output.single else max_bundles
-        self.window = window  # steps per bundle from a firing step on (`record --window N`)
+        self.layers = settings.layers
+        self.max_bundles = 1 if self.output.single else settings.max_bundles
+        self.window = settings.window
         self._open: OpenBundle | None = None  # the bundle taking the next steps, if one is
         # the LoRA adapters' files, read on the writer thread (kept up to a size, or always)
-        self._adapter_files = AdapterFiles(keep_always=keep_lora_weights)
+        self._adapter_files = AdapterFiles(keep_always=settings.keep_lora_weights)
         self.steps_seen = 0
         self.head_start_us = DEFAULT_HEAD_START_US  # of the next recorded forward's timer
         self.sizes_seen: set[int] = set()  # padded token counts of the forwards seen since arming
@@ -193,14 +176,10 @@ class Recorder:
     def disarm(self, wait: bool = True) -> None:
         """Stop recording; the bundles already taken are written, and waited for unless `wait`
         is false (a live server's engine thread: the writer thread finishes them on its own)."""
-        shadows, self._shadows = self._shadows, None
-        _stop_capture(self._pending)
-        self._pending = None
-        bundle, self._open = self._open, None
+        bundle = self._open
+        self._stop_observing()
         if bundle is not None and self._persister is not None:
             bundle.stop_taking()  # written if its steps' outputs are in
-        if shadows is not None:
-            shadows.__exit__(None, None, None)
         if self._persister is not None:
             if wait:
                 self._persister.close()
@@ -219,12 +198,11 @@ class Recorder:
         if self._persister is not None:
             self._persister.wait_idle()
 
-    def _give_up(self, reason: str, logged: bool = False) -> None:
+    def _give_up(self, reason: str) -> None:
         """Log once, stop recording, leave the engine as if never armed."""
         with self._callback_lock:
-            if not logged:
-                self._failures.append(reason)
-                logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
+            self._failures.append(reason)
+            logger.error("tracekit: recording stopped, the engine goes on unrecorded: %s", reason)
             self._stop_observing()
 
     def _stop_observing(self) -> None:
@@ -250,8 +228,9 @@ class Recorder:
 
     def _writing_failed(self, reason: str) -> None:
         """The writer could not write a bundle, or died (on its thread, or the engine's for a
-        failed step's bundle): stop now, between two of the engine's calls into the recorder."""
-        self._give_up(reason, logged=True)
+        failed step's bundle; it logged and keeps `reason`): stop now, between two of the
+        engine's calls into the recorder."""
+        self._stop_observing()
 
     # -- StepObserver: the adapter calls these from inside the engine's step -------------------
 

@@ -12,10 +12,10 @@ from tracekit.errors import TracekitError, one_line
 from tracekit.integrations.vllm.recording import build_llm, installed_release, parse_engine_cli_args
 from tracekit.models import tiny_model_path
 from tracekit.record import workload
-from tracekit.record.api import recording
+from tracekit.record.api import recording_with
 from tracekit.record.persist import OutputTemplate
-from tracekit.record.settings import require_window
-from tracekit.record.triggers import DEFAULT_MAX_BUNDLES, TriggerSet
+from tracekit.record.settings import RecordSettings
+from tracekit.record.triggers import DEFAULT_MAX_BUNDLES
 
 logger = logging.getLogger("tracekit.record")
 
@@ -56,13 +56,13 @@ def record_workload(
     installed_release()
     # Outputs that exist, bad triggers and prompts are refused before an engine is started for nothing.
     OutputTemplate(output).claim(force)
-    require_window(window, TriggerSet(steps=steps, when=when, events=events))
+    settings = RecordSettings(steps, when, tuple(events), kv, max_bundles, window, layers, keep_lora_weights)
+    settings.check()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
     llm = build_llm(recording_engine_args(model, engine_argv, engine_args))
     engine_failure = None
-    with recording(llm, output, steps=steps, when=when, on=events, kv=kv, max_bundles=max_bundles,
-                   layers=layers, window=window, keep_lora_weights=keep_lora_weights) as recorder:
+    with recording_with(llm, output, settings) as recorder:
         try:
             workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
         except TracekitError:

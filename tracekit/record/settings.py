@@ -1,5 +1,6 @@
-"""Recording settings as users give them, checked before anything is armed: the defaults, the
-window rule, and what a request to arm a running server may say (`tracekit.record.live`).
+"""Recording settings as users give them, checked once before anything is armed, however they
+came (`tracekit record`, `recording(llm)`, the plugin's variables, a request to arm a running
+server: `tracekit.record.live`).
 
 Live control writes only under the folder the operator named at start (`TRACEKIT_SERVE_DIR`): a
 request names a fresh folder under it (`output`, relative: no absolute path, no `..`, no symlink
@@ -10,7 +11,7 @@ Needs neither torch nor vLLM: the `tracekit arm` client checks a request here be
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,39 @@ def bundles(count: int) -> str:
     return f"{count} bundle{'' if count == 1 else 's'}"
 
 
-def require_window(window: int, triggers: TriggerSet, names: SettingNames = CLI_NAMES) -> None:
-    """Refuse a window the recorder cannot take: fewer than one step, or opened by an event
-    trigger (it decides after its step, when the next one may already have been sent)."""
-    if window < 1:
-        raise UsageError(f"bad {names.window} {window}: a window holds at least one step")
-    if window > 1 and triggers.events:
-        raise UsageError(f"{names.window} starts at a step trigger ({names.steps} or {names.when}); {names.on} "
-                         "exception/nonfinite decides only after its step, when the next may already run: record "
-                         f"the window with {names.steps}/{names.when}")
+@dataclass(frozen=True)
+class RecordSettings:
+    """What a recording takes; `check` refuses a bad setting in one line naming it as the user
+    spelled it (`names`)."""
+
+    steps: str | None = None
+    when: str | None = None
+    on: tuple[str, ...] = ()
+    kv: str = "read"
+    max_bundles: int = DEFAULT_MAX_BUNDLES
+    window: int = 1  # consecutive steps per bundle from a firing step on (`record --window N`)
+    layers: bool = False  # also store every decoder layer's output of a recorded step (eager engines)
+    keep_lora_weights: bool = False  # keep every LoRA adapter's files, whatever their size
+
+    def triggers(self, names: SettingNames = CLI_NAMES) -> TriggerSet:
+        return TriggerSet(steps=self.steps, when=self.when, events=tuple(self.on), names=names)
+
+    def check(self, names: SettingNames = CLI_NAMES) -> TriggerSet:
+        """The triggers, every setting checked. A window is refused where the recorder cannot
+        take it: fewer than one step, or opened by an event trigger (it decides after its step,
+        when the next one may already have been sent)."""
+        if self.kv not in KV_MODES:
+            raise UsageError(f"bad {names.kv} {self.kv!r}: choose one of {', '.join(KV_MODES)}")
+        if self.max_bundles < 1:
+            raise UsageError(f"bad {names.max_bundles} {self.max_bundles}: must be at least 1")
+        triggers = self.triggers(names)
+        if self.window < 1:
+            raise UsageError(f"bad {names.window} {self.window}: a window holds at least one step")
+        if self.window > 1 and triggers.events:
+            raise UsageError(f"{names.window} starts at a step trigger ({names.steps} or {names.when}); {names.on} "
+                             "exception/nonfinite decides only after its step, when the next may already run: record "
+                             f"the window with {names.steps}/{names.when}")
+        return triggers
 
 
 SERVE_DIR_VARIABLE = "TRACEKIT_SERVE_DIR"
@@ -44,22 +69,15 @@ _MOST_FOLDER_CHARS = 200
 
 
 @dataclass(frozen=True)
-class LiveSettings:
-    """A request to arm, checked: the folder under the served one, and the triggers."""
+class LiveSettings(RecordSettings):
+    """A request to arm, checked: the folder under the served one, and what it records."""
 
-    output: str
-    steps: str | None = None
-    when: str | None = None
-    on: tuple[str, ...] = ()
-    kv: str = "read"
-    max_bundles: int = DEFAULT_MAX_BUNDLES
-    window: int = 1
+    output: str = ""
 
     def plain(self) -> dict[str, Any]:
-        return {**asdict(self), "on": list(self.on)}
-
-    def triggers(self, names: SettingNames = ROUTE_NAMES) -> TriggerSet:
-        return TriggerSet(steps=self.steps, when=self.when, events=self.on, names=names)
+        """The request's own fields, as sent to every worker."""
+        fields = ROUTE_NAMES.__dataclass_fields__
+        return {name: list(self.on) if name == "on" else getattr(self, name) for name in fields}
 
 
 def check_settings(body: Any, names: SettingNames = ROUTE_NAMES) -> LiveSettings:
@@ -83,11 +101,7 @@ def check_settings(body: Any, names: SettingNames = ROUTE_NAMES) -> LiveSettings
         max_bundles=_whole(body, "max_bundles", names.max_bundles, DEFAULT_MAX_BUNDLES),
         window=_whole(body, "window", names.window, 1),
     )
-    if settings.kv not in KV_MODES:
-        raise UsageError(f"bad {names.kv} {settings.kv!r}: choose one of {', '.join(KV_MODES)}")
-    if settings.max_bundles < 1:
-        raise UsageError(f"bad {names.max_bundles} {settings.max_bundles}: must be at least 1")
-    require_window(settings.window, settings.triggers(names), names)
+    settings.check(names)
     require_folder_name(settings.output, names.output)
     return settings
 

@@ -4,7 +4,7 @@ non-finite outputs.
 Step and predicate triggers are decided before the forward from cheap batch facts, so an armed
 recorder that does not fire costs one comparison per step. Exception and non-finite triggers
 cannot know in advance: each step leaves a cheap mark and a device-side finite check, and only a
-step that fails (or is not finite) is copied, then (`recorder.py` says how).
+step that fails (or is not finite) is copied, then (`capture_kinds` says how).
 
 Predicates are a tiny language, parsed here and never evaluated as Python:
 
@@ -16,10 +16,6 @@ Predicates are a tiny language, parsed here and never evaluated as Python:
                   engine's ids exactly: `tracekit.integrations.vllm.records.request_ids`); with it, about
                   that request: first_chunk (flag: its first step, the first prefill chunk) and
                   generated (int: output tokens it had before the step; 0 while it prefills)
-
-    request==cmpl-99a6 and first_chunk       its first prefill chunk
-    request==cmpl-99a6 and generated==5      the decode step that feeds its 5th output token
-    request==cmpl-99a6 and generated<8       every step up to its 8th output token
 
 A request trigger costs one dictionary look-up per scheduled request and step (each engine id is
 matched once); the batch and the request's progress are read only for a step the request is in.
