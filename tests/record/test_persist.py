@@ -34,7 +34,7 @@ def test_a_lost_device_context_leaves_that_bundle_unwritten_and_the_writer_on(pe
     writer.submit(tmp_path / "lost.zst", step, ready=_raising("CUDA error: an illegal memory access was encountered"))
     writer.submit(tmp_path / "next.zst", step)
     writer.wait_idle()
-    writer.write_now(tmp_path / "failed.zst", step)
+    writer.submit(tmp_path / "failed.zst", step, now=True)
     assert writer.written == [tmp_path / "next.zst", tmp_path / "failed.zst"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["failed.zst", "next.zst"]
     (failure,) = writer.failures

@@ -29,7 +29,6 @@ from tracekit.format.schema import (
     KVMode,
     RequestState,
     RunnerCall,
-    SchedulerOutputRecord,
     Step,
     StepError,
 )
@@ -79,10 +78,6 @@ class Recording(Protocol):
     exhausted: bool  # no more bundles this session
 
     def guarded(self, function: Callable, name: str | None = None) -> Callable: ...
-
-    def new_copy(self, pending: PendingStep) -> HostCopy: ...
-
-    def end_step(self, pending: PendingStep, step: Step | CarriedStep, sampled: Any) -> None: ...
 
     def write(self, step: Step, copies: list[HostCopy], now: bool = False) -> None: ...
 
@@ -136,14 +131,27 @@ class StepCapture:
     def stop(self) -> None:
         """Let go of whatever was hooked for the step."""
 
+    def _new_copy(self) -> HostCopy:
+        """A batch of copies to host for this step, through pinned memory on a side stream
+        where the device has one; the step's bundle is written once they landed. The caller
+        finishes it in the same callback, so the engine's later work waits for the copies."""
+        copy = HostCopy(self.recorder.backend)
+        self.pending.copies.append(copy)
+        return copy
+
     def _copy(self, capture: Callable[[HostCopy], Any]) -> Any:
-        """What `capture` returns, its copies to host through a batch of the step's own, finished
-        in this callback (the engine's later work waits for them; the bundle is written once they
-        landed)."""
-        copy = self.recorder.new_copy(self.pending)
+        """What `capture` returns, its copies to host through a batch of their own (`_new_copy`)."""
+        copy = self._new_copy()
         captured = capture(copy)
         copy.finish()
         return captured
+
+    def _end(self, step: Step | CarriedStep, sampled: Any) -> None:
+        """The step's sampled ids are in: its copies to host are all queued."""
+        step_capture.capture_sampled(step, sampled)
+        step.timing.step_us = (time.perf_counter() - self.pending.started) * 1e6
+        for copy in self.pending.copies:
+            copy.finish()
 
 
 NOTHING = StepCapture(None, None)  # the capture of a step nothing records: every event ignored
@@ -192,7 +200,7 @@ class OpenBundle:
         self.steps: list[BundleStep] = []  # the captures of the steps taken, in order
         self.calls: list[dict[str, Any]] = []
         self.log(RunnerCall.EXECUTE, first.index)
-        self.ledger: RequestLedger | None = None  # from the first later step on (`_follow`)
+        self.ledger: RequestLedger | None = None  # from the first later step on (`follow`)
         self.closed = False  # no later step joins
         self.written = False
 
@@ -204,7 +212,7 @@ class OpenBundle:
     def log(self, call: RunnerCall, index: int) -> None:
         self.calls.append({"call": call.value, "step": index})
 
-    def _follow(self) -> RequestLedger:
+    def follow(self) -> RequestLedger:
         """What following later steps needs, made at the first: the requests' block tables as the
         scheduler outputs leave them (`RequestLedger`), per KV cache group the blocks saved or
         written so far (a later step saves the blocks it reads from the prefix cache that are not
@@ -223,17 +231,10 @@ class OpenBundle:
         return self.steps[0].step.spec_decode is not None
 
     def take(self, pending: PendingStep) -> "CarriedStepCapture":
-        """The next step of the bundle has started: recorded as the runner receives it."""
+        """The next step of the bundle has started."""
         self.log(RunnerCall.EXECUTE, pending.index)
         pending.reason = self.steps[0].pending.reason
-        started = time.perf_counter()
-        ledger = self._follow()
-        scheduler_output = self.recorder.adapter.scheduler_output_record(pending.scheduler_output)
-        ledger.apply(scheduler_output, f"step {pending.index}")
-        written = ledger.written(scheduler_output, self.block_sizes)
-        scheduled = ledger.scheduled_blocks(scheduler_output)
-        return CarriedStepCapture(self.recorder, pending, self, scheduler_output, written, scheduled,
-                                  (time.perf_counter() - started) * 1e6)
+        return CarriedStepCapture(self.recorder, pending, self)
 
     def stop_taking(self) -> None:
         """No later step joins: written as it stands once the outputs of those taken are in."""
@@ -305,7 +306,7 @@ class BundleStep(StepCapture):
 
     def receiver(self) -> Receiver:
         def finish(sampled: Any) -> None:
-            self.recorder.end_step(self.pending, self.step, sampled)
+            self._end(self.step, sampled)
             self._ended()
             self.finished = True
             self.bundle.step_finished()
@@ -374,15 +375,17 @@ class CarriedStepCapture(BundleStep):
     (`step_capture.capture_carried`: no request states, no KV blocks but those the bundle does
     not hold yet), and a digest of the KV its forward wrote."""
 
-    def __init__(self, recorder: Recording, pending: PendingStep, bundle: OpenBundle,
-                 scheduler_output: SchedulerOutputRecord, written: list[set[int]],
-                 scheduled: dict[str, tuple[int, list[list[int]]]], recorded_us: float):
+    def __init__(self, recorder: Recording, pending: PendingStep, bundle: OpenBundle):
         super().__init__(recorder, pending, bundle)
-        self.scheduler_output = scheduler_output
-        self.written = written  # per KV cache group, the blocks the step writes
-        self.scheduled = scheduled  # per request: its scheduled tokens, its blocks per KV cache group
+        started = time.perf_counter()
+        ledger = bundle.follow()
+        self.scheduler_output = recorder.adapter.scheduler_output_record(pending.scheduler_output)
+        ledger.apply(self.scheduler_output, f"step {pending.index}")
+        # Per KV cache group, the blocks the step writes; per request, its scheduled tokens and blocks
+        self.written = ledger.written(self.scheduler_output, bundle.block_sizes)
+        self.scheduled = ledger.scheduled_blocks(self.scheduler_output)
         self.positions: Any = None  # the forward's input positions, on the device
-        self.recorded_us = recorded_us  # the recorder's host time on the scheduler output
+        self.recorded_us = (time.perf_counter() - started) * 1e6  # the recorder's host time on the scheduler output
 
     def before_forward(self, input_ids: Any, positions: Any) -> None:
         recorder, pending, bundle = self.recorder, self.pending, self.bundle
@@ -505,7 +508,7 @@ class MarkedStep(StepCapture):
         return self._capture(mark, trigger, KVMode(recorder.kv), self.taken)
 
     def _write(self, step: Step, sampled: Any) -> None:
-        self.recorder.end_step(self.pending, step, sampled)
+        self._end(step, sampled)
         step.trigger = TriggerEvent.NONFINITE.value
         self.recorder.write(step, self.pending.copies)
 
@@ -527,7 +530,7 @@ class MarkedStep(StepCapture):
     def _capture(self, mark: StepMark, trigger: str, kv: KVMode, taken: KVTaken) -> Step:
         """The step from `mark`, with the forward's outputs where it got that far."""
         recorder = self.recorder
-        copy = recorder.new_copy(self.pending)
+        copy = self._new_copy()
         step = step_capture.capture(recorder.adapter, mark, self.pending.index, trigger, kv.value, copy, taken)
         step.grammar = self.grammar() if self.grammar is not None else None
         if self.output is not None:

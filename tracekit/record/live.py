@@ -110,7 +110,7 @@ def handle(runner: Any, op: str, payload: dict[str, Any]) -> dict[str, Any]:
 def keep_armed_at_start(runner: Any, recorder: Recorder, by: str) -> None:
     """The recorder the plugin armed from environment variables, under live control too."""
     with _lock:
-        _armed[id(runner)] = _Armed(recorder, by, str(recorder.output.template))
+        _keep(runner, recorder, by, str(recorder.output.template))
 
 
 def disarm_all() -> None:
@@ -164,16 +164,25 @@ def _arm(runner: Any, payload: dict[str, Any]) -> dict[str, Any]:
     previous = _armed.pop(id(runner), None)
     if previous is not None and previous.recorder.armed:  # replaced at this step boundary
         previous.recorder.disarm(wait=False)
-        if recorder.rank.rank == 0:
-            logger.warning("tracekit: the recorder armed by %s is replaced by one armed by %s; it took %s",
-                           previous.by, payload["by"], bundles(previous.recorder.bundles_fired))
+        _say(recorder, "tracekit: the recorder armed by %s is replaced by one armed by %s; it took %s",
+             previous.by, payload["by"], bundles(previous.recorder.bundles_fired))
     recorder.arm()
     if not recorder.armed:
         raise UsageError(recorder.failures[-1] if recorder.failures else "the recorder did not arm")
-    _armed[id(runner)] = _Armed(recorder, payload["by"], str(folder))
-    if recorder.rank.rank == 0:
-        logger.warning(banner(recorder, payload["by"]))
+    _keep(runner, recorder, payload["by"], str(folder))
     return status(runner)
+
+
+def _keep(runner: Any, recorder: Recorder, by: str, folder: str) -> None:
+    """The armed recorder of this worker, said once in the server's log."""
+    _armed[id(runner)] = _Armed(recorder, by, folder)
+    _say(recorder, banner(recorder, by))
+
+
+def _say(recorder: Recorder, message: str, *args: Any) -> None:
+    """A warning in the server's log, from the first rank only (every rank does the same)."""
+    if recorder.rank.rank == 0:
+        logger.warning(message, *args)
 
 
 def _disarm(runner: Any, by: str) -> dict[str, Any]:
@@ -184,9 +193,8 @@ def _disarm(runner: Any, by: str) -> dict[str, Any]:
         return status(runner)
     armed.recorder.disarm(wait=False)
     armed.recorder.stopped = f"disarmed by {by}"
-    if armed.recorder.rank.rank == 0:
-        logger.warning("tracekit: disarmed by %s (armed by %s); it took %s, written to %s", by, armed.by,
-                       bundles(armed.recorder.bundles_fired), armed.folder)
+    _say(armed.recorder, "tracekit: disarmed by %s (armed by %s); it took %s, written to %s", by, armed.by,
+         bundles(armed.recorder.bundles_fired), armed.folder)
     return status(runner)
 
 

@@ -102,18 +102,20 @@ class BackgroundPersister:
         self._thread.start()
 
     def submit(self, path: Path, step: Step, parallel: ParallelRank | None = None,
-               ready: Callable[[], Any] | None = None) -> None:
+               ready: Callable[[], Any] | None = None, now: bool = False) -> None:
         """Write `step` on the writer thread, once `ready()` returned (the step's copies to host
-        landed: on a GPU they run on a side stream while the engine goes on)."""
+        landed: on a GPU they run on a side stream while the engine goes on); or `now`, on this
+        thread, for a step whose forward raised: the engine may be going down."""
+        if now:
+            if ready is not None:
+                ready()
+            self._write(path, step, parallel)
+            return
         if not self._thread.is_alive():
             raise RuntimeError(f"the writer thread is gone ({self.failures[-1] if self.failures else 'no reason'})")
         with self._idle:
             self._pending += 1
         self._queue.put((path, step, parallel, ready))
-
-    def write_now(self, path: Path, step: Step, parallel: ParallelRank | None = None) -> None:
-        """Synchronous write, for a step whose forward raised: the engine may be going down."""
-        self._write(path, step, parallel)
 
     def wait_idle(self) -> None:
         """Until every bundle submitted so far is written, or failed, or the thread is gone."""

@@ -101,10 +101,7 @@ def _arm_from_environment(runner: Any) -> None:
         return
     if not recorder.armed:  # it logged why
         return
-    by = f"{OUTPUT_VARIABLE} at start"
-    live.keep_armed_at_start(runner, recorder, by)
-    if recorder.rank.rank == 0:
-        logger.warning(live.banner(recorder, by))
+    live.keep_armed_at_start(runner, recorder, f"{OUTPUT_VARIABLE} at start")
 
 
 def _prepare(runner: Any) -> None:

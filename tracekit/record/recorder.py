@@ -10,7 +10,7 @@ How a step is captured depends on what may fire for it, one strategy per capture
 (`capture_kinds`). The recorder picks the kind, when the step starts for the next step of an
 open bundle (a firing step trigger opens one of `window` N >= 1 steps), else at its forward, and
 hands each later event of the step to it; it keeps what all kinds share: the step's place and
-phase, its copies to host, the bundle count, and the writing.
+phase, the bundle count, and the writing.
 
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
@@ -55,7 +55,7 @@ from tracekit.record.capture_kinds import (
 from tracekit.record.persist import BackgroundPersister, OutputTemplate
 from tracekit.record.sampled_ids import SampledIds
 from tracekit.record.settings import RecordSettings, bundles
-from tracekit.record.step_capture import KVTaken, capture_sampled
+from tracekit.record.step_capture import KVTaken
 from tracekit.record.triggers import CLI_NAMES, RequestWatch, SettingNames, TriggerEvent
 
 logger = logging.getLogger("tracekit.record")
@@ -209,7 +209,7 @@ class Recorder:
         """Remove the runner shadows: the engine runs exactly as without tracekit from its next call
         on; the writer thread goes on writing what it was handed."""
         with self._callback_lock:
-            _stop_capture(self._pending)
+            _capture_of(self._pending).stop()
             shadows, self._shadows, self._pending, self._open = self._shadows, None, None, None
             if shadows is not None:
                 try:
@@ -281,36 +281,31 @@ class Recorder:
         named = self._watch.named(self.adapter.scheduled_req_ids(scheduler_output))
         return self.adapter.request_progress(scheduler_output, named) if named else []
 
-    def _capture(self) -> StepCapture:
-        """The capture of the step in progress (`NOTHING` where none is)."""
-        pending = self._pending
-        return pending.capture if pending is not None and pending.capture is not None else NOTHING
-
     @_engine_boundary
     def after_forward(self, hidden_states: Any) -> None:
-        self._capture().after_forward(hidden_states)
+        _capture_of(self._pending).after_forward(hidden_states)
 
     @_engine_boundary
     def logits_computed(self, logits: Any) -> None:
         if self._pending is not None:
             self._pending.phase = Phase.SAMPLING
-        self._capture().logits_computed(logits)
+        _capture_of(self._pending).logits_computed(logits)
 
     @_engine_boundary
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
-        self._capture().drafter_called(inputs, output)
+        _capture_of(self._pending).drafter_called(inputs, output)
 
     @_engine_boundary
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
-        self._capture().drafts_proposed(read)
+        _capture_of(self._pending).drafts_proposed(read)
 
     @_engine_boundary
     def grammar_received(self, read: Callable[[], Any]) -> None:
-        self._capture().grammar_received(read)
+        _capture_of(self._pending).grammar_received(read)
 
     @_engine_boundary
     def grammar_applied(self, logits: Any) -> None:
-        self._capture().grammar_applied(logits)
+        _capture_of(self._pending).grammar_applied(logits)
 
     @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
@@ -327,7 +322,7 @@ class Recorder:
 
     @_engine_boundary
     def sampling(self) -> None:
-        self._capture().sampling()
+        _capture_of(self._pending).sampling()
 
     def output_receiver(self) -> OutputReceiver:
         pending, self._pending = self._pending, None
@@ -351,7 +346,7 @@ class Recorder:
     @_engine_boundary
     def _receiver_of(self, pending: PendingStep | None) -> Callable[[list[list[int]] | None], None] | None:
         """What takes the step's sampled ids (None: nothing; also where building it failed)."""
-        return pending.capture.receiver() if pending is not None and pending.capture is not None else None
+        return _capture_of(pending).receiver()
 
     @_engine_boundary
     def _batch_order_for_sampled_ids(self) -> list[str] | None:
@@ -373,7 +368,7 @@ class Recorder:
 
     def _keep_failed(self, pending: PendingStep | None, error: BaseException) -> None:
         """Keep a step that failed, as its trigger or `--on exception` asks."""
-        _stop_capture(pending)
+        _capture_of(pending).stop()
         if pending is None:
             return
         # A failure ends the open bundle: with a later step, written now with the failure on it;
@@ -414,21 +409,6 @@ class Recorder:
 
         return call
 
-    def new_copy(self, pending: PendingStep) -> HostCopy:
-        """A batch of copies to host for this step, through pinned memory on a side stream
-        where the device has one; the step's bundle is written once they landed. The caller
-        finishes it in the same callback, so the engine's later work waits for the copies."""
-        copy = HostCopy(self.backend)
-        pending.copies.append(copy)
-        return copy
-
-    def end_step(self, pending: PendingStep, step: Step, sampled: Any) -> None:
-        """The step's sampled ids are in: its copies to host are all queued."""
-        capture_sampled(step, sampled)
-        step.timing.step_us = (time.perf_counter() - pending.started) * 1e6
-        for copy in pending.copies:
-            copy.finish()
-
     def write(self, step: Step, copies: list[HostCopy], now: bool = False) -> None:
         """Write the bundle of `step` and the steps recorded after it once their copies landed (and
         its LoRA adapters' files are read): on the writer thread, or `now` (a step failed: the
@@ -439,11 +419,7 @@ class Recorder:
             _copies_landed(step, copies)
             self._adapter_files.complete(step)
 
-        if now:
-            ready()
-            self._persister.write_now(*self._destination(self._completed(step)))
-        else:
-            self._persister.submit(*self._destination(self._completed(step)), ready=ready)
+        self._persister.submit(*self._destination(self._completed(step)), ready=ready, now=now)
         self._handed_over()
 
     def deferral_started(self) -> None:
@@ -517,7 +493,6 @@ def _copies_landed(step: Step, copies: list[HostCopy]) -> None:
         step.timing.device_copy_us = sum(held)
 
 
-def _stop_capture(pending: PendingStep | None) -> None:
-    """Let go of whatever the step's capture hooked (its layer hooks)."""
-    if pending is not None and pending.capture is not None:
-        pending.capture.stop()
+def _capture_of(pending: PendingStep | None) -> StepCapture:
+    """The step's capture (`NOTHING` where none is)."""
+    return pending.capture if pending is not None and pending.capture is not None else NOTHING
