@@ -1,19 +1,11 @@
-"""How the recorder captures one step: one strategy per capture kind, behind one interface.
+"""How the recorder captures one step: one strategy per capture kind, behind one interface
+(`StepCapture`, its methods in the order of the step's events).
 
 A step trigger (`--steps`, `--when`) knows before the forward that the step fires: it opens a
-bundle of N >= 1 consecutive steps (`OpenBundle`, `record --window N`; a single step is N = 1),
-whose steps are copied just before their forwards and their outputs as they come: the firing
-step whole (`CopiedStep`), each later one as the runner carries it (`CarriedStepCapture`). An
-event trigger (`--on exception`, `--on nonfinite`) knows only later, and is meant to stay armed
-in a serving engine: `MarkedStep` copies nothing in advance, keeps a `StepMark` (references, the
-RNG states, a few numbers per request), checks the outputs for NaN/inf on the device, and copies
-the step only if it fails or its outputs are not finite.
-
-The recorder picks the kind when the step starts (the open bundle's next step) or reaches its
-forward, and then calls, in step order, `after_forward`, `logits_computed`, and at the step's end
-either `receiver()` (what takes its sampled ids) or, for a failure, `failed(trigger, error)` (the
-step to write, or None); `stop()` lets go of anything hooked for the step. A kind never writes a
-bundle itself: it hands the recorder a step (`Recorder.write`), or its bundle does.
+bundle of N >= 1 consecutive steps (`OpenBundle`), each copied as it comes (`CopiedStep` the
+first, `CarriedStepCapture` the later ones). An event trigger (`--on exception`, `--on
+nonfinite`) knows only after: `MarkedStep`. A kind never writes a bundle itself: it hands the
+recorder a step (`Recorder.write`), or its bundle does.
 """
 
 import dataclasses
@@ -422,10 +414,12 @@ class CarriedStepCapture(BundleStep):
 
 
 class MarkedStep(StepCapture):
-    """Event triggers: the step is only marked; it is copied at a failure (the KV blocks it read
-    are intact in the live cache: a step writes only the slots of its new tokens) or once its
-    outputs proved not finite. `mark` None: a step that failed before its forward, marked at
-    the failure (`taken`: its KV is as before the forward)."""
+    """Event triggers, meant to stay armed in a serving engine: nothing is copied in advance; the
+    step keeps a `StepMark` (references, the RNG states, a few numbers per request) and a finite
+    check of its outputs on the device, and is copied at a failure (the KV blocks it read are
+    intact in the live cache: a step writes only the slots of its new tokens) or once its outputs
+    proved not finite. `mark` None: a step that failed before its forward, marked at the failure
+    (`taken`: its KV is as before the forward)."""
 
     def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark | None,
                  taken: KVTaken = KVTaken.AFTER_STEP):

@@ -1,9 +1,9 @@
 """Writing recorded steps to bundle files, off the engine's critical path.
 
-The engine thread hands over a step already copied to host; a single background thread encodes
-and compresses it into a bundle (one bundle per recorded step). A failure here — disk full, a
-value that cannot be stored, a bug — is logged once and leaves nothing at the target path (the
-bundle writer's temporary file is removed); it never reaches the engine.
+The engine thread hands over steps already copied to host; a single background thread encodes
+and compresses them into a bundle. A failure here — disk full, a value that cannot be stored, a
+bug — is logged once and leaves nothing at the target path (the bundle writer's temporary file
+is removed); it never reaches the engine.
 """
 
 import dataclasses

@@ -1,10 +1,8 @@
 """The recorder armed on one live model runner.
 
-Arming asks the runner's adapter (`tracekit.integrations.vllm.runners.runner_adapter`) to shadow that
-runner's methods; the adapter reports each step's progress back (`StepObserver`): step started,
-just before the forward (decide whether to fire; copy the step's inputs and KV to host), after
-it (outputs, KV written), logits, sampling and bookkeeping phases, sampled ids, or a failure in
-any of those phases. Disarming removes the shadows.
+Arming asks the runner's adapter (`tracekit.integrations.vllm.runners.runner_adapter`) to shadow
+that runner's methods; the adapter reports each step's progress back (`StepObserver`), and
+disarming removes the shadows.
 
 How a step is captured depends on what may fire for it, one strategy per capture kind
 (`capture_kinds`). The recorder picks the kind, when the step starts for the next step of an

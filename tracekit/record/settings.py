@@ -64,6 +64,7 @@ SERVE_DIR_VARIABLE = "TRACEKIT_SERVE_DIR"
 # The settings as a request to arm names them (its JSON fields).
 ROUTE_NAMES = SettingNames(steps="steps", when="when", on="on", kv="kv", max_bundles="max_bundles",
                            window="window", output="output")
+_ROUTE_FIELDS = tuple(ROUTE_NAMES.__dataclass_fields__)
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
 _MOST_FOLDER_CHARS = 200
 
@@ -76,8 +77,7 @@ class LiveSettings(RecordSettings):
 
     def plain(self) -> dict[str, Any]:
         """The request's own fields, as sent to every worker."""
-        fields = ROUTE_NAMES.__dataclass_fields__
-        return {name: list(self.on) if name == "on" else getattr(self, name) for name in fields}
+        return {name: list(self.on) if name == "on" else getattr(self, name) for name in _ROUTE_FIELDS}
 
 
 def check_settings(body: Any, names: SettingNames = ROUTE_NAMES) -> LiveSettings:
@@ -85,10 +85,9 @@ def check_settings(body: Any, names: SettingNames = ROUTE_NAMES) -> LiveSettings
     in one line naming it as `names` spells it. `output` defaults to a fresh timestamped name."""
     if not isinstance(body, dict):
         raise UsageError("the request to arm must be a JSON object of settings")
-    known = tuple(ROUTE_NAMES.__dataclass_fields__)
-    unknown = sorted(set(body) - set(known))
+    unknown = sorted(set(body) - set(_ROUTE_FIELDS))
     if unknown:
-        raise UsageError(f"unknown setting {unknown[0]!r} (known: {', '.join(known)})")
+        raise UsageError(f"unknown setting {unknown[0]!r} (known: {', '.join(_ROUTE_FIELDS)})")
     on = body.get("on") or ()
     if isinstance(on, str):
         on = tuple(event.strip() for event in on.split(",") if event.strip())

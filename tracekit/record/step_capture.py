@@ -125,11 +125,11 @@ def capture(
 
 def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: SchedulerOutputRecord,
                     copy: HostCopy, known: list[set[int]]) -> CarriedStep:
-    """A later step of a window, just before its forward: its scheduler output (recorded as the
+    """A later step of a bundle, just before its forward: its scheduler output (recorded as the
     runner received it, before it touched it), the batch order, what only the runner kind keeps
     per request, the inputs, the dispatch and the RNG states: no request states, and no KV blocks
     (the runner carried them from the step before) but those its new and resumed requests found
-    computed in the prefix cache that the window neither saved nor wrote before (`known`, per KV
+    computed in the prefix cache that the bundle neither saved nor wrote before (`known`, per KV
     cache group: the blocks saved here are added)."""
     started = time.perf_counter()
     input_ids, positions = mark.input_ids, mark.positions
