@@ -72,3 +72,14 @@ def test_replay_of_a_pipeline_parallel_set_is_refused_with_the_reason(tmp_path):
     result = _run("replay", parts[0])
     assert result.returncode == 3
     assert "PP=2" in _error_line(result) and "does not record or replay pipeline-parallel" in _error_line(result)
+
+
+@pytest.mark.parametrize("flags", [["--steps", "0"], ["--from", "1"], ["--repeats", "5"], ["--full-engine"],
+                                   ["--lora", "a=/tmp"], ["--mode", "eager"], ["--plot", "p.png"]])
+def test_an_option_a_multi_rank_replay_cannot_honour_is_refused_not_ignored(tmp_path, flags):
+    rank0, _ = make_set(tmp_path)
+    flags = [str(tmp_path / flag) if flag == "p.png" else flag for flag in flags]
+    result = _run("replay", rank0, *flags)
+    assert result.returncode == 2, result.stderr
+    assert flags[0] in _error_line(result) and "multi-rank" in _error_line(result)
+    assert not (tmp_path / "p.png").exists()

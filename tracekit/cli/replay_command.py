@@ -83,7 +83,7 @@ def replay_command(ctx, arguments, json_out, plot_path, force, verbose, keep_goi
     with plan(specs, options, engine_argv, keep_going, Path(profile_dir) if profile_dir else None) as request:
         _claim_outputs(request, json_out, plot_path, force)
         records, exit_code = replay_isolated(request, verbose, report_to_stderr=json_out == "-")
-    write_reports(records, json_out, None if request.multi_rank else plot_path)
+    write_reports(records, json_out, plot_path)
     sys.exit(exit_code)
 
 
@@ -106,6 +106,8 @@ def _claim_outputs(request, json_out, plot_path, force) -> None:
 
     if request.profile_dir and request.options.modes is None:
         raise UsageError("--profile traces the timed forwards; drop --no-timing")
+    if plot_path and request.multi_rank:
+        raise UsageError("--plot draws one rank's replay: a multi-rank step's is not drawn yet, leave --plot out")
     if plot_path:
         from tracekit.replay.plots import require_matplotlib
 

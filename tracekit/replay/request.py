@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tracekit.bundles import find_bundles, unique_names
-from tracekit.errors import EXIT_REPLAY_FAILED, CannotRunHere, TracekitError, UsageError
+from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, UsageError
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions
 
@@ -50,8 +50,8 @@ class ReplayRequest:
 def plan(specs: list[str], options: ReplayOptions, engine_argv: list[str] = (), keep_going: bool = False,
          profile_dir: Path | None = None) -> ReplayRequest:
     """Find the bundles `specs` name (files, folders, globs) and refuse, before any engine, what
-    no replay of them could honour: a multi-rank step among other bundles (usage) or asked for
-    more than its reference timing (exit 3), per-layer outputs of many bundles, a `--model` or
+    no replay of them could honour: a multi-rank step among other bundles or with an option it
+    cannot honour (usage), per-layer outputs of many bundles, a `--model` or
     `--lora` that names nothing usable (usage)."""
     bundles = find_bundles(specs)
     if options.layers_out is not None and len(bundles) > 1:
@@ -100,15 +100,21 @@ def _refuse_unusable_arguments(options: ReplayOptions, contents: list) -> None:
 
 
 def _refuse_for_a_rank_set(request: ReplayRequest) -> None:
-    """Why a multi-rank step cannot be replayed as asked (nothing: it can)."""
+    """Why a multi-rank step cannot be replayed as asked (nothing: it can). It is checked and
+    timed as the engine ran it: an option that would change that is refused, never ignored."""
     if len(request.bundles) > 1:
         raise UsageError("a multi-rank step replays on its own: name one rank's bundle "
                          "(tracekit replay step3.rank0.zst), the other ranks' are found from it")
-    options = request.options
-    if (request.profile_dir or options.layers_out is not None
-            or options.modes not in ("reference", None)):
-        raise CannotRunHere("a multi-rank step is checked and timed as the engine ran it only "
-                            "(no --mode other than reference, --profile, --plot or --save-layers yet)")
+    options, defaults = request.options, ReplayOptions()
+    unused = [flag for flag, given in (
+        ("--steps", options.step is not None), ("--from", options.from_step is not None),
+        ("--mode", options.modes not in ("reference", None)), ("--repeats", options.repeats != defaults.repeats),
+        ("--lora", bool(options.lora_paths)), ("--full-engine", options.full_engine),
+        ("--save-layers", options.layers_out is not None), ("--profile", request.profile_dir is not None),
+    ) if given]
+    if unused:
+        raise UsageError(f"a multi-rank step is replayed and timed as the engine ran it, which {', '.join(unused)} "
+                         "cannot change yet: leave them out")
 
 
 class Listener(Protocol):
