@@ -49,3 +49,23 @@ def test_any_other_failure_waiting_for_copies_stops_the_writer_and_tells_the_rec
     assert told == writer.failures and "writer thread died" in told[0] and "injected" in told[0]
     with pytest.raises(RuntimeError, match="writer thread is gone"):
         writer.submit(tmp_path / "later.zst", step)
+
+
+def test_a_bundle_moved_away_as_soon_as_written_was_still_written(persister, tmp_path, monkeypatch, caplog):
+    """A watcher that collects bundles the moment they appear (tests/e2e's serve test renames the
+    folder) must not turn a written bundle into a failed write and stop recording."""
+    import tracekit.record.persist as persist
+
+    writer, step, told = persister
+    write_steps = persist.write_steps
+
+    def written_then_moved(path, *args):
+        done = write_steps(path, *args)
+        path.rename(path.with_name("collected.zst"))
+        return done
+
+    monkeypatch.setattr(persist, "write_steps", written_then_moved)
+    with caplog.at_level("INFO", logger=persist.logger.name):
+        writer.submit(tmp_path / "moved.zst", step, now=True)
+    assert writer.written == [tmp_path / "moved.zst"] and writer.failures == [] and told == []
+    assert (tmp_path / "collected.zst").exists() and "(moved since)" in caplog.text

@@ -165,10 +165,11 @@ class BackgroundPersister:
         try:
             engine = dataclasses.replace(self.engine, kernel_choices=launched_choices())
             self.written.append(write_steps(path, self.environment, engine, [step], parallel))
-            logger.info("tracekit: wrote %s (%s): step %d (%s), %s", path, _size(path), step.index, step.trigger,
-                        _requests(step))
         except Exception as error:  # never let recording harm the engine
             self._failed(f"could not write {path}: {type(error).__name__}: {error}")
+            return
+        logger.info("tracekit: wrote %s (%s): step %d (%s), %s", path, _size(path), step.index, step.trigger,
+                    _requests(step))
 
     def _failed(self, message: str) -> None:
         if not self.failures:
@@ -179,7 +180,12 @@ class BackgroundPersister:
 
 
 def _size(path: Path) -> str:
-    size = path.stat().st_size
+    """The written bundle's size, for the log line; a bundle its user moved away at once (a watcher
+    collecting bundles) was still written."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return "moved since"
     return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.0f} KiB"
 
 
