@@ -21,7 +21,7 @@ from tracekit.integrations.seam import RUNNER_KINDS  # noqa: F401 - the engine t
 
 SCRIPTS = Path(__file__).parent / "engine_scripts"
 TRACEKIT = Path(sys.executable).parent / "tracekit"
-ENGINE_TIMEOUT_S = 300
+ENGINE_TIMEOUT_S = 600  # a bound on a hung engine, not on a slow machine: a loaded 2-core runner took 300 s
 # The test harness that lets Model Runner V2 run on this CPU build (see its docstring).
 V2_HARNESS = Path(__file__).parents[1] / "harness" / "v2_on_cpu"
 
