@@ -185,12 +185,14 @@ CALLBACKS = ("step_started", "idle_step", "before_forward", "after_forward", "lo
 
 def _time_callbacks(recorder, per_step: dict[int, float] | None = None) -> dict[str, float]:
     """Time every callback the engine makes into `recorder` (us, summed), for this session; and
-    into `per_step`, by step index, with the sampled ids' receipt (`end_step`) too."""
-    spent = dict.fromkeys(CALLBACKS, 0.0)
-    for name in CALLBACKS + (("end_step",) if per_step is not None else ()):
-        method = getattr(recorder, name)
+    into `per_step`, by step index, with the sampled ids' receipt too (a step's capture's `_end`,
+    timed for this recorder's captures only)."""
+    from tracekit.record.capture_kinds import StepCapture
 
-        def timed(*args, method=method, name=name):
+    spent = dict.fromkeys(CALLBACKS, 0.0)
+
+    def timed(method, name):
+        def call(*args):
             started, started_cpu = time.perf_counter(), time.thread_time()
             try:
                 return method(*args)
@@ -203,7 +205,19 @@ def _time_callbacks(recorder, per_step: dict[int, float] | None = None) -> dict[
                     # the engine thread's own CPU time in it (not waiting for the GIL or a core)
                     per_step[-1 - step] = per_step.get(-1 - step, 0.0) + (time.thread_time() - started_cpu) * 1e6
 
-        setattr(recorder, name, timed)
+        return call
+
+    for name in CALLBACKS:
+        setattr(recorder, name, timed(getattr(recorder, name), name))
+    if per_step is not None:
+        end = StepCapture._end
+
+        def end_step(capture, *args):
+            if capture.recorder is not recorder:
+                return end(capture, *args)
+            return timed(lambda *rest: end(capture, *rest), "end_step")(*args)
+
+        StepCapture._end = end_step
     return spent
 
 
