@@ -7,6 +7,7 @@ output); a step is picked with `--steps`; an output that exists is written over 
 """
 
 import difflib
+import functools
 import re
 from pathlib import Path
 
@@ -48,26 +49,24 @@ def bundle_argument():
     return click.argument("bundle", type=click.Path(dir_okay=False), callback=existing)
 
 
+def _stacked(*decorators):
+    """The decorators as one, applied as if written one above the other in this order."""
+    return lambda command: functools.reduce(lambda made, decorator: decorator(made), reversed(decorators), command)
+
+
 def weights_options():
     """`--model` and `--allow-weights-mismatch`, for a command that replays a bundle's step."""
-    model = click.option("--model", default=None, help="Where the weights are here, if not at the recorded path.")
-    mismatch = click.option("--allow-weights-mismatch", is_flag=True,
-                            help="Replay even if the weights' fingerprint (the model's, a LoRA adapter's) differs.")
-    return lambda command: model(mismatch(command))
+    return _stacked(
+        click.option("--model", default=None, help="Where the weights are here, if not at the recorded path."),
+        click.option("--allow-weights-mismatch", is_flag=True,
+                     help="Replay even if the weights' fingerprint (the model's, a LoRA adapter's) differs."))
 
 
 def one_step_options(step_help: str, json_what: str):
     """The options of a command that replays one step of a bundle (`invariance`, `shrink`), in
     this order: `--steps`, the weights', `--json`, `--force`, `-v`."""
-    decorators = (steps_option(step_help), weights_options(), json_option(json_what), force_option(), verbose_option(),
-                  renamed_option("--step", "--steps"))
-
-    def add(command):
-        for decorator in reversed(decorators):
-            command = decorator(command)
-        return command
-
-    return add
+    return _stacked(steps_option(step_help), weights_options(), json_option(json_what), force_option(), verbose_option(),
+                    renamed_option("--step", "--steps"))
 
 
 def force_option():

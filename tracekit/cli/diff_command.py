@@ -10,6 +10,7 @@ import sys
 import click
 
 from tracekit.cli.arguments import force_option, json_option, json_took_an_argument
+from tracekit.cli.terminal import console_for, inert, table
 
 
 @click.command("diff")
@@ -34,8 +35,6 @@ def diff_command(first, second, json_out, force):
 
 
 def _print_diff(result, first: str, second: str) -> None:
-    from tracekit.cli.terminal import console_for, inert, table
-
     console = console_for()
     tensors = table(console, "tensors", ["name", "bit-exact", "max_abs", "relative_rms"])
     for tensor in result.tensors:

@@ -21,8 +21,8 @@ from tracekit.errors import TracekitError
 
 @dataclass
 class EngineOutput:
-    """Where a command writes while an engine may print: its report (`report`; `errors` for
-    what goes to standard error), and the log file holding everything else (None with `-v`)."""
+    """Where a command writes its report (`errors`: its standard error) while an engine may
+    print, and the log file holding everything else (None with `-v`)."""
 
     report: TextIO
     errors: TextIO

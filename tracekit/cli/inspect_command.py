@@ -1,11 +1,8 @@
-"""`tracekit inspect BUNDLE`: what a bundle holds, as a table or JSON, without loading tensors.
+"""`tracekit inspect BUNDLE`: what a bundle holds (`tracekit.share.summary`), as a table or JSON.
 
-It opens with what the bundle needs of the machine that replays it, one line (`--json`: the
-"needs" object). The summary itself is `tracekit.share.summary`'s: metadata only, so it is fast
-on a multi-GiB bundle and runs without torch or vLLM; `--verify` decodes every part and checks
-every hash (a damaged bundle then exits with code 2); `--json --full` adds the whole recorded
-content. Every string from the bundle is shown escaped (rich markup, ANSI and other control
-characters), and tables stop after `MAX_TABLE_ROWS` rows (`--json` lists everything).
+A bundle damaged where `--verify` looked exits with code 2, after its summary. Every string from
+the bundle is shown escaped (rich markup, ANSI and other control characters), and tables stop
+after `MAX_TABLE_ROWS` rows (`--json` lists everything).
 """
 
 import os
@@ -42,8 +39,9 @@ def inspect_command(bundle, json_out, verify, full, force):
         write_json(summary, json_out, indent=2)
     else:
         _print_summary(summary)
-    if damage(summary) is not None:
-        raise damage(summary)
+    damaged = damage(summary)
+    if damaged is not None:
+        raise damaged
 
 
 def _print_summary(summary: dict) -> None:

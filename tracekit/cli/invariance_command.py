@@ -1,12 +1,7 @@
 """`tracekit invariance BUNDLE`: does each request of the recorded step come out bit-identical
-in other batches (alone, reordered, beside fillers, with its cached prefix recomputed)?
-
-The work runs in a child process, as `tracekit replay`'s does (`isolation.py`; the parent
-imports no torch), so a failure inside vLLM or the device ends as exit 4 with one line, never a
-traceback.
-
-Exit codes: 0 invariant, 1 not invariant, 2 bad input, 3 this machine cannot replay the bundle,
-4 the replay crashed.
+in other batches (docs/GUIDE.md#batch-invariance, with the exit codes)? The work runs in a child
+process, as `tracekit replay`'s does (`isolation`): a failure inside vLLM or the device ends as
+exit 4 with one line, never a traceback.
 """
 
 import sys
@@ -32,10 +27,8 @@ def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, j
     step = one_step(steps)
     to_stderr = json_out == "-"
 
-    def work(progress):
-        return _check(bundle, variants, step, model, allow_weights_mismatch, progress, verbose, to_stderr)
-
-    outcome = run_isolated(work)
+    outcome = run_isolated(
+        lambda progress: _check(bundle, variants, step, model, allow_weights_mismatch, progress, verbose, to_stderr))
     records = outcome.records
     if outcome.died_on is not None:
         crashed = crash_record(outcome.died_on, outcome.death)

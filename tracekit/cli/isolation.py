@@ -3,11 +3,9 @@
 A CUDA device-side assert or an illegal address poisons the process's CUDA context: the Python
 exception that reports it is followed, at exit, by aborts in destructors (exit 134, no report,
 nothing a `git bisect run` can read). So the command forks before anything imports torch or
-vLLM: the child does the work and reports each bundle's start and record, as JSON lines, on a
-pipe. If the child dies (a signal, or an exit code outside the contract), the parent knows which
-bundle it was on and gives it a `crashed` record, exit 4 (docs/GUIDE.md, "Replaying"). A Python
-exception in the child is caught where the bundle was replayed: its record is sent, and the
-child leaves with `os._exit`, skipping the destructors that would abort.
+vLLM: the child does the work, sends each bundle's start and record as JSON lines on a pipe, and
+leaves with `os._exit`, skipping those destructors. If the child dies (a signal, or an exit code
+outside the contract), the bundle it was on gets a `crashed` record, exit 4 (docs/GUIDE.md, "Replaying").
 
 `TRACEKIT_REPLAY_IN_PROCESS=1` runs the work in the command's own process (for debuggers).
 """
@@ -20,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from tracekit.cli.terminal import console_for, inert
 from tracekit.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REPLAY_FAILED, TracekitError, one_line
 from tracekit.replay.verdict_names import EXIT_SEVERITY, VerdictName
 
@@ -122,7 +121,6 @@ def _leave(code: int) -> None:
         os._exit(code)
 
 
-
 def crash_record(started: dict[str, Any], reason: str, name: str | None = None) -> dict[str, Any]:
     """The JSON record of the bundle a replay died on (docs/GUIDE.md, "JSON fields")."""
     return {
@@ -139,8 +137,6 @@ def crash_record(started: dict[str, Any], reason: str, name: str | None = None) 
 def print_crash(record: dict[str, Any], stream: TextIO | None = None) -> None:
     """The report of a replay that broke off inside vLLM, the device or tracekit, from its record
     (made here, or by the child that caught the failure)."""
-    from tracekit.cli.terminal import console_for, inert
-
     console = console_for(stream)
     step = record.get("step")
     where = f"  step {inert(step)} ({inert(record.get('trigger'))})" if step is not None else ""

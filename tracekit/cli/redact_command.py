@@ -7,6 +7,7 @@ reveals".
 import click
 
 from tracekit.cli.arguments import bundle_argument, force_option
+from tracekit.cli.terminal import console_for, inert
 
 
 @click.command("redact")
@@ -23,8 +24,6 @@ def redact_command(bundle, output, force):
 
 
 def _print_redacted(bundle: str, output: str, record: dict) -> None:
-    from tracekit.cli.terminal import console_for, inert
-
     console = console_for()
     console.print(f"[bold green]redacted[/bold green] {inert(bundle)} -> {inert(output)}")
     for step in record["steps"]:

@@ -87,16 +87,13 @@ def replay_command(ctx, arguments, json_out, plot_path, force, verbose, keep_goi
     sys.exit(exit_code)
 
 
-def _options(steps, from_step, model, allow_weights_mismatch, loras, modes, no_timing, iters, samples, tolerance,
-             strict, repeats, layers_out, full_engine):
-    """The replay's options, typed (`ReplayOptions`), or what is wrong with them (usage)."""
+def _options(steps, loras, modes, no_timing, **named_alike):
+    """The replay's options, typed (`ReplayOptions`, whose other fields are named as the
+    options are), or what is wrong with them (usage)."""
     from tracekit.replay.options import ReplayOptions
 
-    return ReplayOptions(
-        step=one_step(steps), from_step=from_step, model=model, allow_weights_mismatch=allow_weights_mismatch,
-        lora_paths=_lora_paths(loras), modes=None if no_timing else modes, iters=iters, samples=samples,
-        tolerance=tolerance, strict=strict, repeats=repeats, layers_out=layers_out, full_engine=full_engine,
-    )
+    return ReplayOptions(step=one_step(steps), lora_paths=_lora_paths(loras), modes=None if no_timing else modes,
+                         **named_alike)
 
 
 def _claim_outputs(request, json_out, plot_path, force) -> None:

@@ -1,9 +1,6 @@
-"""The human-readable report of what `tracekit replay` came to, one function for every kind:
-one bundle in detail (the verdict first, what the bundle needs, what differs here, what matched,
-how fast it ran; of several steps, one row per step and the first step that parted in detail; of
-a multi-rank step, one row per rank), a suite as one summary row per bundle, a crash in one
-line. On a terminal they fit its width; piped, every line and table row is one unwrapped line
-(`terminal.console_for`)."""
+"""The human-readable report of what `tracekit replay` came to (`print_report`), of every kind:
+one bundle in detail, a window of steps, a multi-rank step, a suite, a crash. On a terminal it
+fits its width; piped, every line and table row is one unwrapped line (`terminal.console_for`)."""
 
 from pathlib import Path
 from typing import Any, TextIO
@@ -82,9 +79,8 @@ def print_report(report: Any, stream: TextIO | None = None, needs: str | None = 
 
 
 def _print_replay(console: Console, result: ReplayResult, needs: str | None) -> None:
-    """One replayed bundle in detail: the verdict first, what the bundle needs, then what differs
-    here, what matched and how fast it ran (of several steps: each step's row, then the first
-    step that parted)."""
+    """One replayed bundle: the verdict first, what the bundle needs, then what differs here, what
+    matched and how fast it ran (of several steps: each step's row, then the first that parted)."""
     padding = any(item.is_padding for step in result.steps for item in step.checks)
     print_verdict(console, result.verdict, result.first_divergence, result.tolerance, padding)
     if needs:
@@ -126,8 +122,7 @@ def _dispatch_cell(audited: dict[str, Any]) -> str:
 
 
 def _print_steps(console: Console, result: ReplayResult) -> None:
-    """One row per step of several: rebuilt or carried, its dispatch, its verdict, the first item
-    that parted, its forward recorded and replayed."""
+    """One row per step of several."""
     steps = table(console, "steps vs recorded",
                   ["step", "state", "dispatch", "verdict", "first divergence", "forward ms recorded", "replayed"])
     for step in result.steps:
@@ -278,8 +273,8 @@ def print_verdict(console: Console, verdict: Any, first_divergence: str | None, 
 
 
 def _print_checks(console: Console, result: ReplayResult, verdict: Any) -> None:
-    """The step's items against the recording (those that decide), then the requests whose
-    sampled ids differ and the grammar mask rows that differ; `verdict` says how an item that is not bit-exact counts (the platform's)."""
+    """The step's items that decide against the recording, then the requests whose sampled ids
+    differ and the grammar mask rows that differ (`verdict`: how a not bit-exact item counts)."""
     deciding = [item for item in result.checks if item.decides]
     checks = table(console, f"vs recorded ({result.reference_mode} forward)",
                    ["item", "bit-exact", "max_abs", "relative_rms", "argmax/tokens"])
@@ -307,9 +302,9 @@ def _agreement(item: Any, verdict: Any) -> str:
     if item.within_tolerance:
         return "[yellow]within tol[/yellow]"
     if verdict.name == VerdictName.PLATFORM_DIFFERENCE:
-        return "[yellow]platform[/yellow]"  # not bit-exact, within the platform bound
+        return "[yellow]platform[/yellow]"
     if verdict.name == VerdictName.RELEASE_DIFFERENCE:
-        return "[yellow]release[/yellow]"  # not bit-exact, within the bound, under another release
+        return "[yellow]release[/yellow]"
     return "[red]NO[/red]"
 
 

@@ -1,11 +1,9 @@
-"""Running a `tracekit replay` request in child processes, and reporting it.
-
-The work runs in a child (`isolation.run_isolated`): it replays (`tracekit.replay.request.carry_out`)
-with vLLM's and torch's own output kept in a log file (`engine_output`), prints the report, and
-sends each bundle's record to the parent. Where a child dies on a bundle, that bundle gets a
-`crashed` record here, and with `--keep-going` a new child goes on with the bundles left.
+"""Running a `tracekit replay` request in child processes (`isolation.run_isolated`), and
+reporting it. Where a child dies on a bundle, that bundle gets a `crashed` record here, and with
+`--keep-going` a new child goes on with the bundles left.
 """
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,7 +47,8 @@ def _work(request: ReplayRequest, progress: Progress, verbose: bool, report_to_s
 
     with engine_output(verbose, "replay") as output:
         stream = output.errors if report_to_stderr else output.report
-        with _Listener(progress, len(request.bundles), output.errors) as listener:
+        listener = _Listener(progress, len(request.bundles), output.errors)
+        with listener.bar or contextlib.nullcontext():
             outcome = carry_out(request, listener)
         print_report(outcome.report, stream, _needs(request))
         if output.log_line():
@@ -76,31 +75,22 @@ class _Listener:
         from rich.progress import Progress as Bar
 
         self._progress = progress
-        self._bar = None
+        self.bar = None  # shown while its `with` block runs
         if total > 1:
             columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self._bar = Bar(*columns, console=Console(file=errors), transient=True)
-            self._task = self._bar.add_task("reading bundles", total=total)
-
-    def __enter__(self) -> "_Listener":
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+            self.bar = Bar(*columns, console=Console(file=errors), transient=True)
+            self._task = self.bar.add_task("reading bundles", total=total)
 
     def started(self, position: int, bundle: Path, building: bool, facts: dict[str, Any]) -> None:
         self._progress.started(str(bundle), **facts)
-        if self._bar is not None:
+        if self.bar is not None:
             doing = "building an engine for" if building else "replaying"
-            self._bar.update(self._task, description=f"{doing} {inert(Path(bundle).name)}")
+            self.bar.update(self._task, description=f"{doing} {inert(Path(bundle).name)}")
 
     def finished(self, record: dict[str, Any]) -> None:
         self._progress.finished(record)
-        if self._bar is not None:
-            self._bar.advance(self._task)
+        if self.bar is not None:
+            self.bar.advance(self._task)
 
 
 def write_reports(records: list[dict[str, Any]], json_out: str | None, plot_path: str | None) -> None:

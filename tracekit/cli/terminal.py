@@ -45,7 +45,7 @@ def table(console, title: str | None, columns: list[str], right: tuple[str, ...]
 def inert(value) -> str:
     """`value` as text in which control and format characters (categories C*, and separators
     other than the space) are shown as `\\uXXXX` and rich markup is escaped. Lists, tuples
-    and maps are shown as str() shows them, without recursion, down to `MAX_SHOWN_DEPTH`."""
+    and maps are shown as str() shows them, down to `MAX_SHOWN_DEPTH`."""
     from rich.markup import escape  # here: `inspect --json` never loads rich
 
     text = value if isinstance(value, str) else _shown(value)
@@ -56,39 +56,17 @@ def inert(value) -> str:
     return escape(text)
 
 
-class _Text(str):
-    """A piece of punctuation that `_shown` emits as it is."""
-
-
-def _shown(value) -> str:
-    """str(value), with containers walked on an explicit stack and cut at MAX_SHOWN_DEPTH."""
+def _shown(value, depth: int = 0) -> str:
+    """str(value), with lists, tuples and maps deeper than MAX_SHOWN_DEPTH cut to "..." (so the
+    recursion stays shallow however deep the value)."""
     if not isinstance(value, (list, tuple, dict)):
-        return str(value)
-    out: list[str] = []
-    pending: list = [(value, 0)]  # popped from the end: pushed in reverse order
-    while pending:
-        item = pending.pop()
-        if isinstance(item, _Text):
-            out.append(item)
-            continue
-        value, depth = item
-        if not isinstance(value, (list, tuple, dict)):
-            out.append(repr(value))
-        elif depth >= MAX_SHOWN_DEPTH:
-            out.append("...")
-        else:
-            opening, closing = ("{", "}") if isinstance(value, dict) else ("(", ")") if isinstance(value, tuple) else ("[", "]")
-            parts: list = []
-            for number, element in enumerate(value.items() if isinstance(value, dict) else value):
-                if number:
-                    parts.append(_Text(", "))
-                if isinstance(value, dict):
-                    parts += [(element[0], depth + 1), _Text(": "), (element[1], depth + 1)]
-                else:
-                    parts.append((element, depth + 1))
-            if isinstance(value, tuple) and len(value) == 1:
-                parts.append(_Text(","))
-            out.append(opening)
-            pending.append(_Text(closing))
-            pending.extend(reversed(parts))
-    return "".join(out)
+        return str(value) if depth == 0 else repr(value)
+    if depth >= MAX_SHOWN_DEPTH:
+        return "..."
+    if isinstance(value, dict):
+        pairs = (f"{_shown(key, depth + 1)}: {_shown(item, depth + 1)}" for key, item in value.items())
+        return "{" + ", ".join(pairs) + "}"
+    items = ", ".join(_shown(item, depth + 1) for item in value)
+    if isinstance(value, list):
+        return f"[{items}]"
+    return f"({items},)" if len(value) == 1 else f"({items})"
