@@ -1,11 +1,9 @@
 """The recorded step rebuilt in other batches, for `tracekit invariance`.
 
 Each builder returns a `Step` the replay driver runs like a recorded one: the same request
-states (prompt, outputs, computed tokens, block ids, sampling parameters, generator state), only
-in another batch — alone (a cut of `reduce_step`), in another order, beside filler requests, or
-with a cached prompt prefix computed again. Input ids and positions follow the requests; the KV
-snapshot keeps the recorded blocks each variant reads. Like a shrunk step, a variant holds no
-outputs: the engine that recorded the step never ran it.
+states, only in another batch, its inputs, KV blocks and scheduler record to match
+(`reduce_step.step_running`). Like a shrunk step, a variant holds no outputs: the engine that
+recorded the step never ran it.
 """
 
 import dataclasses
@@ -20,6 +18,8 @@ from tracekit.share.reduce_step import reduce_step, step_running
 
 # The prefix of filler requests' ids (no recorded request id starts with it: checked).
 FILLER_PREFIX = "tracekit-filler-"
+
+
 def alone(step: Step, req_id: str) -> Step:
     """The step with request `req_id` only, scheduling what it scheduled."""
     return reduce_step(step, {req_id: step.request(req_id).num_scheduled_tokens})

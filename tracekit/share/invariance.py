@@ -1,13 +1,7 @@
 """`check_invariance(bundle)`: does each request of a recorded step come out the same in other
 batches? An engine that is not batch invariant gives a request other numbers beside other
-requests, which no replay of the recorded batch shows.
-
-The step is replayed as recorded (the baseline: each request's in-batch result here), then in
-variants of its batch (`VARIANT_KINDS`, built by `batch_variants`), all on one engine built once.
-A request stays invariant in a variant where its logits rows and, where its sampling is
-reproducible (`sampling_reproducible`), its sampled ids are bit-identical to the baseline's. Where
-a variant breaks on an eager engine, the layer probe (`first_moved_layer`) names the first module
-whose rows for the moved request differ. The variants and what is compared: docs/GUIDE.md#batch-invariance.
+requests, which no replay of the recorded batch shows. The variants (built by `batch_variants`)
+and what is compared: docs/GUIDE.md#batch-invariance.
 """
 
 from contextlib import closing
@@ -108,14 +102,13 @@ class InvarianceReport:
         }
 
 
-def variant_kinds(kinds: str | tuple[str, ...]) -> tuple[str, ...]:
-    """The variant kinds asked for: a tuple, or comma-separated text ("all": every kind)."""
-    if isinstance(kinds, str):
-        kinds = VARIANT_KINDS if kinds == "all" else tuple(kind.strip() for kind in kinds.split(",") if kind.strip())
+def variant_kinds(text: str) -> tuple[str, ...]:
+    """The variant kinds `--variants` names, comma separated ("all": every kind)."""
+    kinds = VARIANT_KINDS if text == "all" else tuple(kind.strip() for kind in text.split(",") if kind.strip())
     unknown = sorted(set(kinds) - set(VARIANT_KINDS))
     if unknown or not kinds:
         raise UsageError(f"--variants: unknown kind(s) {unknown}; choose from {', '.join(VARIANT_KINDS)} or all")
-    return tuple(kinds)
+    return kinds
 
 
 def sampling_reproducible(request: RequestState) -> str | None:
@@ -300,15 +293,15 @@ def first_moved_layer(run: Callable[[Step, Callable | None], ObservedStep], mode
 def check_invariance(
     bundle: str | Path,
     *,
-    kinds: str | tuple[str, ...] = VARIANT_KINDS,
+    kinds: str = "all",
     step: int | None = None,
     model: str | None = None,
     allow_weights_mismatch: bool = False,
     llm: Any = None,
     on_variant: Callable[[Variant], None] | None = None,
 ) -> InvarianceReport:
-    """Replay the bundle's step and its variants of `kinds` (a tuple, or the `--variants` text)
-    on one engine (built once, or `llm`)."""
+    """Replay the bundle's step and its variants of `kinds` (the `--variants` text) on one engine
+    (built once, or `llm`)."""
     from tracekit.format.content import load_step
     from tracekit.integrations.vllm.replay_engine import require_drafting_known, require_replayable_kind
     from tracekit.share.shrink_trials import EngineReplayer
@@ -322,7 +315,7 @@ def check_invariance(
     require_drafting_known(bundle, content, recorded, {})
     fill_drafts_from_inputs(recorded)  # the variants' inputs hold each drafted request's drafts
     require_replayable_kind(recorded)
-    with closing(EngineReplayer(content, llm, model, allow_weights_mismatch, recorded=recorded)) as replayer:
+    with closing(EngineReplayer(content, recorded, llm, model, allow_weights_mismatch)) as replayer:
         return _check_variants(bundle, kinds, content, recorded, replayer, on_variant)
 
 
@@ -336,10 +329,7 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
     variants = build_variants(recorded, kinds, thresholds, int(args.get("max_num_seqs") or len(recorded.requests)),
                               int(args.get("max_model_len") or max_tokens + 1), cached_prefixes(recorded))
 
-    def run(candidate: Step, on_forward: Callable | None = None) -> ObservedStep:
-        return replayer.run(candidate, on_forward)
-
-    baseline = run(recorded)
+    baseline = replayer.run(recorded, None)
     reproduces = None
     notes = []
     if recorded.outputs is not None:
@@ -351,7 +341,7 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
     reproducible = {request.req_id: sampling_reproducible(request) for request in recorded.requests}
     for variant in variants:
         if variant.applicable:
-            observed = run(variant.step)
+            observed = replayer.run(variant.step, None)
             variant.compared, variant.moved = compare_requests(baseline, recorded, observed, variant.step, reproducible)
             variant.num_tokens, variant.batch_order = variant.step.num_real_rows, list(observed.batch_order)
             variant.reordered_by_runner = observed.batch_order != variant.step.batch_order
@@ -370,5 +360,5 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
                 "the layer probe captures an eager forward, and this engine runs compiled (another forward): "
                 "record the step with --enforce-eager to find the layer")}
         else:
-            report.first_layer = first_moved_layer(run, adapter.model, recorded, broken.step, next(iter(broken.moved)))
+            report.first_layer = first_moved_layer(replayer.run, adapter.model, recorded, broken.step, next(iter(broken.moved)))
     return report

@@ -1,23 +1,8 @@
-"""What `tracekit shrink --until PROPERTY` keeps true while it cuts a bundle down.
+"""What `tracekit shrink --until PROPERTY` keeps true while it cuts a bundle down (docs/GUIDE.md#shrink).
 
 Of a single step, a cut batch has no recorded outputs to compare with, so every property is
-judged from the replay alone:
-
-  raises         the forward raises the recorded error again (same type and message)
-  nonfinite      the hidden states or logits of the replayed forward hold a NaN or an inf
-  modes-differ   the forward as the engine runs it (compiled; through vLLM's graph wrapper where
-                 the step was dispatched to a graph) and the eager forward differ by more than
-                 the tolerance (relative RMS of the hidden states; 0: any bit)
-  command:CMD    CMD exits 0 on the cut bundle (`{bundle}` in CMD is its path; else appended)
-
-Of several steps (`record --window`), the replay is checked against the recording:
-
-  diverges       the steps part from the recording at the same step and item as the bundle's own
-                 replay (`step S/item`)
-  raises         the last step raises the recorded error again
-
-The engine properties replay on one engine, built once (or handed in) and reused for every
-trial (`shrink_trials.EngineReplayer`); `command:` needs no engine at all.
+judged from the replay alone; of several steps (`record --window`), the replay is checked
+against the recording (`WindowProperty`).
 """
 
 import shlex
@@ -72,6 +57,8 @@ def _described(error: BaseException) -> str:
 
 
 class Raises(StepProperty):
+    """The forward raises the recorded error again (same type and message)."""
+
     def check_bundle(self, step: Step) -> None:
         if step.error is None:
             raise UsageError("--until raises needs a bundle whose recorded forward raised (record with --on exception)")
@@ -90,15 +77,16 @@ def _first_rows(tensor: Any, rows: int) -> Any:
 
 
 class NonFinite(StepProperty):
+    """The hidden states (real rows) or logits of the replayed forward hold a NaN or an inf."""
+
     def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
         try:
             observed = replayer.run(step, None)
         except Exception as error:  # a forward that raises yields no values at all
             return PropertyOutcome(False, f"raised {_described(error)}")
-        rows = sum(request.num_scheduled_tokens for request in step.requests)
         found = [
             name for name, tensor in (
-                ("hidden_states", _first_rows(observed.hidden_states, rows)), ("logits", observed.logits)
+                ("hidden_states", _first_rows(observed.hidden_states, step.num_real_rows)), ("logits", observed.logits)
             )
             if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
         ]
@@ -106,6 +94,9 @@ class NonFinite(StepProperty):
 
 
 class ModesDiffer(StepProperty):
+    """The forward as the engine runs it (compiled, or its graph) and the eager one differ in
+    their hidden states by more than the tolerance (relative RMS; 0: any bit)."""
+
     def __init__(self, text: str, tolerance: float):
         super().__init__(text)
         self.tolerance = tolerance
@@ -138,6 +129,8 @@ class ModesDiffer(StepProperty):
 
 
 class Command(StepProperty):
+    """The command exits 0 on the cut bundle (no engine needed here)."""
+
     def __init__(self, text: str, command: str):
         super().__init__(text)
         if not command.strip():
@@ -152,7 +145,8 @@ class Command(StepProperty):
 
 
 class WindowProperty(StepProperty):
-    """`diverges` or `raises` on several steps, judged by their replay against the recording."""
+    """`diverges` (the steps part from the recording at the same step and item as the bundle's
+    own replay) or `raises` (the last step raises the recorded error again) on several steps."""
 
     def __init__(self, text: str):
         super().__init__(text)

@@ -63,11 +63,6 @@ class RedactionPlan:
         return text
 
 
-def _history_readers(request: RequestState, drafter: str | None, method: str | None) -> list[str]:
-    """What reads the request's token ids before those the step computes: sampling settings, the drafter."""
-    return [*history_readers(request.sampling_params), *([f"{method} drafter"] if drafter == "history" else [])]
-
-
 def _kept_positions(request: RequestState, drafter: str | None) -> set[int]:
     """Positions of `prompt + output` the step reads, where nothing reads the request's history
     (`drafter`: what the engine's drafter reads, `spec_decode.drafter_reads`)."""
@@ -92,9 +87,11 @@ def plan_for(steps: list[Step], held: list[RequestState] = ()) -> RedactionPlan:
                    *(req_id for step in steps[1:] for req_id in step.batch_order)]:
         names.setdefault(req_id, f"req-{len(names)}")
     for step in steps:
-        drafter, method = drafter_reads(step.spec_decode), step.spec_decode.method if step.spec_decode else None
+        drafter = drafter_reads(step.spec_decode)
+        by_drafter = [f"{step.spec_decode.method} drafter"] if drafter == "history" else []
         for request in step.requests:
-            reading = _history_readers(request, drafter, method)
+            # what reads its token ids before those the step computes: its sampling settings, the drafter
+            reading = [*history_readers(request.sampling_params), *by_drafter]
             before = kept.get(request.req_id, set())
             kept[request.req_id] = None if reading or before is None else before | _kept_positions(request, drafter)
             for reader in reading:

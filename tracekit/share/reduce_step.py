@@ -147,7 +147,6 @@ def reduced_kv(kv: KVSnapshot, requests: list[RequestState]) -> KVSnapshot:
     return dataclasses.replace(kv, groups=groups, extras=dict(kv.extras))
 
 
-
 def steps_between(first: Step, steps: list[Any], start: int, last: int, kv_read: list[dict[str, Any]] | None) -> Step:
     """The steps `start`..`last` of those `first` opens (`steps`: each whole, `expand_window`). A
     later step made the first holds the blocks it reads as a replay's forward read them (`kv_read`,

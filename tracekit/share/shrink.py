@@ -1,11 +1,9 @@
 """`shrink(bundle, output, until)`: the fewest steps, requests and tokens of a recorded bundle of
 N >= 1 steps that keep a property (`properties`), so that a failure is shared as small as it gets.
 
-One search (docs/GUIDE.md#shrink): by steps (N > 1, `_Search.fewest_steps`), then requests (ddmin,
-in the order they first run), then, of a single step, each prefill chunk's end (bisection). Every
-trial is a replay on one engine, reused throughout, and is judged once; the order depends only
-on the bundle, so a second run writes the same bundle byte for byte. The result's `derivations`
-say where it came from (file name and sha256), the property and the counts.
+One search (docs/GUIDE.md#shrink): by steps (`_Search.fewest_steps`), then requests (`ddmin`),
+then, of a single step, each prefill chunk's end (`shortest_length`). Every trial is judged once,
+in an order that depends only on the bundle, so a second run writes the same bundle byte for byte.
 """
 
 import tempfile
@@ -134,7 +132,7 @@ def shrink(
     prop = parse_property(until, tolerance, several=bool(recorded.later))
     prop.check_bundle(recorded)
     with tempfile.TemporaryDirectory(prefix="tracekit-shrink-") as workdir, \
-            closing(EngineReplayer(content, llm, model, allow_weights_mismatch, Path(workdir), recorded)) as replayer:
+            closing(EngineReplayer(content, recorded, llm, model, allow_weights_mismatch, Path(workdir))) as replayer:
         search = _Search(prop, replayer, console, recorded)
         original = search.requests
         steps = f"steps {recorded.index}..{search.steps[-1].index}, " if search.several else ""

@@ -89,8 +89,8 @@ class EngineReplayer:
     """Builds the recorded engine on first use (or takes `llm`) and runs steps on it (also
     `tracekit invariance`'s variants)."""
 
-    def __init__(self, content: BundleContent, llm: Any, model: str | None, allow_weights_mismatch: bool,
-                 workdir: Path | None = None, recorded: Step | None = None):
+    def __init__(self, content: BundleContent, recorded: Step, llm: Any, model: str | None,
+                 allow_weights_mismatch: bool, workdir: Path | None = None):
         self.content = content
         self.llm = llm
         self.recorded = recorded  # the step the trials cut (its LoRA adapters are found with the engine)
@@ -111,7 +111,7 @@ class EngineReplayer:
         )
 
         content = self.content
-        if self.adapters is None and self.recorded is not None:
+        if self.adapters is None:
             self.adapters = locate_lora_adapters(self.recorded, {}, self.allow_weights_mismatch)
         if self.llm is None:
             require_recorded_release_here(content)

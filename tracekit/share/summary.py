@@ -1,10 +1,7 @@
-"""What a bundle holds, summarized for a person or a tool, without loading its tensors.
-
-`tracekit inspect` prints it: it reads the header, index and metadata only (tensors stay
-compressed on disk), so it is fast on a multi-GiB bundle and needs neither torch nor vLLM. It
-opens with what the bundle needs of the machine that replays it (`needs`); `verify` decodes every
-part and checks every hash; `full` adds the whole recorded content as plain data, tensors as
-name/dtype/shape.
+"""What a bundle holds, summarized for a person or a tool (`tracekit inspect`), without loading
+its tensors: it reads the header, index and metadata only (tensors stay compressed on disk), so it
+is fast on a multi-GiB bundle and needs neither torch nor vLLM. It opens with what the bundle
+needs of the machine that replays it (`needs`).
 """
 
 import os
@@ -22,14 +19,13 @@ from tracekit.integrations.vllm.records.step_features import not_replayable_reas
 
 
 def summarize(bundle: str | Path, full: bool = False, verify: bool = False) -> dict[str, Any]:
-    """The summary of `bundle` (`full`: with its whole content; `verify`: every part checked, and
-    a damaged one refused after the summary is built, as `BundleError`, with it as `.summary`)."""
+    """The summary of `bundle` (`full`: with its whole content; `verify`: every part checked,
+    what is damaged listed under "verify": `damage` makes it the error to exit with)."""
     with open_bundle(bundle) as reader:
         summary = summary_of(reader, full)
-        report = reader.verify() if verify else None
-    if report is None:
-        return summary
-    summary["verify"] = {"ok": report.ok, "parts_checked": len(report.parts_checked), "damaged": report.damaged}
+        if verify:
+            report = reader.verify()
+            summary["verify"] = {"ok": report.ok, "parts_checked": len(report.parts_checked), "damaged": report.damaged}
     return summary
 
 
