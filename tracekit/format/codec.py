@@ -81,11 +81,11 @@ def unshuffle_into(out: np.ndarray, planes: list, itemsize: int) -> None:
 
 
 @dataclass(frozen=True)
-class EncodedChunk:
-    frames: list[bytes]
-    content_nbytes: list[int]
-    crc32: list[int]  # of each stored frame, computed here on the worker thread
-    checksums: list[int]  # each frame's zstd content checksum (its last 4 bytes)
+class EncodedFrame:
+    stored: bytes
+    content_nbytes: int
+    crc32: int  # of the stored bytes, computed here on the encoding thread
+    checksum: int  # the zstd content checksum the frame ends with
 
 
 # A plane this large gets a trial: a sample compressed with and without Huffman literals.
@@ -125,17 +125,14 @@ class ChunkEncoder:
         with_literals = len(self.compress(sample, True))
         return with_literals < (1 - _LITERALS_MIN_GAIN) * len(self.compress(sample, False))
 
-    def encode(self, content: np.ndarray, spans: list[tuple[int, int]]) -> EncodedChunk:
-        frames = []
-        for start, end in spans:
-            part = content[start:end]
-            frames.append(self.compress(part, self.literals_pay(part)))
-        return EncodedChunk(
-            frames=frames,
-            content_nbytes=[end - start for start, end in spans],
-            crc32=[zlib.crc32(frame) for frame in frames],
-            checksums=[content_checksum(frame) for frame in frames],
-        )
+    def frame(self, content, literals: bool = True) -> EncodedFrame:
+        stored = self.compress(content, literals)
+        return EncodedFrame(stored, len(content), zlib.crc32(stored), content_checksum(stored))
+
+    def encode(self, content: np.ndarray, spans: list[tuple[int, int]]) -> list[EncodedFrame]:
+        """A chunk's frames, one per span of its content."""
+        parts = [content[start:end] for start, end in spans]
+        return [self.frame(part, self.literals_pay(part)) for part in parts]
 
 
 def content_checksum(frame) -> int:
@@ -192,15 +189,6 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 _thread_state = threading.local()
-
-
-def decompress_frame(frame: bytes | memoryview, content_nbytes: int) -> bytearray:
-    """Decompress one zstd frame whose content the index says is `content_nbytes` long (its
-    header checked before the content's memory is taken)."""
-    check_frame_header(frame, content_nbytes)
-    content = bytearray(content_nbytes)
-    decompress_into(frame, content)
-    return content
 
 
 def decompress_into(frame: bytes | memoryview, *buffers) -> None:

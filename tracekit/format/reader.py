@@ -17,7 +17,7 @@ import numpy as np
 
 from tracekit.errors import BundleError
 from tracekit.format import limits
-from tracekit.format.codec import FrameDamage, Scratch, decode_chunk, decompress_frame
+from tracekit.format.codec import FrameDamage, Scratch, decode_chunk, decompress_into
 from tracekit.format.dtypes import decode
 from tracekit.format.index import ChunkRef, Index, TensorInfo, parse_index
 from tracekit.format.layout import (
@@ -227,7 +227,8 @@ class BundleReader:
         try:
             stored = self._read(ref.frame.offset, ref.frame.stored_nbytes, "metadata")
             ref.frame.check_place(stored, crc=True)  # every check, always: metadata is small
-            content = decompress_frame(stored, ref.frame.content_nbytes)
+            content = bytearray(ref.frame.content_nbytes)  # at most the metadata cap
+            decompress_into(stored, content)
         except FrameDamage as damage:
             raise self._damaged("metadata", str(damage)) from None
         except MemoryError:

@@ -16,8 +16,8 @@ class Refused(Exception):
 
 def unpack_bounded(payload, max_items: int, max_containers: int):
     """msgpack.unpackb with at most `max_items` map entries plus array elements, and at most
-    `max_containers` maps and arrays, in all."""
-    left = [max_items, max_containers, limits.MAX_TENSOR_REFERENCES]
+    `max_containers` maps and arrays, in all (tensor references: `check_plain`)."""
+    left = [max_items, max_containers]
 
     def count(container):
         left[0] -= len(container)
@@ -28,19 +28,12 @@ def unpack_bounded(payload, max_items: int, max_containers: int):
             raise Refused(f"holds more than {max_containers} maps and arrays")
         return container
 
-    def count_map(container):
-        if is_tensor_ref(container):
-            left[2] -= 1
-            if left[2] < 0:
-                raise Refused(f"holds more than {limits.MAX_TENSOR_REFERENCES} tensor references")
-        return count(container)
-
     def refuse_extension(code, data):
         raise Refused(f"holds a msgpack extension type ({code})")
 
     try:
         return msgpack.unpackb(
-            payload, raw=False, strict_map_key=False, object_hook=count_map, list_hook=count, ext_hook=refuse_extension,
+            payload, raw=False, strict_map_key=False, object_hook=count, list_hook=count, ext_hook=refuse_extension,
             max_map_len=max_items, max_array_len=max_items, timestamp=0,
         )
     except Refused:

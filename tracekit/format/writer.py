@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import os
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
@@ -21,9 +20,8 @@ from tracekit.format import limits
 from tracekit.format.codec import (
     DEFAULT_CHUNK_BYTES,
     ChunkEncoder,
-    EncodedChunk,
+    EncodedFrame,
     choose_filter,
-    content_checksum,
     frame_spans,
     shuffled_content,
 )
@@ -46,13 +44,6 @@ from tracekit.format.layout import (
 from tracekit.format.leftovers import remove_stale_partials, temporary_path
 from tracekit.format.untrusted import Refused, check_plain
 from tracekit.format.writeback import Writeback
-
-
-@dataclasses.dataclass
-class _UnfinishedTensor:
-    info: TensorInfo  # without its chunks yet
-    expected_chunks: int
-    chunks: list[ChunkRef]
 
 
 def tensor_ref(name: str) -> dict:
@@ -82,9 +73,9 @@ class BundleWriter:
         self._encoder = ChunkEncoder(compression_level)
         self._threads = threads or min(4, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tracekit-bundle-writer")
-        # As added (an empty one completes before earlier ones): None until its chunks are written
-        self._tensors: dict[str, TensorInfo | None] = {}
-        self._unfinished: dict[str, _UnfinishedTensor] = {}
+        # As added, without their chunks: those are written in the order queued, into `_chunks`
+        self._tensors: dict[str, TensorInfo] = {}
+        self._chunks: dict[str, list[ChunkRef]] = {}
         self._in_flight: collections.deque = collections.deque()  # (tensor name, nbytes, future)
         self._total_nbytes = 0
         self._metadata_content = pack_plain({"metadata": None})
@@ -138,18 +129,15 @@ class BundleWriter:
         dtype, shape, flat = as_flat_bytes(tensor)
         if flat.nbytes > limits.MAX_TENSOR_BYTES or self._total_nbytes + flat.nbytes > limits.MAX_TOTAL_TENSOR_BYTES:
             raise BundleError(f"tensor {name!r} ({flat.nbytes} bytes) is over the size caps")
-        self._tensors[name] = None
         itemsize = DTYPES[dtype].itemsize
         filter_name = choose_filter(itemsize, flat.nbytes)
-        step = self._chunk_bytes - self._chunk_bytes % itemsize
-        starts = range(0, flat.nbytes, step)
-        self._unfinished[name] = _UnfinishedTensor(
-            TensorInfo(name, dtype, shape, flat.nbytes, 0, filter_name, CODEC, itemsize, ()), len(starts), []
-        )
+        self._tensors[name] = TensorInfo(name, dtype, shape, flat.nbytes, 0, filter_name, CODEC, itemsize, ())
+        self._chunks[name] = []
         self._total_nbytes += flat.nbytes
+        step = self._chunk_bytes - self._chunk_bytes % itemsize
         copies = []
         try:
-            for number, start in enumerate(starts):
+            for number, start in enumerate(range(0, flat.nbytes, step)):
                 raw = flat[start:start + step]
                 copied = threading.Event()
                 future = self._pool.submit(self._encode_chunk, name, number, raw, filter_name, itemsize, copied)
@@ -159,14 +147,13 @@ class BundleWriter:
                     self._write_oldest()
             for copied in copies:  # the caller may reuse `tensor` once this returns
                 copied.wait()
-            self._finish_if_complete(name)
         except BaseException:
             self.abort()
             raise
         return tensor_ref(name)
 
     def _encode_chunk(self, name: str, number: int, raw, filter_name: str, itemsize: int,
-                      copied: threading.Event) -> EncodedChunk:
+                      copied: threading.Event) -> list[EncodedFrame]:
         """On a pool thread: copy the chunk out of the caller's tensor (split into byte planes
         when shuffled), say so, then compress it. Both cores copy, not only the caller's."""
         prefix = chunk_prefix(name, number, raw.nbytes)
@@ -178,23 +165,20 @@ class BundleWriter:
 
     def _write_oldest(self) -> None:
         name, nbytes, future = self._in_flight.popleft()
-        encoded = future.result()
-        frames = tuple(
-            FrameRef(self._write(frame), len(frame), content_nbytes, crc32, checksum)
-            for frame, content_nbytes, crc32, checksum in zip(encoded.frames, encoded.content_nbytes, encoded.crc32, encoded.checksums)
-        )
-        self._unfinished[name].chunks.append(ChunkRef(nbytes, None, frames))
-        self._finish_if_complete(name)
+        frames = tuple(self._write_frame(frame) for frame in future.result())
+        self._chunks[name].append(ChunkRef(nbytes, None, frames))
 
-    def _finish_if_complete(self, name: str) -> None:
-        """Chunks are written in the order they were queued, so tensors complete in order too."""
-        unfinished = self._unfinished[name]
-        if len(unfinished.chunks) < unfinished.expected_chunks:
-            return
-        del self._unfinished[name]
-        chunks = tuple(unfinished.chunks)
-        stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
-        self._tensors[name] = dataclasses.replace(unfinished.info, stored_nbytes=stored, chunks=chunks)
+    def _write_frame(self, frame: EncodedFrame) -> FrameRef:
+        return FrameRef(self._write(frame.stored), len(frame.stored), frame.content_nbytes, frame.crc32, frame.checksum)
+
+    def _written_tensors(self) -> dict[str, TensorInfo]:
+        """Every tensor with its chunks, once all are written."""
+        tensors = {}
+        for name, info in self._tensors.items():
+            chunks = tuple(self._chunks[name])
+            stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
+            tensors[name] = dataclasses.replace(info, stored_nbytes=stored, chunks=chunks)
+        return tensors
 
     def set_metadata(self, obj) -> None:
         """Plain data describing the bundle; packed now (errors surface here), written at close."""
@@ -215,12 +199,9 @@ class BundleWriter:
         try:
             while self._in_flight:
                 self._write_oldest()
-            frame = self._encoder.compress(self._metadata_content)
-            metadata = MetadataRef(
-                FrameRef(self._write(frame), len(frame), len(self._metadata_content), zlib.crc32(frame), content_checksum(frame)),
-                hashlib.sha256(self._metadata_content).digest(),
-            )
-            index = Index(self._header_sha256, self._tensors, metadata).pack()
+            frame = self._write_frame(self._encoder.frame(self._metadata_content))
+            metadata = MetadataRef(frame, hashlib.sha256(self._metadata_content).digest())
+            index = Index(self._header_sha256, self._written_tensors(), metadata).pack()
             index_offset = self._write(skippable_frame(INDEX_FRAME_MAGIC, index))
             index_sha256 = hashlib.sha256(index).digest()
             self._write(trailer(index_offset, len(index), index_sha256, magic=UNCOMMITTED_TRAILER_MAGIC))
