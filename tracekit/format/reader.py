@@ -99,20 +99,16 @@ class BundleReader:
     def _damaged(self, part: str, problem: str) -> BundleError:
         return BundleError(f"bundle {self.name} is damaged: {part} {problem}")
 
-    def _read(self, offset: int, length: int, part: str, scratch: Scratch | None = None) -> bytes | memoryview:
-        """`length` bytes at `offset`: a new bytes object, or with `scratch` a view of that
+    def _read(self, offset: int, length: int, part: str, scratch: Scratch | None = None) -> bytearray | memoryview:
+        """`length` bytes at `offset`: a new bytearray, or with `scratch` a view of that
         thread's reusable buffer (valid until the thread's next read into it)."""
         if self._fd is None:
             raise BundleError(f"bundle {self.name} is closed")
         if offset < 0 or length < 0 or offset + length > self._size:
             raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
         try:
-            if scratch is None:
-                data = os.pread(self._fd, length, offset) if length else b""
-                count = len(data)
-            else:
-                data = memoryview(scratch.buffer("stored", length))
-                count = os.preadv(self._fd, [data], offset) if length else 0
+            data = bytearray(length) if scratch is None else memoryview(scratch.buffer("stored", length))
+            count = os.preadv(self._fd, [data], offset) if length else 0
         except MemoryError:
             raise BundleError(f"bundle {self.name}: reading {part} needs {length} bytes of memory; not available") from None
         except OSError as error:
@@ -121,7 +117,7 @@ class BundleReader:
             raise self._damaged(part, f"is cut off (the file ends at byte {self._size})")
         return data
 
-    def _read_skippable(self, offset: int, magic: int, cap: int, part: str) -> bytes:
+    def _read_skippable(self, offset: int, magic: int, cap: int, part: str) -> bytearray:
         frame_magic, length = SKIPPABLE_HEADER.unpack(self._read(offset, SKIPPABLE_HEADER.size, part))
         if frame_magic != magic:
             raise self._damaged(part, "is missing (wrong frame magic)")
@@ -260,7 +256,8 @@ class BundleReader:
     def _decode_chunks(self, infos: list[TensorInfo], out_for_chunk, verify: bool) -> dict[tuple[str, int], str]:
         """Decode every chunk of `infos` into `out_for_chunk(info, number, chunk, scratch)`, all
         in parallel (no thread waits between one tensor and the next), each frame bound to its
-        index entry first; {(tensor name, chunk number): problem} for the chunks that failed."""
+        index entry first; {(tensor name, chunk number): problem} for the chunks that failed, in
+        the order of `infos` and their chunks."""
         check_crc = verify or self.format_version == 1
 
         def decode_one(job: tuple[TensorInfo, int, ChunkRef]):
@@ -321,12 +318,10 @@ class BundleReader:
             return outs[info.name][start:start + chunk.nbytes]
 
         failures = self._decode_chunks(infos, out_for_chunk, verify_hash)
-        for info in infos:
-            failed = min(((number, problem) for (name, number), problem in failures.items() if name == info.name),
-                         default=None)
-            if failed:
-                number, problem = failed
-                raise self._damaged(f"tensor {info.name!r}", problem if len(info.chunks) == 1 else f"(chunk {number}) {problem}")
+        if failures:
+            (name, number), problem = next(iter(failures.items()))  # the first tensor's first
+            single = len(self._index.tensors[name].chunks) == 1
+            raise self._damaged(f"tensor {name!r}", problem if single else f"(chunk {number}) {problem}")
         return {info.name: decode(outs[info.name], info.dtype, info.shape, to) for info in infos}
 
     def verify(self) -> VerifyReport:
@@ -342,7 +337,7 @@ class BundleReader:
             report.parts_checked.append(part)
             failures = self._decode_chunks([info], lambda info, number, chunk, scratch: scratch.buffer("verify", chunk.nbytes), True)
             if failures:
-                (_, number), problem = min(failures.items())
+                (_, number), problem = next(iter(failures.items()))
                 report.damaged[part] = f"chunk {number} {problem}"
         return report
 

@@ -13,7 +13,6 @@ _sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 class Writeback:
     def __init__(self, fd: int):
         self._fd = fd
-        self._every_bytes = DEFAULT_EVERY_BYTES
         self._unsynced = 0
         self._thread: threading.Thread | None = None
         self._error: OSError | None = None
@@ -21,7 +20,7 @@ class Writeback:
     def wrote(self, nbytes: int) -> None:
         """Count `nbytes` more written; start a sync once enough are (none if one still runs)."""
         self._unsynced += nbytes
-        if self._unsynced < self._every_bytes or (self._thread is not None and self._thread.is_alive()):
+        if self._unsynced < DEFAULT_EVERY_BYTES or (self._thread is not None and self._thread.is_alive()):
             return
         self._unsynced = 0
         self._thread = threading.Thread(target=self._run, name="tracekit-bundle-writeback", daemon=True)
