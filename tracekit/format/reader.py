@@ -1,10 +1,7 @@
 """BundleReader: opens a bundle by reading only its header, trailer and index, then decodes
-single tensors or the metadata on demand, checking on the way that no damaged or misplaced
-byte comes back (docs/FORMAT-RATIONALE.md, "Integrity", says which check each read runs).
-
-Every number taken from the file is checked against `limits` before use, every failure
-becomes one BundleError line that names the bundle and the damaged part, and nothing in the
-file can select code to run (no pickle, no imports, dtypes from a closed table).
+single tensors or the metadata on demand (docs/FORMAT-RATIONALE.md, "Integrity", says which check
+each read runs). Every failure is one BundleError line that names the bundle and the damaged part,
+and nothing in the file can select code to run (no pickle, no imports, dtypes from a closed table).
 """
 
 import hashlib
@@ -50,10 +47,10 @@ class VerifyReport:
 
 
 class BundleReader:
-    def __init__(self, path, *, threads: int | None = None):
+    def __init__(self, path):
         self.path = os.fspath(path)
         self.name = os.path.basename(self.path)
-        self._threads = threads or min(4, os.cpu_count() or 1)
+        self._threads = min(4, os.cpu_count() or 1)
         self._pool = None
         self._scratch = Scratch()
         self._metadata = None
@@ -377,27 +374,21 @@ def _prefetch(fd: int, info: TensorInfo) -> None:
         pass  # only a hint
 
 
-def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), in bytes; None where unknown."""
-    try:
-        with open("/proc/meminfo", "rb") as meminfo:
-            for line in meminfo:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _check_memory_for(nbytes: int, what: str) -> None:
     """Refuse up front what cannot fit in memory (a few KiB of zstd can declare GiBs of zeros),
-    rather than be killed halfway through decoding it."""
+    rather than be killed halfway through decoding it; where /proc/meminfo (Linux) has no
+    MemAvailable, nothing is refused."""
     if nbytes < 1 << 28:
         return
-    available = _available_memory()
-    if available is not None and nbytes > available:
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            lines = [line for line in meminfo if line.startswith(b"MemAvailable:")]
+        available = int(lines[0].split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return
+    if nbytes > available:
         raise BundleError(f"{what} need(s) {nbytes} bytes of memory; only {available} are available")
 
 
-def open_bundle(path, **options) -> BundleReader:
-    return BundleReader(path, **options)
+def open_bundle(path) -> BundleReader:
+    return BundleReader(path)

@@ -1,13 +1,10 @@
 """The typed content of a bundle: what a recorded engine step holds, defined once.
 
-docs/FORMAT.md ("Content schema") is the field-by-field reference; this is the code. Every
-record converts to and from plain msgpack data: fields a newer tracekit added are kept in
-`extras` (and written back unchanged), fields an older one lacked take their defaults. Each
-field's annotation is its type in the file, checked when a record is built from plain data
-(`tracekit.format.typecheck`), so a stranger's wrong value is one `BundleError` line naming its
+docs/FORMAT.md ("Content schema") is the field-by-field reference, with how unknown and missing
+fields are read; this is the code. Each field's annotation is its type in the file, checked by
+`tracekit.format.typecheck`, so a stranger's wrong value is one `BundleError` line naming its
 place, never a crash later on. Tensor fields hold a `torch.Tensor` while recording, a
-`{"$tensor": name}` reference in the file, and what `BundleReader.resolve` loads when replaying;
-vLLM objects are read as `RecordedObject` records.
+`{"$tensor": name}` reference in the file, and what `BundleReader.resolve` loads when replaying.
 """
 
 import dataclasses

@@ -2,12 +2,8 @@
 
 A bundle's metadata is whatever its writer put there, so before any code uses a value the
 schema's records (`tracekit.format.schema`) are built from it by `convert`, which checks each
-value against its field's annotation, containers all the way down (the types, in the words of
-docs/FORMAT.md, "Content schema": scalars, `X | None`, lists, str-keyed maps, records,
-`TypedDict`s, `Annotated[int, Range(low, high)]`, `Tensor`, and `Any` for what the schema leaves
-to vLLM). A value that does not fit raises one `BundleError` line naming its place in the
-content tree (`bundle.steps[0].requests[0].output_token_ids should be a list, not an int
-(2147483647)`).
+value against its field's annotation, containers all the way down; a value that does not fit is
+one `BundleError` line naming its place in the content tree (docs/FORMAT.md, "Content schema").
 """
 
 import dataclasses
