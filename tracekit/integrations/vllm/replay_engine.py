@@ -1,16 +1,9 @@
 """The one seam between `tracekit.replay` and vLLM: building, checking and driving a replay engine.
 
-A replay needs a few things of vLLM — whether this machine can rebuild a bundle's engine at all,
-that engine (lean or full, or one of its own for a timing mode), its runner's adapter, a driver
-for the recorded step, and what tracekit itself set in this process on the way (so that those
-variables are not reported as differences from the recording). `tracekit.replay` imports this
-module and no other vLLM-facing one (`tests/test_layering.py` holds it to that), so a feature
-that changes what a replay asks of vLLM — more recorded inputs for `sample_tokens`, a drafter's
-forward, a window of steps on one engine — changes this module and what it wraps, not the
-replay's stages.
-
-`build_replay_engine(spec)` builds; `engine_of(llm, ...)` takes an engine a caller already holds.
-Both return a `ReplayEngine`.
+`tracekit.replay` imports this module and no other vLLM-facing one (`tests/test_layering.py`), so
+a feature that changes what a replay asks of vLLM changes this module and what it wraps, not the
+replay's stages. `build_replay_engine(spec)` builds; `engine_of(llm, ...)` takes an engine a
+caller already holds. Both return a `ReplayEngine`.
 """
 
 import json
@@ -45,7 +38,7 @@ from tracekit.integrations.vllm.records.step_features import not_replayable_reas
 from tracekit.integrations.vllm.records.step_records import logits_rows
 from tracekit.integrations.vllm.records.weights import local_model_folder, weights_fingerprint
 from tracekit.integrations.vllm.records.window_records import WindowStep, window_steps
-from tracekit.integrations.vllm.releases import release_for
+from tracekit.integrations.vllm.releases import release_for, series_of
 from tracekit.integrations.vllm.releases.installed import installed_release, release_to_replay, require_same_series
 from tracekit.integrations.vllm.runners.layer_capture import LayerCapture, capture_eager_forward
 from tracekit.integrations.vllm.runners.lora_adapters import LocatedAdapters, locate
@@ -73,8 +66,7 @@ _SPECULATIVE_ARG = "speculative_config"
 
 
 def require_replayable_kind(step: Step) -> None:
-    """Refuse (exit 5) a step that used what this tracekit records but cannot replay yet: replayed
-    without it, it would be another step (`step_features`)."""
+    """Refuse (exit 5) a step that used what this tracekit records but cannot replay yet."""
     reason = not_replayable_reason(step)
     if reason is not None:
         raise NotReplayableYet(reason)
@@ -113,29 +105,27 @@ def require_drafting_known(bundle: str | Path, content: BundleContent, step: Ste
 
 
 def require_recorded_release_here(content: BundleContent) -> None:
-    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of with the release it was
-    recorded under: recorded on another kind of device, or by another vLLM series (a multi-rank
-    step, `shrink` and `invariance` do not replay across releases yet)."""
+    """Refuse (exit 3) a bundle recorded on another kind of device or by another vLLM series (a
+    multi-rank step, `shrink` and `invariance` do not replay across releases yet)."""
     _require_device_of(content.environment)
     require_same_series(content.engine.vllm_version)
 
 
 def require_replayable_here(content: BundleContent, step: Step) -> tuple[str, str] | None:
-    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of: recorded on another
-    kind of device, by a vLLM series tracekit does not know, or a step the installed release
-    cannot take. Returns (recorded, installed) vLLM versions for a replay across releases."""
+    """Refuse (exit 3) a bundle recorded on another kind of device, by a vLLM series tracekit does
+    not know, or a step the installed release cannot take. Returns (recorded, installed) vLLM
+    versions for a replay across releases."""
     _require_device_of(content.environment)
     release = release_to_replay(content.engine.vllm_version)
-    if not release.recorded_elsewhere(content.engine.vllm_version):
+    if series_of(content.engine.vllm_version) == series_of(release.version):
         return None
     release.require_takes(step, content.engine)
     return content.engine.vllm_version, release.version
 
 
 def sampler_change(content: BundleContent) -> str | None:
-    """How the recording's vLLM release and the installed one draw a token at a temperature
-    otherwise, in words, where both draws are read in their sources and differ
-    (`Release.sampler_draw`); None where they draw alike or either is not read."""
+    """How the recording's and the installed vLLM's samplers draw otherwise, in words, where both
+    draws are read and differ (`Release.sampler_draw`)."""
     release = installed_release()
     recorded = release_for(content.engine.vllm_version)
     engine = content.engine
@@ -156,8 +146,7 @@ def require_layout_buildable(parallel: ParallelRank, overrides: Mapping[str, Any
 
 
 def _require_device_of(recorded: Environment) -> None:
-    """A bundle recorded on a kind of device this machine lacks: its KV caches, kernels and
-    graphs exist only there."""
+    """Refuse a bundle recorded on a kind of device this machine lacks."""
     here = default_device()
     if recorded.device_kind != here:
         name = f" ({recorded.device_name})" if recorded.device_name else ""

@@ -1,24 +1,10 @@
 """tracekit inside vLLM's OpenAI API server: live-control routes, the worker method they reach,
 and tracekit's log lines in the server's log.
 
-How a request reaches the recorders, through what vLLM offers plugins for exactly this (the same
-in the 0.26, 0.32 and 0.34 series):
-
-* **Routes**: an *endpoint plugin* (`vllm.endpoint_plugins` entry point, `EndpointPlugin` in
-  `vllm/plugins/endpoint_plugins/interface.py`). vLLM adds its routes to the server's FastAPI
-  app only when the operator names the plugin in `VLLM_PLUGINS` at start — vLLM's own gate for
-  plugins that widen the server's surface. The routes live under `/v1/tracekit/`, a prefix vLLM's
-  API-key middleware guards (`--api-key` / `VLLM_API_KEY`); they check the key themselves too,
-  as vLLM does, in case a release guards fewer prefixes.
-* **Engine**: the routes call `EngineClient.collective_rpc` with the *name* of a worker method,
-  the path vLLM's endpoint-plugin contract names for this ("pair this entry point with one under
-  `vllm.general_plugins`: it installs the engine side method"). The general plugin, loaded in
-  every process, gives vLLM's worker classes the method `tracekit_live`; a name (not a pickled
-  function) needs no `VLLM_ALLOW_INSECURE_SERIALIZATION`, and the call runs in the engine core's
-  loop between two steps, on every rank in order, so all ranks arm at the same step.
-
-What the method and routes do is decided above this layer (`tracekit.record.live`); this module
-only carries requests and answers.
+Why through vLLM's endpoint plugin (`vllm/plugins/endpoint_plugins/interface.py`) and a worker
+method called by name through `collective_rpc`: docs/GUIDE.md, "Live control of a running server"
+(the same in the 0.26, 0.32 and 0.34 series). What the method and routes do is decided above this
+layer (`tracekit.record.live`); this module only carries requests and answers.
 """
 
 import hashlib
@@ -53,12 +39,13 @@ def route_logs_to_vllm() -> None:
 def install_worker_method(handle: Callable[[Any, str, dict], dict]) -> None:
     """Give vLLM's worker classes `tracekit_live(op, payload)`, which calls `handle(model_runner,
     op, payload)`: what the live-control routes reach through `collective_rpc`."""
+    from tracekit.integrations.vllm.releases.base import classes_here
     from tracekit.integrations.vllm.releases.installed import installed_release
 
     def tracekit_live(worker: Any, op: str, payload: dict) -> dict:
         return handle(worker.model_runner, op, payload)
 
-    for worker_class in installed_release().worker_classes_here():
+    for worker_class in classes_here(installed_release().worker_classes):
         setattr(worker_class, WORKER_METHOD, tracekit_live)
 
 
@@ -92,6 +79,7 @@ class LiveControlEndpoint:
         self._keys = [hashlib.sha256(key.encode()).digest() for key in keys]
 
     def _authorized(self, authorization: str | None) -> bool:
+        """The key checked here too: vLLM's middleware guards `/v1`, a release might guard less."""
         if not self._keys:
             return True
         scheme, _, token = (authorization or "").partition(" ")

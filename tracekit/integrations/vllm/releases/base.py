@@ -61,10 +61,8 @@ def series_of(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-# How a sampler draws a token at a temperature, as read in the releases' sources (which series
-# draws how: each module's `Release.sampler_draws`): vLLM's V1 CPU sampler
-# (`TopKTopPSampler.forward_cpu`), and Model Runner V2's Gumbel kernels (`gpu/sample/gumbel.py`);
-# on a GPU V2 may sample with FlashInfer instead, where installed, so no V2 draw on a GPU is named.
+# How a sampler draws a token at a temperature, as read in V1's `TopKTopPSampler.forward_cpu` and
+# V2's `gpu/sample/gumbel.py` (on a GPU V2 may sample with FlashInfer: no V2 GPU draw is named).
 CPU_EXPONENTIAL_NOISE = "with exponential noise (or the global generator where rows lack a seed)"
 CPU_SPLITMIX_GUMBEL = "with SplitMix64 Gumbel-max noise per token (`fused_gumbel_argmax`)"
 PHILOX_GUMBEL = "with Gumbel noise from Triton's Philox (`tl.randint4x`)"
@@ -77,28 +75,23 @@ class Release:
     Every public method is a hook a series may override. Overridden by a supported series so far:
     `keep_only_graphs`, `draft_logits_by_slot`, `require_buildable`, `kv_groups`, `num_kv_blocks`,
     `grammar_record`, `scheduler_output`. Shared defaults, true of every supported series as
-    written here (a series whose vLLM differs overrides one; `tests/test_release_hooks.py` keeps
-    this list whole): runners — `adapter_for`, `adapter_class`, `runner_env`,
-    `on_each_runner_ready`, `worker_classes_here`, `compile_range_ends`, `when_output_ready`; the
-    API server's request ids — `client_request_matcher`; records — `grammar_output`,
-    `allowed_types`, `allowed_enums`, `to_plain`, `to_versioned_plain`, `from_plain`,
-    `new_request`, `new_requests_output`, `finishing_output`; another series' bundles —
-    `recorded_elsewhere`, `adopt_engine_args`, `require_takes`, `drafter_orders_dropped`; the
-    engine record — `engine_args_from_config`, `speculative_settings`, `draft_model`,
-    `engine_config`; the verdict — `sampler_draw` (each series' draws are the data it reads).
+    written here (`tests/test_release_hooks.py` keeps this list whole): runners — `adapter_for`,
+    `adapter_class`, `runner_env`, `on_each_runner_ready`, `compile_range_ends`,
+    `when_output_ready`; the API server's request ids — `client_request_matcher`; records —
+    `grammar_output`, `allowed_classes`, `to_plain`, `to_versioned_plain`,
+    `from_plain`, `new_request`, `new_requests_output`, `finishing_output`; another series' bundles
+    — `adopt_engine_args`, `require_takes`, `drafter_orders_dropped`; the engine record —
+    `engine_args_from_config`, `speculative_settings`, `draft_model`, `engine_config`; the verdict
+    — `sampler_draw` (each series' draws are the data it reads).
     """
 
     series: ClassVar[str]
-    # Adapter classes, tried in this order against a live runner.
-    adapters: ClassVar[tuple[type, ...]]
+    adapters: ClassVar[tuple[type, ...]]  # tried in this order against a live runner
     # (module, class) of every worker class whose `compile_or_warm_up_model` ends with a runner
     # ready to record (for the plugin).
     worker_classes: ClassVar[tuple[tuple[str, str], ...]]
-    # Engine settings recorded with every bundle (see `engine_args_from_config`).
-    settings: ClassVar[tuple[Setting, ...]]
-    # CompilationConfig fields recorded inside `compilation_config`.
-    compilation_fields: ClassVar[tuple[str, ...]]
-    # The environment variable that picks the model runner kind.
+    settings: ClassVar[tuple[Setting, ...]]  # recorded with every bundle
+    compilation_fields: ClassVar[tuple[str, ...]]  # recorded inside `compilation_config`
     runner_variable: ClassVar[str] = "VLLM_USE_V2_MODEL_RUNNER"
     # (module, class) of every model runner whose `capture_model` captures the engine's CUDA
     # graphs: a lean replay engine narrows what they capture (`lean_build`).
@@ -109,13 +102,10 @@ class Release:
     # Environment variables a lean replay engine is built with (unless this process sets them).
     lean_env: ClassVar[dict[str, str]] = {}
     # Compilation fields this series adds that refine one every supported series has (the field ->
-    # the one it refines). Another series replays this one's step with the refined field alone,
-    # dispatching as it does itself (a dispatch difference the verdict reports), where refusing
-    # would leave the step unreplayable under any other series (`adopt_engine_args`).
+    # the one it refines): another series replays the step with the refined field alone, where
+    # refusing would leave it unreplayable under any other series (`adopt_engine_args`).
     refining_compilation_fields: ClassVar[dict[str, str]] = {}
-    # What this series' scheduler output tells the drafter to do after the step (the field -> its
-    # type): how many drafts to propose. Another series without a field proposes as it does itself
-    # (`drafter_orders_dropped` says so).
+    # What the scheduler output orders the drafter to do after the step (the field -> its type).
     drafter_orders: ClassVar[dict[str, type]] = {"num_spec_tokens_to_schedule": int}
     # What sampling reads of a request's `SamplingParams` (`records/step_records` edits a step's
     # records by it). The runner reads a request's token ids only at the positions it computes,
@@ -140,8 +130,7 @@ class Release:
         "allowed_token_ids": None, "logprob_token_ids": None, "prompt_logprob_token_ids": None,
         "structured_outputs": None, "extra_args": None,
     }
-    # Every vLLM attribute this class touches (configs, outputs, workers); the settings' config
-    # paths are read by name (`Setting.read`). A release that renames one overrides what reads it.
+    # Every vLLM attribute this class touches (the settings' config paths are read by name).
     foreign_attributes: ClassVar[frozenset[str]] = frozenset({
         "model_config", "cache_config", "scheduler_config", "parallel_config", "load_config", "attention_config",
         "compilation_config", "vllm_config", "kv_cache_config", "num_blocks", "block_size", "hf_config",
@@ -157,8 +146,7 @@ class Release:
         "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "collective_rpc", "api_key", "VLLM_API_KEY",
     })
 
-    # (runner kind, device kind) -> series -> how its sampler draws a token at a temperature
-    # (the constants above), for the series of this module read in their sources.
+    # (runner kind, device kind) -> series -> its sampler's draw (the constants above), as read.
     sampler_draws: ClassVar[dict[tuple[str, str], dict[str, str]]] = {}
 
     def __init__(self, version: str):
@@ -166,12 +154,10 @@ class Release:
         self._allowed: serialize.AllowList | None = None
 
     def sampler_draw(self, runner: str, device_kind: str, engine_args: Mapping[str, Any]) -> str | None:
-        """How this release's sampler draws a token at a temperature for an engine of `runner`
-        and `device_kind` (`sampler_draws`), in words; None where tracekit has not read it, and
-        for an engine with `use_fp64_gumbel` (every release's exponential-noise fallback). Two
-        releases whose draws are both named and differ explain another token sampled at a
-        temperature from bit-identical logits (`release_difference`); nothing else is put down to
-        their samplers."""
+        """How this release's sampler draws a token at a temperature on such an engine, in words;
+        None where tracekit has not read it, and with `use_fp64_gumbel` (every release's
+        exponential-noise fallback). Two named draws that differ explain another token sampled
+        from bit-identical logits (`release_difference`); nothing else is put down to samplers."""
         if engine_args.get("use_fp64_gumbel"):
             return None
         return self.sampler_draws.get((runner, device_kind), {}).get(series_of(self.version))
@@ -229,12 +215,8 @@ class Release:
         """Call `callback(model_runner)` whenever a worker of this process finishes warming up."""
         from tracekit.integrations.vllm.runners.method_patch import call_after
 
-        for worker_class in self.worker_classes_here():
+        for worker_class in classes_here(self.worker_classes):
             call_after(worker_class, "compile_or_warm_up_model", lambda worker: callback(worker.model_runner))
-
-    def worker_classes_here(self) -> list[type]:
-        """The `worker_classes` this machine's vLLM has (the others' platforms are not installed)."""
-        return classes_here(self.worker_classes)
 
     def client_request_matcher(self, client_id: str) -> Callable[[str], bool]:
         """Whether an engine request id is one of those a client of the API server knows as
@@ -306,23 +288,19 @@ class Release:
 
     # -- vLLM objects <-> plain data ---------------------------------------------------------
 
-    def allowed_types(self) -> dict[str, type]:
+    def allowed_classes(self) -> serialize.AllowList:
         from vllm.forward_context import BatchDescriptor
         from vllm.lora.request import LoRARequest
-        from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, SamplingType, StructuredOutputsParams
         from vllm.v1.core.sched import output
 
-        classes = [
+        types = [
             output.SchedulerOutput, output.NewRequestData, output.CachedRequestData,
             output.ScheduledEncoderInputStats, output.GrammarOutput, SamplingParams,
             StructuredOutputsParams, BatchDescriptor, LoRARequest,  # a new request's adapter (a window's later step)
         ]
-        return {cls.__name__: cls for cls in classes}
-
-    def allowed_enums(self) -> dict[str, type]:
-        from vllm.sampling_params import RequestOutputKind, SamplingType
-
-        return {cls.__name__: cls for cls in (RequestOutputKind, SamplingType)}
+        return serialize.AllowList({cls.__name__: cls for cls in types},
+                                   {cls.__name__: cls for cls in (RequestOutputKind, SamplingType)})
 
     def to_plain(self, value: Any, path: str = "value") -> Any:
         return serialize.to_plain(value, path)
@@ -337,18 +315,13 @@ class Release:
         if isinstance(plain, RecordedObject):
             plain = plain.to_plain()
         if self._allowed is None:
-            self._allowed = serialize.AllowList(self.allowed_types(), self.allowed_enums())
+            self._allowed = self.allowed_classes()
         try:
             return serialize.from_plain(plain, self._allowed)
         except serialize.FieldNotHere as error:
             raise serialize.FieldNotHere(f"vLLM {self.version} cannot take this step: {error}") from None
 
     # -- what another release recorded --------------------------------------------------------
-
-    def recorded_elsewhere(self, recorded_version: str) -> bool:
-        """Whether a bundle of vLLM `recorded_version` comes from another release series than
-        this one (its replay here is a replay across releases)."""
-        return series_of(recorded_version) != series_of(self.version)
 
     def adopt_engine_args(self, engine_args: dict[str, Any]) -> dict[str, Any]:
         """Engine arguments recorded under any release, as this vLLM's `EngineArgs` (and its

@@ -1,44 +1,13 @@
-"""vLLM 0.34: the newest series, derived from 0.32 (0.33, in between, is an alias of 0.32:
-docs/RELEASES.md). Read from the 0.34.0 sources; what only a GPU can show is listed there as the
-lead's runs.
-
-What differs from 0.32 in what tracekit touches:
-
-* Model Runner V1 is removed (`vllm/v1/worker/gpu_model_runner.py`, `gpu_input_batch.py` and
-  `cudagraph_dispatcher.py` are gone; `VLLM_USE_V2_MODEL_RUNNER=0` is refused): the only runner is
-  V2, whose internals tracekit reads (`req_states`, `block_tables`, `sampler.sampling_states`,
-  `model_state.prepare_inputs`/`prepare_attn`, `cudagraph_manager.dispatch`/`run_fullgraph`,
-  `update_requests`, `postprocess_sampled`) keep their names and meaning. A V1 bundle is refused
-  in one line.
-* The scheduler hands the runner prompt ids as `TokenBuffer` (an int32 `array.array`), which
-  `serialize.to_plain` stores as the list of ids (the same for every release).
-* `SchedulerOutput.num_common_prefix_blocks` is gone (cascade attention was removed): a replay's
-  scheduler output leaves it out. A step recorded with cascade attention under an older release
-  runs without it here (a float difference, which the verdict says).
-* `NewRequestData.prefill_token_ids` is required (the base always passes it).
-* `CachedRequestData` has no `resumed_req_ids` and `all_token_ids`: a resumed request is sent
-  whole, as a new one (as 0.32 did for V2), so its records hold those fields empty and a window's
-  request states follow from its `NewRequestData` (`records/window_records`).
-* CUDA graphs: V2 sizes prefill graphs in tokens and decode graphs in requests
-  (`prefill_cudagraph_capture_token_sizes`, `decode_cudagraph_capture_request_sizes`, their caps,
-  and the decode token budget), with `cudagraph_capture_sizes` kept as the union; all are
-  recorded, and vLLM resolving its resolved config again keeps them. The graph manager dispatches
-  a uniform decode batch through a table of its own (`_decode_descs`: query length -> the smallest
-  decode graph holding n requests), which a lean engine narrows with the rest.
-* The extensible KV cache (on by default on CUDA unless the KV cache size is given): the cache
-  tensors span a reserved address range of `kv_cache_config.num_blocks` blocks, of which only the
-  first `extensible_kv_cache.num_committed_blocks` have memory behind them (the blocks the
-  scheduler hands out: `cache_config.num_gpu_blocks`). tracekit sees the committed blocks alone —
-  reading past them would touch unbacked memory — and a replay builds a plain cache of that many
-  blocks (`num_gpu_blocks_override` is recorded; vLLM turns the extensible cache off with it).
-* Structured outputs under speculative decoding: each request owns a fixed block of
-  `1 + num_speculative_tokens` rows of the grammar bitmask, whatever its drafts in the step
-  (0.32 gave it `1 + its drafts`): `grammar_record` takes that layout.
-* Probabilistic drafting keeps the drafter's logits in a `DraftLogitsCache` (its `values`, by
-  request slot, where it is not sharded over tensor-parallel ranks), not in a bare tensor.
-* `use_breakable_cudagraph` (PIECEWISE graphs captured by stream capture instead of FX splitting,
-  on by default for some architectures) is recorded; its graphs run outside the model call
-  tracekit shadows, so such models are not supported yet (the tiny Llama does not use them).
+"""vLLM 0.34: the newest series, derived from 0.32 (0.33, in between, is an alias of 0.32), read
+from the 0.34.0 sources. docs/RELEASES.md lists what differs in what tracekit touches, and what
+only a GPU run shows; each difference is handled where it lands: Model Runner V1 is removed
+(`adapters`, `require_buildable`), cascade attention too (`scheduler_output`), graphs are sized
+per prefill and decode (`refining_compilation_fields`, `keep_only_graphs`), the KV cache may be
+extensible (`kv_groups`), a request's grammar rows are a fixed block (`grammar_record`), the
+drafter's logits sit in a cache object (`draft_logits_by_slot`). Prompt ids come as a `TokenBuffer`
+(`serialize.to_plain` stores the ids), `NewRequestData.prefill_token_ids` is required (the base
+always passes it), and `CachedRequestData` has no `resumed_req_ids` and `all_token_ids`: a resumed
+request is sent whole, as a new one, so its records hold those fields empty.
 """
 
 import dataclasses
@@ -68,10 +37,8 @@ class Release(v0_32.Release):
         "max_decode_cudagraph_capture_requests": "max_cudagraph_capture_size",
         "max_decode_cudagraph_capture_tokens": "max_cudagraph_capture_size",
     }
-    # The scheduler also says whether to skip proposing, where no scheduled request can use the
-    # drafts (each reaches max_tokens, or is a non-final prefill chunk). From 0.33 on; 0.33's
-    # alias, 0.32's module, leaves it out: a replay under 0.33 hands it on all the same, since
-    # what is handed on is what the installed `SchedulerOutput` has a field for.
+    # From 0.33 on (whose alias, 0.32's module, leaves it out: a replay hands on every order the
+    # installed `SchedulerOutput` has a field for, so 0.33 gets it all the same).
     drafter_orders = {**v0_32.Release.drafter_orders, "skip_drafts": bool}
     compilation_fields = (
         *v0_32.Release.compilation_fields,
@@ -80,6 +47,8 @@ class Release(v0_32.Release):
         "decode_cudagraph_capture_request_sizes",
         "max_decode_cudagraph_capture_requests",
         "max_decode_cudagraph_capture_tokens",
+        # PIECEWISE graphs by stream capture (on by default for some architectures): they run outside
+        # the model call tracekit shadows, so such models are not supported yet (the tiny Llama's are not).
         "use_breakable_cudagraph",
     )
     foreign_attributes = v0_32.Release.foreign_attributes | {"_decode_descs", "num_reqs", "extensible_kv_cache",
@@ -100,7 +69,11 @@ class Release(v0_32.Release):
         return cache.values
 
     def kv_groups(self, runner: Any) -> list[Any]:
-        """The committed blocks of an extensible KV cache (every block of a plain one)."""
+        """The committed blocks of an extensible KV cache (every block of a plain one). An
+        extensible cache (on by default on CUDA unless the KV cache size is given) spans a reserved
+        address range of which only the first `num_committed_blocks` have memory behind them (the
+        blocks the scheduler hands out): reading past them would touch unbacked memory. A replay
+        builds a plain cache of that many blocks (`num_gpu_blocks_override`)."""
         groups = super().kv_groups(runner)
         extensible = getattr(runner, "extensible_kv_cache", None)
         return groups if extensible is None else committed_kv_groups(groups, int(extensible.num_committed_blocks))
