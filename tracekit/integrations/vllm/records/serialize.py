@@ -1,19 +1,12 @@
-"""vLLM objects <-> plain msgpack data, field by field, without pickle.
+"""vLLM objects <-> plain msgpack data, field by field, without pickle (the tags: docs/FORMAT.md,
+"vLLM objects").
 
-vLLM's scheduler and runner objects (`SchedulerOutput`, `NewRequestData`, `CachedRequestData`,
-`SamplingParams`, ...) change between releases, so they are walked generically: dataclasses by
-their fields, msgspec structs by `__struct_fields__` (private and default fields included, which
-`msgspec.to_builtins` would drop). Python types msgpack lacks are tagged:
-
-    {"$type": "NewRequestData", ...fields}   a vLLM dataclass or struct
-    {"$set": [...]}  {"$tuple": [...]}  {"$items": [[key, value], ...]} (non-string keys)
-    {"$enum": "RequestOutputKind", "value": 0}
-
-Tensors and numpy arrays stay tensors: the bundle writer stores them as tensor frames. A Python
-`array.array` (a release's token buffer may be one) becomes the list of numbers it holds, as
-vLLM's in-process clients pass them. Reading back only ever builds types from a fixed allow-list,
-which each vLLM release module names (`releases/`): a bundle's content never decides what gets
-imported or called.
+vLLM's scheduler and runner objects change between releases, so they are walked generically:
+dataclasses by their fields, msgspec structs by `__struct_fields__` (private and default fields
+included, which `msgspec.to_builtins` would drop). Tensors stay tensors (the bundle writer stores
+them as tensor frames); an `array.array` (a release's token buffer may be one) becomes the list of
+numbers it holds, as vLLM's in-process clients pass them. Reading back only ever builds types
+from the allow-list the release module names: a bundle's content never decides what is imported.
 """
 
 import array

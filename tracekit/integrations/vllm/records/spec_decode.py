@@ -75,12 +75,10 @@ def first_positions(requests: list[RequestState], positions: torch.Tensor | None
 
 def align_to_positions(requests: list[RequestState], positions: torch.Tensor | None) -> None:
     """Where a request's first position in the forward is not the computed-token count the runner
-    holds, take the position: under async scheduling the runner's host counts assume every draft
-    of the previous step was accepted until after the forward, which reads the corrected ones. Such
-    a request decodes, and keeps exactly the outputs before that position and the one there (its
-    last sampled token, the forward's first input), `-1` where the runner held none. (A bundle's
-    positions are not trusted: a position that would add more placeholders than the step has input
-    rows is not such a correction.)"""
+    holds (async scheduling's optimistic count), take the position: such a request decodes, and
+    keeps exactly the outputs before that position and the one there (its last sampled token, the
+    forward's first input), `-1` where the runner held none. (A bundle's positions are not trusted:
+    a position that would add more placeholders than the step has input rows is no correction.)"""
     for request, position, rows in first_positions(requests, positions):
         known = position + 1 - len(request.prompt_token_ids)
         if position < 0 or position == request.num_computed_tokens or known - len(request.output_token_ids) > rows:
@@ -107,7 +105,7 @@ def proposals_tensor(proposed: Any, num_requests: int) -> torch.Tensor:
 
 
 def fill_drafts_from_inputs(step: Any) -> None:
-    """A bundle recorded before tracekit kept each request's drafts (issue 31): take them from its
+    """A bundle recorded before tracekit kept each request's drafts: take them from its
     scheduler output record's counts and its input ids, where the forward read them."""
     if step.input_ids is not None and not any(request.draft_token_ids for request in step.requests):
         add_drafts([step.request(req_id) for req_id in step.batch_order],

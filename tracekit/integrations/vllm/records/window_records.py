@@ -1,27 +1,13 @@
-"""The request states of a window's later steps, derived from what its bundle holds (issue 32).
+"""The request states of a window's later steps, derived from what its bundle holds.
 
 A window (`Step.window`) records its first step whole and each later step as the scheduler
 output the runner received, the runner's per-request state and the outputs — no request states.
-Where a reader needs those — the checks of a later step (its requests' sampling), a replay that
-rebuilds the runner's state at a later step (`--from K`), a shrink that makes a later step the
-first — they follow from the first step's requests (and those the runner held outside its
-batch) by the runner's own bookkeeping (V1's `GPUModelRunner._update_states`, V2's
-`finish_requests`/`add_requests`/`update_requests`), replayed here on the recorded scheduler
-outputs, step after step:
-
-* the previous step's sampled ids are appended to its requests' outputs (the real ids: where
-  V1 under async scheduling holds -1 placeholders, a request rebuilt from these gets the ids);
-* finished requests are dropped; Model Runner V2 also frees preempted ones (V1 keeps a
-  preempted request's object until it resumes);
-* new requests (and resumed ones a release sends whole) come from their `NewRequestData`:
-  prompt, outputs past the prompt in `prefill_token_ids`, block ids, computed tokens, sampling;
-* cached requests take their computed tokens, append their new block ids (one listed in
-  `resumed_req_ids` replaces its table), take back their outputs from `all_token_ids` where the
-  scheduler sent them (V1 under async scheduling), and drop outputs beyond `num_output_tokens`
-  (a release without those two fields has them empty in the record: its module says so);
-* each request of the batch gets its scheduled tokens and the runner state recorded with the step.
-
-A step that schedules a request the window does not hold by then is a bad bundle.
+Where a reader needs those (a later step's checks, `--from K`, a shrink that makes a later step
+the first), they follow from the first step's requests (and those held outside its batch) by the
+runner's own bookkeeping (V1's `GPUModelRunner._update_states`, V2's `finish_requests`,
+`add_requests` and `update_requests`), replayed here on the recorded scheduler outputs, step after
+step (`RequestLedger`). A step that schedules a request the window does not hold by then is a bad
+bundle.
 """
 
 import copy
@@ -62,22 +48,28 @@ class WindowStep:
 
 class RequestLedger:
     """Every request the runner holds, by id, kept as its bookkeeping keeps it from one recorded
-    scheduler output to the next (see the module doc). The blocks each step writes follow from the
-    scheduler outputs alone (a recorder keeps them before any sampled id is read); the output
-    tokens from the sampled ids too (`sampled`)."""
+    scheduler output to the next. The blocks each step writes follow from the scheduler outputs
+    alone (a recorder keeps them before any sampled id is read); the output tokens from the
+    sampled ids too (`sampled`)."""
 
     def __init__(self, requests: list[RequestState], frees_preempted: bool):
         self.held = {request.req_id: copy.deepcopy(request) for request in requests}
         self.frees_preempted = frees_preempted
 
     def sampled(self, batch_order: list[str], sampled: list[list[int]] | None) -> None:
-        """A step's sampled ids, appended to its requests' outputs by the runner's bookkeeping."""
+        """A step's sampled ids appended to its requests' outputs: the real ids (where V1 under
+        async scheduling holds -1 placeholders, a request rebuilt from these gets the ids)."""
         for req_id, ids in zip(batch_order, sampled or []):
             if req_id in self.held:
                 self.held[req_id].output_token_ids.extend(ids)
 
     def apply(self, record: SchedulerOutputRecord, where: str) -> set[str]:
-        """One recorded scheduler output applied to the held requests; returns the ids it adds."""
+        """One recorded scheduler output applied to the held requests; returns the ids it adds.
+        Finished requests are dropped (V2 also frees preempted ones; V1 keeps a preempted
+        request's object until it resumes); new requests (and resumed ones a release sends whole)
+        come from their `NewRequestData`; cached ones take their computed tokens and new blocks
+        (one resumed replaces its table), their outputs from `all_token_ids` where the scheduler
+        sent them (V1 under async scheduling), and drop outputs beyond `num_output_tokens`."""
         held = self.held
         for req_id in record.outside_the_batch if self.frees_preempted else record.finished_req_ids:
             held.pop(req_id, None)

@@ -1,11 +1,6 @@
 """vLLM 0.26: the newest series that installs beside torch 2.11 (the H200 machine's), and the
-oldest tracekit supports; it also serves 0.27 (an alias: docs/RELEASES.md).
-
-What differs from the next module (0.32, which serves 0.28-0.31 and 0.33) is small: `SchedulerOutput`
-requires `num_common_prefix_blocks` (the base always passes the recorded one), V2's
-`Sampler.add_request` takes `(slot, prompt_len, params)` (the V2 adapter passes any arguments
-through), V2 has no `StepTimingCollector` (tracekit does not use it), and `calculate_kv_scales`
-is an engine setting.
+oldest tracekit supports; it also serves 0.27 (an alias: docs/RELEASES.md). What the next module,
+0.32's, changes is said there.
 """
 
 from tracekit.integrations.vllm.releases.base import CPU_EXPONENTIAL_NOISE, PHILOX_GUMBEL, settings_of
