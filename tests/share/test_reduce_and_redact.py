@@ -16,6 +16,7 @@ import torch
 
 from tracekit.format import open_bundle
 from tracekit.format.schema import BundleContent, GrammarRecord, SchedulerOutputRecord
+from tracekit.integrations.vllm.records.step_records import history_readers
 from tracekit.integrations.vllm.runners.runner_state import blocks_read_and_written
 from tracekit.share.redact import NEUTRAL_TOKEN_ID, redact_steps
 from tracekit.share.reduce_step import reduce_step, scheduled_tokens
@@ -149,6 +150,25 @@ def test_bad_words_keep_a_requests_history_but_not_their_text(sample):
     new = redacted.requests[0]
     assert tokens_of(new) == tokens_of(step.requests[0]) and "bad_words" in record.history_kept[new.req_id]
     assert new.sampling_params.bad_words == [] and new.sampling_params._bad_words_token_ids == [[77]]
+
+
+def test_watermarking_at_a_temperature_keeps_a_requests_history(sample):
+    """vLLM's watermark sampler (0.30 on) keys a request's draw at a temperature by its last output
+    tokens: such a request keeps its history; greedy, or with watermarking off (False, or None
+    unresolved), it is not watermarked and its unread ids are blanked."""
+    step = sample.steps[0]
+    plain = [i for i, request in enumerate(step.requests) if not history_readers(request.sampling_params)]
+    hot = next(i for i in plain if step.requests[i].sampling_params.temperature > 0)
+    greedy = next(i for i in plain if step.requests[i].sampling_params.temperature == 0)
+    for index in (hot, greedy):
+        step = with_sampling(step, index, extras={**step.requests[index].sampling_params.extras, "watermarking": True})
+    redacted, record = redact_steps(step, sample)
+    hot_new, greedy_new = redacted.requests[hot], redacted.requests[greedy]
+    assert tokens_of(hot_new) == tokens_of(step.requests[hot]) and record.history_kept[hot_new.req_id] == ["watermarking"]
+    assert greedy_new.req_id not in record.history_kept and record.token_ids_blanked[greedy_new.req_id] > 0
+    params = step.requests[hot].sampling_params
+    for off in (False, None):
+        assert history_readers(dataclasses.replace(params, extras={**params.extras, "watermarking": off})) == []
 
 
 def test_redact_command_writes_a_bundle_inspect_marks_redacted(tmp_path):

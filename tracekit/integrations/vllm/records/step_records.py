@@ -4,7 +4,7 @@ A step holds vLLM objects as typed records (`format/schema.py`): each request's 
 and the `SchedulerOutput` the runner received. Shrinking drops requests and shortens prefill
 chunks; redacting renames requests and blanks token ids. Both must leave these records consistent
 with the step's request states, and both must know what vLLM's sampling reads, which each release
-module says (`Release.history_reading_params`, `unread_user_params`, `filler_params`; a bundle may
+module says (`Release.history_readers`, `unread_user_params`, `filler_params`; a bundle may
 come from any series, so the tables of all of them count).
 """
 
@@ -23,9 +23,12 @@ def _sampling_fact(name: str) -> dict[str, Any]:
 
 
 def history_readers(params: SamplingParamsRecord | None) -> list[str]:
-    """The sampling settings of a request that read token ids before the ones it computes."""
-    return [name for name, neutral in _sampling_fact("history_reading_params").items()
-            if params is not None and getattr(params, name) not in (neutral, None, [])]
+    """The sampling settings of a request that read token ids before the ones it computes, as
+    any series reads them (`Release.history_readers`)."""
+    readers: dict[str, None] = {}
+    for release in release_classes().values() if params is not None else ():
+        readers.update(dict.fromkeys(release.history_readers(params)))
+    return list(readers)
 
 
 def reads_next_prompt_token(params: SamplingParamsRecord | None) -> bool:

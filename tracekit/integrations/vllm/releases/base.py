@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from tracekit.errors import CannotRunHere, UsageError
-from tracekit.format.schema import EngineConfig, GrammarRecord, ModelInfo, RecordedObject, RequestState, Step
+from tracekit.format.schema import (
+    EngineConfig,
+    GrammarRecord,
+    ModelInfo,
+    RecordedObject,
+    RequestState,
+    SamplingParamsRecord,
+    Step,
+)
 from tracekit.integrations.seam import RUNNER_KINDS, OutputReceiver, RunnerKind
 from tracekit.integrations.vllm.records import grammar, serialize
 from tracekit.integrations.vllm.records.request_ids import client_id_matcher
@@ -74,7 +82,7 @@ class Release:
 
     Every public method is a hook a series may override. Overridden by a supported series so far:
     `keep_only_graphs`, `draft_logits_by_slot`, `require_buildable`, `kv_groups`, `num_kv_blocks`,
-    `grammar_record`, `scheduler_output`. Shared defaults, true of every supported series as
+    `grammar_record`, `scheduler_output`, `history_readers`. Shared defaults, true of every supported series as
     written here (`tests/test_release_hooks.py` keeps this list whole): runners — `adapter_for`,
     `adapter_class`, `runner_env`, `on_each_runner_ready`, `compile_range_ends`,
     `when_output_ready`; the API server's request ids — `client_request_matcher`; records —
@@ -108,14 +116,9 @@ class Release:
     # What the scheduler output orders the drafter to do after the step (the field -> its type).
     drafter_orders: ClassVar[dict[str, type]] = {"num_spec_tokens_to_schedule": int}
     # What sampling reads of a request's `SamplingParams` (`records/step_records` edits a step's
-    # records by it). The runner reads a request's token ids only at the positions it computes,
-    # except where sampling looks further: penalties (repetition: the prompt; presence/frequency:
-    # the outputs), bad words (the last tokens before the sampled one), the thinking-token budget
-    # (the outputs), prompt logprobs (the prompt token after each computed one). `min_tokens`,
-    # `stop_token_ids`, `logit_bias`, `allowed_token_ids`, logprob counts and seeds are read as
-    # values. `stop` strings and `bad_words` text are matched by the detokenizer and the frontend
-    # (the runner reads `_bad_words_token_ids`), `extra_args` by the scheduler and the API layer.
-    # The fields (and their neutral values) that make sampling read earlier token ids:
+    # records by it; docs/GUIDE.md, redact, says what each reads and which are read as values).
+    # The fields (and their neutral values) that make sampling read earlier token ids
+    # (`history_readers`):
     history_reading_params: ClassVar[dict[str, Any]] = {
         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "bad_words": [],
         "_bad_words_token_ids": None, "thinking_token_budget": None,
@@ -363,6 +366,13 @@ class Release:
         for request in step.requests:
             if request.sampling_params is not None:
                 self.from_plain(request.sampling_params)
+
+    @classmethod
+    def history_readers(cls, params: SamplingParamsRecord) -> list[str]:
+        """The settings of a request that make sampling read its token ids before those the step
+        computes: each of `history_reading_params` away from its neutral value."""
+        return [name for name, neutral in cls.history_reading_params.items()
+                if getattr(params, name) not in (neutral, None, [])]
 
     # -- the scheduler outputs a replay hands the runner -------------------------------------
 

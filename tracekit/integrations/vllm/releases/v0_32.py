@@ -3,9 +3,11 @@ in nothing tracekit touches that matters (aliases: docs/RELEASES.md has each sou
 
 Against 0.26: `calculate_kv_scales` is gone (from 0.28); `SchedulerOutput.num_common_prefix_blocks`
 has a default (from 0.32; the base always passes it); V2's `Sampler.add_request(slot, params)`
-(from 0.31; the V2 adapter passes any arguments through).
+(from 0.31; the V2 adapter passes any arguments through); V2's `StepTimingCollector`, which 0.26
+lacks (tracekit does not use it).
 """
 
+from tracekit.format.schema import SamplingParamsRecord
 from tracekit.integrations.vllm.releases import v0_26
 from tracekit.integrations.vllm.releases.base import (
     CPU_EXPONENTIAL_NOISE,
@@ -32,3 +34,16 @@ class Release(v0_26.Release):
         ("v2", "cpu"): {"0.28": PHILOX_GUMBEL, "0.29": PHILOX_GUMBEL, "0.30": PHILOX_GUMBEL, "0.31": MURMUR3_GUMBEL,
                         "0.32": MURMUR3_GUMBEL},
     }
+
+    @classmethod
+    def history_readers(cls, params: SamplingParamsRecord) -> list[str]:
+        """Also `watermarking` (from 0.30): V2's watermark sampler (`GPUWatermarkSampler`, built
+        where the engine has a `watermark_config`) samples a request with it on at a temperature
+        keyed by its last `context_width` output tokens, and skips contexts repeated among its
+        earlier ones (`deduplicate_contexts`; the prompt too with "all"). No one value is neutral:
+        from 0.32 the frontend resolves it per request (True only where the engine watermarks the
+        request; False, or None unresolved, otherwise), while 0.30-0.31 leave every request at
+        True whatever the engine, so theirs count wherever they sample at a temperature (a bundle
+        cannot show the watermark config, whose key is secret, and tracekit records none)."""
+        watermarked = params.extras.get("watermarking") is True and params.temperature != 0
+        return [*super().history_readers(params), *(["watermarking"] if watermarked else [])]
