@@ -1,11 +1,9 @@
 """The one seam between `tracekit.record` and vLLM: what arming a recorder in a live engine and
 copying its steps ask of vLLM, listed in one place.
 
-`tracekit.record` holds a runner adapter and talks to it through `tracekit.integrations.seam`;
-everything else it needs of vLLM — building an engine, reaching its runners in every worker, a
-runner's place among the ranks, the step's KV blocks, grammar mask and drafts read to host, the
-request ledger of a window, the live-control routes of an API server (`serving`) — it takes from here (`tests/test_layering.py` allows `record/` no
-other integration module), as `tracekit.replay` takes what it needs from `replay_engine`.
+`tracekit.record` talks to a runner adapter through `tracekit.integrations.seam` and takes
+everything else it needs of vLLM from here (`tests/test_layering.py` allows it no other
+integration module), as `tracekit.replay` takes what it needs from `replay_engine`.
 """
 
 from tracekit.integrations.vllm.engines.build import build_llm, find_runner, generate, parse_engine_cli_args

@@ -91,9 +91,8 @@ def require_recomputable(bundle: str | Path, step: Step) -> None:
 
 
 def require_drafting_known(bundle: str | Path, content: BundleContent, step: Step, overrides: Mapping[str, Any]) -> None:
-    """Refuse (usage) a step that verifies draft tokens when the bundle does not say how its engine
-    drafted (recorded before tracekit kept the speculative decoding config) and no engine argument
-    says it either: its replay would build an engine without a drafter."""
+    """Refuse (usage) a drafted step when neither the bundle nor an engine argument says how its
+    engine drafted: its replay would build an engine without a drafter."""
     drafted = any(request.draft_token_ids for request in step.requests) or any(
         step.scheduler_output.scheduled_spec_decode_tokens.values())
     if drafted and _SPECULATIVE_ARG not in content.engine.engine_args and _SPECULATIVE_ARG not in overrides:

@@ -10,8 +10,8 @@ building anything (`NotReplayableYet`, exit 5: no machine can replay it with thi
 the recorder says at arming which of them its engine may produce ("can be recorded but not yet
 replayed"). Bundles recorded before the field existed are judged from what they do hold.
 
-Supporting one more kind: a row in `FEATURES`, how to see it in a request (`_uses`) and in an
-engine's config (`_enabled_by`), and `replayable=True` once the replay puts it back.
+Supporting one more kind: a row in `FEATURES`, how to see it in a request (`_USES`) and in an
+engine's config (`_ENABLED_BY`), and `replayable=True` once the replay puts it back.
 """
 
 from dataclasses import dataclass

@@ -342,9 +342,8 @@ class Release:
 
     def _known_fields(self, values: dict[str, Any], config_class: type, what: str,
                       refining: dict[str, str] | None = None) -> dict[str, Any]:
-        """`values` this vLLM's `config_class` has a field for; one it lacks is left out where
-        its value is empty or where it refines a field this vLLM has and `values` holds
-        (`refining`: the field name -> the one it refines), and refused otherwise."""
+        """`values` this vLLM's `config_class` has a field for (`adopt_engine_args`); one that
+        refines a field this vLLM has and `values` holds (`refining`) is left out too."""
         known = {item.name for item in dataclasses.fields(config_class)}
         for name, value in values.items():
             refined = (refining or {}).get(name)
