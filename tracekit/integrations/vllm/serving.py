@@ -39,13 +39,12 @@ def route_logs_to_vllm() -> None:
 def install_worker_method(handle: Callable[[Any, str, dict], dict]) -> None:
     """Give vLLM's worker classes `tracekit_live(op, payload)`, which calls `handle(model_runner,
     op, payload)`: what the live-control routes reach through `collective_rpc`."""
-    from tracekit.integrations.vllm.releases.base import classes_here
     from tracekit.integrations.vllm.releases.installed import installed_release
 
     def tracekit_live(worker: Any, op: str, payload: dict) -> dict:
         return handle(worker.model_runner, op, payload)
 
-    for worker_class in classes_here(installed_release().worker_classes):
+    for worker_class in installed_release().worker_classes_here():
         setattr(worker_class, WORKER_METHOD, tracekit_live)
 
 

@@ -84,7 +84,7 @@ class Release:
     `keep_only_graphs`, `draft_logits_by_slot`, `require_buildable`, `kv_groups`, `num_kv_blocks`,
     `grammar_record`, `scheduler_output`, `history_readers`. Shared defaults, true of every supported series as
     written here (`tests/test_release_hooks.py` keeps this list whole): runners — `adapter_for`,
-    `adapter_class`, `runner_env`, `on_each_runner_ready`, `compile_range_ends`,
+    `adapter_class`, `runner_env`, `on_each_runner_ready`, `worker_classes_here`, `compile_range_ends`,
     `when_output_ready`; the API server's request ids — `client_request_matcher`; records —
     `grammar_output`, `allowed_classes`, `to_plain`, `to_versioned_plain`,
     `from_plain`, `new_request`, `new_requests_output`, `finishing_output`; another series' bundles
@@ -95,9 +95,9 @@ class Release:
 
     series: ClassVar[str]
     adapters: ClassVar[tuple[type, ...]]  # tried in this order against a live runner
-    # (module, class) of every worker class whose `compile_or_warm_up_model` ends with a runner
-    # ready to record (for the plugin).
-    worker_classes: ClassVar[tuple[tuple[str, str], ...]]
+    # (platform device type, module, class) of every worker class whose `compile_or_warm_up_model`
+    # ends with a runner ready to record (for the plugin).
+    worker_classes: ClassVar[tuple[tuple[str, str, str], ...]]
     settings: ClassVar[tuple[Setting, ...]]  # recorded with every bundle
     compilation_fields: ClassVar[tuple[str, ...]]  # recorded inside `compilation_config`
     runner_variable: ClassVar[str] = "VLLM_USE_V2_MODEL_RUNNER"
@@ -218,8 +218,18 @@ class Release:
         """Call `callback(model_runner)` whenever a worker of this process finishes warming up."""
         from tracekit.integrations.vllm.runners.method_patch import call_after
 
-        for worker_class in classes_here(self.worker_classes):
+        for worker_class in self.worker_classes_here():
             call_after(worker_class, "compile_or_warm_up_model", lambda worker: callback(worker.model_runner))
+
+    def worker_classes_here(self) -> list[type]:
+        """The worker class of the platform this process runs on. Only its module is imported:
+        another platform's may rebind torch's device API as it loads (vLLM 0.34's CPU worker puts
+        placeholders in `torch.cuda.Stream`, `stream` and `set_stream`), which broke Inductor's
+        compile in a GPU server with the plugin loaded."""
+        from vllm.platforms import current_platform
+
+        device = current_platform.device_type
+        return classes_here(tuple((module, name) for platform, module, name in self.worker_classes if platform == device))
 
     def client_request_matcher(self, client_id: str) -> Callable[[str], bool]:
         """Whether an engine request id is one of those a client of the API server knows as

@@ -16,9 +16,9 @@ class Release(ReleaseBase):
     sampler_draws = {("v1", "cpu"): {"0.27": CPU_EXPONENTIAL_NOISE},
                      ("v2", "cpu"): {"0.26": PHILOX_GUMBEL, "0.27": PHILOX_GUMBEL}}
     worker_classes = (
-        ("vllm.v1.worker.gpu_worker", "Worker"),
-        ("vllm.v1.worker.cpu_worker", "CPUWorker"),
-        ("vllm_ascend.worker.worker", "NPUWorker"),
+        ("cuda", "vllm.v1.worker.gpu_worker", "Worker"),  # ROCm's device type is "cuda" too
+        ("cpu", "vllm.v1.worker.cpu_worker", "CPUWorker"),
+        ("npu", "vllm_ascend.worker.worker", "NPUWorker"),
     )
     settings = (
         # `hf_overrides`: the config laid over the checkpoint's (a model's shapes, RoPE scaling);
