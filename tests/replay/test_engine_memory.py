@@ -29,4 +29,12 @@ def test_the_users_utilization_and_a_measured_cache_are_left_as_they_are():
     measured = {"num_gpu_blocks_override": None, "dtype": "bfloat16"}
     assert within_free_memory(measured, (30 * GIB, 80 * GIB)) == measured
     assert within_free_memory({"num_gpu_blocks_override": 8}, (0, 80 * GIB)) == {"num_gpu_blocks_override": 8}
-    assert within_free_memory({"num_gpu_blocks_override": 8}, (8 * GIB, 80 * GIB)) == {"num_gpu_blocks_override": 8}
+    assert within_free_memory({"num_gpu_blocks_override": 8}, (1 << 20, 80 * GIB)) == {"num_gpu_blocks_override": 8}
+
+
+def test_beside_a_server_holding_most_of_the_card_half_of_what_is_free_is_asked():
+    """An H100 whose other process (a `vllm serve` at its default 0.92) left 6.4 GiB: a tenth of
+    the card to spare would leave nothing to ask for, and the replay was refused."""
+    args = within_free_memory({"num_gpu_blocks_override": 8}, (int(6.4 * GIB), 80 * GIB))
+    assert args["gpu_memory_utilization"] == 0.039  # floored: vLLM asks for ceil(total x it)
+    assert 80 * GIB * args["gpu_memory_utilization"] <= 3.2 * GIB

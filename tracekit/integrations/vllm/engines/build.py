@@ -77,10 +77,11 @@ def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> An
 # The engine arguments that give the KV cache's size outright: vLLM then sizes nothing from
 # `gpu_memory_utilization`, which only feeds its start-up check.
 _KV_CACHE_SIZED_BY = ("num_gpu_blocks_override", "kv_cache_memory_bytes")
-# What the card's free memory may lose between this reading and vLLM's own, a share of the card:
-# the engine process's CUDA context, and engines starting beside this one (a free-memory reading
-# less 0.1% was refused on an H200 where nine replays started at once: 136.9 GiB free at vLLM's
-# check, 0.984 x 139.8 asked). The budget is unused, so the margin costs nothing.
+# What the card's free memory may lose between this reading and vLLM's own: the engine process's
+# CUDA context, and engines starting beside this one (a free-memory reading less 0.1% was refused
+# on an H200 where nine replays started at once: 136.9 GiB free at vLLM's check, 0.984 x 139.8
+# asked). A tenth of the card, or half of what is free where less is (a replay beside a live
+# server holding 0.92 of an H100 was refused with a tenth): the budget is unused either way.
 _HEADROOM = 0.1
 _MOST_ASKED = 0.9  # never more than vLLM's own default would ask
 
@@ -100,7 +101,8 @@ def within_free_memory(engine_args: dict[str, Any], free_and_total: tuple[int, i
             return engine_args
         free_and_total = torch.cuda.mem_get_info()
     free, total = free_and_total
-    utilization = min(_MOST_ASKED, math.floor((free / total - _HEADROOM) * 1000) / 1000)
+    spare = min(_HEADROOM * total, free / 2)
+    utilization = min(_MOST_ASKED, math.floor((free - spare) / total * 1000) / 1000)
     if utilization <= 0:
         return engine_args  # too little free: vLLM's own refusal says so
     return {**engine_args, "gpu_memory_utilization": utilization}
