@@ -81,7 +81,7 @@ def test_bundles_share_an_engine_only_where_their_kernels_agree():
     from types import SimpleNamespace
 
     from tracekit.format.schema import KernelChoice
-    from tracekit.replay.suite import _engine_with_kernels, _kernels_of
+    from tracekit.replay.suite import group_of
 
     def choice(digest, xblock):
         return KernelChoice(f"k{digest}", digest * 64, {"XBLOCK": xblock, "num_warps": 4, "num_stages": 1})
@@ -89,11 +89,11 @@ def test_bundles_share_an_engine_only_where_their_kernels_agree():
     def engine(choices=()):
         return SimpleNamespace(kernel_choices=list(choices))
 
-    engines = {}
-    first = _engine_with_kernels("e", engine([choice("a", 8)]), engines)
-    later = _engine_with_kernels("e", engine([choice("a", 8), choice("b", 16)]), engines)
-    other = _engine_with_kernels("e", engine([choice("a", 32)]), engines)
-    assert first == later != other
-    assert [c.config["XBLOCK"] for c in _kernels_of(first, engines).choice_list()] == [8, 16]
-    assert [c.config["XBLOCK"] for c in _kernels_of(other, engines).choice_list()] == [32]
-    assert _engine_with_kernels("f", engine(), engines) != first
+    groups = []
+    first = group_of(groups, "e", engine([choice("a", 8)]))
+    later = group_of(groups, "e", engine([choice("a", 8), choice("b", 16)]))
+    other = group_of(groups, "e", engine([choice("a", 32)]))
+    assert first is later is not other
+    assert [c.config["XBLOCK"] for c in first.choice_list()] == [8, 16]
+    assert [c.config["XBLOCK"] for c in other.choice_list()] == [32]
+    assert group_of(groups, "f", engine()) not in (first, other)

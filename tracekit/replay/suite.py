@@ -129,9 +129,7 @@ def run_suite(
     options = options or ReplayOptions(**fields)
     names = dict(zip(bundles, unique_names(bundles)))
     records: list[SuiteRecord] = []
-    groups: dict[str, list[Path]] = {}
-    needs: dict[str, list[EngineNeeds]] = {}
-    kernels: dict[str, list[EngineKernels]] = {}  # engine key -> each engine's kernel choices
+    groups: list[EngineGroup] = []
     for bundle in bundles:
         try:  # read, and refused where no engine is needed to say so
             with open_bundle(bundle) as reader:
@@ -143,28 +141,27 @@ def run_suite(
             records.append(refused_record(bundle, names[bundle], error))
         else:
             if content.steps:
-                key = _engine_with_kernels(engine_key(content), content.engine, kernels)
-                groups.setdefault(key, []).append(bundle)
+                group = group_of(groups, engine_key(content), content.engine)
+                group.bundles.append(bundle)
                 if step is not None:  # a bundle without the step is refused by its replay
-                    needs.setdefault(key, []).append(needs_of(step, options.modes))
+                    group.needs.append(needs_of(step, options.modes))
                 continue
             records.append(SuiteRecord(str(bundle), names[bundle], VerdictName.NO_STEP.value, EXIT_OK,
                                        error="holds no recorded step"))
         on_done(records[-1])
-    queue = [bundle for group in groups.values() for bundle in group]
+    queue = [bundle for group in groups for bundle in group.bundles]
     if any(record.exit_code != EXIT_OK for record in records) and not keep_going:
         return SuiteOutcome(records, [str(bundle) for bundle in queue], 0)
 
     engines_built = 0
-    for key, group in groups.items():
+    for group in groups:
         llm, engine_error = None, None
-        engine_kernels = _kernels_of(key, kernels)
         # A diverged bundle is replayed again on the group's engine only: a fresh process for
         # each would cost an engine build, and on a device the group's engine with it.
-        group_options = dataclasses.replace(options, engine_needs=union_of(needs.get(key, [])),
-                                            kernel_choices=engine_kernels.choice_list(), repeat_fresh=False)
+        group_options = dataclasses.replace(options, engine_needs=union_of(group.needs),
+                                            kernel_choices=group.choice_list(), repeat_fresh=False)
         try:
-            for bundle in group:
+            for bundle in group.bundles:
                 queue.remove(bundle)
                 on_start(len(records), bundle, llm is None and engine_error is None)
                 if engine_error is not None:  # this group's engine could not be built here
@@ -187,37 +184,29 @@ def run_suite(
 
 
 @dataclass
-class EngineKernels:
-    """The kernel choices (by lookup hash) one engine of a suite is built under: the union of its
-    bundles', which agree."""
+class EngineGroup:
+    """The bundles one engine of a suite replays: they need the same engine (`engine_key`) and
+    their kernel choices (by lookup hash; the engine is built under their union) agree."""
 
+    key: str
     choices: dict[str, KernelChoice] = field(default_factory=dict)
-
-    def take(self, engine: EngineConfig) -> bool:
-        """Add a bundle's choices unless one of its kernels has another configuration: then it
-        needs an engine of its own."""
-        return kernel_choices.merged_if_consistent(self.choices, engine.kernel_choices)
+    bundles: list[Path] = field(default_factory=list)
+    needs: list[EngineNeeds] = field(default_factory=list)  # each bundle's step's, for a lean engine
 
     def choice_list(self) -> list[KernelChoice]:
         return sorted(self.choices.values(), key=lambda choice: choice.source_hash)
 
 
-def _engine_with_kernels(key: str, recorded: EngineConfig, kernels: dict[str, list[EngineKernels]]) -> str:
-    """The engine of `key` whose kernel choices agree with `recorded`'s (a new one where none
-    does: its kernels are built under another lookup table), as
-    `key#N`."""
-    engines = kernels.setdefault(key, [])
-    for index, kept in enumerate(engines):
-        if kept.take(recorded):
-            return f"{key}#{index}"
-    engines.append(EngineKernels())
-    engines[-1].take(recorded)
-    return f"{key}#{len(engines) - 1}"
-
-
-def _kernels_of(group: str, kernels: dict[str, list[EngineKernels]]) -> EngineKernels:
-    key, _, index = group.rpartition("#")
-    return kernels[key][int(index)]
+def group_of(groups: list[EngineGroup], key: str, recorded: EngineConfig) -> EngineGroup:
+    """The group of engine `key` that takes `recorded`'s kernel choices; a new one where every
+    such group has one of its kernels in another configuration (its kernels are built under
+    another lookup table)."""
+    for group in groups:
+        if group.key == key and kernel_choices.merged_if_consistent(group.choices, recorded.kernel_choices):
+            return group
+    groups.append(EngineGroup(key))
+    kernel_choices.merged_if_consistent(groups[-1].choices, recorded.kernel_choices)
+    return groups[-1]
 
 
 def _replay_one(
