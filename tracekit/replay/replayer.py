@@ -1,19 +1,18 @@
 """`replay(bundle)`: rebuild the engine a bundle describes, run its steps, check them, time them.
 
-The replay runs in named stages, each a function with one job:
+The replay runs in stages, each a function with one job:
 
-    open -> check the machine -> engine -> run and compare -> time -> report
+    open_step -> checked_before_engine (this machine) -> engine_for -> run_and_compare
+    -> time_in_own_engines (`timed_modes`) -> report
 
 A bundle is a sequence of N >= 1 steps, run one after the other with the runner carrying its
 state, each checked; a bundle of several steps is not timed. `from_step` (`replay --from K`)
 rebuilds the runner's state at step K as the first step's is rebuilt (docs/GUIDE.md, "Windows").
-A single step that does not reproduce is replayed again (`tracekit.replay.repeats`).
 
 The order matters for the exit codes a `git bisect run` relies on: the bundle is read and
 validated first (bad input: 2), then this machine is checked — device, vLLM series, weights, the
 engine's KV layout — (cannot replay here: 3), and only then does the step run (did not
-reproduce: 1; reproduced: 0). Everything a stage asks of vLLM goes through one seam,
-`tracekit.integrations.vllm.replay_engine`.
+reproduce: 1; reproduced: 0).
 """
 
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageErro
 from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
 from tracekit.graphs import kernel_choices
 from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
-from tracekit.graphs.profiling import trace_path
 from tracekit.integrations.vllm.replay_engine import (
     EngineSpec,
     ForwardHandle,
@@ -50,7 +48,7 @@ from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions
 from tracekit.replay.repeats import Repeats, repeat_here, repeat_in_fresh_process
 from tracekit.replay.result import ReplayResult, SequenceFacts
-from tracekit.replay.timed_modes import compare_with_recorded, measure, measure_in_own_engine, mode_agreement
+from tracekit.replay.timed_modes import compare_with_recorded, measure, mode_agreement, time_in_own_engines
 from tracekit.replay.verdict import VerdictName
 
 __all__ = ["ReplayOptions", "ReplayResult", "replay"]
@@ -73,7 +71,8 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
             engine.require_kv_layout_of(opened.content.environment, here)
             ran = run_and_compare(engine, opened, options, adapters.paths)
         if ran.own_engine_modes:
-            ran.measured.update(time_in_own_engines(engine, opened, ran.own_engine_modes, options, adapters.paths))
+            ran.measured.update(time_in_own_engines(engine, opened.content.engine, opened.step, ran.own_engine_modes,
+                                                    options, adapters.paths))
     result = report(opened, options, engine, here, ran, pinned)
     if _repeat_in_a_fresh_process(result, options):
         if here.device_kind != "cpu" and engine.llm is not None:  # a device holds one engine at a time
@@ -94,9 +93,6 @@ def replay_candidate(engine: ReplayEngine, content: BundleContent, step: Step, *
     opened = OpenedStep("candidate", content, step, [], expand_window(step, content))
     ran = run_and_compare(engine, opened, options, lora_paths or {}, until, keep_kv_read)
     return report(opened, options, engine, engine.environment(), ran, kernel_choices.ChoicesApplied())
-
-
-# -- open ----------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -155,32 +151,20 @@ def rebuilt_steps(steps: list[WindowStep], from_step: int | None) -> set[int]:
     return {indices[0]} | ({from_step} if from_step is not None else set())
 
 
-# -- check the machine -----------------------------------------------------------------------------------
-
-
-def check_machine(opened: OpenedStep) -> None:
-    """Refuse (exit 3) a bundle this machine cannot rebuild the engine of (device, a vLLM series
-    tracekit does not know, a step the installed release cannot take); note a replay across
-    releases."""
+def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
+    """Every check a replay makes before it builds an engine, in its order: the bundle's step
+    (bad input: 2), this machine (cannot replay here, 3: device, a vLLM series tracekit does not
+    know, a step the installed release cannot take; a replay across releases is noted), what a
+    lean engine must hold for it. `replay` starts with it; tools/fuzz_bundle.py runs it alone on
+    hostile bundles, to stop where vLLM takes over."""
+    opened = open_step(bundle, options)
     opened.releases = require_replayable_here(opened.content, opened.step)
     if opened.releases is not None and len(opened.steps) > 1:
         raise CannotRunHere(f"{opened.bundle} holds a window of steps, which replays only under the vLLM series that "
                             f"recorded it: install vLLM {opened.releases[0]} to replay it")
-
-
-def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
-    """Every check a replay makes before it builds an engine, in its order: the bundle's step
-    (bad input: 2), this machine (cannot replay here: 3), what a lean engine must hold for it.
-    `replay` starts with it; tools/fuzz_bundle.py runs it alone on hostile bundles, to stop where
-    vLLM takes over."""
-    opened = open_step(bundle, options)
-    check_machine(opened)
     if not options.full_engine and options.engine_needs is None:
         needs_of(opened.step, options.modes)
     return opened
-
-
-# -- engine ----------------------------------------------------------------------------------------------
 
 
 def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any, compile_here: bool = False) -> ReplayEngine:
@@ -202,9 +186,6 @@ def engine_for(opened: OpenedStep, options: ReplayOptions, llm: Any, compile_her
         ))
     engine.require_runner_kind()
     return engine
-
-
-# -- run and compare ---------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -249,8 +230,7 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
             if reason is not None:
                 ran.measured[mode] = {"mode": mode, "available": False, "reason": reason}
             elif mode not in own_engine_modes:
-                ran.measured[mode] = measure(mode, handle, step, options.iters, options.samples, options.warmup_s,
-                                             trace_to=trace_path(options.profile_prefix, mode))
+                ran.measured[mode] = measure(mode, handle, step, options)
 
     wants_forward = step.error is None and (requested or options.layers_out is not None or recorded_layers)
     try:
@@ -307,26 +287,6 @@ def _repeat_in_a_fresh_process(result: ReplayResult, options: ReplayOptions) -> 
 # profiling), handed to the fresh process that replays it again.
 _FRESH_PROCESS_FIELDS = ("step", "model", "allow_weights_mismatch", "engine_overrides", "tolerance", "full_engine",
                          "lora_paths", "repeats")
-
-
-# -- time ------------------------------------------------------------------------------------------------------
-
-
-def time_in_own_engines(engine: ReplayEngine, opened: OpenedStep, modes: list[str], options: ReplayOptions,
-                        lora_paths: dict[int, str]) -> dict[str, dict[str, Any]]:
-    """Time the modes that need an engine of their own, one after the other; the replay engine
-    is released first (its engine arguments, read back, rebuild each)."""
-    engine_args, has_graphs = engine.engine_args(), engine.has_graphs
-    engine.release()
-    return {
-        mode: measure_in_own_engine(mode, opened.content.engine, engine_args, opened.step, options.iters,
-                                    options.samples, options.warmup_s, trace_path(options.profile_prefix, mode),
-                                    has_graphs=has_graphs, lora_paths=lora_paths)
-        for mode in modes
-    }
-
-
-# -- report ----------------------------------------------------------------------------------------------------
 
 
 def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, here: Any, ran: StepRun,

@@ -7,23 +7,25 @@ it cannot (a bundle timed the old way, a first forward of its size holding one-t
 the samples spread too widely for a ratio to mean much, the mode's report says why.
 """
 
-from pathlib import Path
 from typing import Any
 
 from tracekit.format.schema import EngineConfig, Step
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.modes import OWN_ENGINE_MODES, ReplayMode, measure_mode
-from tracekit.integrations.vllm.replay_engine import EngineSpec, ForwardHandle, build_replay_engine
+from tracekit.graphs.profiling import trace_path
+from tracekit.integrations.vllm.replay_engine import EngineSpec, ForwardHandle, ReplayEngine, build_replay_engine
+from tracekit.replay.options import ReplayOptions
 
 # Timed samples whose medians spread more than this (in percent) make a ratio to the recorded
 # time say little (a shared CPU's medians spread tens of percent; a GPU's, a few).
 NOISY_SPREAD_PCT = 25.0
 
 
-def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, samples: int, warmup_s: float,
-            piecewise: Any = None, trace_to: Path | None = None) -> dict[str, Any]:
-    """Time the step's forward in `mode` and compare its output with the recorded one."""
+def measure(mode: str, handle: ForwardHandle, recorded: Step, options: ReplayOptions,
+            piecewise: Any = None) -> dict[str, Any]:
+    """Time the step's forward in `mode` (`options`: iterations, samples, warm-up and where the
+    profile goes) and compare its output with the recorded one."""
     form = ReplayMode.COMPILED.value if mode in OWN_ENGINE_MODES else mode  # their engine compiled it their way
     reason = handle.unavailable_reason(form)
     if reason is not None:
@@ -36,26 +38,33 @@ def measure(mode: str, handle: ForwardHandle, recorded: Step, iters: int, sample
         recorded.outputs.hidden_states[: recorded.num_real_rows] if recorded.outputs is not None and
         recorded.outputs.hidden_states is not None else None,
         get_device_backend(handle.device),
-        iters,
-        samples,
-        warmup_s,
+        options.iters,
+        options.samples,
+        options.warmup_s,
         piecewise=piecewise,
-        trace_to=trace_to,
+        trace_to=trace_path(options.profile_prefix, mode),
         rows=recorded.num_real_rows,
     )
 
 
-def measure_in_own_engine(
-    mode: str, engine: EngineConfig, engine_args: dict[str, Any], recorded: Step, iters: int, samples: int,
-    warmup_s: float, trace_to: Path | None = None, has_graphs: bool = True, lora_paths: dict[int, str] | None = None,
-) -> dict[str, Any]:
+def time_in_own_engines(engine: ReplayEngine, recorded_engine: EngineConfig, recorded: Step, modes: list[str],
+                        options: ReplayOptions, lora_paths: dict[int, str]) -> dict[str, dict[str, Any]]:
+    """Time the modes that need an engine of their own, one after the other; the replay engine
+    is released first (its engine arguments, read back, rebuild each)."""
+    engine_args, has_graphs = engine.engine_args(), engine.has_graphs
+    engine.release()
+    return {mode: _measure_in_own_engine(mode, recorded_engine, engine_args, recorded, options, has_graphs, lora_paths)
+            for mode in modes}
+
+
+def _measure_in_own_engine(mode: str, engine: EngineConfig, engine_args: dict[str, Any], recorded: Step,
+                           options: ReplayOptions, has_graphs: bool, lora_paths: dict[int, str]) -> dict[str, Any]:
     """"graph": the recorded compilation with vLLM's own graphs off, the step captured one-shot.
     "piecewise": tracekit's piecewise backend capturing the recorded capture sizes plus this
     step's token count (vLLM does not pad without its graphs), so the step itself replays a graph;
     then one more forward under the divergence probe, every piece against its eager FX module.
     Without graphs (CPU) the pieces are only compiled (Inductor, once for any size): the mode is
-    not timed, but the probe still says which piece the compiler changed. `engine_args`: those of
-    the replay engine this one follows, read back from it."""
+    not timed, but the probe still says which piece the compiler changed."""
     from tracekit.graphs import divergence
 
     dispatch = recorded.graph
@@ -73,8 +82,7 @@ def measure_in_own_engine(
     try:
         def time_it(handle: ForwardHandle) -> None:
             backend = own.piecewise_backend() if mode == "piecewise" else None
-            report.update(measure(mode, handle, recorded, iters, samples, warmup_s, piecewise=backend,
-                                  trace_to=trace_to))
+            report.update(measure(mode, handle, recorded, options, piecewise=backend))
             if backend is not None:
                 handle.restore()
                 with divergence.probe(backend) as probed:
