@@ -321,9 +321,6 @@ def check_step(observed: ObservedStep, step: Step, tolerance: float = 0.0,
     return [item for item in items if item is not None]
 
 
-# -- speculative decoding ---------------------------------------------------------------------
-
-
 def _drafts_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
     """The drafts the replayed forward verified (its input ids at each drafted request's draft
     rows) against those the recorded forward verified (the recorded input ids there)."""

@@ -1,5 +1,5 @@
-"""Where the KV cache a parted step of a sequence read came from (issue 32; docs/GUIDE.md, "Where
-the KV came from"): did the difference arise in the step's own forward, or come in with the KV an
+"""Where the KV cache a parted step of a sequence read came from (docs/GUIDE.md, "Where the
+KV came from"): did the difference arise in the step's own forward, or come in with the KV an
 earlier step wrote? The bundle says which step wrote each KV slot a request reads (its block ids,
 computed and scheduled tokens, step by step), the checks which steps parted in whose rows.
 

