@@ -98,17 +98,13 @@ def _tensor_item(name: str, actual: Any, expected: Any, tolerance: float) -> Che
     details = compare_tensors(actual, expected)
     bit_exact = details.pop("bit_exact")
     if floating and actual.is_floating_point():
-        nonfinite = {"recorded": _nonfinite_count(expected), "replayed": _nonfinite_count(actual)}
+        nonfinite = {"recorded": int((~torch.isfinite(expected)).sum()), "replayed": int((~torch.isfinite(actual)).sum())}
         if any(nonfinite.values()):
             details["nonfinite"] = nonfinite
     within = bit_exact or (
         floating and "shape_mismatch" not in details and details["relative_rms"] <= tolerance
     )
     return CheckedItem(name, bit_exact, within, details, dtype, replayed=replayed_digest(actual))
-
-
-def _nonfinite_count(tensor: torch.Tensor) -> int:
-    return int((~torch.isfinite(tensor)).sum())
 
 
 def _exact_item(name: str, actual: Any, expected: Any) -> CheckedItem | None:

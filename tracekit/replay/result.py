@@ -50,6 +50,10 @@ class SequenceFacts:
 
 @dataclass
 class ReplayResult:
+    """One step's replay (and, of several steps, the sequence's: `later`, `sequence`). A field
+    is the `--json` record's of its name (docs/GUIDE.md, "JSON fields"); `recorded_timing` is
+    `recorded`, `kv_recomputed` is `kv`."""
+
     bundle: str
     step_index: int
     trigger: str
@@ -65,18 +69,12 @@ class ReplayResult:
     error_step: bool = False  # the recorded forward raised
     kv_recomputed: bool = False  # the KV the step read was rebuilt by prefilling, not restored
     strict: bool = False  # exit 0 for a bit-exact replay only
-    # The recorded per-layer outputs (`record --layers`) against this replay's eager forward.
     layer_checks: list[CheckedItem] = field(default_factory=list)
-    layers_bundle: str | None = None  # where `--layers` wrote this replay's per-layer outputs
-    # What the engine chose for the step when recorded and here (`replay.dispatch`).
-    dispatch: dict[str, Any] = field(default_factory=dict)
-    # What the padding rows of a graph step may have done to its real outputs, in words.
+    layers_bundle: str | None = None
+    dispatch: dict[str, Any] = field(default_factory=dict)  # `replay.dispatch.audit`
     padding_findings: list[str] = field(default_factory=list)
-    # Whether the modes timed (`--mode all`) gave the same real rows (`timed_modes.mode_agreement`).
-    mode_agreement: dict[str, Any] | None = None
-    # How the engine it ran on was built (`lean_build.EngineBuild`: lean or full, what it
-    # captured), and whether this replay built it; None for an engine tracekit did not build.
-    engine_build: dict[str, Any] | None = None
+    mode_agreement: dict[str, Any] | None = None  # `timed_modes.mode_agreement`
+    engine_build: dict[str, Any] | None = None  # None for an engine tracekit did not build
     # The autotuned Triton kernels of this process against the bundle's kernel choices
     # (`kernel_choices.compare`: same, other, unrecorded).
     kernel_choices: dict[str, list[str]] = field(default_factory=dict)
@@ -84,10 +82,8 @@ class ReplayResult:
     releases: tuple[str, str] | None = None
     # Across releases: how their samplers draw a token at a temperature otherwise, where known.
     sampler_change: str | None = None
-    # The step replayed again where it did not reproduce (`tracekit.replay.repeats`).
     repeats: Repeats | None = None
-    # The steps after this one that ran (a bundle of several steps), each checked as this one is
-    later: list["ReplayResult"] = field(default_factory=list)
+    later: list["ReplayResult"] = field(default_factory=list)  # the steps after this one that ran, each checked
     sequence: SequenceFacts = field(default_factory=SequenceFacts)
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
 

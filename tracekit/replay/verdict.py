@@ -17,10 +17,9 @@ from tracekit.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from tracekit.numerics import within_platform_bound
 from tracekit.replay.checks import ERROR_ITEM, LAYER_PREFIX, CheckedItem
 from tracekit.replay.repeats import Repeats
-from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName
+from tracekit.replay.verdict_names import VerdictName
 
-__all__ = ["NOT_REPLAYED", "Verdict", "VerdictName", "decide", "describe_differing_row", "describe_mask_row",
-           "near_tie_summary"]
+__all__ = ["Verdict", "VerdictName", "decide", "describe_differing_row", "describe_mask_row"]
 
 
 @dataclass
@@ -83,7 +82,8 @@ def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance:
     first = next(item for item in items if not item.within_tolerance)
     if not numeric_differences:
         return Verdict(VerdictName.DIVERGED, f"first divergence at {first.name} on the recording's own platform")
-    beyond = [item.name for item in judged if not _platform_explains(item)]
+    beyond = [item.name for item in judged if not item.bit_exact
+              and (item.float_dtype is None or not within_platform_bound(item.details, item.float_dtype))]
     if not beyond:
         return Verdict(
             VerdictName.PLATFORM_DIFFERENCE,
@@ -92,8 +92,9 @@ def _decide(items: list[CheckedItem], numeric_differences: list[str], tolerance:
         )
     reason = f"{beyond[0]} is beyond what the {explained_by} difference ({', '.join(numeric_differences)}) explains"
     sampled = next((item for item in items if item.name == "sampled_token_ids" and not item.bit_exact), None)
-    if sampled is not None:
-        reason += "; " + near_tie_summary(sampled)
+    if sampled is not None:  # whether the requests whose ids differ had near-tied top-2 logits when recorded
+        reason += "; " + ("; ".join(map(describe_differing_row, sampled.details.get("differing_rows", [])))
+                          or "sampled ids differ")
     return Verdict(VerdictName.DIVERGED, reason, beyond)
 
 
@@ -181,11 +182,6 @@ def _nonfinite_change(items: list[CheckedItem]) -> tuple[str, str] | None:
     return None
 
 
-def near_tie_summary(sampled: CheckedItem) -> str:
-    """Whether the requests whose sampled ids differ had near-tied top-2 logits when recorded."""
-    return "; ".join(map(describe_differing_row, sampled.details.get("differing_rows", []))) or "sampled ids differ"
-
-
 def describe_differing_row(row: dict[str, Any]) -> str:
     """One request whose sampled ids differ (a row of `checks._sampled_item`), in words."""
     if "logits_max_abs_here" not in row:
@@ -210,9 +206,3 @@ def describe_mask_row(row: dict[str, Any]) -> str:
         f"{row['allowed_only_recorded']} token(s) allowed only in the recording {row['tokens_only_recorded']}, "
         f"{row['allowed_only_here']} only here {row['tokens_only_here']}"
     )
-
-
-def _platform_explains(item: CheckedItem) -> bool:
-    if item.bit_exact:
-        return True
-    return item.float_dtype is not None and within_platform_bound(item.details, item.float_dtype)
