@@ -2,9 +2,8 @@
 setting the times beside the recorded one.
 
 The recorder times the engine's model call with events on the device's stream (on CPU, the host
-clock), as the timed runs here are timed, so `ratio_to_recorded` compares like with like; where
-it cannot (a bundle timed the old way, a first forward of its size holding one-time costs), or
-the samples spread too widely for a ratio to mean much, the mode's report says why.
+clock), as the timed runs here are timed, so `ratio_to_recorded` compares like with like (where
+it cannot: `compare_with_recorded`).
 """
 
 from typing import Any

@@ -50,12 +50,8 @@ def decide(
 ) -> Verdict:
     """`items`: every check (step items and per-layer items; those that do not decide, the
     padding rows, are left out); `numeric_differences`: the environment fields that differ and
-    affect numerics; `error_step`: the recorded forward raised; `kv_recomputed`: the KV the step
-    read was rebuilt by prefilling its tokens, not restored (the reason says so); `releases`:
-    (recorded, here) vLLM versions when they are of different release series; `repeats`: the
-    step replayed again from the same restored state, where it did not reproduce;
-    `sampler_change`: across releases, how the two releases' samplers draw a token at a
-    temperature otherwise, where their sources say so (`replay_engine.sampler_change`)."""
+    affect numerics; the rest as `ReplayResult`'s fields of their names (`kv_recomputed`: the
+    reason says so)."""
     items = [item for item in items if item.decides]
     if releases is not None:
         verdict = _decide_across_releases(items, numeric_differences, tolerance, error_step, releases, sampler_change)
