@@ -36,6 +36,7 @@ from tracekit.integrations.vllm.recording import (
     kv_written,
 )
 from tracekit.record import step_capture
+from tracekit.record.settings import RecordSettings
 from tracekit.record.step_capture import KVTaken
 from tracekit.record.triggers import TriggerEvent, TriggerSet
 
@@ -52,7 +53,6 @@ class PendingStep:
     scheduler_output: Any
     started: float
     reason: str | None = None  # the step trigger it is recorded for (its bundle's first step's), if any
-    forward_seen: bool = False
     phase: Phase = Phase.PREPARE
     capture: "StepCapture | None" = None  # None: nothing may fire for it
     copies: list[HostCopy] = field(default_factory=list)  # the step's copies to host
@@ -63,8 +63,7 @@ class Recording(Protocol):
 
     adapter: Any
     triggers: TriggerSet
-    kv: str  # the --kv mode
-    layers: bool  # also store every layer's output (eager engines)
+    settings: RecordSettings
     backend: Any  # the runner's DeviceBackend
     head_start_us: float  # of the next recorded forward's timer
     exhausted: bool  # no more bundles this session
@@ -156,7 +155,7 @@ class ForwardTimer:
     def __init__(self, recorder: Recording):
         self.recorder = recorder
         self.cpu_started = time.process_time()
-        self.timer: RegionTimer | None = RegionTimer(recorder.adapter.device_backend, recorder.head_start_us)
+        self.timer: RegionTimer | None = RegionTimer(recorder.backend, recorder.head_start_us)
 
     def stop(self, timing: Any) -> bool:
         """Note the forward's times in `timing`; False if already stopped (a step's later model
@@ -174,7 +173,7 @@ class ForwardTimer:
 
 class OpenBundle:
     """The bundle a firing step trigger opens: that step and the next N-1 as they come (`record
-    --window N`, issue 32), with the order of the runner calls (under async scheduling the engine
+    --window N`), with the order of the runner calls (under async scheduling the engine
     reads a step's output after the next step started) and, where later steps follow, the requests
     the runner held outside the first step's batch. The bugs that live between steps, in what the
     runner carries from one to the next (its persistent batch, the sampled ids it keeps on the
@@ -315,17 +314,16 @@ class CopiedStep(BundleStep):
     forward (its request states, inputs and the KV blocks it reads; in mode `read` also those the
     requests the runner holds outside the batch computed, as a later step may read them)."""
 
-    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool,
-                 steps: int):
-        adapter = recorder.adapter
+    def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool):
+        adapter, steps = recorder.adapter, recorder.settings.window
         held = adapter.held_request_states(mark) if steps > 1 else []
         super().__init__(recorder, pending, OpenBundle(recorder, pending, steps, held))
         self.mark = mark
         # (the forward, which writes KV, runs after the copy)
         self.step = self._copy(lambda copy: step_capture.capture(adapter, mark, pending.index, pending.reason,
-                                                                 recorder.kv, copy, held=held))
+                                                                 recorder.settings.kv, copy, held=held))
         self.step.timing.first_of_its_size = first_of_its_size
-        self.layers = LayerCapture(adapter.model).__enter__() if recorder.layers else None
+        self.layers = LayerCapture(adapter.model).__enter__() if recorder.settings.layers else None
         self.forward_timer = ForwardTimer(recorder)
 
     def _forward_returned(self, output: Any, copy: HostCopy) -> None:
@@ -410,7 +408,6 @@ class CarriedStepCapture(BundleStep):
                                              batch_order=[])
         note_failure(self.step, self.pending, error)
         self.bundle.step_failed()
-        return None
 
 
 class MarkedStep(StepCapture):
@@ -465,7 +462,7 @@ class MarkedStep(StepCapture):
         if self.finite.ready():
             if self._finite(self.finite, self.logits):
                 return ignore
-            step = self._capture_nonfinite(self.mark, KVMode(recorder.kv))
+            step = self._capture_nonfinite(self.mark, KVMode(recorder.settings.kv))
             return recorder.guarded(lambda sampled: self._write(step, sampled), "finish")
         mark = self.mark
         kept = dataclasses.replace(mark, input_ids=device_clone(mark.input_ids), positions=device_clone(mark.positions))
@@ -481,7 +478,7 @@ class MarkedStep(StepCapture):
                 return
             # The next step has been scheduled (and maybe run): it wrote only its own new slots,
             # unless the scheduler preempted a request of this step and gave its blocks to another.
-            kv = KVMode(recorder.kv)
+            kv = KVMode(recorder.settings.kv)
             if preempted & set(recorder.adapter.marked_req_ids(kept)):
                 kv = KVMode.RECOMPUTE
             self._write(self._capture_nonfinite(kept, kv), sampled)
@@ -499,7 +496,7 @@ class MarkedStep(StepCapture):
         mark = self.mark or recorder.adapter.mark(pending.scheduler_output, None, None)
         if context_lost(error):
             return kept_from_host(recorder, mark, pending, trigger, error)
-        return self._capture(mark, trigger, KVMode(recorder.kv), self.taken)
+        return self._capture(mark, trigger, KVMode(recorder.settings.kv), self.taken)
 
     def _write(self, step: Step, sampled: Any) -> None:
         self._end(step, sampled)

@@ -2,13 +2,9 @@
 
 Arming asks the runner's adapter (`tracekit.integrations.vllm.runners.runner_adapter`) to shadow
 that runner's methods; the adapter reports each step's progress back (`StepObserver`), and
-disarming removes the shadows.
-
-How a step is captured depends on what may fire for it, one strategy per capture kind
-(`capture_kinds`). The recorder picks the kind, when the step starts for the next step of an
-open bundle (a firing step trigger opens one of `window` N >= 1 steps), else at its forward, and
-hands each later event of the step to it; it keeps what all kinds share: the step's place and
-phase, the bundle count, and the writing.
+disarming removes the shadows. The recorder picks each step's capture kind (`capture_kinds`) and
+hands the step's events to it; it keeps what all kinds share: the step's place and phase, the
+bundle count, and the writing.
 
 The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
 runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
@@ -92,12 +88,10 @@ class Recorder:
         self.rank = rank_of(runner, set_id)
         require_recordable(self.rank)
         self.output = OutputTemplate(output, self.rank.world_size)
-        self.kv = settings.kv
         if settings.layers and self.adapter is not None and self.adapter.compiled:
             raise UsageError("--layers records per-layer outputs only from an eager engine: add --enforce-eager")
-        self.layers = settings.layers
+        self.settings = settings
         self.max_bundles = 1 if self.output.single else settings.max_bundles
-        self.window = settings.window
         self._open: OpenBundle | None = None  # the bundle taking the next steps, if one is
         # the LoRA adapters' files, read on the writer thread (kept up to a size, or always)
         self._adapter_files = AdapterFiles(keep_always=settings.keep_lora_weights)
@@ -253,9 +247,8 @@ class Recorder:
     @_engine_boundary
     def before_forward(self, input_ids: Any, positions: Any) -> None:
         pending = self._pending
-        if pending is None or pending.forward_seen:
+        if pending is None or pending.phase != Phase.PREPARE:  # a later model call of the step
             return
-        pending.forward_seen = True
         pending.phase = Phase.FORWARD
         if pending.capture is not None:  # picked when the step started (an open bundle's next step)
             pending.capture.before_forward(input_ids, positions)
@@ -269,7 +262,7 @@ class Recorder:
         )
         if pending.reason is not None:  # opens a bundle of `window` steps
             mark = self.adapter.mark(pending.scheduler_output, input_ids, positions)
-            pending.capture = copied = CopiedStep(self, pending, mark, first_of_its_size, self.window)
+            pending.capture = copied = CopiedStep(self, pending, mark, first_of_its_size)
             self._open = copied.bundle if copied.bundle.taking else None
         elif self.triggers.events:  # kept cheaply, copied only if the step fails
             pending.capture = MarkedStep(self, pending, self.adapter.mark(pending.scheduler_output, input_ids, positions))
@@ -324,31 +317,23 @@ class Recorder:
 
     def output_receiver(self) -> OutputReceiver:
         pending, self._pending = self._pending, None
-        failed = functools.partial(self._output_failed, pending)
-        receiver = self._receiver_of(pending) or ignore
-        batch_order = self._batch_order_for_sampled_ids()
-        if batch_order is None:
-            return OutputReceiver(receiver, failed)
-
-        @_engine_boundary
-        def keep_sampled(self: "Recorder", sampled: Any) -> None:
-            if sampled is not None:
-                self._sampled.received(batch_order, sampled)
-
-        def receive(sampled: Any) -> None:
-            keep_sampled(self, sampled)
-            receiver(sampled)
-
-        return OutputReceiver(receive, failed)
+        return OutputReceiver(self._receiver_of(pending) or ignore, functools.partial(self._output_failed, pending))
 
     @_engine_boundary
     def _receiver_of(self, pending: PendingStep | None) -> Callable[[list[list[int]] | None], None] | None:
-        """What takes the step's sampled ids (None: nothing; also where building it failed)."""
-        return _capture_of(pending).receiver()
+        """What takes the step's sampled ids (None: nothing; also where building it failed): its
+        capture's receiver, after `SampledIds` where the recorder keeps them."""
+        receiver = _capture_of(pending).receiver()
+        if self._sampled is None:
+            return receiver
+        batch_order = self.adapter.batch_order_after_execute()
 
-    @_engine_boundary
-    def _batch_order_for_sampled_ids(self) -> list[str] | None:
-        return self.adapter.batch_order_after_execute() if self._sampled is not None else None
+        def receive(sampled: Any) -> None:
+            if sampled is not None:
+                self.guarded(self._sampled.received, "keep_sampled")(batch_order, sampled)
+            receiver(sampled)
+
+        return receive
 
     @_engine_boundary
     def step_failed(self, error: BaseException) -> None:
@@ -457,10 +442,16 @@ class Recorder:
         """The step as its bundle is written. One whose KV is to be recomputed gets the sampled
         ids the recorder kept where the runner holds placeholders (its replay prefills them); a
         bundle with its KV keeps the request states as the runner held them, placeholders too, for
-        its replay to put back as they were; a warning where a recompute replay still lacks tokens."""
-        if self._sampled is not None and step.kv.mode == KVMode.RECOMPUTE.value:
+        its replay to put back as they were. A warning where a recompute replay still lacks tokens."""
+        if step.kv.mode != KVMode.RECOMPUTE.value:
+            return step
+        if self._sampled is not None:
             self._sampled.fill(step.requests)
-        _warn_if_not_recomputable(step)
+        if unknown := unknown_tokens_to_recompute(step):
+            logger.warning("tracekit: step %d is kept with its KV to be recomputed, but %d of the token ids its "
+                           "replay would prefill are placeholders in the runner (V1 under async scheduling) that the "
+                           "recorder did not see sampled (requests that started before it was armed): that replay "
+                           "will be refused", step.index, unknown)
         return step
 
     def _destination(self, step: Step) -> tuple[Path, Step, ParallelRank]:
@@ -471,15 +462,6 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
-
-
-def _warn_if_not_recomputable(step: Step) -> None:
-    """Say so when a step is written with its KV to be recomputed but without the tokens that takes."""
-    if step.kv.mode == KVMode.RECOMPUTE.value and (unknown := unknown_tokens_to_recompute(step)):
-        logger.warning("tracekit: step %d is kept with its KV to be recomputed, but %d of the token ids its replay "
-                       "would prefill are placeholders in the runner (V1 under async scheduling) that the recorder did "
-                       "not see sampled (requests that started before it was armed): that replay will be refused",
-                       step.index, unknown)
 
 
 def _copies_landed(step: Step, copies: list[HostCopy]) -> None:

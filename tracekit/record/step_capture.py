@@ -28,7 +28,7 @@ from tracekit.format.schema import (
     StepOutputs,
     StepTiming,
 )
-from tracekit.graphs.host_copy import HostCopy
+from tracekit.graphs.host_copy import HostCopy, all_finite
 from tracekit.integrations.vllm.recording import (
     RunnerAdapter,
     StepMark,
@@ -49,7 +49,6 @@ class KVTaken(str, Enum):
     # they were, and the slots of its own new tokens hold what it wrote there, which the replayed
     # forward writes again before it reads them.
     AFTER_STEP = "after_step"
-
 
 
 def capture(
@@ -75,11 +74,9 @@ def capture(
     too), the dispatch without the attention metadata's device tensors."""
     started = time.perf_counter()
     if copy is None:
-        kv_mode, input_ids, positions = KVMode.RECOMPUTE.value, None, None
-        requests = adapter.request_states(dataclasses.replace(mark, input_ids=None), None)
-    else:
-        input_ids, positions = mark.input_ids, mark.positions
-        requests = adapter.request_states(mark, input_ids)
+        kv_mode = KVMode.RECOMPUTE.value
+    marked = mark if copy is not None else dataclasses.replace(mark, input_ids=None)
+    requests = adapter.request_states(marked, marked.input_ids)
     for request in requests if copy is not None else ():  # what the runner keeps on the device (draft probabilities)
         request.runner_state = {name: copy.copy(value) if isinstance(value, torch.Tensor) and value.device.type != "cpu"
                                 else value for name, value in request.runner_state.items()}
@@ -101,23 +98,18 @@ def capture(
                 before=blocks_to_host(group, saved, copy) if saved else {},
             )
         )
-    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
-    padded = int(input_ids.shape[0]) if input_ids is not None else num_tokens
     step = Step(
         index=index,
         trigger=trigger,
         scheduler_output=adapter.scheduler_output_record(mark.scheduler_output),
         batch_order=[request.req_id for request in requests],
         requests=requests,
-        input_ids=copy.copy(input_ids) if input_ids is not None else None,
-        positions=copy.copy(positions) if positions is not None else None,
         kv=KVSnapshot(mode=mode.value, groups=groups, taken=taken.value),
-        graph=adapter.graph_dispatch(num_tokens, padded, mark, attention=copy is not None),
-        rng=dict(mark.rng),
         timing=StepTiming(),
         spec_decode=adapter.spec_decode_record(),
         features=step_features(adapter.request_objects(mark), mark.scheduler_output),
         lora_adapters=adapter.lora_adapters(mark),
+        **_inputs(adapter, mark, copy),
     )
     step.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return step
@@ -132,8 +124,6 @@ def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, schedule
     computed in the prefix cache that the bundle neither saved nor wrote before (`known`, per KV
     cache group: the blocks saved here are added)."""
     started = time.perf_counter()
-    input_ids, positions = mark.input_ids, mark.positions
-    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
     found = [sorted(blocks - seen) for blocks, seen in zip(adapter.blocks_found_cached(mark.scheduler_output), known)]
     kv = None
     if any(found):
@@ -143,19 +133,25 @@ def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, schedule
         kv = KVSnapshot(mode=KVMode.READ.value, groups=groups)
         for seen, ids in zip(known, found):
             seen.update(ids)
-    carried = CarriedStep(
-        index=index,
-        scheduler_output=scheduler_output,
-        batch_order=adapter.marked_req_ids(mark),
-        runner_states=adapter.runner_states(mark),
-        input_ids=copy.copy(input_ids) if input_ids is not None else None,
-        positions=copy.copy(positions) if positions is not None else None,
-        graph=adapter.graph_dispatch(num_tokens, int(input_ids.shape[0]) if input_ids is not None else num_tokens, mark),
-        rng=dict(mark.rng),
-        kv=kv,
-    )
+    carried = CarriedStep(index=index, scheduler_output=scheduler_output, batch_order=adapter.marked_req_ids(mark),
+                          runner_states=adapter.runner_states(mark), kv=kv, **_inputs(adapter, mark, copy))
     carried.timing.host_copy_us = (time.perf_counter() - started) * 1e6
     return carried
+
+
+def _inputs(adapter: RunnerAdapter, mark: StepMark, copy: HostCopy | None) -> dict[str, Any]:
+    """The marked step's padded inputs copied to host (none where `copy` is None: the replay
+    prepares them again), its dispatch (the attention metadata's device tensors only where they
+    can be read) and its RNG states."""
+    input_ids, positions = (mark.input_ids, mark.positions) if copy is not None else (None, None)
+    num_tokens = adapter.num_scheduled_tokens(mark.scheduler_output)
+    padded = int(input_ids.shape[0]) if input_ids is not None else num_tokens
+    return {
+        "input_ids": copy.copy(input_ids) if input_ids is not None else None,
+        "positions": copy.copy(positions) if positions is not None else None,
+        "graph": adapter.graph_dispatch(num_tokens, padded, mark, attention=copy is not None),
+        "rng": dict(mark.rng),
+    }
 
 
 def capture_after_forward(adapter: RunnerAdapter, step: Step | CarriedStep, output: Any, copy: HostCopy) -> None:
@@ -180,8 +176,7 @@ def capture_logits(step: Step | CarriedStep, logits: torch.Tensor | None, copy: 
 def capture_drafter_pass(step: Step, inputs: dict[str, Any], output: Any, copy: HostCopy) -> None:
     """One call of the speculative drafter's model: its inputs and output, copied to host (the
     rows that are the step's: `Step.drafter_rows`)."""
-    if step.spec_decode is not None:
-        step.spec_decode.drafter_calls.append(drafter_pass(inputs, output, copy.copy))
+    step.spec_decode.drafter_calls.append(drafter_pass(inputs, output, copy.copy))
 
 
 def capture_proposals(step: Step | CarriedStep, proposals: torch.Tensor | None, copy: HostCopy) -> None:
@@ -206,15 +201,10 @@ def capture_sampled(step: Step | CarriedStep, sampled_token_ids: list[list[int]]
         step.outputs.sampled_token_ids = [list(map(int, ids)) for ids in sampled_token_ids]
 
 
-def outputs_finite(step: Step) -> bool:
-    """Whether the step's real rows of hidden states and its logits are finite (padding rows
+def outputs_finite(step: Step) -> None:
+    """Note whether the step's real rows of hidden states and its logits are finite (padding rows
     of a graph step hold whatever the padded size computed: they are not the step's output)."""
     outputs = step.outputs
-    if outputs is None:
-        return True
-    tensors = [outputs.logits]
-    if outputs.hidden_states is not None:
-        tensors.append(outputs.hidden_states[: step.num_real_rows])
-    finite = all(bool(torch.isfinite(t).all()) for t in tensors if t is not None and t.is_floating_point())
-    outputs.finite = finite
-    return finite
+    if outputs is not None:
+        hidden = outputs.hidden_states[: step.num_real_rows] if outputs.hidden_states is not None else None
+        outputs.finite = bool(all_finite([hidden, outputs.logits], exact=True))
