@@ -46,7 +46,7 @@ def test_bad_steps_are_refused(text):
 )
 def test_predicates(text, on_decodes, on_mixed):
     predicate = parse_predicate(text)
-    assert (predicate(DECODES), predicate(MIXED)) == (on_decodes, on_mixed)
+    assert (predicate.holds(lambda: DECODES, tuple), predicate.holds(lambda: MIXED, tuple)) == (on_decodes, on_mixed)
 
 
 @pytest.mark.parametrize(

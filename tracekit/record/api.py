@@ -1,16 +1,10 @@
-"""The Python API for people who already hold an `LLM`.
-
-    with tracekit.record.recording(llm, "step{step}.zst", steps="3:5") as recorder:
-        llm.generate(prompts, params)
-    print(recorder.written)
+"""The Python API for people who already hold an `LLM` (docs/GUIDE.md, "From Python, on an `LLM`
+you already hold"; servers use the vLLM plugin, `tracekit.record.plugin`).
 
 With the engine core in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and one rank, the recorder
-is armed on the runner directly. Otherwise — a tensor-parallel `LLM`, whose runners live in one
-worker process per rank, or an engine core in its own process — a recorder is armed inside every
-worker through vLLM's `collective_rpc`, and `written` / `failures` are collected from all of
-them when the block exits (each rank writes its own bundle of every recorded step,
-`step3.rank0.zst`, `step3.rank1.zst`, ...). For servers use the vLLM plugin
-(`tracekit.record.plugin`).
+is armed on the runner directly. Otherwise its runners live in worker processes: a recorder is
+armed inside every worker, and `written` / `failures` are collected from all of them when the
+block exits.
 """
 
 import uuid
@@ -23,7 +17,6 @@ from tracekit.integrations.vllm.recording import find_runner, on_every_worker, r
 from tracekit.record import arm_in_workers
 from tracekit.record.recorder import Recorder
 from tracekit.record.settings import RecordSettings
-from tracekit.record.triggers import DEFAULT_MAX_BUNDLES
 
 
 class WorkerRecording:
@@ -35,27 +28,12 @@ class WorkerRecording:
 
 
 @contextmanager
-def recording(
-    llm: Any,
-    output: str | Path = "tracekit-step{step}.zst",
-    *,
-    steps: str | None = None,
-    when: str | None = None,
-    on: tuple[str, ...] = (),
-    kv: str = "read",
-    max_bundles: int = DEFAULT_MAX_BUNDLES,
-    layers: bool = False,
-    window: int = 1,
-    keep_lora_weights: bool = False,
-) -> Iterator[Recorder | WorkerRecording]:
-    """Arm a recorder on `llm` for the block; bundles are all written when it exits. `layers`:
-    also store every decoder layer's output of a recorded step (eager engines only). `window`:
-    each bundle keeps that many consecutive steps from a firing step on, the runner carrying its
-    state from one to the next (`tracekit record --window`). `keep_lora_weights`: keep every
-    LoRA adapter's files in the bundles, whatever their size (by default only those up to
-    `lora_adapters.KEEP_LIMIT`)."""
-    settings = RecordSettings(steps, when, tuple(on), kv, max_bundles, window, layers, keep_lora_weights)
-    with recording_with(llm, output, settings) as recorder:
+def recording(llm: Any, output: str | Path = "tracekit-step{step}.zst",
+              **settings: Any) -> Iterator[Recorder | WorkerRecording]:
+    """Arm a recorder on `llm` for the block; bundles are all written when it exits. `settings`:
+    `tracekit record`'s options, as `RecordSettings` names them (`steps`, `when`, `on`, `kv`,
+    `max_bundles`, `layers`, `window`, `keep_lora_weights`)."""
+    with recording_with(llm, output, RecordSettings(**settings)) as recorder:
         yield recorder
 
 

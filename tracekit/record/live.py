@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import TracekitError, UsageError
+from tracekit.record.persist import bundle_bytes
 from tracekit.record.recorder import Recorder
 from tracekit.record.settings import (
     ROUTE_NAMES,
@@ -122,10 +123,8 @@ def disarm_all() -> None:
 
 def status(runner: Any) -> dict[str, Any]:
     armed = _armed.get(id(runner))
-    return _report(armed) if armed is not None else {"armed": False}
-
-
-def _report(armed: _Armed) -> dict[str, Any]:
+    if armed is None:
+        return {"armed": False}
     recorder = armed.recorder
     return {
         "armed": recorder.armed,
@@ -134,7 +133,7 @@ def _report(armed: _Armed) -> dict[str, Any]:
         "output": armed.folder,
         "max_bundles": recorder.max_bundles,
         "steps_seen": recorder.steps_seen,
-        "written": [{"path": str(path), "bytes": _size(path)} for path in recorder.written],
+        "written": [{"path": str(path), "bytes": bundle_bytes(path)} for path in recorder.written],
         "stopped": recorder.stopped or (recorder.failures[-1] if recorder.failures else None),
     }
 
@@ -196,10 +195,3 @@ def _disarm(runner: Any, by: str) -> dict[str, Any]:
     _say(armed.recorder, "tracekit: disarmed by %s (armed by %s); it took %s, written to %s", by, armed.by,
          bundles(armed.recorder.bundles_fired), armed.folder)
     return status(runner)
-
-
-def _size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return None

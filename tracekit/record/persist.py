@@ -31,11 +31,9 @@ RANK_PLACEHOLDER = "{rank}"
 
 class OutputTemplate:
     """Where bundles go. A path with `{step}` takes every firing step; a plain path takes the
-    first one only (the recorder then stops firing).
-
-    Every rank of a multi-rank engine records its own bundle of each step. With `{rank}` in the
-    path it goes there; without, `.rank{rank}` is inserted before the file's suffixes
-    (`step{step}.zst` -> `step3.rank1.zst`), so ranks never overwrite each other."""
+    first one only (the recorder then stops firing). Each rank of a multi-rank engine writes its
+    own bundle, at `{rank}` or with `.rank{rank}` inserted before the suffixes (docs/GUIDE.md,
+    "Multi-rank engines")."""
 
     def __init__(self, template: str | Path, world_size: int = 1):
         self.template = str(template)
@@ -179,12 +177,19 @@ class BackgroundPersister:
             self._on_failure(message)
 
 
-def _size(path: Path) -> str:
-    """The written bundle's size, for the log line; a bundle its user moved away at once (a watcher
-    collecting bundles) was still written."""
+def bundle_bytes(path: Path) -> int | None:
+    """A written bundle's size; None where its user moved it away at once (a watcher collecting
+    bundles): it was still written."""
     try:
-        size = path.stat().st_size
+        return path.stat().st_size
     except OSError:
+        return None
+
+
+def _size(path: Path) -> str:
+    """The written bundle's size, for the log line."""
+    size = bundle_bytes(path)
+    if size is None:
         return "moved since"
     return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.0f} KiB"
 

@@ -15,7 +15,6 @@ from tracekit.record import workload
 from tracekit.record.api import recording_with
 from tracekit.record.persist import OutputTemplate
 from tracekit.record.settings import RecordSettings
-from tracekit.record.triggers import DEFAULT_MAX_BUNDLES
 
 logger = logging.getLogger("tracekit.record")
 
@@ -40,23 +39,18 @@ def record_workload(
     engine_args: dict[str, Any] | None = None,
     prompts_file: str | None = None,
     max_tokens: int | None = None,
-    steps: str | None = None,
-    when: str | None = None,
     events: tuple[str, ...] = (),
-    kv: str = "read",
     output: str | Path = "tracekit-bundle.zst",
-    max_bundles: int = DEFAULT_MAX_BUNDLES,
-    layers: bool = False,
-    window: int = 1,
-    keep_lora_weights: bool = False,
     force: bool = False,
+    **settings: Any,
 ) -> list[Path]:
     """Record the steps the triggers pick from a workload run; returns the bundles written.
-    Bundles that exist at the output are written over only with `force`."""
+    Bundles that exist at the output are written over only with `force`. `events`: the event
+    triggers (`--on`); `settings`: the other `RecordSettings`."""
     installed_release()
     # Outputs that exist, bad triggers and prompts are refused before an engine is started for nothing.
     OutputTemplate(output).claim(force)
-    settings = RecordSettings(steps, when, tuple(events), kv, max_bundles, window, layers, keep_lora_weights)
+    settings = RecordSettings(on=tuple(events), **settings)
     settings.check()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD

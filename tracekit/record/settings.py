@@ -39,9 +39,6 @@ class RecordSettings:
     layers: bool = False  # also store every decoder layer's output of a recorded step (eager engines)
     keep_lora_weights: bool = False  # keep every LoRA adapter's files, whatever their size
 
-    def triggers(self, names: SettingNames = CLI_NAMES) -> TriggerSet:
-        return TriggerSet(steps=self.steps, when=self.when, events=tuple(self.on), names=names)
-
     def check(self, names: SettingNames = CLI_NAMES) -> TriggerSet:
         """The triggers, every setting checked. A window is refused where the recorder cannot
         take it: fewer than one step, or opened by an event trigger (it decides after its step,
@@ -50,7 +47,7 @@ class RecordSettings:
             raise UsageError(f"bad {names.kv} {self.kv!r}: choose one of {', '.join(KV_MODES)}")
         if self.max_bundles < 1:
             raise UsageError(f"bad {names.max_bundles} {self.max_bundles}: must be at least 1")
-        triggers = self.triggers(names)
+        triggers = TriggerSet(steps=self.steps, when=self.when, events=tuple(self.on), names=names)
         if self.window < 1:
             raise UsageError(f"bad {names.window} {self.window}: a window holds at least one step")
         if self.window > 1 and triggers.events:
@@ -91,11 +88,13 @@ def check_settings(body: Any, names: SettingNames = ROUTE_NAMES) -> LiveSettings
     on = body.get("on") or ()
     if isinstance(on, str):
         on = tuple(event.strip() for event in on.split(",") if event.strip())
+    if not (isinstance(on, (list, tuple)) and all(isinstance(event, str) for event in on)):
+        raise UsageError(f"bad {names.on}: give events as text, e.g. exception,nonfinite")
     settings = LiveSettings(
         output=_text(body, "output", names.output) or time.strftime("live-%Y%m%d-%H%M%S"),
         steps=_text(body, "steps", names.steps),
         when=_text(body, "when", names.when),
-        on=tuple(on) if isinstance(on, (list, tuple)) and all(isinstance(e, str) for e in on) else _bad_on(names),
+        on=tuple(on),
         kv=_text(body, "kv", names.kv) or "read",
         max_bundles=_whole(body, "max_bundles", names.max_bundles, DEFAULT_MAX_BUNDLES),
         window=_whole(body, "window", names.window, 1),
@@ -152,9 +151,3 @@ def _whole(body: dict, key: str, setting: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"bad {setting} {value!r}: give a whole number")
     return value
-
-
-def _bad_on(names: SettingNames) -> tuple[str, ...]:
-    raise UsageError(f"bad {names.on}: give events as text, e.g. exception,nonfinite")
-
-

@@ -6,16 +6,11 @@ recorder that does not fire costs one comparison per step. Exception and non-fin
 cannot know in advance: each step leaves a cheap mark and a device-side finite check, and only a
 step that fails (or is not finite) is copied, then (`capture_kinds` says how).
 
-Predicates are a tiny language, parsed here and never evaluated as Python:
+Predicates are a tiny language, parsed here and never evaluated as Python (its names: docs/GUIDE.md,
+"Recording" and "Request triggers"; a request's engine ids are matched as
+`tracekit.integrations.vllm.records.request_ids` derives them):
 
     clause ("and" clause)*      clause = NAME | NAME OP VALUE      OP = == != >= <= > <
-    names: num_reqs, num_tokens, num_prefills, num_decodes (ints), has_prefill, has_decode,
-           mixed (booleans), req_id (true when any request of the batch has that engine id)
-    request==ID   a request the API server's client knows as ID is in the step: the `id` of its
-                  response (`cmpl-...`, `chatcmpl-...`) or the X-Request-Id it sent (matched to the
-                  engine's ids exactly: `tracekit.integrations.vllm.records.request_ids`); with it, about
-                  that request: first_chunk (flag: its first step, the first prefill chunk) and
-                  generated (int: output tokens it had before the step; 0 while it prefills)
 
 A request trigger costs one dictionary look-up per scheduled request and step (each engine id is
 matched once); the batch and the request's progress are read only for a step the request is in.
@@ -117,10 +112,6 @@ class Predicate:
             return True
         batch = facts()
         return all(clause(batch) for clause in self.batch)
-
-    def __call__(self, facts: BatchFacts) -> bool:
-        """On batch facts alone (a predicate without `request==`)."""
-        return self.holds(lambda: facts, lambda: ())
 
 
 def parse_predicate(text: str, name: str = CLI_NAMES.when) -> Predicate:
