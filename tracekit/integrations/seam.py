@@ -73,8 +73,7 @@ class RequestProgress:
 class OutputReceiver:
     """Where a step ends once `sample_tokens` returned: `received` takes its sampled ids when the
     engine reads them; `failed` takes the error reading them raised (under async scheduling a
-    device fault of the step, such as a device-side assert, surfaces only there, and the next
-    step may have started by then)."""
+    device fault of the step surfaces only there)."""
 
     received: Callable[[list[list[int]] | None], None]
     failed: Callable[[BaseException], None]
@@ -93,8 +92,7 @@ class StepObserver(Protocol):
     before sampling reads them (`grammar_applied`, the masked logits on the device; only where a
     grammar came in this step). `output_receiver()` is called once `sample_tokens` has returned:
     it detaches the step from the observer (the next step may start before an async output is
-    read) and returns where the step ends (`OutputReceiver`): its sampled ids, or the error
-    reading them raised. Under speculative decoding the
+    read) and returns where the step ends (`OutputReceiver`). Under speculative decoding the
     drafter runs inside `sample_tokens`: each call of its model is reported (`drafter_called`,
     keyword inputs and output), and just before `output_receiver()` `drafts_proposed` gets a
     function that reads its proposals (an observer that does not keep them does not call it).

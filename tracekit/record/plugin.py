@@ -5,12 +5,9 @@ vLLM loads `vllm.general_plugins` entry points in every process it starts (`regi
 Installed and not asked for anything, the plugin does nothing: no recorder, no shadow on the
 runner, nothing per step.
 
-Armed at start in every process of the engine by the `TRACEKIT_RECORD_*` variables
-(`TRACEKIT_RECORD_OUTPUT=/tmp/step{step}.zst TRACEKIT_RECORD_STEPS=5 vllm serve MODEL`; each is
-a `tracekit record` flag, tabled in docs/GUIDE.md, "The vLLM plugin"), or live
-(`tracekit.record.live`): with `TRACEKIT_SERVE_DIR=FOLDER` and `VLLM_PLUGINS` naming `tracekit`,
-the API server gets routes to arm, re-arm, query and disarm a recorder without a restart,
-writing only under FOLDER.
+Armed at start in every process of the engine by the `TRACEKIT_RECORD_*` variables (each a
+`tracekit record` flag), or live (`tracekit.record.live`) once `TRACEKIT_SERVE_DIR` names the
+folder bundles may go to: docs/GUIDE.md, "The vLLM plugin" tables both.
 
 A recorder is armed on each model runner once its worker has finished compiling and warming up
 (those runs are not steps); its bundles are written when the process exits. tracekit's lines

@@ -6,10 +6,7 @@ that is chunked (the small token budget in `EMBEDDED_MODEL_ENGINE_ARGS` forces i
 prefill chunks beside the others' decodes, greedy, seeded and unseeded sampling, penalties,
 `min_tokens` (end-of-sequence masked until then) and sampled-token logprobs.
 
-A prompts file is JSON lines — `{"prompt": "text"}` or `{"prompt_token_ids": [1, 2, 3]}`, with
-any `SamplingParams` fields beside them (`"structured_outputs": {"json": {...}}`, `{"choice":
-[...]}` or `{"regex": "..."}` for a grammar) and `"lora": {"name": "a", "path": "/adapters/a"}`
-for a LoRA adapter — or plain text with one prompt per line.
+A prompts file (`--prompts`, its format in docs/GUIDE.md, "Recording") is JSON lines or plain text.
 """
 
 import json
