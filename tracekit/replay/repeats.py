@@ -149,8 +149,7 @@ def repeat_in_fresh_process(repeats: Repeats, bundle: str, options: dict[str, An
         out = Path(folder) / "runs.json"
         argv = [sys.executable, "-m", "tracekit.replay.repeat_worker", bundle, plain_options, str(out)]
         try:
-            done = subprocess.run(argv, env=os.environ.copy(), capture_output=True, text=True,
-                                  timeout=FRESH_PROCESS_TIMEOUT_S)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=FRESH_PROCESS_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             repeats.failures.append(f"{FRESH}: no result after {FRESH_PROCESS_TIMEOUT_S} s")
             return

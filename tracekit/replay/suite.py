@@ -167,10 +167,8 @@ def run_suite(
                 if engine_error is not None:  # this group's engine could not be built here
                     record = refused_record(bundle, names[bundle], engine_error)
                 else:
-                    record, llm, engine_error, built = _replay_one(
-                        bundle, names[bundle], llm, profile_dir, group_options
-                    )
-                    engines_built += built
+                    record, llm, engine_error = _replay_one(bundle, names[bundle], llm, profile_dir, group_options)
+                    engines_built += record.engine_built
                     if record.verdict not in {name.value for name in NOT_REPLAYED.values()}:
                         record.engine = engines_built
                 records.append(record)
@@ -211,9 +209,9 @@ def group_of(groups: list[EngineGroup], key: str, recorded: EngineConfig) -> Eng
 
 def _replay_one(
     bundle: Path, name: str, llm: Any, profile_dir: Path | None, options: ReplayOptions
-) -> tuple[SuiteRecord, Any, TracekitError | None, bool]:
-    """Replay one bundle on `llm` (None: build one). Returns its record, the engine for the next
-    bundle of the group, the error that keeps the group from an engine, and whether it built one."""
+) -> tuple[SuiteRecord, Any, TracekitError | None]:
+    """Replay one bundle on `llm` (None: build one): its record, the engine for the next bundle of
+    the group, and the error that keeps the group from an engine."""
     building = llm is None
     options = dataclasses.replace(options, profile_prefix=profile_dir / name if profile_dir else None)
     if not building:  # model and overrides shaped the engine when it was built
@@ -226,7 +224,7 @@ def _replay_one(
         # Refused before an engine existed (weights not here, vLLM refused the arguments): every
         # bundle of the group needs that same engine.
         group_error = error if building and error.exit_code == EXIT_CANNOT_RUN_HERE else None
-        return record, llm, group_error, False
+        return record, llm, group_error
     except Exception as error:  # the engine may be left mid-step: start the group's next one afresh
         if llm is not None:
             try:
@@ -234,7 +232,7 @@ def _replay_one(
             except Exception:  # a device the failure poisoned: the next engine says so itself
                 pass
         record = crashed_record(bundle, name, error, engine_built=building, seconds=time.perf_counter() - started)
-        return record, None, None, building
+        return record, None, None
     record = record_of(result, name, engine_built=building, seconds=time.perf_counter() - started)
-    return record, result.llm, None, building
+    return record, result.llm, None
 
