@@ -97,3 +97,26 @@ def test_bundles_share_an_engine_only_where_their_kernels_agree():
     assert [c.config["XBLOCK"] for c in first.choice_list()] == [8, 16]
     assert [c.config["XBLOCK"] for c in other.choice_list()] == [32]
     assert group_of(groups, "f", engine()) not in (first, other)
+
+
+def test_a_suite_going_on_after_a_crash_keeps_the_names_the_whole_suite_gave(tmp_path):
+    """After a replay process crashed, the suite goes on with the bundles left: each keeps the
+    name it had among all of them (its records and profile files are named by it)."""
+    from tracekit.replay.options import ReplayOptions
+    from tracekit.replay.request import carry_out, plan
+
+    for path in ("a/step.zst", "b/step.zst", "c/other.zst"):
+        (tmp_path / path).parent.mkdir()
+        (tmp_path / path).write_bytes(b"not a bundle")  # refused before any engine
+    request = plan([str(tmp_path)], ReplayOptions(), keep_going=True)
+    heard = []
+
+    class Heard:
+        def started(self, position, bundle, building, facts):
+            pass
+
+        def finished(self, record):
+            heard.append(record["name"])
+
+    carry_out(request.without({request.bundles[0]}), Heard())
+    assert heard == [request.names[bundle] for bundle in request.bundles[1:]] == ["b__step", "other"]

@@ -186,7 +186,7 @@ def _suite(request: ReplayRequest, options: ReplayOptions, listener: Listener) -
     outcome = run_suite(
         request.bundles, options, keep_going=request.keep_going, profile_dir=request.profile_dir,
         on_start=lambda position, bundle, building: listener.started(position, bundle, building, {}),
-        on_done=lambda record: listener.finished(record.to_plain()),
+        on_done=lambda record: listener.finished(record.to_plain()), names=request.names,
     )
     return ReplayOutcome(outcome.exit_code, outcome)
 

@@ -121,13 +121,16 @@ def run_suite(
     profile_dir: Path | None = None,
     on_start: Callable[[int, Path, bool], None] = lambda index, bundle, building: None,
     on_done: Callable[[SuiteRecord], None] = lambda record: None,
+    names: dict[Path, str] | None = None,
     **fields: Any,
 ) -> SuiteOutcome:
     """Replay every bundle with `options` (or its fields as keywords; model and engine overrides
     apply to every engine built; each bundle's profile prefix is its own, in `profile_dir`). Without `keep_going`, stop at the first bundle that does not exit 0.
-    `on_start(position, bundle, building_engine)` and `on_done(record)` report progress."""
+    `on_start(position, bundle, building_engine)` and `on_done(record)` report progress. `names`:
+    each bundle's name in the records, where a caller named them among more bundles (a suite going
+    on after a crash keeps the names the whole suite gave them)."""
     options = options or ReplayOptions(**fields)
-    names = dict(zip(bundles, unique_names(bundles)))
+    names = names or dict(zip(bundles, unique_names(bundles)))
     records: list[SuiteRecord] = []
     groups: list[EngineGroup] = []
     for bundle in bundles:
