@@ -59,7 +59,6 @@ from serve_support import vllm_serve  # noqa: E402 - the serving tests' server, 
 
 from tracekit.cli import live_client  # noqa: E402
 from tracekit.models import tiny_model_path  # noqa: E402
-from tracekit.record.triggers import CLI_NAMES  # noqa: E402
 
 CONFIGS = ("no_tracekit", "dormant", "always_on", "armed_live")
 METRICS = ("request_throughput", "output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms", "p99_itl_ms")
@@ -176,7 +175,7 @@ def soak_model(model: str, load: Load, server_args: list[str], out: Path, bundle
         result.seconds["start_tracekit"] = time.monotonic() - clock
         bench(url, model, load, out, "warmup1", warmup=True)
         result.runs["dormant"] = bench(url, model, load, out, "dormant")
-        live_client.arm(url, {"on": ["exception", "nonfinite"], "output": "always_on"}, None, CLI_NAMES)
+        live_client.arm(url, {"on": ["exception", "nonfinite"], "output": "always_on"}, None)
         result.runs["always_on"] = bench(url, model, load, out, "always_on")
         live_client.ask(url, "disarm", None, {})
         result.runs["armed_live"] = bench(url, model, load, out, "armed_live", arm_on=True)
@@ -223,7 +222,7 @@ def bench(url: str, model: str, load: Load, out: Path, name: str, warmup: bool =
         while running.poll() is None and _finished_requests(url) - before < prompts // 4:
             time.sleep(0.2)
         target = f"{prefix}{prompts * 3 // 4}"
-        live_client.arm(url, {"when": f"request=={target}", "output": "armed_live", "max_bundles": 2}, None, CLI_NAMES)
+        live_client.arm(url, {"when": f"request=={target}", "output": "armed_live", "max_bundles": 2}, None)
     running.wait(timeout=600)
     reader.join(timeout=10)
     if running.returncode != 0:

@@ -2,10 +2,8 @@
 
 `tracekit inspect` must stay fast and work without torch or vLLM installed, so each
 subcommand's module is imported only when that subcommand runs, and imports neither itself
-(`tracekit --help` imports them all). vLLM's and torch's own output goes to a log file while an
-engine runs (`engine_output`), so it no longer needs quieting here. Every `TracekitError` that
-escapes a subcommand becomes one readable line on stderr and the error's exit code: a bad
-bundle never shows the user a traceback.
+(`tracekit --help` imports them all). Every `TracekitError` that escapes a subcommand becomes
+one readable line on stderr and the error's exit code: a bad bundle never shows a traceback.
 """
 
 import importlib
@@ -17,9 +15,9 @@ from tracekit import __version__
 from tracekit.errors import TracekitError
 
 SUBCOMMANDS = {
-    "arm": ("tracekit.cli.live_commands", "arm_command"),
+    "arm": ("tracekit.cli.live_client", "arm_command"),
     "diff": ("tracekit.cli.diff_command", "diff_command"),
-    "disarm": ("tracekit.cli.live_commands", "disarm_command"),
+    "disarm": ("tracekit.cli.live_client", "disarm_command"),
     "export": ("tracekit.cli.export_command", "export_command"),
     "inspect": ("tracekit.cli.inspect_command", "inspect_command"),
     "invariance": ("tracekit.cli.invariance_command", "invariance_command"),
@@ -27,7 +25,7 @@ SUBCOMMANDS = {
     "redact": ("tracekit.cli.redact_command", "redact_command"),
     "replay": ("tracekit.cli.replay_command", "replay_command"),
     "shrink": ("tracekit.cli.shrink_command", "shrink_command"),
-    "status": ("tracekit.cli.live_commands", "status_command"),
+    "status": ("tracekit.cli.live_client", "status_command"),
 }
 
 

@@ -1,5 +1,5 @@
-"""The client side of live control: asks a running `vllm serve` to arm, report or disarm its
-recorders (`tracekit arm|status|disarm --server URL`), through the routes `tracekit.record.live`
+"""`tracekit arm|status|disarm --server URL`: live control of a running `vllm serve` (started with
+`VLLM_PLUGINS=tracekit TRACEKIT_SERVE_DIR=FOLDER`), through the routes `tracekit.record.live`
 answers. Needs neither torch nor vLLM on the machine it runs on.
 
 Every refusal is one line with the exit code of its kind: a setting the server refused (or
@@ -12,22 +12,67 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import click
+
 from tracekit import __version__
+from tracekit.cli.arguments import comma_separated
 from tracekit.errors import CannotRunHere, UsageError
+from tracekit.format.schema import KV_MODES
 from tracekit.integrations.vllm.serving import API_KEY_VARIABLE
 from tracekit.record.settings import SERVE_DIR_VARIABLE, bundles, check_settings
-from tracekit.record.triggers import SettingNames
+from tracekit.record.triggers import CLI_NAMES, DEFAULT_MAX_BUNDLES
 
 ROUTES = {"arm": ("POST", "/v1/tracekit/arm"), "status": ("GET", "/v1/tracekit/status"),
           "disarm": ("POST", "/v1/tracekit/disarm")}
 TIMEOUT_S = 180.0
 
 
-def arm(server: str, settings: dict[str, Any], key: str | None, names: SettingNames) -> dict[str, Any]:
+server_option = click.option("--server", required=True, help="The server's URL, e.g. http://127.0.0.1:8000.")
+key_option = click.option("--api-key", "key", envvar=API_KEY_VARIABLE, default=None,
+                          help=f"The server's API key (its --api-key), if it has one. Default: ${API_KEY_VARIABLE}.")
+
+
+@click.command("arm")
+@server_option
+@key_option
+@click.option("--steps", default=None, help="Step indices to record, counted from arming: 7, 5:9, 3,7.")
+@click.option("--when", default=None,
+              help="Predicate, e.g. 'request==cmpl-99a6ae51716401f0 and first_chunk', 'num_reqs>=8'.")
+@click.option("--on", "events", multiple=True, help="exception and/or nonfinite (commas or repeated).")
+@click.option("--kv", type=click.Choice(KV_MODES), default="read", show_default=True, help="KV blocks to save.")
+@click.option("-o", "--output", default=None,
+              help="A new folder under the server's bundle folder (TRACEKIT_SERVE_DIR). Default: live-DATE-TIME.")
+@click.option("--max-bundles", type=int, default=DEFAULT_MAX_BUNDLES, show_default=True,
+              help="The most bundles this arming takes; then the recorder stops by itself.")
+@click.option("--window", type=int, default=1, show_default=True, help="Consecutive steps per bundle.")
+def arm_command(server, key, steps, when, events, kv, output, max_bundles, window):
+    """Arm (or re-arm with new triggers) the recorders of a running vllm serve, without a restart."""
+    settings = {"output": output, "steps": steps, "when": when, "on": list(comma_separated(events)), "kv": kv,
+                "max_bundles": max_bundles, "window": window}
+    click.echo("\n".join(report("arm", arm(server, settings, key))))
+
+
+@click.command("status")
+@server_option
+@key_option
+def status_command(server, key):
+    """What the recorders of a running vllm serve record, and the bundles they wrote."""
+    click.echo("\n".join(report("status", ask(server, "status", key))))
+
+
+@click.command("disarm")
+@server_option
+@key_option
+def disarm_command(server, key):
+    """Disarm the recorders of a running vllm serve; the engine then runs as without tracekit."""
+    click.echo("\n".join(report("disarm", ask(server, "disarm", key, {}))))
+
+
+def arm(server: str, settings: dict[str, Any], key: str | None) -> dict[str, Any]:
     """Arm (or re-arm) the server's recorders; `settings` as the route takes them, checked here
-    first (refusals name them as `names` spells them)."""
+    first (refusals name them as the command line spells them)."""
     body = {name: value for name, value in settings.items() if value not in (None, (), [])}
-    check_settings(body, names)
+    check_settings(body, CLI_NAMES)
     return ask(server, "arm", key, body)
 
 
