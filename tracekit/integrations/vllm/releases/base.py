@@ -146,7 +146,7 @@ class Release:
         "remove_adapter", "max_lora_rank", "speculative_config", "is_multimodal_model", "enable_prompt_embeds",
         "runner_type", "pooling_params", "structured_outputs", "attn_backend", "get_name", "isa", "layer_name",
         "decode_context_parallel_size", "prefill_context_parallel_size", "disable_envs_cache",
-        "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "collective_rpc", "api_key", "VLLM_API_KEY",
+        "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "collective_rpc", "api_key", "VLLM_API_KEY", "device_type",
     })
 
     # (runner kind, device kind) -> series -> its sampler's draw (the constants above), as read.
