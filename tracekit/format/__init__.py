@@ -15,12 +15,8 @@ Comparing and editing: `compare` (two tensors), `diff` (two bundles), `rewrite` 
 edits, for tests).
 """
 
-from tracekit.format.index import TensorInfo
-from tracekit.format.layout import FORMAT_VERSION, READER_VERSION
-from tracekit.format.reader import BundleReader, VerifyReport, open_bundle
-from tracekit.format.writer import BundleWriter, tensor_ref
+from tracekit.format.layout import FORMAT_VERSION
+from tracekit.format.reader import BundleReader, open_bundle
+from tracekit.format.writer import BundleWriter
 
-__all__ = [
-    "FORMAT_VERSION", "READER_VERSION", "BundleReader", "BundleWriter", "TensorInfo", "VerifyReport",
-    "open_bundle", "tensor_ref",
-]
+__all__ = ["FORMAT_VERSION", "BundleReader", "BundleWriter", "open_bundle"]

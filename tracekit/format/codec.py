@@ -29,9 +29,8 @@ def choose_filter(itemsize: int, nbytes: int) -> str:
 
 
 def compression_parameters(level: int | None, literals: bool = True) -> zstandard.ZstdCompressionParameters:
-    """`None`: tracekit's default (fast strategy, tiny hash table: on KV data ~3x faster than
-    level 1 at an equal or better ratio), `literals=False` without Huffman-coded literals
-    (zstd drops them for the fast strategy when target_length > 0); an int: zstd's level."""
+    """`None`: tracekit's default, `literals=False` without Huffman-coded literals (zstd drops them
+    for the fast strategy when target_length > 0); an int: zstd's level."""
     if level is None:
         return zstandard.ZstdCompressionParameters(
             strategy=zstandard.STRATEGY_FAST, window_log=17, hash_log=6, chain_log=6,
@@ -97,8 +96,7 @@ _LITERALS_MIN_GAIN = 0.05
 
 class ChunkEncoder:
     """Encodes chunks from several threads at once (one pair of zstd contexts per thread); with
-    the default parameters each large byte plane with or without Huffman literals, whichever a
-    sample says pays (an exponent plane shrinks ~3x through them, a mantissa plane not at all)."""
+    the default parameters each large byte plane with or without Huffman literals, by trial."""
 
     def __init__(self, level: int | None):
         self._choose = level is None

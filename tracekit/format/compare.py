@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.format.dtypes import dtype_spec
+from tracekit.format.dtypes import DTYPES
 
 # name: (exponent bits, mantissa bits, bias, how NaN/inf are encoded)
 _FLOAT8 = {
@@ -48,7 +48,7 @@ def _float8_table(name: str) -> np.ndarray:
 
 def as_float64(raw: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """A bundle tensor's bytes as float64 values (what torch's `.double()` gives)."""
-    spec = dtype_spec(dtype)
+    spec = DTYPES[dtype]
     buffer = np.frombuffer(raw, dtype=np.uint8)
     if dtype == "bfloat16":
         values = (buffer.view("<u2").astype(np.uint32) << 16).view(np.float32)

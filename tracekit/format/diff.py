@@ -48,15 +48,10 @@ def _flat_metadata(metadata: Any) -> dict[str, Any]:
     """{dotted path: value} of a bundle's metadata, each recorded step by its position
     (`steps.0.kv.mode`); whatever a stranger's bundle holds (metadata that is no map, steps that
     are no list) is one value at its place."""
-    if not isinstance(metadata, dict):
-        return {"": metadata}
-    steps = metadata.get("steps")
-    if not isinstance(steps, list):
-        return _flatten(metadata, "", {})
-    flat = _flatten({key: value for key, value in metadata.items() if key != "steps"}, "", {})
-    for index, step in enumerate(steps):
-        _flatten(step, f"steps.{index}", flat)
-    return flat
+    if isinstance(metadata, dict) and isinstance(metadata.get("steps"), list):
+        metadata = dict(metadata)
+        metadata["steps"] = dict(enumerate(metadata.pop("steps")))  # by position, after the other fields
+    return _flatten(metadata, "", {})
 
 
 # Per-recording facts that always differ and say nothing about the numbers.

@@ -55,13 +55,6 @@ DTYPES: dict[str, DtypeSpec] = {
 NUMPY_TO_NAME = {np.dtype(spec.numpy_name): spec.name for spec in DTYPES.values() if spec.numpy_name}
 
 
-def dtype_spec(name: str) -> DtypeSpec:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise BundleError(f"unknown dtype {name!r}") from None
-
-
 def torch_or_none():
     """torch if it is installed; tracekit.format works without it."""
     try:
@@ -97,8 +90,8 @@ def _numpy_flat_bytes(array: np.ndarray) -> tuple[str, tuple[int, ...], np.ndarr
 
 
 def decode(raw: np.ndarray, name: str, shape: tuple[int, ...], to: str):
-    """Turn a 1-d uint8 array holding a whole tensor into what `to` asks for."""
-    spec = dtype_spec(name)
+    """A 1-d uint8 array holding a whole tensor (of a dtype the index checked) as `to` asks for."""
+    spec = DTYPES[name]
     if to == "auto":
         to = "torch" if torch_or_none() is not None else ("numpy" if spec.numpy_name else "bytes")
     if to == "bytes":

@@ -4,6 +4,7 @@ field type- and range-checked even after the hash matched: a hash proves integri
 well-behaved writer).
 """
 
+import math
 import zlib
 from dataclasses import dataclass, field
 
@@ -66,11 +67,6 @@ class Index:
     tensors: dict[str, TensorInfo]
     metadata: MetadataRef
 
-    def frames(self) -> list[FrameRef]:
-        """Every data frame the index points at, in index order, which must be file order."""
-        tensor_frames = [frame for info in self.tensors.values() for chunk in info.chunks for frame in chunk.frames]
-        return tensor_frames + [self.metadata.frame]
-
     def pack(self) -> bytes:
         return msgpack.packb(
             {
@@ -94,23 +90,19 @@ def _pack_tensor(info: TensorInfo) -> dict:
     }
 
 
-class _Malformed(Exception):
-    pass
-
-
 def _get(mapping, key: str, kind, where: str):
     if not isinstance(mapping, dict):
-        raise _Malformed(f"{where} is not a map")
+        raise Refused(f"{where} is not a map")
     value = mapping.get(key)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _Malformed(f"{where} has no valid {key!r}")
+        raise Refused(f"{where} has no valid {key!r}")
     return value
 
 
 def _count(mapping, key: str, where: str, upper: int) -> int:
     value = _get(mapping, key, int, where)
     if not 0 <= value <= upper:
-        raise _Malformed(f"{where} {key!r} is {value}, outside 0..{upper}")
+        raise Refused(f"{where} {key!r} is {value}, outside 0..{upper}")
     return value
 
 
@@ -121,49 +113,46 @@ def _parse_frame(raw, where: str, version: int) -> FrameRef:
     """v1: [offset, stored, content, crc32]; v2 adds the frame's zstd content checksum."""
     numbers = 4 if version == 1 else 5
     if not (isinstance(raw, list) and len(raw) == numbers and all(type(value) is int and value >= 0 for value in raw)):
-        raise _Malformed(f"{where} has a malformed frame entry")
+        raise Refused(f"{where} has a malformed frame entry")
     if raw[3] > _U32 or (version > 1 and raw[4] > _U32):
-        raise _Malformed(f"{where} has a checksum wider than 32 bits")
+        raise Refused(f"{where} has a checksum wider than 32 bits")
     return FrameRef(*raw)
 
 
 def _parse_sha256(mapping, where: str) -> bytes:
     digest = _get(mapping, "sha256", bytes, where)
     if len(digest) != 32:
-        raise _Malformed(f"{where} has a malformed sha256")
+        raise Refused(f"{where} has a malformed sha256")
     return digest
 
 
 def _parse_tensor(raw, version: int, budget: list[int]) -> TensorInfo:
     name = _get(raw, "name", str, "a tensor entry")
     if not 0 < len(name) <= limits.MAX_NAME_CHARS:
-        raise _Malformed("a tensor entry has an empty or over-long name")
+        raise Refused("a tensor entry has an empty or over-long name")
     where = f"tensor {name!r}"
     dtype = _get(raw, "dtype", str, where)
     if dtype not in DTYPES:  # refused here, so that verify() and read_tensor() agree
-        raise _Malformed(f"{where} has unknown dtype {dtype!r}")
+        raise Refused(f"{where} has unknown dtype {dtype!r}")
     itemsize = _count(raw, "itemsize", where, 64)
     if DTYPES[dtype].itemsize != itemsize:
-        raise _Malformed(f"{where} has itemsize {itemsize} for dtype {dtype}")
+        raise Refused(f"{where} has itemsize {itemsize} for dtype {dtype}")
     shape = _get(raw, "shape", list, where)
     if len(shape) > limits.MAX_DIMS or not all(type(size) is int and size >= 0 for size in shape):
-        raise _Malformed(f"{where} has a malformed shape")
+        raise Refused(f"{where} has a malformed shape")
     nbytes = _count(raw, "nbytes", where, limits.MAX_TENSOR_BYTES)
-    elements = 1
-    for size in shape:
-        elements = min(elements * size, limits.MAX_TENSOR_BYTES + 1)
-    if elements * itemsize != nbytes:
-        raise _Malformed(f"{where} declares {nbytes} bytes for shape {shape} of {dtype}")
+    if math.prod(shape) * itemsize != nbytes:
+        raise Refused(f"{where} declares {nbytes} bytes for shape {shape} of {dtype}")
     filter_name = _get(raw, "filter", str, where)
     if filter_name not in (FILTER_NONE, FILTER_SHUFFLE) or _get(raw, "codec", str, where) != CODEC:
-        raise _Malformed(f"{where} uses an unknown filter or codec")
+        raise Refused(f"{where} uses an unknown filter or codec")
     raw_chunks = _get(raw, "chunks", list, where)
     budget[0] -= len(raw_chunks)
     if budget[0] < 0:
-        raise _Malformed(f"lists more than {limits.MAX_FRAMES} frames")
+        raise Refused(f"lists more than {limits.MAX_FRAMES} frames")
     chunks = tuple(_parse_chunk(chunk, name, number, filter_name, itemsize, version, budget) for number, chunk in enumerate(raw_chunks))
     if sum(chunk.nbytes for chunk in chunks) != nbytes:
-        raise _Malformed(f"{where} chunks do not add up to its {nbytes} bytes")
+        raise Refused(f"{where} chunks do not add up to its {nbytes} bytes")
     stored = sum(frame.stored_nbytes for chunk in chunks for frame in chunk.frames)
     return TensorInfo(name, dtype, tuple(shape), nbytes, stored, filter_name, CODEC, itemsize, chunks)
 
@@ -174,15 +163,15 @@ def _parse_chunk(raw, tensor_name: str, number: int, filter_name: str, itemsize:
     where = f"tensor {tensor_name!r} chunk {number}"
     nbytes = _count(raw, "nbytes", where, limits.MAX_CHUNK_BYTES)
     if itemsize == 0 or nbytes == 0 or nbytes % itemsize:
-        raise _Malformed(f"{where} has {nbytes} bytes, not a whole number of elements")
+        raise Refused(f"{where} has {nbytes} bytes, not a whole number of elements")
     raw_frames = _get(raw, "frames", list, where)
     budget[0] -= len(raw_frames) - 1
     if budget[0] < 0:
-        raise _Malformed(f"lists more than {limits.MAX_FRAMES} frames")
+        raise Refused(f"lists more than {limits.MAX_FRAMES} frames")
     frames = tuple(_parse_frame(frame, where, version) for frame in raw_frames)
     spans = frame_spans(len(chunk_prefix(tensor_name, number, nbytes)), nbytes, filter_name, itemsize)
     if [frame.content_nbytes for frame in frames] != [end - start for start, end in spans]:
-        raise _Malformed(f"{where} frame sizes do not match its {filter_name} layout")
+        raise Refused(f"{where} frame sizes do not match its {filter_name} layout")
     return ChunkRef(nbytes, _parse_sha256(raw, where) if version == 1 else None, frames)
 
 
@@ -195,23 +184,23 @@ def parse_index(payload: bytes, data_start: int, data_end: int, version: int) ->
         tensors: dict[str, TensorInfo] = {}
         raw_tensors = _get(raw, "tensors", list, "the index")
         if len(raw_tensors) > limits.MAX_TENSORS:
-            raise _Malformed(f"lists {len(raw_tensors)} tensors, more than the cap of {limits.MAX_TENSORS}")
+            raise Refused(f"lists {len(raw_tensors)} tensors, more than the cap of {limits.MAX_TENSORS}")
         budget = [limits.MAX_FRAMES - 1]  # the metadata frame
         for raw_tensor in raw_tensors:
             info = _parse_tensor(raw_tensor, version, budget)
             if info.name in tensors:
-                raise _Malformed(f"lists tensor {info.name!r} twice")
+                raise Refused(f"lists tensor {info.name!r} twice")
             tensors[info.name] = info
         if sum(info.nbytes for info in tensors.values()) > limits.MAX_TOTAL_TENSOR_BYTES:
-            raise _Malformed("declares more tensor bytes than the cap")
+            raise Refused("declares more tensor bytes than the cap")
         raw_metadata = _get(raw, "metadata", dict, "the index")
         metadata = MetadataRef(_parse_frame(raw_metadata.get("frame"), "metadata", version), _parse_sha256(raw_metadata, "metadata"))
         if metadata.frame.content_nbytes > limits.MAX_METADATA_BYTES:
-            raise _Malformed(f"metadata declares {metadata.frame.content_nbytes} bytes, more than the cap")
+            raise Refused(f"metadata declares {metadata.frame.content_nbytes} bytes, more than the cap")
         index = Index(_get(raw, "header_sha256", bytes, "the index"), tensors, metadata)
         _check_tiling(index, data_start, data_end)
         return index
-    except (_Malformed, Refused) as problem:
+    except Refused as problem:
         raise BundleError(f"is malformed: {problem}") from None
     except (ValueError, TypeError, msgpack.UnpackException) as error:
         raise BundleError(f"is malformed: not readable msgpack ({error})") from None
@@ -219,9 +208,10 @@ def parse_index(payload: bytes, data_start: int, data_end: int, version: int) ->
 
 def _check_tiling(index: Index, data_start: int, data_end: int) -> None:
     position = data_start
-    for frame in index.frames():
+    for frame in [*(frame for info in index.tensors.values() for chunk in info.chunks for frame in chunk.frames),
+                  index.metadata.frame]:
         if frame.offset != position:
-            raise _Malformed(f"frames leave a gap or overlap at byte {position}")
+            raise Refused(f"frames leave a gap or overlap at byte {position}")
         position += frame.stored_nbytes
     if position != data_end:
-        raise _Malformed(f"frames end at byte {position}, the index starts at {data_end}")
+        raise Refused(f"frames end at byte {position}, the index starts at {data_end}")

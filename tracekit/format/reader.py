@@ -329,13 +329,11 @@ class BundleReader:
             self.metadata
         except BundleError as error:
             report.damaged["metadata"] = str(error).split(": metadata ", 1)[-1]
-        for info in self.tensor_infos():
-            part = f"tensor {info.name!r}"
-            report.parts_checked.append(part)
-            failures = self._decode_chunks([info], lambda info, number, chunk, scratch: scratch.buffer("verify", chunk.nbytes), True)
-            if failures:
-                (_, number), problem = next(iter(failures.items()))
-                report.damaged[part] = f"chunk {number} {problem}"
+        infos = self.tensor_infos()
+        report.parts_checked += [f"tensor {info.name!r}" for info in infos]
+        failures = self._decode_chunks(infos, lambda info, number, chunk, scratch: scratch.buffer("verify", chunk.nbytes), True)
+        for (name, number), problem in failures.items():  # each tensor's first
+            report.damaged.setdefault(f"tensor {name!r}", f"chunk {number} {problem}")
         return report
 
     def resolve(self, obj, to: str = "auto"):

@@ -15,9 +15,7 @@ from typing import Annotated, Any, ClassVar, TypedDict
 from tracekit.errors import BundleError
 from tracekit.format.typecheck import INT64_MAX, NOT_IN_FILE, Range, Tensor, convert, in_file, record_fields, wrong_type
 
-# 2: each request's runner-specific state in one map, `RequestState.runner_state` (readers move
-# version 1's fields into it).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 2  # 2: a request's runner-specific state is one map (`RequestState.from_plain` moves 1's)
 
 # vLLM holds token ids, token counts and block ids as int32.
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -171,7 +169,6 @@ class RequestState(SchemaRecord):
     draft_token_ids: list[TokenId] = field(default_factory=list)  # those this step verifies
     lora_adapter: str | None = None  # the name of the LoRA adapter it runs with (`Step.lora_adapters`)
 
-    # Schema version 1 kept these beside the common fields.
     _VERSION_1_RUNNER_FIELDS: ClassVar[tuple[str, ...]] = ("generator_state", "seed", "prefill_len")
 
     @property
@@ -480,9 +477,7 @@ class GrammarRecord(SchemaRecord):
 @dataclass
 class StepTiming(SchemaRecord):
     forward_us: float | None = None  # the model call in the engine, timed as `forward_timer` says
-    # "device_events_queued" (as a replay times it: tracekit.graphs.timing.RegionTimer),
-    # "device_events" or "perf_counter" (host wall clock, on CPU); nil in older bundles
-    forward_timer: str | None = None
+    forward_timer: str | None = None  # "device_events_queued", "device_events", "perf_counter" (docs/FORMAT.md)
     forward_cpu_us: float | None = None  # process CPU time of that forward
     step_us: float | None = None  # wall time of execute_model + sample_tokens
     host_copy_us: float | None = None  # the recorder's stall: copying the step to host
@@ -580,8 +575,7 @@ class StepWindow(SchemaRecord):
 
     requested: Annotated[int, Range(2, INT32_MAX)]  # the steps asked for, the first included
     steps: list[CarriedStep] = field(default_factory=list)
-    # Requests the runner held at the first step outside its batch: a later step may schedule them
-    held_requests: list[RequestState] = field(default_factory=list)
+    held_requests: list[RequestState] = field(default_factory=list)  # outside the first step's batch
     calls: list[WindowCall] = field(default_factory=list)  # in the order the engine made them
 
 
@@ -633,9 +627,7 @@ class Step(SchemaRecord):
     spec_decode: SpecDecodeRecord | None = None  # the engine decodes speculatively
     grammar: GrammarRecord | None = None  # the structured-output mask sampling received, if any
     lora_adapters: list[LoRAAdapter] = field(default_factory=list)  # every one in the engine's slots
-    # Which requests used what beyond tokens and sampling settings (`records.step_features`); None
-    # in bundles recorded before the field
-    features: dict[str, list[str]] | None = None
+    features: dict[str, list[str]] | None = None  # which requests used what (`records.step_features`)
     window: StepWindow | None = None  # the steps recorded after this one; None: a single step
 
     def check_values(self, where: str) -> None:
@@ -727,6 +719,12 @@ class Step(SchemaRecord):
             for req_id, run in self.request_rows().items() if self.request(req_id).draft_token_ids
         }
 
+    def accepted_drafts(self, sampled: list[list[int]]) -> dict[str, int]:
+        """How many drafts the rejection sampler accepted per drafted request: its row of
+        `sampled` (one a request, batch order) is its accepted drafts and one token more."""
+        return {req_id: max(len(ids) - 1, 0) for req_id, ids in zip(self.batch_order, sampled)
+                if self.request(req_id).draft_token_ids}
+
     def drafter_rows(self, call: int) -> list[int]:
         """The rows of the drafter's `call`-th model call that hold the step's tokens (which, and
         why the others are padding or rejected drafts' slots: docs/FORMAT.md, "DrafterPass")."""
@@ -806,8 +804,7 @@ class BundleContent(SchemaRecord):
     schema_version: Annotated[int, Range(1, INT64_MAX)] = SCHEMA_VERSION
     created_at: str = ""  # ISO 8601, UTC
     parallel: ParallelRank = field(default_factory=ParallelRank)
-    # what was done to the recorded bundle, oldest first: {"kind": "shrink" | "redact", ...}
-    derivations: list[dict[str, Any]] = field(default_factory=list)
+    derivations: list[dict[str, Any]] = field(default_factory=list)  # {"kind": "shrink" | "redact", ...}
 
     @classmethod
     def from_plain(cls, data: Any, where: str = "") -> "BundleContent":

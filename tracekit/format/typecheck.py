@@ -56,17 +56,12 @@ def convert(value: Any, annotation: Any, where: str) -> Any:
             return value
         raise wrong_type(where, annotation, value)
     if annotation in (int, float, str, bool):
-        if not _is_scalar(value, annotation):
+        if not (type(value) is annotation or annotation is float and type(value) is int):  # a bool is no int
             raise wrong_type(where, annotation, value)
         if type(value) is int:
             _in_range(value, (Range(INT64_MIN, INT64_MAX),), where)
         return value
     raise TypeError(f"the content schema annotates {where} with {annotation!r}, which {__name__} does not check")
-
-
-def _is_scalar(value: Any, annotation: type) -> bool:
-    """Whether `value` has the scalar type (an int is a number, a bool is not an int)."""
-    return type(value) is annotation or annotation is float and type(value) is int
 
 
 def _in_range(value: Any, rules: tuple, where: str) -> Any:

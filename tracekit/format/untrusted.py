@@ -11,7 +11,7 @@ from tracekit.format import limits
 
 
 class Refused(Exception):
-    """The object breaks a cap or is not plain data; the message says which."""
+    """The object (metadata, the index) breaks a cap or is malformed; the message says which."""
 
 
 def unpack_bounded(payload, max_items: int, max_containers: int):

@@ -46,11 +46,6 @@ from tracekit.format.untrusted import Refused, check_plain
 from tracekit.format.writeback import Writeback
 
 
-def tensor_ref(name: str) -> dict:
-    """What metadata embeds in place of a tensor; `BundleReader.resolve` swaps it back."""
-    return {"$tensor": name}
-
-
 def pack_plain(obj) -> bytes:
     """msgpack of plain data (dict, list, str, int, float, bool, None, bytes) or a BundleError."""
 
@@ -117,8 +112,9 @@ class BundleWriter:
             raise BundleError(f"bundle writer for {self.path} is already closed")
 
     def add_tensor(self, name: str, tensor) -> dict:
-        """Queue `tensor` for writing and return its reference. Its chunks are copied as they are
-        queued, so the caller may reuse the tensor at once; encoding overlaps the next calls."""
+        """Queue `tensor` for writing and return what metadata embeds in its place (`resolve` swaps
+        it back). Its chunks are copied as they are queued, so the caller may reuse the tensor at
+        once; encoding overlaps the next calls."""
         self._check_open()
         if not isinstance(name, str) or not 0 < len(name) <= limits.MAX_NAME_CHARS:
             raise BundleError(f"tensor name must be a non-empty string of at most {limits.MAX_NAME_CHARS} characters")
@@ -150,7 +146,7 @@ class BundleWriter:
         except BaseException:
             self.abort()
             raise
-        return tensor_ref(name)
+        return {"$tensor": name}
 
     def _encode_chunk(self, name: str, number: int, raw, filter_name: str, itemsize: int,
                       copied: threading.Event) -> list[EncodedFrame]:
