@@ -5,6 +5,7 @@ The piecewise backend is configured from it so that a replay captures what the r
 captured; it travels in bundles as plain data (`to_plain`/`from_plain`).
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,17 +41,11 @@ class CaptureTable:
         return self.mode in ("piecewise", "full_and_piecewise")
 
     def to_plain(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "capture_sizes": list(self.capture_sizes),
-            "compile_sizes": list(self.compile_sizes),
-            "num_warmups": self.num_warmups,
-            "debug": self.debug,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_plain(cls, plain: dict[str, Any]) -> "CaptureTable":
-        unknown = set(plain) - {"mode", "capture_sizes", "compile_sizes", "num_warmups", "debug"}
+        unknown = set(plain) - {field.name for field in dataclasses.fields(cls)}
         if unknown or "mode" not in plain or "capture_sizes" not in plain:
             raise BundleError(
                 f"capture table: needs mode and capture_sizes, unknown keys {sorted(unknown)}"

@@ -1,10 +1,8 @@
 """Which piece broke: per-piece comparison of a graph (or compiled) forward against eager.
 
 Because tracekit owns the piece runners of the piecewise backend, a watched forward can give every
-piece's real inputs also to the piece's uncompiled FX module, run eagerly, and compare the outputs.
-Each piece is judged on the inputs it really got, so the first piece beyond tolerance is where the
-divergence starts, and its op names say which layer's ops those are. The forward itself goes on
-with the graph outputs: later replays read the addresses they were captured with.
+piece's real inputs also to the piece's uncompiled FX module, run eagerly, and compare the outputs
+(docs/GRAPHS.md, "Per-piece divergence").
 """
 
 import contextlib

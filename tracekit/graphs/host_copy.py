@@ -11,13 +11,10 @@ kernels, which may reuse the blocks, run after it. The host waits only where the
 
 `DeviceFlag` is a boolean computed on the device (say, "every output is finite") whose value
 comes to host through the same pinned, non-blocking path: reading it when the stream has already
-passed it (after the engine synced the step's sampled ids) costs no sync.
-
-`context_lost(error)` says whether a failure left the device context unusable (a device-side
-assert, an illegal address): after one, nothing on the device can be read back.
+passed it (after the engine synced the step's sampled ids) costs no sync. `context_lost` says
+whether a failure left the device context unusable: after one, nothing can be read back.
 """
 
-import time
 from typing import Any, Callable
 
 import torch
@@ -44,8 +41,6 @@ class HostCopy:
         self.bytes = 0
         self._event: Any = None
         self._sources: list[torch.Tensor] = []  # device tensors kept alive until the copy is done
-        self._started = time.perf_counter()
-        self.wait_us = 0.0  # how long `wait()` waited for the copies
         self._timing: tuple[Any, Any] | None = None
         if self.asynchronous:
             module = backend.module
@@ -113,9 +108,7 @@ class HostCopy:
         """Block until every copy landed in host memory."""
         self.finish()
         if self._event is not None:
-            started = time.perf_counter()
             self._event.synchronize()
-            self.wait_us += (time.perf_counter() - started) * 1e6
             self._sources.clear()
 
 

@@ -1,35 +1,20 @@
 """The launch configurations Inductor's Triton kernels were autotuned to: read in the recording
 process, kept in the bundle as data, and put back in the replay's process, copy by copy.
 
-Why this exists: Inductor compiles a model's reductions and pointwise ops into Triton kernels,
-each generated with a few candidate launch configurations (block sizes, warps, stages). At a
-kernel's first launch it times the candidates and keeps the fastest, and timing differs from
-process to process. A reduction's block sizes decide the order it sums in, so two processes
-running the same compiled step can round differently: on an H200 two recordings of the same
-float32 workload already parted at their first compiled step. A bundle therefore carries, for
-each autotuned kernel of the recording process, the configuration it launched with, and a replay
-makes each kernel take that configuration instead of timing its candidates.
-
-Inductor has the mechanism: `torch._inductor.config.autotune_lookup_table` maps a kernel's
-lookup hash (sha256 of its size hints and its source without its name) to a configuration, which
-a kernel takes when it is built, in the compiling process or in a compile worker (torch 2.11 to
-2.14). So a choice is keyed by that hash, and applying a bundle's choices is filling that table:
-only integers come from a bundle, and nothing it holds is executed.
-
-One source can run as several copies, configured apart. A compiled graph's module binds each
-kernel to a global of its own; where Inductor's compile workers built the kernel,
-`AsyncCompile.triton` forgets the source's future once it has resolved, so each graph module that
-asks for it gets a `CachingAutotuner` of its own, autotuned (or read from the autotune cache) on
-its own (torch 2.11, 2.13, 2.14 alike; on the H100 a float32 norm ran with XBLOCK=1 in one graph
-and 32 in another). The lookup table, keyed by source, gives all copies one configuration. So a
-bundle also keeps each copy (`KernelCopy`), keyed by its graph module's code (comments left
-out: they name cache folders and the compile order) and the global that binds it; and where a
-kernel's copies ran apart, the replay gives each copy of its own graph modules, as each is
-loaded (`PyCodeCache.load_by_key_path`, the one loader of Inductor's generated graph code) and
-before its first launch, a copy of the kernel built for that configuration alone, bound in place
-of the one Inductor made. Whether each kernel and copy of the replay ran with its recorded
-configuration is read back after the step and reported (`compare`), so a kernel that kept
-another one (loaded from a compile cache, or whose copies could not be told apart) is named.
+Why: Inductor picks a kernel's launch configuration by timing candidates at its first launch, in
+each process anew, and a reduction's block sizes decide the order it sums in, so two processes
+running the same compiled step can round differently (docs/GUIDE.md, "Kernel choices"). A choice
+is keyed by Inductor's lookup hash (sha256 of the kernel's size hints and its source without its
+name), and applying a bundle's choices fills `torch._inductor.config.autotune_lookup_table`, which
+a kernel reads when it is built, in the compiling process or a compile worker (torch 2.11 to
+2.14): only integers come from a bundle, and nothing it holds is executed. That table is keyed by
+source, while one source can run as several copies configured apart (where the compile workers
+built it, each compiled graph's module binds a `CachingAutotuner` of its own, tuned on its own).
+So each copy is kept by its graph module's code (`graph_digest`) and the global that binds it,
+and where a kernel's copies ran apart the replay binds, in each graph module as it is loaded
+(`PyCodeCache.load_by_key_path`, the one loader of Inductor's generated graph code) and before
+its first launch, a copy built for that configuration alone. How each kernel and copy ran is
+read back after the step (`compare`).
 """
 
 import contextlib
@@ -64,15 +49,6 @@ def _bindings() -> Iterator[tuple[Any, str, Any]]:
         for name, value in list(vars(module).items()):
             if isinstance(value, CachingAutotuner):
                 yield module, name, value
-
-
-def _autotuners() -> Iterator[Any]:
-    """Every Triton kernel Inductor loaded in this process, each once."""
-    seen: set[int] = set()
-    for _, _, autotuner in _bindings():
-        if id(autotuner) not in seen:
-            seen.add(id(autotuner))
-            yield autotuner
 
 
 def _launched_config(autotuner: Any) -> Any:

@@ -49,11 +49,6 @@ def expand_modes(requested: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-def unavailable_reason(mode: str, device: DeviceBackend) -> str | None:
-    """Why `mode` cannot run on `device`, or None when it can."""
-    return device.unavailable_reason if mode in OWN_ENGINE_MODES else None
-
-
 def measure_mode(
     mode: str,
     forward: Callable[[], Any],
@@ -69,19 +64,14 @@ def measure_mode(
 ) -> dict[str, Any]:
     """Run and time `forward` in `mode`; compare its first output tensor (its first `rows` rows:
     a graph of a padded size computes padding rows past them) with `expected` (None where
-    nothing was recorded).
+    nothing was recorded). The report, per mode, is docs/GRAPHS.md's ("Replay modes").
 
-    `forward` takes no arguments and must already be the mode's forward: for "compiled" a
-    compiled model, for "piecewise" one compiled with `piecewise` (whose counters are reported;
-    without it the mode is reported unavailable rather than mislabelled), for "eager" the plain
-    model, for "graph" the forward to capture. `state_views` are restored before every run.
-    Returns {"mode", "available": False, "reason"} where the mode cannot run here, else
-    {"mode", "available": True, "latency_us", "vs_recorded", ...}; "graph" adds the one-shot
-    checks (graph_vs_eager, graph_deterministic, ...), "piecewise" adds "piecewise" counters.
-    With `trace_to`, `iters` more runs of the timed forward are traced with the torch profiler
-    into that Chrome trace file, named in the report as "profile_trace".
+    `forward` takes no arguments and must already be the mode's forward (for "piecewise" one
+    compiled with `piecewise`, whose counters are reported: without it the mode is reported
+    unavailable rather than mislabelled); `state_views` are restored before every run. With
+    `trace_to`, `iters` more runs of the timed forward are traced into that Chrome trace file.
     """
-    reason = unavailable_reason(mode, device)
+    reason = device.unavailable_reason if mode in OWN_ENGINE_MODES else None
     if reason is None and mode == "piecewise" and piecewise is None:
         reason = (
             "the engine was not built with tracekit's piecewise backend "

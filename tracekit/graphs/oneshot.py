@@ -2,10 +2,8 @@
 
 The graph is captured for the exact inputs of the recorded step, so every host-side decision baked
 in at capture (attention plans, kernel choices by query length) is right by construction; no
-capture sizes, padding or dummy metadata are involved. Each replay first restores the state the
-forward mutates in place (the KV blocks it writes), inside the graph, so every replay computes the
-same step from the same state; the timing events sit inside the graph after that restore, so
-neither the restore nor host launch gaps reach the timed interval.
+capture sizes, padding or dummy metadata are involved. How each replay restores its state and
+where the timing events sit: docs/GRAPHS.md ("One-shot exact capture").
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -41,12 +39,9 @@ def capture_and_time(
     """Capture `forward` (no arguments; its first output tensor is checked) as one graph.
 
     `state_views` are the tensors the forward mutates and reads (KV blocks it writes); they are
-    snapshotted now and restored before every run. The report holds `eager_repeat` (two eager runs
-    from the same state), `graph_vs_eager`, `graph_deterministic` (two replays bitwise equal),
-    `finite`, `state_reset_bytes`, `latency_us` (forward alone, between in-graph events where the
-    platform has them) and `replay_us` (whole replays, restore included, between events around
-    them). With `trace_to`, `iters` more replays are traced into that Chrome trace file
-    (`profile_trace` in the report).
+    snapshotted now and restored before every run. The report's fields are docs/GRAPHS.md's
+    ("One-shot exact capture"). With `trace_to`, `iters` more replays are traced into that Chrome
+    trace file (`profile_trace` in the report).
     """
     backend.require_graphs()
     restore = state_restorer(state_views)

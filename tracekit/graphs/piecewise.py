@@ -4,10 +4,8 @@ per capture size, then replayed.
 
 tracekit owns this backend rather than relying on vLLM's, so that a replay captures exactly the
 recorded capture-size table and so that each piece can be run both ways for the divergence report
-(`tracekit.graphs.divergence`). Pieces between splitting ops share one graph memory pool; the
-splitting ops themselves always run eagerly, which is why their outputs must be written into
-buffers allocated by the piece before them (vLLM's `*_with_output` ops): a graph replays fixed
-addresses, and `debug` mode checks that every replay gets its inputs where the capture saw them.
+(`tracekit.graphs.divergence`). docs/GRAPHS.md ("The piecewise backend") gives its steps and why
+a splitting op must write into a buffer the piece before it allocated.
 """
 
 import contextlib

@@ -47,7 +47,6 @@ class RegionTimer:
     """
 
     def __init__(self, backend: DeviceBackend, head_start_us: float = DEFAULT_HEAD_START_US):
-        self._backend = backend
         self._events = None
         self._spun = backend.can_spin
         if backend.has_device_events:
@@ -129,11 +128,11 @@ def time_callable(
     `runs_with_host_gaps` counts the calls whose host issue outlasted their head start,
     `host_issue_us` is the median host issue time.
     """
-    before = before or _nothing
     host_us = []
 
     def timed_once(head_start_us: float) -> RegionTime:
-        before()
+        if before is not None:
+            before()
         backend.synchronize()
         timer = RegionTimer(backend, head_start_us)
         fn()
@@ -166,7 +165,3 @@ def warm_up(fn: Callable[[], Any], backend: DeviceBackend, seconds: float) -> No
     for _ in range(max(1, int(seconds / per_call))):
         fn()
     backend.synchronize()
-
-
-def _nothing() -> None:
-    return None
