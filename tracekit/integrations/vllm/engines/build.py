@@ -52,6 +52,14 @@ def apply_recorded_determinism(recorded_env: dict[str, str]) -> list[str]:
     return applied
 
 
+def forget_cached_vllm_envs() -> None:
+    """vLLM caches its environment variables once an engine has started (`enable_envs_cache`,
+    0.26 to 0.34); the next engine built in this process must see the ones set since."""
+    reset = getattr(sys.modules.get("vllm.envs"), "disable_envs_cache", None)
+    if reset is not None:
+        reset()
+
+
 def build_llm(engine_args: dict[str, Any], runner_kind: str | None = None) -> Any:
     """Start an in-process engine from recorded (or user) `EngineArgs` values; `runner_kind`
     ("v1" or "v2") picks vLLM's model runner, refused (exit 3) where it cannot be built."""
@@ -186,7 +194,6 @@ def _lora_requests(loras: list[dict[str, Any] | None]) -> list[Any] | None:
 
     if not any(loras):
         return None
-    ids = _lora_ids
     requests = []
     for lora in loras:
         if lora is None:
@@ -194,7 +201,7 @@ def _lora_requests(loras: list[dict[str, Any] | None]) -> list[Any] | None:
             continue
         if not (isinstance(lora, dict) and isinstance(lora.get("name"), str) and isinstance(lora.get("path"), str)):
             raise UsageError(f"bad lora {lora!r}: give {{\"name\": ..., \"path\": ...}}")
-        int_id = ids.setdefault(lora["name"], int(lora.get("id") or len(ids) + 1))
+        int_id = _lora_ids.setdefault(lora["name"], int(lora.get("id") or len(_lora_ids) + 1))
         requests.append(LoRARequest(lora_name=lora["name"], lora_int_id=int_id, lora_path=lora["path"]))
     return requests
 

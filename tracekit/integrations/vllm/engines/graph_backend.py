@@ -1,13 +1,11 @@
-"""The one place where tracekit's piecewise graph backend is plugged into vLLM (read on 0.32.0 and
-0.34.0; see docs/GRAPHS.md for the code paths).
+"""The one place where tracekit's piecewise graph backend is plugged into vLLM (docs/GRAPHS.md,
+"Plugging the piecewise backend into vLLM", gives the code paths, read on 0.32.0 and 0.34.0).
 
-vLLM accepts a custom `torch.compile` backend only in compilation modes 1 (STOCK_TORCH_COMPILE)
-and 2 (DYNAMO_TRACE_ONCE): `CompilationConfig.init_backend` resolves `backend` as a qualified name
-and hands that object to `torch.compile`; mode 3 (VLLM_COMPILE) rejects any backend but
-"eager"/"inductor". Mode 2 traces the model once, with the token dimension dynamic, and drops the
-guards, which is what a per-size backend needs. vLLM's own CUDA graphs are switched off
-(`cudagraph_mode=NONE`) so that tracekit's backend alone captures, from the recorded table, which
-travels to the engine's processes in an environment variable. vLLM is imported lazily.
+vLLM takes a custom `torch.compile` backend, by qualified name, in compilation mode 2
+(DYNAMO_TRACE_ONCE: traced once with the token dimension dynamic and no guards, what a per-size
+backend needs). vLLM's own CUDA graphs are switched off so that tracekit's backend alone
+captures, from the recorded table, which travels to the engine's processes in an environment
+variable. vLLM is imported lazily.
 """
 
 import json
@@ -21,6 +19,7 @@ from tracekit.errors import UsageError
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.piecewise import PiecewiseGraphBackend
+from tracekit.integrations.vllm.engines.build import forget_cached_vllm_envs
 
 SETTINGS_ENV = "TRACEKIT_PIECEWISE_SETTINGS"
 BACKEND_QUALNAME = f"{__name__}.piecewise_backend"
@@ -60,18 +59,8 @@ def compilation_config_for(
     # then be serialisable; the piecewise backend's is not ("does not implement
     # SerializableCallable"), so the engine compiles it the plain way.
     os.environ["VLLM_USE_AOT_COMPILE"] = "0"
-    _forget_cached_vllm_envs()
+    forget_cached_vllm_envs()
     return {"mode": DYNAMO_TRACE_ONCE, "backend": BACKEND_QUALNAME, "cudagraph_mode": "NONE"}
-
-
-def _forget_cached_vllm_envs() -> None:
-    """vLLM caches its environment variables once an engine has started; the next engine built
-    in this process must see the ones set since."""
-    import vllm.envs as envs
-
-    cache_clear = getattr(envs.__getattr__, "cache_clear", None)
-    if cache_clear is not None:
-        cache_clear()
 
 
 def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -1,42 +1,36 @@
-"""Building a replay engine that holds only what its recorded steps need: a "lean" engine.
+"""Building a replay engine that holds only what its recorded steps need: a "lean" engine
+(docs/GUIDE.md, "A lean engine", says what it leaves out and why).
 
-vLLM builds an engine for any batch to come: it captures a CUDA graph of every capture size in
-every graph mode and compiles every compile size (~67 s for the tiny model on an H200 with vLLM
-0.26). A replay runs a few recorded steps, each dispatched to one (graph mode, padded size). A
-lean engine is built from the same engine arguments, so it has the same capture tables, the same
-padding and the same dispatch for every recorded step; only less is built:
+It is built from the same engine arguments, so it has the same capture tables, padding and
+dispatch for every recorded step; only less is built:
 
 * Graphs: just before the runner's `capture_model`, its table of graphs (V1's dispatcher keys,
-  V2's graph manager descriptors) is cut to the wanted (mode, size) pairs. The runner captures
-  those alone, and a batch of another size runs without a graph, as vLLM runs a size it has no
-  graph of; a wanted step's dispatch is unchanged (its key is kept, the keys checked before it
-  failed to match in the full engine too).
-* Compile sizes: single-size Inductor compiles (`compile_sizes`) of sizes no wanted step runs at
-  are dropped. Compile ranges stay whole: a step's code is compiled for its range, and a range
-  merged with its neighbours would be compiled for other bounds (other code); the profiling run
-  at the largest batch needs the last range anyway.
-* The release's `lean_env` (vLLM's compile cache where the series' default cannot load it back),
-  no vLLM compile cache at all for steps that carry kernel choices (`COMPILE_HERE_ENV`, for any
-  engine, lean or full), and Python's collector kept off every object that exists before the
-  build (`gc.freeze`: the imported modules are never garbage, and the build allocates millions
-  of objects, each collection of which would walk them all again).
+  V2's graph manager descriptors) is cut to the wanted (mode, size) pairs. A wanted step's
+  dispatch is unchanged (its key is kept, the keys checked before it failed to match in the full
+  engine too); a batch of another size runs without a graph.
+* Compile sizes: single-size compiles of sizes no wanted step runs at are dropped. Compile ranges
+  stay whole: a range merged with its neighbours would be compiled for other bounds (other code);
+  the profiling run at the largest batch needs the last range anyway.
+* The release's `lean_env`, `COMPILE_HERE_ENV` for steps that carry kernel choices (any engine,
+  lean or full), and Python's collector kept off every object that exists before the build
+  (`gc.freeze`: the build allocates millions of objects, each collection of which would walk the
+  imported modules again).
 
 What a build kept is remembered per engine (`build_of`), for the replay's report.
 """
 
 import gc
 import os
-import sys
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.format.schema import GraphDispatch, Step
 from tracekit.graphs.modes import ReplayMode, expand_modes
-from tracekit.integrations.vllm.engines.build import build_llm
+from tracekit.integrations.vllm.engines.build import build_llm, forget_cached_vllm_envs
 from tracekit.integrations.vllm.releases.base import classes_here
 from tracekit.integrations.vllm.releases.installed import installed_release
 from tracekit.integrations.vllm.runners import method_patch
@@ -118,7 +112,7 @@ def build_of(llm: Any) -> EngineBuild | None:
     return _builds.get(llm)
 
 
-def narrowed_compile_sizes(engine_args: dict[str, Any], sizes: set[int]) -> list[int] | None:
+def narrowed_compile_sizes(engine_args: dict[str, Any], sizes: Collection[int]) -> list[int] | None:
     """The recorded `compile_sizes` that a step of one of `sizes` (padded token counts) runs at;
     None where nothing is dropped."""
     recorded = engine_args.get("compilation_config", {}).get("compile_sizes") or []
@@ -140,14 +134,13 @@ def build(engine_args: dict[str, Any], runner_kind: str | None, needs: EngineNee
         llm = build_llm(engine_args, runner_kind)
         _builds[llm] = EngineBuild("full", env=env, seconds=time.perf_counter() - started, import_seconds=imported)
         return llm
-    graphs = set(needs.graphs)
-    made = EngineBuild("lean", graphs_wanted=sorted(graphs), env=env, import_seconds=imported)
-    made.compile_sizes = narrowed_compile_sizes(engine_args, set(needs.sizes))
+    made = EngineBuild("lean", graphs_wanted=sorted(needs.graphs), env=env, import_seconds=imported)
+    made.compile_sizes = narrowed_compile_sizes(engine_args, needs.sizes)
     args = engine_args
     if made.compile_sizes is not None:
         args = {**engine_args, "compilation_config": {**engine_args["compilation_config"],
                                                       "compile_sizes": made.compile_sizes}}
-    with _capturing_only(capturers, release, graphs, made), _collector_off_the_heap():
+    with _capturing_only(capturers, release, needs.graphs, made), _collector_off_the_heap():
         llm = build_llm(args, runner_kind)
     made.seconds = time.perf_counter() - started
     _builds[llm] = made
@@ -165,15 +158,13 @@ COMPILE_HERE_ENV = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
 
 def _set_engine_env(lean_env: dict[str, str], compile_here: bool) -> dict[str, str]:
     """Set the release's lean-engine variables this process does not set itself and, for steps
-    with kernel choices, `COMPILE_HERE_ENV` (whatever is set); returns what was set. vLLM reads
-    its variables through a cache an engine's start fills: it is emptied so that they count."""
+    with kernel choices, `COMPILE_HERE_ENV` (whatever is set); returns what was set."""
     env = {name: value for name, value in lean_env.items() if name not in os.environ}
     if compile_here:
         env.update(COMPILE_HERE_ENV)
     os.environ.update(env)
-    reset = getattr(sys.modules.get("vllm.envs"), "disable_envs_cache", None)
-    if env and reset is not None:
-        reset()
+    if env:
+        forget_cached_vllm_envs()
     return env
 
 
@@ -186,7 +177,7 @@ def _import_engine_modules(release: Any) -> list[type]:
 
 
 @contextmanager
-def _capturing_only(capturers: list[type], release: Any, graphs: set[tuple[str, int]],
+def _capturing_only(capturers: list[type], release: Any, graphs: Collection[tuple[str, int]],
                     build: EngineBuild) -> Iterator[None]:
     """While the block builds an engine, its runner's `capture_model` captures `graphs` only."""
     def narrow(runner: Any) -> None:

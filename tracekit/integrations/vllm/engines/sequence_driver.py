@@ -1,22 +1,14 @@
 """Driving a bundle's recorded steps through a rebuilt runner, as the engine drove them.
 
 A bundle is a sequence of N >= 1 steps (a single step is N = 1). The first step is rebuilt
-(`StepDriver`: every request new, the recorded KV blocks, RNG states and padding rows put back
-at its model call), and its requests are not finished after it: the runner keeps them, so the
-later steps' recorded scheduler outputs — whose cached-request deltas name them — apply as they
-did in the engine, and the runner carries its own state from step to step (its persistent batch,
-the sampled ids it keeps on the device under async scheduling, drafts, Model Runner V2's request
-slots). For a later step the driver puts back nothing but the padding rows of its inputs (junk
-rows a CUDA graph of the padded size reads) and, for the requests its scheduler output adds,
-what the runner keeps per request (V2: the seed the engine drew). The runner calls follow the
-recorded order (`StepWindow.calls`): under async scheduling a step's output is read after the
-next step ran, as in the engine.
-
-`rebuild` names later steps whose state is rebuilt instead (`replay --from K`): the runner lets
-go of every request and of what it kept of its last step, and the step runs as a first step of
-its request states (derived from the bundle: `window_records`) on the KV cache the steps before
-left. A step that raises ends the sequence there. Afterwards every request is finished in the
-runner, which is left able to serve.
+(`StepDriver`) and its requests are kept, so that the later steps' recorded scheduler outputs
+apply as they did in the engine and the runner carries its own state from step to step (its
+persistent batch, the sampled ids it keeps on the device under async scheduling, drafts, Model
+Runner V2's request slots); a later step gets back only the padding rows of its inputs and, for
+the requests it adds, what the runner keeps per request. The runner calls follow the recorded
+order (`StepWindow.calls`). A step in `rebuild` (`replay --from K`) is rebuilt instead, on the KV
+cache the steps before left (docs/GUIDE.md, "Windows", says what for). A step that raises ends the
+sequence there; afterwards every request is finished in the runner, which is left able to serve.
 """
 
 import dataclasses
@@ -111,11 +103,10 @@ class SequenceDriver:
         return run.observed[self.first]
 
     def _call(self, call: RunnerCall, index: int, outputs: dict[int, Any], run: SequenceRun) -> None:
-        runner = self.runner
         if call is RunnerCall.EXECUTE:
             self._execute(index, run)
         elif call is RunnerCall.SAMPLE:
-            outputs[index] = runner.sample_tokens(self.grammar.get(index))
+            outputs[index] = self.runner.sample_tokens(self.grammar.get(index))
         elif index in outputs:
             output = outputs.pop(index)
             if hasattr(output, "get_output"):  # async: the observer's receiver runs as it is read
@@ -126,8 +117,9 @@ class SequenceDriver:
         per-request state put back) or as recorded (only its new requests' state put back)."""
         each, adapter = self.steps[index], self.adapter
         if index in self.rebuild:
-            if index != self.first:
-                self._let_go()
+            if index != self.first:  # the runner lets go of every request and starts afresh, as for a single step
+                adapter.finish(list(adapter.live_req_ids()))
+                adapter.start_afresh()
             scheduler_output = adapter.scheduler_output_for(each.step, each.held, loras=self.loras)
             run.observed[index].drafter_orders_dropped = adapter.release.drafter_orders_dropped(each.step)
             putting_back = adapter.replaying(each.step, each.held)
@@ -150,12 +142,6 @@ class SequenceDriver:
             recorded = getattr(new_request, "lora_request", None)
             if recorded is not None and isinstance(recorded.lora_name, str) and recorded.lora_name in self.loras:
                 new_request.lora_request = self.loras[recorded.lora_name]
-
-    def _let_go(self) -> None:
-        """Before a rebuilt step: the runner lets go of every request and starts afresh, as for a
-        single step (`RunnerAdapter.start_afresh`)."""
-        self.adapter.finish(list(self.adapter.live_req_ids()))
-        self.adapter.start_afresh()
 
     def _leave(self, outputs: dict[int, Any]) -> None:
         """Read the outputs still pending and finish every request: the runner can serve again."""

@@ -8,13 +8,10 @@ request (output tokens, generator states or seeds; so penalties, min_tokens, bad
 logprobs see what the engine saw). The runner then prepares the step and dispatches it as it
 would any step (eager, compiled, or a CUDA graph of the padded size); just before the model
 call the recorded KV blocks are written at their block ids, the recorded padding rows of the
-inputs are put back and the global RNG state is restored. Afterwards the requests are finished
-in the runner, which is left able to serve. A bundle that saved no KV blocks but asks for them
-to be recomputed (`--kv recompute`) first has its requests' recorded tokens prefilled into their
+inputs are put back and the global RNG state is restored (`ForwardHandle`, which the caller can
+run again, for timing and graph capture). A bundle that saved no KV blocks but asks for them to
+be recomputed (`--kv recompute`) first has its requests' recorded tokens prefilled into their
 block ids.
-
-The model call is handed to the caller as a `ForwardHandle`: it can run the exact forward
-again (each run restores KV, padding rows and RNG first), for timing and graph capture.
 """
 
 import dataclasses
@@ -26,9 +23,9 @@ import torch
 from tracekit.errors import CannotRunHere
 from tracekit.format.schema import KVMode, Step
 from tracekit.graphs.modes import ReplayMode
-from tracekit.integrations.seam import ObservedStep, OutputReceiver, Phase
+from tracekit.integrations.seam import ObservedStep, OutputReceiver, StepObserver
 from tracekit.integrations.vllm.records import grammar, spec_decode
-from tracekit.integrations.vllm.runners import kv_digest, runner_state
+from tracekit.integrations.vllm.runners import kv_digest, lora_adapters, runner_state
 from tracekit.integrations.vllm.runners.runner_state import hidden_states_of
 
 
@@ -55,10 +52,10 @@ class ForwardHandle:
     def __init__(self, restore: Callable[[], None], call: Callable[[], Any], context: Any,
                  written_views: Callable[[], list[torch.Tensor]], device: torch.device,
                  piecewise_key: Any = None, num_tokens_padded: int | None = None):
-        self._restore = restore
+        self.restore = restore  # puts the recorded state back
         self._call = call
         self._context = context  # the forward context of the call (None: a FULL graph replay)
-        self._written_views = written_views
+        self.state_views = written_views  # views of every KV block the forward writes (for in-graph restores)
         self._piecewise_key = piecewise_key  # vLLM's PIECEWISE graph key of the padded size, if captured
         self._num_tokens_padded = num_tokens_padded
         self.device = device
@@ -76,9 +73,6 @@ class ForwardHandle:
         if form == ReplayMode.VLLM_PIECEWISE.value and self._piecewise_key is None:
             return f"the engine captured no PIECEWISE CUDA graph of the step's padded size ({self._num_tokens_padded} tokens)"
         return None
-
-    def restore(self) -> None:
-        self._restore()
 
     def forward(self, form: str = ReplayMode.COMPILED.value) -> Any:
         """The model call alone (no restore), in `form`: as the engine dispatched it by default."""
@@ -107,17 +101,15 @@ class ForwardHandle:
                 setattr(context, name, value)
 
     def run(self, form: str = ReplayMode.COMPILED.value) -> Any:
-        self._restore()
+        self.restore()
         return self.forward(form)
 
-    def state_views(self) -> list[torch.Tensor]:
-        """Views of every KV block the forward writes (for in-graph restores)."""
-        return self._written_views()
 
-
-class ReplayObserver:
+class ReplayObserver(StepObserver):
     """What the adapter's shadows report during a replayed step, kept for the checks of the step
-    in progress (`current`: its observations)."""
+    in progress (`current`: its observations). The reports it takes no note of (the step's start,
+    its forward, the grammar the driver handed over, phases, idle steps, failures the driver
+    reports itself) keep the protocol's bodies, which do nothing."""
 
     tracking = True
 
@@ -128,40 +120,19 @@ class ReplayObserver:
     def observed(self) -> ObservedStep:
         return self.current()
 
-    def step_started(self, scheduler_output: Any) -> None:
-        pass
-
-    def before_forward(self, input_ids: Any, positions: Any) -> None:
-        pass
-
-    def after_forward(self, hidden_states: Any) -> None:
-        pass
-
     def logits_computed(self, logits: Any) -> None:
         if self.observed.logits is None and logits is not None:
             self.observed.logits = _to_host(logits)
 
-    def grammar_received(self, read: Callable[[], Any]) -> None:
-        pass  # the driver handed it over: the recorded one
-
     def grammar_applied(self, logits: Any) -> None:
         if self.observed.grammar_bitmask is None:
             self.observed.grammar_bitmask = _to_host(grammar.applied_mask(logits))
-
-    def phase_entered(self, phase: Phase) -> None:
-        pass
 
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
         self.observed.drafter_calls.append(spec_decode.drafter_pass(inputs, output, _to_host))
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         self.observed.proposals = _to_host(read())
-
-    def idle_step(self, scheduler_output: Any) -> None:
-        pass
-
-    def sampling(self) -> None:
-        pass
 
     def output_receiver(self) -> OutputReceiver:
         observed = self.observed  # the step just sampled (its output may be read after the next started)
@@ -173,9 +144,6 @@ class ReplayObserver:
         # a failed read raises on into the driver, which reports the step's failure itself
         return OutputReceiver(receive, failed=lambda error: None)
 
-    def step_failed(self, error: BaseException) -> None:
-        pass
-
 
 def tokens_to_recompute(request: Any, count: int | None = None) -> list[int]:
     """The token ids a `--kv recompute` replay prefills for `request`: all it had before the step
@@ -186,10 +154,8 @@ def tokens_to_recompute(request: Any, count: int | None = None) -> list[int]:
 def unknown_tokens_to_recompute(step: Step) -> int:
     """How many token ids a recompute replay of `step` needs that its bundle does not hold (ids
     below 0): those it prefills, and the step's own where the bundle has no input ids (a step
-    kept from host memory). V1 under async scheduling (vLLM's default on a GPU) keeps every
-    sampled id as a placeholder (-1) in the runner; the real ids go to the engine alone, so a V1
-    recording holds those its step reads, from the forward's input ids, and those the recorder
-    read from the outputs of the steps it saw (`tracekit.record.sampled_ids`)."""
+    kept from host memory). A V1 recording under async scheduling holds only the sampled ids its
+    step reads and those the recorder read from the steps it saw (`tracekit.record.sampled_ids`)."""
     unknown = 0
     for request in step.requests:
         needed = request.num_computed_tokens + (request.num_scheduled_tokens if step.input_ids is None else 0)
@@ -227,11 +193,10 @@ class StepDriver:
 
     def __init__(self, adapter: Any, step: Step, lora_paths: dict[int, str] | None = None):
         self.adapter = adapter
-        self.runner = adapter.runner
         self.step = step
         spec_decode.fill_drafts_from_inputs(step)
         self.lora_paths = dict(lora_paths or {})
-        self.loras = adapter.lora_requests_for(step.lora_adapters, self.lora_paths)
+        self.loras = lora_adapters.lora_requests(step.lora_adapters, self.lora_paths)
         self.groups = adapter.kv_groups()
         if len(self.groups) != len(step.kv.groups):
             raise CannotRunHere(
@@ -254,10 +219,9 @@ class StepDriver:
         prefills, left behind reaches the step)."""
         adapter, step = self.adapter, self.step
         if step.kv.mode == KVMode.RECOMPUTE.value:
-            with torch.inference_mode():
-                adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
-                recompute_kv(adapter, step, self.loras)
-        adapter.restore_lora_slots(step.lora_adapters, self.lora_paths)
+            lora_adapters.restore_slots(adapter.runner, step.lora_adapters, self.lora_paths)
+            recompute_kv(adapter, step, self.loras)
+        lora_adapters.restore_slots(adapter.runner, step.lora_adapters, self.lora_paths)
         adapter.start_afresh()
 
     # -- the recorded state, put back ----------------------------------------------------------
@@ -295,17 +259,10 @@ class StepDriver:
                 views.extend(cache.select(live.layout.block_dim, block) for block in recorded.written_block_ids)
         return views
 
-    def _kv_read(self) -> list[dict[str, torch.Tensor]]:
-        """The blocks the step reads, as the forward is about to read them (a window's step
-        rebuilt on the KV the steps before left)."""
-        return [runner_state.blocks_to_host(live, recorded.read_block_ids)
+    def _kv_blocks(self, block_ids: Callable[[Any], list[int]]) -> list[dict[str, torch.Tensor]]:
+        """Per KV cache group, the blocks `block_ids(recorded group)` names, copied to host as they stand."""
+        return [runner_state.blocks_to_host(live, block_ids(recorded))
                 for live, recorded in zip(self.groups, self.step.kv.groups)]
-
-    def _kv_after(self) -> list[dict[str, torch.Tensor]]:
-        return [
-            runner_state.blocks_to_host(live, recorded.written_block_ids)
-            for live, recorded in zip(self.groups, self.step.kv.groups)
-        ]
 
     def _kv_written(self, positions: torch.Tensor | None, layers: list[list[str]] | None) -> list[Any]:
         """The digest of the KV the forward wrote to `layers`, as a window's later step records it."""
@@ -326,9 +283,7 @@ class StepDriver:
         backend = adapter.device_backend
 
         def model_call(original: Callable, args: tuple, kwargs: dict) -> Any:
-            from vllm.forward_context import get_forward_context, is_forward_context_available
-
-            context = get_forward_context() if is_forward_context_available() else None
+            context = runner_state.forward_context()
             saved_context = (
                 {name: value for name, value in vars(context).items() if name not in FORM_ATTRIBUTES}
                 if context is not None else {}
@@ -355,8 +310,8 @@ class StepDriver:
                                    adapter.piecewise_graph_key(padded, context), padded)
             observed.dispatch = adapter.graph_dispatch(self.step.num_real_rows, padded)
             handle.restore()
-            if keep_kv_read:
-                observed.kv_read = self._kv_read()
+            if keep_kv_read:  # as the forward is about to read them (a window's step rebuilt on the KV the steps before left)
+                observed.kv_read = self._kv_blocks(lambda group: group.read_block_ids)
             observed.input_ids, observed.positions = _to_host(live_ids), _to_host(live_positions)
             # The KV blocks written, and any other block the forward wrote (a padding slot's), are
             # read off a rebuilt step only: a carried one recorded none to compare.
@@ -367,7 +322,7 @@ class StepDriver:
             observed.forward_us = (time.perf_counter() - started) * 1e6
             observed.hidden_states = _to_host(hidden_states_of(output))
             if restore:
-                observed.kv_after = self._kv_after()
+                observed.kv_after = self._kv_blocks(lambda group: group.written_block_ids)
                 observed.kv_changed_elsewhere = [
                     sorted(set(runner_state.changed_blocks(group, before)) - set(recorded.written_block_ids))
                     for group, before, recorded in zip(self.groups, fingerprints, self.step.kv.groups)

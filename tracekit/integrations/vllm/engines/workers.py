@@ -2,13 +2,11 @@
 processes: the transport, and nothing it carries.
 
 A tensor-parallel engine (and any engine with vLLM's multiprocessing) runs one worker process
-per rank, out of reach of the process holding the `LLM`. `LLM.collective_rpc(fn, args=...)`
-sends a function to every worker, calls it as `fn(worker, *args)` there and returns each
-worker's result in rank order. The calls are sequenced with the engine's own steps, so a
-function sent to arm a recorder runs at the same step on every rank, and a replayed step runs
-on all ranks at once (its collectives need them all). The functions sent live with their use
-cases (`tracekit.record.arm_in_workers`, `tracekit.replay.replay_in_workers`); they report a
-`TracekitError` as `reported(error)`, which `on_every_worker` raises again here.
+per rank, out of reach of the process holding the `LLM`; `LLM.collective_rpc` runs a function in
+every worker, sequenced with the engine's own steps, so a function sent to arm a recorder runs
+at the same step on every rank, and a replayed step runs on all ranks at once (its collectives
+need them all). The functions sent live with their use cases (`tracekit.record.arm_in_workers`,
+`tracekit.replay.replay_in_workers`).
 """
 
 import os

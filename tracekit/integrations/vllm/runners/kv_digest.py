@@ -2,7 +2,7 @@
 
 Why this exists: a window's later steps keep no KV blocks (a window would weigh as much as its
 steps' KV), so without it a replay checks only their outputs, and a step whose KV writes parted
-shows only when a later step reads them (issue 32). A digest of each request's written KV per
+shows only when a later step reads them. A digest of each request's written KV per
 layer is a few bytes, and it tells at once which step wrote other KV, for which request and from
 which layer on.
 
@@ -30,20 +30,14 @@ NULL_BLOCK = 0
 _GOLDEN = 2654435761  # Knuth's multiplicative hash constant: weights that look random, the same everywhere
 
 
-def model_layer_names(model: Any) -> set[str] | None:
-    """The attention layers of the engine's model, by the names its KV cache knows them: a
-    speculative drafter's layers share the KV cache groups but write their slots later in the
-    step. None where the model cannot be walked."""
-    try:
-        return {module.layer_name for module in model.modules() if isinstance(getattr(module, "layer_name", None), str)}
-    except Exception:  # not a module tree: digest nothing rather than a drafter's stale slots
-        return None
-
-
 def digested_layers(groups: list[KVGroup], model: Any) -> list[list[str]] | None:
-    """Per KV cache group, its layers whose writes a step's digest covers: the model's own."""
-    names = model_layer_names(model)
-    if names is None:
+    """Per KV cache group, its layers whose writes a step's digest covers: the engine's model's
+    own attention layers, by the names its KV cache knows them (a speculative drafter's layers
+    share the KV cache groups but write their slots later in the step). None where the model
+    cannot be walked."""
+    try:
+        names = {module.layer_name for module in model.modules() if isinstance(getattr(module, "layer_name", None), str)}
+    except Exception:  # not a module tree: digest nothing rather than a drafter's stale slots
         return None
     return [[name for name in group.layer_names if name in names] for group in groups]
 

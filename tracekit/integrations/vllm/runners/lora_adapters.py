@@ -1,20 +1,11 @@
 """The LoRA adapters of a recorded step: which sat in which slot, their files, and putting them back.
 
 A LoRA engine holds up to `max_loras` adapters in slots on the device (vLLM's LoRA manager,
-`runner.lora_manager`); a request names its adapter (`LoRARequest`: name, int id, path) and its
-tokens read that adapter's slot. What a step computes depends on the slots, not only on the
-requests' own adapters: on vLLM 0.32's CPU kernels a request without an adapter, batched with
-LoRA requests, gets the adapter of the *last* slot added in (`lora_b_weights[-1]` for the index
--1; 0.34 masks it), and which adapter sits where depends on the engine's history and on the
-order vLLM iterates a set of requests. So a bundle records every resident adapter with its slot
-(`Step.lora_adapters`), and a replay puts each back into the same slot before the step runs.
-
-Recording reads the adapters' files on the writer thread, never in the engine's step: the
-fingerprint (the model weights' definition, `weights.py`), the rank, alpha and target modules of
-`adapter_config.json`, and, below `KEEP_LIMIT` or when asked, the files themselves — only
-`adapter_config.json` and `*.safetensors`, which loading never executes (a `.bin` is a pickle).
-A replay writes kept files into a folder of its own, or finds the adapter at a path the user gives
-or at the recorded one, and checks the fingerprint either way.
+`runner.lora_manager`), and what a step computes depends on the slots, not only on the requests'
+own adapters (docs/GUIDE.md, "LoRA", says how). So a bundle records every resident adapter with
+its slot (`Step.lora_adapters`), read on the writer thread, never in the engine's step, and a
+replay puts each back into the same slot before the step runs. Only `adapter_config.json` and
+`*.safetensors` are ever kept: loading them never executes anything (a `.bin` is a pickle).
 """
 
 import json
@@ -76,9 +67,8 @@ class AdapterFiles:
     """Reads recorded adapters' files on the writer thread; what every bundle of a session needs
     of one adapter (fingerprint, config, sizes) is read once."""
 
-    def __init__(self, keep_always: bool = False, keep_limit: int = KEEP_LIMIT):
+    def __init__(self, keep_always: bool = False):
         self.keep_always = keep_always
-        self.keep_limit = keep_limit
         self._known: dict[tuple[int, str], dict[str, Any]] = {}
         self._unreadable: set[tuple[int, str]] = set()  # said once each
 
@@ -93,7 +83,7 @@ class AdapterFiles:
             try:
                 facts = self._facts(adapter.int_id, folder)
                 files = ({path.name: _bytes_tensor(path.read_bytes()) for path in facts["files"]}
-                         if facts["keepable"] and (self.keep_always or facts["size_bytes"] <= self.keep_limit) else {})
+                         if facts["keepable"] and (self.keep_always or facts["size_bytes"] <= KEEP_LIMIT) else {})
             except (OSError, ValueError) as error:  # (json's errors are ValueErrors)
                 if (adapter.int_id, str(folder)) not in self._unreadable:
                     self._unreadable.add((adapter.int_id, str(folder)))
@@ -230,15 +220,18 @@ def lora_request(adapter: LoRAAdapter, path: str) -> Any:
                        lora_path=path)
 
 
+def lora_requests(adapters: list[LoRAAdapter], paths: dict[int, str]) -> dict[str, Any]:
+    """The LoRARequest of each located adapter (`paths`: `locate`'s), by name, as the replayed
+    requests name them."""
+    return {adapter.name: lora_request(adapter, paths[adapter.int_id]) for adapter in adapters if adapter.int_id in paths}
+
+
 def restore_slots(runner: Any, adapters: list[LoRAAdapter], paths: dict[int, str]) -> None:
     """Load the recorded adapters into the recorded slots (the step's own activation then finds
     each where it was). vLLM fills the first free slot: a slot the recording had empty before an
     occupied one gets one of vLLM's zero warm-up adapters while the next is placed, then is freed.
-    Every slot the recording had empty is zeroed last: vLLM frees a slot without clearing its
-    weights, and a request without an adapter may read one (0.32's CPU kernels read the last), so
-    an adapter an earlier replayed step left there would change this step. Zero is a slot never
-    used since the engine started; a recording engine whose freed slot still held an adapter's
-    weights is not reproduced (the recorder does not see stale weights)."""
+    Every slot the recording had empty is zeroed last, as an unused slot is (GUIDE's "LoRA" says
+    why: vLLM frees a slot without clearing it)."""
     manager = getattr(runner, "lora_manager", None)
     if manager is None:
         if adapters:

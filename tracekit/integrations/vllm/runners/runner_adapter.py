@@ -1,19 +1,15 @@
 """The base of every model-runner adapter: what record and replay do alike on any runner.
 
-vLLM ships two model runners that keep the same step in different places: V1
-(`vllm/v1/worker/gpu_model_runner.py`) and Model Runner V2 (`vllm/v1/worker/gpu/`). Record and
-replay never touch a runner themselves; they hold its adapter. This base holds everything the
-two share — the shadows that follow a step through `execute_model`, the model call, the logits,
-`sample_tokens` and the runner's bookkeeping; running a step's two halves; reading the engine's
-settings, KV caches and device — and a subclass per runner kind (`v1_runner.V1Adapter`,
-`v2_runner.V2Adapter`) says only where its runner keeps things. A vLLM release
-(`releases/`) picks the subclasses that fit it.
+vLLM's two model runners (V1 and Model Runner V2) keep the same step in different places. Record
+and replay never touch a runner themselves; they hold its adapter. This base holds everything the
+two share (the shadows of `step_shadows`, reading the engine's settings, KV caches and device),
+and a subclass per runner kind (`v1_runner.V1Adapter`, `v2_runner.V2Adapter`) says only where its
+runner keeps things; a vLLM release (`releases/`) picks the subclasses that fit it.
 
 Recording: `observe(observer)` shadows the runner's methods for one armed session and reports
 the step's progress to a `StepObserver`. Replay: `observe(observer, model_call=...)` with the
 replay driver's model call in place of the model's, inside `replaying(step)`, which restores
-what the runner keeps per request (output tokens, generator states or seeds) as the recorded
-requests are added.
+what the runner keeps per request as the recorded requests are added.
 """
 
 from collections.abc import Container, Iterable
@@ -26,7 +22,6 @@ import torch
 from tracekit.format.schema import (
     EngineConfig,
     Environment,
-    GrammarRecord,
     GraphDispatch,
     LoRAAdapter,
     ParallelRank,
@@ -41,7 +36,7 @@ from tracekit.integrations.seam import BatchFacts, ModelCall, RequestProgress, R
 from tracekit.integrations.vllm.records import spec_decode
 from tracekit.integrations.vllm.records.step_features import not_replayable_in
 from tracekit.integrations.vllm.runners import runner_state
-from tracekit.integrations.vllm.runners.lora_adapters import lora_request, resident_adapters, restore_slots, slot_table
+from tracekit.integrations.vllm.runners.lora_adapters import resident_adapters, slot_table
 from tracekit.integrations.vllm.runners.method_patch import call_shadowed, shadowed
 from tracekit.integrations.vllm.runners.step_shadows import StepShadows
 
@@ -104,7 +99,7 @@ class RunnerAdapter:
         """The live (padded) input ids and positions the model call about to run reads."""
         raise NotImplementedError
 
-    def kind_shadows(self, observer: StepObserver) -> Shadows:
+    def kind_shadows(self) -> Shadows:
         """Extra shadows this runner kind needs while observed (may be none)."""
         return []
 
@@ -174,10 +169,7 @@ class RunnerAdapter:
         """Where each of `req_ids` (requests of the step, once its batch is built) stands."""
         raise NotImplementedError
 
-    def batch_order(self) -> list[str]:
-        raise NotImplementedError
-
-    def kind_mark(self, scheduler_output: Any) -> Any:
+    def kind_mark(self) -> Any:
         """The runner kind's part of a `StepMark`: references to its request state and copies of
         what the step's later phases change in it; cheap (no per-request work, no device read)."""
         raise NotImplementedError
@@ -208,6 +200,7 @@ class RunnerAdapter:
         return None
 
     def batch_order_after_execute(self) -> list[str]:
+        """The batch order the runner ran the step just executed in."""
         raise NotImplementedError
 
     def marked_req_ids(self, mark: StepMark) -> list[str]:
@@ -226,7 +219,7 @@ class RunnerAdapter:
 
     def mark(self, scheduler_output: Any, input_ids: torch.Tensor | None, positions: torch.Tensor | None) -> StepMark:
         """The step about to run its forward, kept cheaply (see `StepMark`)."""
-        return StepMark(scheduler_output, input_ids, positions, self.rng_states(), self.kind_mark(scheduler_output),
+        return StepMark(scheduler_output, input_ids, positions, self.rng_states(), self.kind_mark(),
                         slot_table(self.runner))
 
     def lora_adapters(self, mark: StepMark) -> list[LoRAAdapter]:
@@ -249,7 +242,7 @@ class RunnerAdapter:
             (self.runner, {"execute_model": step.execute_model, "sample_tokens": step.sample_tokens,
                            self.bookkeeping_method: step.bookkeeping}),
             (self.runner.model, {"compute_logits": step.compute_logits}),
-            *self.kind_shadows(observer),
+            *self.kind_shadows(),
             *self.grammar_shadows(step.grammar_applied),
         ]
         contexts = self.model_call_shadows(step.model_call)
@@ -271,48 +264,31 @@ class RunnerAdapter:
                              loras: dict[str, Any] | None = None) -> Any:
         """A `SchedulerOutput` in which every recorded request of the step is new, and `held`,
         requests the runner holds outside the batch, are added without being scheduled
-        (`loras`: the LoRARequest of each adapter their requests name, `lora_requests_for`)."""
+        (`loras`: the LoRARequest of each adapter their requests name, `lora_adapters.lora_requests`)."""
         return self.release.new_requests_output(step, held, loras)
-
-    def lora_requests_for(self, adapters: list[LoRAAdapter], paths: dict[int, str]) -> dict[str, Any]:
-        """The LoRARequest of each located adapter, by name, as the replayed requests name them."""
-        return {adapter.name: lora_request(adapter, paths[adapter.int_id]) for adapter in adapters
-                if adapter.int_id in paths}
-
-    def restore_lora_slots(self, adapters: list[LoRAAdapter], paths: dict[int, str]) -> None:
-        """Load the recorded adapters into the recorded LoRA slots (`lora_adapters.restore_slots`)."""
-        restore_slots(self.runner, adapters, paths)
-
-    def forget_previous_step(self) -> None:
-        """Drop what the runner keeps of its last step for the next (where it keeps anything
-        there beside its request states), before a step is rebuilt from recorded requests."""
 
     def start_afresh(self) -> None:
         """Before a step is rebuilt from recorded requests (a single step; a window's first step
         or one it rebuilds): put back what the runner keeps beside its request states as a runner
-        holds it that rebuilt no step before — what it kept of its last step, and (per runner
-        kind) what a finished request leaves in the runner — so that a step replayed on an engine
-        that replayed other bundles runs as it runs alone in a fresh one (issue 49)."""
-        self.forget_previous_step()
+        holds it that rebuilt no step before — what it kept of its last step, and what a finished
+        request leaves in the runner (per runner kind; nothing here) — so that a step replayed on
+        an engine that replayed other bundles runs as it runs alone in a fresh one."""
 
     def finishing_output(self, req_ids: list[str]) -> Any:
         """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
         return self.release.finishing_output(req_ids)
 
-    def execute_and_sample(self, scheduler_output: Any, grammar: GrammarRecord | None = None) -> list[str]:
-        """Run a step's two halves, sampling under `grammar`'s mask if given (the observer takes
-        the logits and sampled ids); returns the batch order the runner ran."""
+    def execute_and_sample(self, scheduler_output: Any) -> None:
+        """Run a step's two halves outside any observed session (`--kv recompute`'s prefills)."""
         runner = self.runner
         try:
             if runner.execute_model(scheduler_output) is not None:
                 raise RuntimeError("the runner produced no forward for the recorded step")
-            batch_order = self.batch_order_after_execute()
-            output = runner.sample_tokens(self.release.grammar_output(grammar))
-            if hasattr(output, "get_output"):  # async: the observer's receiver runs when it is read
+            output = runner.sample_tokens(None)
+            if hasattr(output, "get_output"):  # async: done once it is read
                 output.get_output()
         finally:
             runner.execute_model_state = None
-        return batch_order
 
     def finish(self, req_ids: list[str]) -> None:
         self.runner.execute_model(self.finishing_output(req_ids))

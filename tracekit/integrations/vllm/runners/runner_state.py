@@ -64,6 +64,13 @@ def hidden_states_of(output: Any) -> torch.Tensor | None:
     return output if isinstance(output, torch.Tensor) else None
 
 
+def forward_context() -> Any:
+    """vLLM's ForwardContext of the model call in progress (None outside one)."""
+    from vllm import forward_context as context
+
+    return context.get_forward_context() if context.is_forward_context_available() else None
+
+
 def _splits_kv_across_ranks(runner: Any) -> bool:
     """Whether context parallelism spreads a request's KV over ranks (each writes some slots)."""
     parallel = getattr(getattr(runner, "vllm_config", None), "parallel_config", None)

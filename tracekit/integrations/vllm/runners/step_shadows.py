@@ -2,11 +2,8 @@
 
 `RunnerAdapter.observe` lays one `StepShadows` over a runner for a session (a recorder's, or a
 replayed step's). Each method below wraps one runner or model method, in the order a step runs
-them: `execute_model` (the step starts; a failure anywhere in it is reported), the model call
-(the forward, reported before and after; in a replay, the driver's own call in its place),
-`compute_logits` (the step's sampling logits), `sample_tokens` (its sampled ids reach the
-observer when the engine reads them) and the runner's bookkeeping. Where each method lives on
-the runner is the adapter's business (`RunnerAdapter.observe`, `model_call_shadows`).
+them; where each method lives on the runner is the adapter's business (`RunnerAdapter.observe`,
+`model_call_shadows`).
 """
 
 from typing import Any, Callable

@@ -94,7 +94,7 @@ class V1Adapter(RunnerAdapter):
         return [RequestProgress(req_id in new, int(batch.num_tokens_no_spec[row]) - int(batch.num_prompt_tokens[row]))
                 for req_id, row in zip(req_ids, rows)]
 
-    def batch_order(self) -> list[str]:
+    def batch_order_after_execute(self) -> list[str]:
         return list(self.runner.input_batch.req_ids)
 
     def sampled_ids_kept(self) -> bool:
@@ -109,31 +109,32 @@ class V1Adapter(RunnerAdapter):
         preempted (V1 is not told; it keeps their request objects) — as their objects hold them
         (under async scheduling with placeholders for the ids the engine had not read yet)."""
         batch = set(mark.kept.req_ids)
-        held = []
-        for req_id, state in self.runner.requests.items():
-            if req_id in batch:
-                continue
-            generator = state.generator
-            held.append(RequestState(
-                req_id=req_id,
-                prompt_token_ids=list(state.prompt_token_ids or []),
-                output_token_ids=list(state.output_token_ids),
-                block_ids=[list(ids) for ids in state.block_ids],
-                num_computed_tokens=int(state.num_computed_tokens),
-                num_scheduled_tokens=0,
-                sampling_params=self.sampling_record(state.sampling_params, f"{req_id}.sampling_params"),
-                runner_state={"generator_state": generator.get_state()} if generator is not None else {},
-            ))
-        return held
+        return [self._request_state(req_id, state, state.output_token_ids, int(state.num_computed_tokens), 0,
+                                    {"generator_state": state.generator.get_state()} if state.generator is not None else {})
+                for req_id, state in self.runner.requests.items() if req_id not in batch]
+
+    def _request_state(self, req_id: str, state: Any, outputs: list[int], num_computed: int, num_scheduled: int,
+                       runner_state: dict[str, Any]) -> RequestState:
+        """The request object `state` (a `CachedRequestState`) as a recorded request, with these
+        output tokens, token counts and runner state."""
+        return RequestState(
+            req_id=req_id,
+            prompt_token_ids=list(state.prompt_token_ids or []),
+            output_token_ids=list(outputs),
+            block_ids=[list(ids) for ids in state.block_ids],
+            num_computed_tokens=num_computed,
+            num_scheduled_tokens=num_scheduled,
+            sampling_params=self.sampling_record(state.sampling_params, f"{req_id}.sampling_params"),
+            runner_state=runner_state,
+            lora_adapter=request_adapter_name(state),
+        )
 
     def runner_states(self, mark: StepMark) -> dict[str, dict[str, Any]]:
         """Seeded requests' generator states at the marked step (the mark copied them)."""
         kept: _V1Mark = mark.kept
         return {kept.req_ids[row]: {"generator_state": state} for row, state in kept.generator_states.items()}
 
-    batch_order_after_execute = batch_order
-
-    def kind_mark(self, scheduler_output: Any) -> "_V1Mark":
+    def kind_mark(self) -> "_V1Mark":
         """The batch's request objects (the runner only appends to them), how many tokens each
         knew (bookkeeping appends the sampled ones), seeded requests' generator states (sampling
         advances them) and the forward context of the model call, if in one."""
@@ -147,7 +148,7 @@ class V1Adapter(RunnerAdapter):
             num_computed=batch.num_computed_tokens_cpu[:num_reqs].copy(),
             num_known=batch.num_tokens_no_spec[:num_reqs].copy(),
             generator_states={index: generator.get_state() for index, generator in generators.items()} if generators else {},
-            context=_forward_context(),
+            context=runner_state.forward_context(),
             draft_probs=_draft_probs(self.runner),
         )
 
@@ -165,22 +166,11 @@ class V1Adapter(RunnerAdapter):
         runner_states = self.runner_states(mark)
         states = []
         for index, (req_id, state) in enumerate(zip(kept.req_ids, kept.states)):
-            prompt = list(state.prompt_token_ids or [])
             outputs = state.output_token_ids
-            known = int(kept.num_known[index]) - len(prompt)  # what it had before this step's bookkeeping
-            states.append(
-                RequestState(
-                    req_id=req_id,
-                    prompt_token_ids=prompt,
-                    output_token_ids=list(outputs[:known] if 0 <= known <= len(outputs) else outputs),
-                    block_ids=[list(ids) for ids in state.block_ids],
-                    num_computed_tokens=int(kept.num_computed[index]),
-                    num_scheduled_tokens=int(scheduled[req_id]),
-                    sampling_params=self.sampling_record(state.sampling_params, f"{req_id}.sampling_params"),
-                    runner_state=runner_states.get(req_id, {}),
-                    lora_adapter=request_adapter_name(state),
-                )
-            )
+            known = int(kept.num_known[index]) - len(state.prompt_token_ids or [])  # before this step's bookkeeping
+            states.append(self._request_state(req_id, state, outputs[:known] if 0 <= known <= len(outputs) else outputs,
+                                              int(kept.num_computed[index]), int(scheduled[req_id]),
+                                              runner_states.get(req_id, {})))
         if spec_decode.speculative_config(self.runner) is not None:
             spec_decode.add_drafts(states, mark.scheduler_output.scheduled_spec_decode_tokens, input_ids)
             if input_ids is not None:
@@ -204,7 +194,7 @@ class V1Adapter(RunnerAdapter):
                        attention: bool = True) -> GraphDispatch:
         """Read from the forward context the runner set for the model call (a step that failed
         before its forward has none: it was dispatched to nothing)."""
-        context = (mark.kept if mark is not None else self.kind_mark(None)).context
+        context = mark.kept.context if mark is not None else runner_state.forward_context()
         if context is None:
             return runner_state.graph_dispatch(self.runner, num_tokens, "NONE", num_tokens_padded)
         return runner_state.graph_dispatch(
@@ -286,7 +276,7 @@ class V1Adapter(RunnerAdapter):
             lora_request=loras.get(request.lora_adapter) if request.lora_adapter is not None else None,
         )
 
-    def forget_previous_step(self) -> None:
+    def start_afresh(self) -> None:
         """Drop what the runner keeps of its last step for the next one (under async scheduling
         the sampled ids on the device, by request id, and their copy on the host that repairs
         the -1 placeholders of output tokens before sampling): requests added again under the
@@ -360,13 +350,6 @@ def _restore_draft_probs(runner: Any, step: Step) -> None:
     runner._draft_probs, runner._draft_prob_req_ids = stacked, [req_id for req_id, _ in rows]
 
 
-def _forward_context() -> Any:
-    """The ForwardContext of the model call in progress (None outside one)."""
-    from vllm import forward_context
-
-    return forward_context.get_forward_context() if forward_context.is_forward_context_available() else None
-
-
 def hold_tokens_up_to_the_inputs(requests: list[RequestState], positions: torch.Tensor | None) -> None:
     """A decode whose tokens end before the first position its forward read gets placeholders up
     to and including it (requests in batch order). Under async scheduling with drafts, V1 holds
@@ -385,10 +368,9 @@ def hold_tokens_up_to_the_inputs(requests: list[RequestState], positions: torch.
 def fill_placeholders(requests: list[RequestState], input_ids: torch.Tensor | None) -> None:
     """Replace placeholder output tokens at positions the step computes by the input ids the
     forward reads there (requests in batch order; each one's scheduled tokens are a run of the
-    flattened input ids). Under async scheduling V1 learns a decode's last sampled token only
-    when the engine reads the previous step's output, after this step was prepared; its forward
-    reads the real id from the device. Bundles recorded before tracekit filled them in hold the
-    placeholders, so a replay fills them the same way."""
+    flattened input ids): the forward read the real ids from the device (see the module
+    docstring). Bundles recorded before tracekit filled them in hold the placeholders, so a
+    replay fills them the same way."""
     if input_ids is None or not any(PLACEHOLDER_TOKEN in request.output_token_ids for request in requests):
         return
     flat = input_ids.tolist()

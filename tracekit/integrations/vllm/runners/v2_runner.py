@@ -9,13 +9,11 @@ NumPy's global RNG when unseeded: sampling depends only on seed, position and to
 block tables. Its `SamplingParams` are not kept, so the adapter remembers them from
 `scheduled_new_reqs`.
 
-A slot outlives its request: `finish_requests` frees it, and the next request added there finds
-what the last one left in the buffers `add_request` does not write (`SLOT_STATE_LEFT_BEHIND`).
-Its ngram drafter reads one of them: a row that sampled nothing this step (a prefill chunk)
-proposes the slot's `last_sampled_tokens` entry. So the recorder keeps that entry per request
-(`runner_state["last_sampled"]`, where the engine drafts), the replay puts it back, and a replay
-engine that replayed other steps puts those buffers back as it held them before its first replay
-(`start_afresh`): an earlier bundle's requests leave nothing to a later one's (issue 49).
+A slot outlives its request: the next request added there finds what the last one left in the
+buffers `add_request` does not write (`SLOT_STATE_LEFT_BEHIND`). So the recorder keeps the entry
+a step's drafter reads (`runner_state["last_sampled"]`, where the engine drafts), the replay puts
+it back, and a replay engine puts those buffers back as it held them before its first replay
+(`start_afresh`): an earlier bundle's requests leave nothing to a later one's.
 
 The step's inputs are built into persistent buffers; `model_state.prepare_inputs(input_batch,
 ...)` is called with them on every path just before the model runs. The model call is
@@ -33,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from tracekit.format.schema import GraphDispatch, RequestState, Step, is_prefill
-from tracekit.integrations.seam import BatchFacts, RequestProgress, RunnerKind, StepObserver
+from tracekit.integrations.seam import BatchFacts, RequestProgress, RunnerKind
 from tracekit.integrations.vllm.records import spec_decode
 from tracekit.integrations.vllm.runners import runner_state
 from tracekit.integrations.vllm.runners.lora_adapters import request_adapter_name
@@ -111,7 +109,7 @@ class V2Adapter(RunnerAdapter):
         super().step_begins()
         self._input_batch = self._dispatched = self._attention = None
 
-    def kind_shadows(self, observer: StepObserver | None) -> Shadows:
+    def kind_shadows(self) -> Shadows:
         adapter = self
 
         def prepare_inputs(original: Callable) -> Callable:
@@ -180,14 +178,14 @@ class V2Adapter(RunnerAdapter):
         for request in scheduler_output.scheduled_new_reqs:
             self._new_requests[request.req_id] = request
 
-    def kind_mark(self, scheduler_output: Any) -> _V2Mark:
+    def kind_mark(self) -> _V2Mark:
         last_sampled = self.runner.req_states.last_sampled_tokens.clone() if self._speculator is not None else None
         return _V2Mark(self._input_batch, self._scheduled, self._dispatched, self._attention, last_sampled)
 
     def _rows(self, kept: _V2Mark | None = None) -> list[tuple[int, str, int]]:
         """(batch row, req_id, slot) of the step's batch, in batch order; before the batch is
         built (a step that failed preparing it), in the scheduler's order."""
-        kept = kept or self.kind_mark(None)
+        kept = kept or self.kind_mark()
         batch = kept.input_batch
         if batch is None:
             slots = self.runner.req_states.req_id_to_index
@@ -221,9 +219,6 @@ class V2Adapter(RunnerAdapter):
         computed, prompt = int(batch.num_computed_tokens_np[row]), int(self.runner.req_states.prompt_len.np[slot])
         prefill_len = int(batch.prefill_len_np[row])
         return computed - prompt + 1 if computed >= prefill_len else prefill_len - prompt
-
-    def batch_order(self) -> list[str]:
-        return [req_id for _, req_id, _ in self._rows()]
 
     def batch_order_after_execute(self) -> list[str]:
         return list(self.runner.execute_model_state.input_batch.req_ids)
@@ -332,7 +327,7 @@ class V2Adapter(RunnerAdapter):
 
     def graph_dispatch(self, num_tokens: int, num_tokens_padded: int, mark: StepMark | None = None,
                        attention: bool = True) -> GraphDispatch:
-        kept = mark.kept if mark is not None else self.kind_mark(None)
+        kept = mark.kept if mark is not None else self.kind_mark()
         descriptor = kept.dispatched
         return runner_state.graph_dispatch(
             self.runner,
@@ -370,10 +365,9 @@ class V2Adapter(RunnerAdapter):
         return sorted(set(kept))
 
     def start_afresh(self) -> None:
-        """Also the slot buffers vLLM leaves behind a finished request (`SLOT_STATE_LEFT_BEHIND`),
+        """The slot buffers vLLM leaves behind a finished request (`SLOT_STATE_LEFT_BEHIND`),
         as the runner held them when tracekit first met it (`_keep_fresh_slot_state`): before any
-        replay, and before a `--kv recompute` bundle's prefills."""
-        super().start_afresh()
+        replayed step (after a `--kv recompute` bundle's prefills too)."""
         states = self.runner.req_states
         for name, values in self._keep_fresh_slot_state().items():
             getattr(states, name).copy_(values)
