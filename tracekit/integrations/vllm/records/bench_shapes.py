@@ -1,15 +1,8 @@
-"""Recorded batches as cases for `vllm bench forward --shapes FILE` (vLLM 0.33 and later).
-
-The bench times the forward of exact batches it builds itself (no scheduler, no bundle): each
-case is a list of requests `(query_len, kv_len, num_draft_tokens, chunked, count)` —
-`vllm/benchmarks/forward/shapes.py`, `load_cases`, is the reader and the specification. Exporting
-a bundle's steps in that form lets the exact production batch shapes be benchmarked on any vLLM,
-any GPU, without shipping the bundle (which holds prompts and KV contents).
-
-Per recorded request: the query is the tokens scheduled this step (draft tokens included), the KV
-length is the tokens computed before plus the query; a prefill with a prefix is `chunked` when its
-prefix came from its own earlier chunks (the runner knew the request already), otherwise a
-prefix-cache hit, as the bench distinguishes them. Only metadata is read: no tensor, no vLLM.
+"""Recorded batches as cases for `vllm bench forward --shapes FILE` (vLLM 0.33 and later), so
+the exact production batches can be benchmarked without shipping the bundles (docs/GUIDE.md,
+"Exporting the recorded batches to `vllm bench forward`", says what a case holds).
+`vllm/benchmarks/forward/shapes.py`, `load_cases`, is the reader and the specification. Only
+metadata is read: no tensor, no vLLM.
 """
 
 import json
@@ -37,7 +30,9 @@ class ShapeCase:
 
 
 def bench_request(request: RequestState, draft_tokens: int, continuing: bool) -> dict[str, Any]:
-    """One request in `BenchRequest` terms; fields at their default are left out."""
+    """One request in `BenchRequest` terms; fields at their default are left out. A prefill with a
+    prefix is `chunked` when the prefix came from its own earlier chunks (`continuing`: the runner
+    knew the request already), otherwise a prefix-cache hit, as the bench tells them apart."""
     query_len = request.num_scheduled_tokens
     kv_len = request.num_computed_tokens + query_len
     prefix_len = kv_len - query_len

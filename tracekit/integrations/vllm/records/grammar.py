@@ -1,17 +1,10 @@
 """A step's structured-output grammar: vLLM's `GrammarOutput` as a `GrammarRecord` and back, and
-the mask as it reached the logits.
+the mask as it reached the logits, the check that the replayed runner masked the same tokens of
+the same rows (docs/GUIDE.md, "Structured outputs"; the layout: docs/FORMAT.md, `grammar`).
 
-vLLM's scheduler computes a grammar bitmask for the requests that sample under a grammar (JSON
-schema, choice, regex, ...) and hands it to the runner's `sample_tokens(grammar_output)`, apart
-from the scheduler output: one int32 row of `ceil(vocab / 32)` words per sampled position (a
-request's bonus token and each of its drafts), in the scheduler's order of the requests. The
-runner sorts the rows into its batch order and sets the logits of disallowed tokens to -inf in
-place, just before sampling. In process the bitmask is a view of the scheduler's persistent
-buffer, so a record copies it.
-
-`applied_mask` packs what the logits look like once masked — which tokens are not at -inf, per
-logits row — into the same word layout: the check that the replayed runner masked the same
-tokens of the same rows as the recorded one.
+The runner sorts the bitmask rows into its batch order and sets the logits of disallowed tokens
+to -inf in place, just before sampling. In process the bitmask is a view of the scheduler's
+persistent buffer, so a record copies it.
 """
 
 import dataclasses

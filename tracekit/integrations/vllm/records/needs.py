@@ -1,11 +1,7 @@
-"""What a bundle needs of the machine that replays it, read from its recording, said in one line.
-
-The receiving team's first question is whether their machine can replay the bundle, and how: the
-vLLM series, the device kind and its compute capability (a CPU's ISA), the model runner and the
-graph mode the step ran in, the dtype, the model and the fingerprint a replay finds its weights
-by (or why it has none), the LoRA adapters, and the command. `tracekit inspect` and every replay
-report open with it. It reads the recording only (no torch, no vLLM): it says what the bundle
-needs, not whether this machine has it.
+"""What a bundle needs of the machine that replays it, read from its recording, said in one line:
+the receiving team's first question is whether their machine can replay the bundle, and how.
+`tracekit inspect` and every replay report open with it. It reads the recording only (no torch,
+no vLLM): it says what the bundle needs, not whether this machine has it.
 """
 
 from dataclasses import asdict, dataclass, field

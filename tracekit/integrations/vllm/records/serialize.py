@@ -3,10 +3,8 @@
 
 vLLM's scheduler and runner objects change between releases, so they are walked generically:
 dataclasses by their fields, msgspec structs by `__struct_fields__` (private and default fields
-included, which `msgspec.to_builtins` would drop). Tensors stay tensors (the bundle writer stores
-them as tensor frames); an `array.array` (a release's token buffer may be one) becomes the list of
-numbers it holds, as vLLM's in-process clients pass them. Reading back only ever builds types
-from the allow-list the release module names: a bundle's content never decides what is imported.
+included, which `msgspec.to_builtins` would drop). Reading back only ever builds types from the
+allow-list the release module names: a bundle's content never decides what is imported.
 """
 
 import array
@@ -37,7 +35,7 @@ def to_plain(value: Any, path: str = "value") -> Any:
         return value.detach().to("cpu", copy=True)
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.array(value, copy=True))
-    if isinstance(value, array.array):
+    if isinstance(value, array.array):  # a release's token buffer may be one: stored as vLLM's clients pass it
         return array.array.tolist(value)  # a subclass's own tolist may return something else
     if isinstance(value, enum.Enum):
         return {"$enum": type(value).__name__, "value": value.value}

@@ -1,13 +1,9 @@
-"""What a step of a speculatively decoding engine holds, read alike on both model runners.
-
-A drafted request's scheduled tokens are its last sampled token and then its drafts; the
-rejection sampler verifies the drafts against the target logits of those rows. Where the drafts
-come from differs by runner (the scheduler's ids on V1 without async scheduling; ids the runner
-keeps on the device — the scheduler holding `-1` placeholders — on V1 under async scheduling and
-on Model Runner V2), so the recorder reads them where every runner puts them: in the input ids
-the forward reads. Under async scheduling the runner's host counts are also optimistic while the
-forward runs (it assumes every draft of the previous step was accepted and corrects itself on
-the device), so a request's computed tokens are read from the positions the forward reads.
+"""What a step of a speculatively decoding engine holds, read alike on both model runners: the
+drafts from the input ids the forward reads, where every runner puts them (docs/GUIDE.md,
+"Speculative decoding"). Under async scheduling the runner's host counts are also optimistic
+while the forward runs (it assumes every draft of the previous step was accepted and corrects
+itself on the device), so a request's computed tokens are read from the positions the forward
+reads.
 """
 
 from typing import Any, Callable

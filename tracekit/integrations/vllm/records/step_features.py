@@ -1,17 +1,13 @@
 """What a step's requests used beyond token ids and sampling settings, and which of it this
 tracekit can replay: one table.
 
-vLLM steps carry more than tokens: a structured-output grammar, a LoRA adapter, drafts to verify,
-images and audio (multimodal inputs), prompt embeddings, pooling. The recorder names, per step,
-which requests used which (`Step.features`, read off the runner's own request state, so a decode
-of a multimodal request counts too, not only the step that brought it). A replay that cannot put
-one of them back would run another step than the one recorded; it refuses such a bundle before
-building anything (`NotReplayableYet`, exit 5: no machine can replay it with this tracekit), and
-the recorder says at arming which of them its engine may produce ("can be recorded but not yet
-replayed"). Bundles recorded before the field existed are judged from what they do hold.
+A replay that cannot put one of them back would run another step than the one recorded, so it
+refuses such a bundle before building anything (`NotReplayableYet`, exit 5; docs/GUIDE.md, "Said
+at arm time, named right", says what is recorded and said when). Bundles recorded before
+`Step.features` existed are judged from what they do hold.
 
-Supporting one more kind: a row in `FEATURES`, how to see it in a request (`_USES`) and in an
-engine's config (`_ENABLED_BY`), and `replayable=True` once the replay puts it back.
+Supporting one more kind: a row in `FEATURES`, how to see it in a request (`_REQUEST_FIELDS`)
+and in an engine's config (`_ENABLED_BY`), and `replayable=True` once the replay puts it back.
 """
 
 from dataclasses import dataclass
@@ -41,19 +37,19 @@ FEATURES = {
 }
 
 
-def _structured(request: Any) -> bool:
-    params = getattr(request, "sampling_params", None)
-    return getattr(params, "structured_outputs", None) is not None
+# The field in which a request (V1's CachedRequestState, the NewRequestData that brought it, or
+# its record) shows each kind; a grammar shows in its sampling settings.
+_REQUEST_FIELDS = {"lora": "lora_request", "multimodal": "mm_features", "prompt_embeds": "prompt_embeds",
+                   "pooling": "pooling_params"}
 
 
-# How a request (V1's CachedRequestState, or the NewRequestData that brought it) shows each kind.
-_USES: dict[str, Callable[[Any], bool]] = {
-    "structured_outputs": _structured,
-    "lora": lambda request: getattr(request, "lora_request", None) is not None,
-    "multimodal": lambda request: bool(getattr(request, "mm_features", None)),
-    "prompt_embeds": lambda request: getattr(request, "prompt_embeds", None) is not None,
-    "pooling": lambda request: getattr(request, "pooling_params", None) is not None,
-}
+def _uses(request: Any) -> list[str]:
+    """The kinds `request` (None: a request the runner holds no object for) shows."""
+    used = [name for name, field in _REQUEST_FIELDS.items() if _present(getattr(request, field, None))]
+    if _present(getattr(getattr(request, "sampling_params", None), "structured_outputs", None)):
+        used.append("structured_outputs")
+    return used
+
 
 # How an engine's config says its steps may have each kind (structured outputs: any engine).
 _ENABLED_BY: dict[str, Callable[[Any], bool]] = {
@@ -67,19 +63,16 @@ _ENABLED_BY: dict[str, Callable[[Any], bool]] = {
 
 def step_features(requests: list[tuple[str, Any]], scheduler_output: Any) -> dict[str, list[str]]:
     """Which of the step's requests (`(req_id, the runner's request object or None)`, batch
-    order) used which kind; drafts from the scheduler output."""
-    used: dict[str, list[str]] = {}
+    order; an id may come with several objects) used which kind; drafts from the scheduler output."""
+    used: dict[str, dict[str, None]] = {}
     for req_id, request in requests:
-        if request is None:
-            continue
-        for name, uses in _USES.items():
-            if uses(request):
-                used.setdefault(name, []).append(req_id)
+        for name in _uses(request):
+            used.setdefault(name, {})[req_id] = None
     drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
-    drafted = [req_id for req_id, _ in requests if drafts.get(req_id)]
+    drafted = {req_id: None for req_id, _ in requests if drafts.get(req_id)}
     if drafted:
         used["speculative_decoding"] = drafted
-    return used
+    return {name: list(req_ids) for name, req_ids in used.items()}
 
 
 def not_replayable_in(vllm_config: Any) -> list[str]:
@@ -111,24 +104,12 @@ def _inferred(step: Step) -> dict[str, list[str]]:
     """What a bundle from before `Step.features` shows of the kinds: the requests the step's
     scheduler output brought (later steps of theirs show nothing), drafts, and grammar requests
     by their sampling settings."""
-    used: dict[str, list[str]] = {}
-    for entry in step.scheduler_output.scheduled_new_reqs:
-        for name, value in (("multimodal", entry.mm_features), ("prompt_embeds", entry.prompt_embeds),
-                            ("lora", entry.lora_request), ("pooling", entry.pooling_params)):
-            if _present(value):
-                used.setdefault(name, []).append(entry.req_id)
-    drafted = [req_id for req_id, tokens in step.scheduler_output.scheduled_spec_decode_tokens.items() if tokens]
-    if drafted:
-        used["speculative_decoding"] = drafted
-    structured = [request.req_id for request in step.requests
-                  if request.sampling_params is not None and _present(request.sampling_params.structured_outputs)]
-    if structured:
-        used["structured_outputs"] = structured
-    return used
+    brought = [(entry.req_id, entry) for entry in step.scheduler_output.scheduled_new_reqs]
+    return step_features([*brought, *((request.req_id, request) for request in step.requests)], step.scheduler_output)
 
 
 def _present(value: Any) -> bool:
-    """A recorded field that holds something (a tensor, as loaded, is never compared)."""
+    """A field that holds something (a tensor is never compared)."""
     return value is not None and not (isinstance(value, (list, dict, str)) and not value)
 
 

@@ -1,10 +1,7 @@
-"""Naming weights by their bytes, so that a replay can tell it found the recorded ones.
-
-A bundle stores the fingerprint of the weights its engine loaded — the model's, and each LoRA
-adapter's; a replay on another machine finds them at another path (or under `--model`, `--lora`)
-and compares. A model named by hub id is fingerprinted in the Hugging Face cache folder it was
-loaded from, so its bundle is checked like any other. One definition for both: a hash over the
-relative names and bytes of the weight files and the config file that shapes them, sorted by path.
+"""Naming weights by their bytes, so that a replay can tell it found the recorded ones: a bundle
+stores the fingerprint of the weights its engine loaded — the model's and each LoRA adapter's, one
+definition for both — and a replay on another machine finds them at another path (or under
+`--model`, `--lora`) and compares.
 """
 
 import hashlib

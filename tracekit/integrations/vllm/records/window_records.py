@@ -109,15 +109,12 @@ class RequestLedger:
         state.draft_token_ids = []  # a step's own (`window_steps`), not those of the step that held it first
         return state
 
-    def written(self, record: SchedulerOutputRecord, block_sizes: list[int]) -> list[set[int]]:
+    def written(self, record: SchedulerOutputRecord, block_sizes: list[int]) -> list[list[int]]:
         """Per KV cache group, the blocks a step writes (those of its scheduled tokens), once its
         scheduler output is applied."""
-        written: list[set[int]] = [set() for _ in block_sizes]
-        for req_id, (count, block_ids) in self.scheduled_blocks(record).items():
-            start, end = self.held[req_id].num_computed_tokens, self.held[req_id].num_computed_tokens + count
-            for blocks, ids, size in zip(written, block_ids, block_sizes):
-                blocks.update(ids[start // size: -(-end // size)])
-        return written
+        requests = [replace(self.held[req_id], num_scheduled_tokens=count)
+                    for req_id, count in record.num_scheduled_tokens.items() if req_id in self.held]
+        return [blocks_read_and_written(requests, group, size)[1] for group, size in enumerate(block_sizes)]
 
     def scheduled_blocks(self, record: SchedulerOutputRecord) -> dict[str, tuple[int, list[list[int]]]]:
         """Per request a step schedules, once its scheduler output is applied: its scheduled
