@@ -2,8 +2,7 @@
 
 `tracekit.replay` imports this module and no other vLLM-facing one (`tests/test_layering.py`), so
 a feature that changes what a replay asks of vLLM changes this module and what it wraps, not the
-replay's stages. `build_replay_engine(spec)` builds; `engine_of(llm, ...)` takes an engine a
-caller already holds. Both return a `ReplayEngine`.
+replay's stages.
 """
 
 import json
@@ -38,8 +37,8 @@ from tracekit.integrations.vllm.records.step_features import not_replayable_reas
 from tracekit.integrations.vllm.records.step_records import logits_rows
 from tracekit.integrations.vllm.records.weights import local_model_folder, weights_fingerprint
 from tracekit.integrations.vllm.records.window_records import WindowStep, window_steps
-from tracekit.integrations.vllm.releases import release_for, series_of
-from tracekit.integrations.vllm.releases.installed import installed_release, release_to_replay, require_same_series
+from tracekit.integrations.vllm.releases import SUPPORTED_SERIES, release_for, series_of
+from tracekit.integrations.vllm.releases.installed import installed_release
 from tracekit.integrations.vllm.runners.layer_capture import LayerCapture, capture_eager_forward
 from tracekit.integrations.vllm.runners.lora_adapters import LocatedAdapters, locate
 from tracekit.models import tiny_model_path
@@ -107,19 +106,30 @@ def require_recorded_release_here(content: BundleContent) -> None:
     """Refuse (exit 3) a bundle recorded on another kind of device or by another vLLM series (a
     multi-rank step, `shrink` and `invariance` do not replay across releases yet)."""
     _require_device_of(content.environment)
-    require_same_series(content.engine.vllm_version)
+    recorded, here = content.engine.vllm_version, installed_release().version
+    if series_of(recorded) != series_of(here):
+        raise CannotRunHere(f"bundle was recorded with vLLM {recorded}; its scheduler objects do not fit the "
+                            f"installed vLLM {here} (install vLLM {series_of(recorded)}.x)")
 
 
 def require_replayable_here(content: BundleContent, step: Step) -> tuple[str, str] | None:
     """Refuse (exit 3) a bundle recorded on another kind of device, by a vLLM series tracekit does
-    not know, or a step the installed release cannot take. Returns (recorded, installed) vLLM
-    versions for a replay across releases."""
+    not know, or a step the installed release cannot take (its records are rebuilt through the
+    installed release's module: `Release.from_plain`, `adopt_engine_args`). Returns (recorded,
+    installed) vLLM versions for a replay across releases."""
     _require_device_of(content.environment)
-    release = release_to_replay(content.engine.vllm_version)
-    if series_of(content.engine.vllm_version) == series_of(release.version):
+    release, recorded = installed_release(), content.engine.vllm_version
+    try:
+        release_for(recorded)
+    except CannotRunHere:
+        raise CannotRunHere(
+            f"bundle was recorded with vLLM {recorded}, a series this tracekit does not know (supported: "
+            f"{', '.join(series + '.x' for series in SUPPORTED_SERIES)}): upgrade tracekit to replay it"
+        ) from None
+    if series_of(recorded) == series_of(release.version):
         return None
     release.require_takes(step, content.engine)
-    return content.engine.vllm_version, release.version
+    return recorded, release.version
 
 
 def sampler_change(content: BundleContent) -> str | None:
@@ -248,7 +258,27 @@ def replay_engine_args(engine: EngineConfig, model: str | None, allow_weights_mi
         _require_draft_weights(engine, allow_weights_mismatch)
     if overrides.get("enforce_eager"):
         args["compilation_config"] = {**args.get("compilation_config", {}), "mode": graph_backend.NO_COMPILATION}
+    if "watermark_config" in args and "watermark_config" not in overrides:  # one given with its key stands
+        args["watermark_config"] = {**_mapping(args["watermark_config"]), "key": _watermark_key()}
     return {**args, **overrides}
+
+
+WATERMARK_KEY_VARIABLE = "TRACEKIT_WATERMARK_KEY"
+
+
+def _watermark_key() -> int:
+    """The key of the recording engine's watermark, which a bundle never holds: from the
+    environment (not a flag, which shell history and `ps` would show). Without it, what the
+    watermarked requests sample cannot be reproduced (exit 3)."""
+    given = os.environ.get(WATERMARK_KEY_VARIABLE)
+    if given is None:
+        raise CannotRunHere(f"the step was recorded with vLLM's watermark on (--watermark-config), whose key a "
+                            f"bundle never holds: set {WATERMARK_KEY_VARIABLE} to the recording engine's key")
+    try:
+        return int(given, 0)
+    except ValueError:
+        raise UsageError(f"{WATERMARK_KEY_VARIABLE} is not an integer: set it to the watermark's key, as "
+                         "--watermark-config's \"key\" gave it") from None
 
 
 def _resolve_model(engine: EngineConfig, model: str | None, allow_weights_mismatch: bool) -> str:
@@ -307,9 +337,7 @@ def _timing_mode_args(spec: EngineSpec) -> dict[str, Any]:
 
 
 class ReplayEngine:
-    """A replay engine and what a replay asks of it: its runner's adapter, a driver for a recorded
-    step, this machine's environment as the engine sees it, and the variables tracekit set in this
-    process to build it (`set_in_process`)."""
+    """A replay engine (`build_replay_engine`, `engine_of`) and what a replay asks of it."""
 
     def __init__(self, llm: Any, runner_kind: str, build: EngineBuild | None, built_here: bool):
         self.llm = llm

@@ -30,11 +30,13 @@ from tracekit.integrations.vllm.records.weights import weights_fingerprint
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One engine setting that changes what a step computes: its `EngineArgs` name and where
-    the live `VllmConfig` holds it (`"scheduler_config.async_scheduling"`)."""
+    """One engine setting that changes what a step computes: its `EngineArgs` name, where the
+    live `VllmConfig` holds it (`"scheduler_config.async_scheduling"`), and the fields of it a
+    bundle never holds (a watermark's secret key: the replay asks its user for them)."""
 
     name: str
     path: str
+    secret: tuple[str, ...] = ()
 
     def read(self, vllm_config: Any) -> Any:
         value = vllm_config
@@ -42,6 +44,13 @@ class Setting:
             value = getattr(value, part, None)
             if value is None:
                 return None
+        return value
+
+    def recorded(self, vllm_config: Any) -> Any:
+        """The setting as a bundle holds it: plain data, without its secret fields."""
+        value = _plain_setting(self.read(vllm_config))
+        if isinstance(value, dict):
+            return {name: item for name, item in value.items() if name not in self.secret}
         return value
 
 
@@ -463,7 +472,7 @@ class Release:
         """The `EngineArgs` keyword values that rebuild an engine whose forward matches this one.
         The KV cache geometry is pinned too (`num_gpu_blocks_override`), so recorded block ids
         address the same rows after the rebuild."""
-        args = {setting.name: _plain_setting(setting.read(vllm_config)) for setting in self.settings}
+        args = {setting.name: setting.recorded(vllm_config) for setting in self.settings}
         compilation = vllm_config.compilation_config
         args["compilation_config"] = {
             "mode": int(compilation.mode),

@@ -14,6 +14,7 @@ from tracekit.integrations.vllm.releases.base import (
     CPU_SPLITMIX_GUMBEL,
     MURMUR3_GUMBEL,
     PHILOX_GUMBEL,
+    Setting,
 )
 
 
@@ -23,7 +24,9 @@ class Release(v0_26.Release):
     # every load fails ("'function' object has no attribute 'finalize_loading'") and the engine
     # compiles again. Its per-range Inductor cache, the path without AOT, loads.
     lean_env = {"VLLM_USE_AOT_COMPILE": "0"}
-    settings = tuple(setting for setting in v0_26.Release.settings if setting.name != "calculate_kv_scales")
+    # The watermark (from 0.30) decides what a watermarked request samples; its key stays out.
+    settings = (*(setting for setting in v0_26.Release.settings if setting.name != "calculate_kv_scales"),
+                Setting("watermark_config", "watermark_config", secret=("key",)))
     # The V1 CPU sampler draws with SplitMix64 from 0.32; before, with exponential noise, or through
     # `compiled_random_sample` (the global generator) where rows lack a seed (which rows, 0.29
     # changed: one entry, for the draws of those releases agree in some batches). V2's Gumbel noise
@@ -43,7 +46,7 @@ class Release(v0_26.Release):
         earlier ones (`deduplicate_contexts`; the prompt too with "all"). No one value is neutral:
         from 0.32 the frontend resolves it per request (True only where the engine watermarks the
         request; False, or None unresolved, otherwise), while 0.30-0.31 leave every request at
-        True whatever the engine, so theirs count wherever they sample at a temperature (a bundle
-        cannot show the watermark config, whose key is secret, and tracekit records none)."""
+        True whatever the engine, so theirs count wherever they sample at a temperature (the
+        engine's `watermark_config` is recorded without its key, which a bundle never holds)."""
         watermarked = params.extras.get("watermarking") is True and params.temperature != 0
         return [*super().history_readers(params), *(["watermarking"] if watermarked else [])]
