@@ -4,9 +4,11 @@ The exception and non-finite triggers are exercised by breaking a real forward i
 engine (see `engine_scripts/recorder_behaviour.py`); bad trigger expressions and unwritable
 outputs must be refused with one readable line and exit 2 before any engine starts."""
 
+import sys
+
 import pytest
 import torch
-from e2e_support import error_lines, tracekit
+from e2e_support import error_lines, run
 
 from tracekit.format.content import load_step
 
@@ -102,6 +104,16 @@ def test_nonfinite_trigger_fires_on_the_step_whose_output_got_a_nan(recorder_beh
     assert torch.isnan(step.outputs.hidden_states[0, 0]) and torch.isfinite(step.outputs.hidden_states[1:]).all()
 
 
+# The `tracekit` script's CLI, which then writes whether vLLM was ever imported: every refusal comes
+# before vLLM is, so before any engine could start (a bound on the seconds taken depends on load).
+CLI_THEN_SAY_IF_VLLM_IMPORTED = (
+    "import atexit, os, sys\n"
+    "atexit.register(lambda: open(os.environ['VLLM_IMPORTED_TO'], 'w').write(str('vllm' in sys.modules)))\n"
+    "from tracekit.cli import main\n"
+    "main()\n"
+)
+
+
 @pytest.mark.parametrize(
     "arguments, complaint",
     [
@@ -114,11 +126,15 @@ def test_nonfinite_trigger_fires_on_the_step_whose_output_got_a_nan(recorder_beh
     ],
     ids=["when-bad-operator", "when-unknown-name", "steps-empty-range", "output-missing-dir", "output-read-only-dir"],
 )
-def test_bad_record_arguments_exit_2_with_one_line_before_any_engine_starts(arguments, complaint, tmp_path):
-    finished = tracekit("record", "--enforce-eager", *arguments, cwd=tmp_path)
+def test_bad_record_arguments_exit_2_with_one_line_before_any_engine_starts(arguments, complaint, tmp_path,
+                                                                            tmp_path_factory, monkeypatch):
+    said = tmp_path_factory.mktemp("said") / "vllm-imported"
+    monkeypatch.setenv("VLLM_IMPORTED_TO", str(said))
+    finished = run([sys.executable, "-c", CLI_THEN_SAY_IF_VLLM_IMPORTED, "record", "--enforce-eager", *arguments],
+                   cwd=tmp_path)
     assert finished.returncode == 2, finished.explain()
     lines = error_lines(finished.stderr)
     assert len(lines) == 1 and lines[0].startswith("tracekit: error:") and complaint in lines[0], finished.explain()
     assert "Traceback" not in finished.stdout + finished.stderr
     assert list(tmp_path.iterdir()) == []  # no default bundle either
-    assert finished.seconds < 20, "took as long as an engine start"
+    assert said.read_text() == "False", "vLLM was imported: an engine could have started"

@@ -1,12 +1,9 @@
-"""The Python API for people who already hold an `LLM` (docs/GUIDE.md, "From Python, on an `LLM`
-you already hold"; servers use the vLLM plugin, `tracekit.record.plugin`).
-
-With the engine core in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and one rank, the recorder
-is armed on the runner directly. Otherwise its runners live in worker processes: a recorder is
-armed inside every worker, and `written` / `failures` are collected from all of them when the
-block exits.
+"""The Python API for people who already hold an `LLM`: the recorder is armed on its runner, or
+inside every worker process where the runners are not in this one (docs/GUIDE.md, "From Python,
+on an `LLM` you already hold"; servers use the vLLM plugin, `tracekit.record.plugin`).
 """
 
+import dataclasses
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,18 +25,11 @@ class WorkerRecording:
 
 
 @contextmanager
-def recording(llm: Any, output: str | Path = "tracekit-step{step}.zst",
-              **settings: Any) -> Iterator[Recorder | WorkerRecording]:
-    """Arm a recorder on `llm` for the block; bundles are all written when it exits. `settings`:
-    `tracekit record`'s options, as `RecordSettings` names them (`steps`, `when`, `on`, `kv`,
-    `max_bundles`, `layers`, `window`, `keep_lora_weights`)."""
-    with recording_with(llm, output, RecordSettings(**settings)) as recorder:
-        yield recorder
-
-
-@contextmanager
-def recording_with(llm: Any, output: str | Path, settings: RecordSettings) -> Iterator[Recorder | WorkerRecording]:
-    """`recording`, its settings given as one."""
+def recording(llm: Any, output: str | Path = "tracekit-step{step}.zst", settings: RecordSettings | None = None,
+              **fields: Any) -> Iterator[Recorder | WorkerRecording]:
+    """Arm a recorder on `llm` for the block; bundles are all written when it exits. `settings`,
+    its fields given as keywords on top: `tracekit record`'s options, as `RecordSettings` names them."""
+    settings = dataclasses.replace(settings or RecordSettings(), **fields)
     settings.check()  # refused here, before any worker hears of them
     if runner_in_this_process(llm):
         with Recorder(find_runner(llm), output, settings) as recorder:

@@ -12,7 +12,6 @@ from tracekit.integrations.vllm.recording import reported, runner_of
 from tracekit.record.recorder import Recorder
 from tracekit.record.settings import RecordSettings
 
-# Worker-process state, keyed by the session id the driver made.
 _recorders: dict[str, Recorder] = {}
 
 

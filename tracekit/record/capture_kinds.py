@@ -173,16 +173,10 @@ class ForwardTimer:
 
 class OpenBundle:
     """The bundle a firing step trigger opens: that step and the next N-1 as they come (`record
-    --window N`), with the order of the runner calls (under async scheduling the engine
-    reads a step's output after the next step started) and, where later steps follow, the requests
-    the runner held outside the first step's batch. The bugs that live between steps, in what the
-    runner carries from one to the next (its persistent batch, the sampled ids it keeps on the
-    device, drafts, Model Runner V2's request slots), need the steps that carried it.
-
-    The steps are written as one bundle, the first step's, once every step's output is in: when
-    they are N (at once for N = 1), or earlier when the engine sends a scheduler output without
-    tokens (it finishes requests between steps), a later step fails (written at once, with the
-    failure on that step) or the recorder is disarmed."""
+    --window N`; docs/GUIDE.md, "Windows"), with the order of the runner calls and, where later
+    steps follow, the requests the runner held outside the first step's batch. Its steps are
+    written as one bundle, the first step's, once every step's output is in and none joins
+    (`taking`: N of them, or fewer where the window ended early)."""
 
     def __init__(self, recorder: Recording, first: PendingStep, requested: int, held: list[RequestState]):
         self.recorder = recorder
@@ -362,8 +356,7 @@ class CopiedStep(BundleStep):
 class CarriedStepCapture(BundleStep):
     """A later step of a bundle: picked when the step starts (its scheduler output is recorded
     before the runner applies it), copied as the runner carries it just before its forward
-    (`step_capture.capture_carried`: no request states, no KV blocks but those the bundle does
-    not hold yet), and a digest of the KV its forward wrote."""
+    (`step_capture.capture_carried`), and a digest of the KV its forward wrote."""
 
     def __init__(self, recorder: Recording, pending: PendingStep, bundle: OpenBundle):
         super().__init__(recorder, pending, bundle)
@@ -411,12 +404,10 @@ class CarriedStepCapture(BundleStep):
 
 
 class MarkedStep(StepCapture):
-    """Event triggers, meant to stay armed in a serving engine: nothing is copied in advance; the
-    step keeps a `StepMark` (references, the RNG states, a few numbers per request) and a finite
-    check of its outputs on the device, and is copied at a failure (the KV blocks it read are
-    intact in the live cache: a step writes only the slots of its new tokens) or once its outputs
-    proved not finite. `mark` None: a step that failed before its forward, marked at the failure
-    (`taken`: its KV is as before the forward)."""
+    """Event triggers, meant to stay armed in a serving engine (docs/GUIDE.md, "Always-on"): the
+    step keeps a `StepMark` and a finite check of its outputs on the device, and is copied at a
+    failure or once its outputs proved not finite. `mark` None: a step that failed before its
+    forward, marked at the failure (`taken`: its KV is as before the forward)."""
 
     def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark | None,
                  taken: KVTaken = KVTaken.AFTER_STEP):
@@ -445,7 +436,6 @@ class MarkedStep(StepCapture):
         if flag.ready() and self._finite(flag, logits):  # known at once (CPU): nothing to keep
             return
         self.finite = flag  # else read at the step's end, without a sync of its own
-        # A copy on the device: sampling changes the logits in place (temperature, penalties)
         self.logits = device_clone(logits)
 
     def grammar_received(self, read: Callable[[], GrammarRecord]) -> None:

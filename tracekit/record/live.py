@@ -1,11 +1,9 @@
 """Live control of the recorders in a running server: arm, change the trigger, status, disarm.
 
 The operator enables it at start by naming the folder bundles may go to (`TRACEKIT_SERVE_DIR`;
-`tracekit.record.settings` checks every request against it). Each worker process of the engine
-(one per rank) keeps one recorder on its model runner, armed at start by the plugin's
-environment variables or live by a request; arming again replaces it at a step boundary,
-disarming removes its shadows (the engine then runs exactly as without tracekit), and status
-reports it, with the bundles it wrote.
+`tracekit.record.settings` checks every request against it); what each request does:
+docs/GUIDE.md, "Live control of a running server". Each worker process of the engine (one per
+rank) keeps one recorder on its model runner, armed at start by the plugin or live.
 
 The server side is split where the layers split: `tracekit.integrations.vllm.serving` carries
 requests from vLLM's API server to every worker (routes, API key, `collective_rpc`), and this

@@ -2,16 +2,8 @@
 
 vLLM loads `vllm.general_plugins` entry points in every process it starts (`register` here) and
 `vllm.endpoint_plugins` in its API server when `VLLM_PLUGINS` names them (`endpoint_plugin`).
-Installed and not asked for anything, the plugin does nothing: no recorder, no shadow on the
-runner, nothing per step.
-
-Armed at start in every process of the engine by the `TRACEKIT_RECORD_*` variables (each a
-`tracekit record` flag), or live (`tracekit.record.live`) once `TRACEKIT_SERVE_DIR` names the
-folder bundles may go to: docs/GUIDE.md, "The vLLM plugin" tables both.
-
-A recorder is armed on each model runner once its worker has finished compiling and warming up
-(those runs are not steps); its bundles are written when the process exits. tracekit's lines
-go to the server's log (`serving.route_logs_to_vllm`).
+What each does, its variables, and when a recorder arms: docs/GUIDE.md, "The vLLM plugin".
+tracekit's lines go to the server's log (`serving.route_logs_to_vllm`).
 """
 
 import atexit

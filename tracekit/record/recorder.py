@@ -4,14 +4,9 @@ Arming asks the runner's adapter (`tracekit.integrations.vllm.runners.runner_ada
 that runner's methods; the adapter reports each step's progress back (`StepObserver`), and
 disarming removes the shadows. The recorder picks each step's capture kind (`capture_kinds`) and
 hands the step's events to it; it keeps what all kinds share: the step's place and phase, the
-bundle count, and the writing.
-
-The recorder runs inside other people's engines, so whatever goes wrong in it — arming on a
-runner it does not understand, a value it cannot store, a full disk, a dead writer thread — is
-caught where the engine calls into it, logged once, and the recorder disarms itself: the
-engine's outputs stay exactly those of an unarmed run. One failure leaves it armed: a device
-context the step poisoned (a device-side assert), which a callback may meet before the engine's
-own next device call does; the engine's step then fails, and the recorder keeps that step.
+bundle count, and the writing. It runs inside other people's engines: what goes wrong in it is
+caught where the engine calls into it and disarms it (`guarded`), but for a device context the
+step poisoned (`_device_lost`; docs/GUIDE.md, "When recording fails" and "Always-on").
 """
 
 import dataclasses
@@ -56,8 +51,7 @@ logger = logging.getLogger("tracekit.record")
 
 
 def _engine_boundary(method: Callable) -> Callable:
-    """Run a recorder callback the engine makes; any failure in it disarms the recorder
-    instead of reaching the engine."""
+    """A recorder method the engine calls, `guarded`."""
 
     @functools.wraps(method)
     def guarded(self: "Recorder", *args: Any) -> Any:
@@ -403,7 +397,8 @@ class Recorder:
             self._adapter_files.complete(step)
 
         self._persister.submit(*self._destination(self._completed(step)), ready=ready, now=now)
-        self._handed_over()
+        self._handed += 1
+        self._stop_once_all_handed()
 
     def deferral_started(self) -> None:
         """A step's non-finite check is to be read with its output, after later steps started."""
@@ -419,11 +414,6 @@ class Recorder:
 
     def count_bundle(self) -> None:
         self.bundles_fired += 1
-
-    def _handed_over(self) -> None:
-        """A bundle went to the writer."""
-        self._handed += 1
-        self._stop_once_all_handed()
 
     def _stop_once_all_handed(self) -> None:
         """Once every bundle the recorder takes went to the writer, it stops observing the runner

@@ -1,12 +1,7 @@
-"""The token ids the engine sampled for each request, kept by the recorder where the runner does not.
-
-V1 under async scheduling (vLLM's default on a GPU before Model Runner V2) holds every sampled
-token id as a placeholder (-1) in its request states: the real ids go to the engine alone, with
-each step's async output. A bundle written from those states lacks the tokens a `--kv recompute`
-replay prefills, and the replay refuses it. The recorder already reads every step's output as the
-engine reads it (no sync of its own), so it keeps the ids here, for the requests it saw start (it
-knows their outputs whole), and fills them into a recompute bundle's request states before it
-is written.
+"""The token ids the engine sampled for each request, kept by the recorder where the runner does
+not: V1 under async scheduling holds them as placeholders (-1), and a `--kv recompute` replay
+prefills them (docs/GUIDE.md, "Always-on"). The recorder reads every step's output as the engine
+reads it, so it keeps them for the requests it saw start (it knows their outputs whole).
 """
 
 from collections.abc import Container, Iterable, Sequence
@@ -20,9 +15,6 @@ class SampledIds:
 
     def __init__(self) -> None:
         self._ids: dict[str, list[int]] = {}
-
-    def __len__(self) -> int:
-        return len(self._ids)
 
     def started(self, req_ids: Iterable[str]) -> None:
         for req_id in req_ids:

@@ -12,7 +12,7 @@ from tracekit.errors import TracekitError, one_line
 from tracekit.integrations.vllm.recording import build_llm, installed_release, parse_engine_cli_args
 from tracekit.models import tiny_model_path
 from tracekit.record import workload
-from tracekit.record.api import recording_with
+from tracekit.record.api import recording
 from tracekit.record.persist import OutputTemplate
 from tracekit.record.settings import RecordSettings
 
@@ -56,7 +56,7 @@ def record_workload(
     requests = workload.load_prompts(prompts_file) if prompts_file else workload.BUILTIN_WORKLOAD
     llm = build_llm(recording_engine_args(model, engine_argv, engine_args))
     engine_failure = None
-    with recording_with(llm, output, settings) as recorder:
+    with recording(llm, output, settings) as recorder:
         try:
             workload.run_workload(llm, requests, max_tokens or workload.DEFAULT_MAX_TOKENS)
         except TracekitError:

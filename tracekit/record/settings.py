@@ -1,11 +1,8 @@
 """Recording settings as users give them, checked once before anything is armed, however they
 came (`tracekit record`, `recording(llm)`, the plugin's variables, a request to arm a running
-server: `tracekit.record.live`).
-
-Live control writes only under the folder the operator named at start (`TRACEKIT_SERVE_DIR`): a
-request names a fresh folder under it (`output`, relative: no absolute path, no `..`, no symlink
-out), and every setting is checked here, each refusal one line naming it as the user spelled it.
-Needs neither torch nor vLLM: the `tracekit arm` client checks a request here before sending it.
+server: `tracekit.record.live`), each refusal one line naming the setting as the user spelled it;
+the folder a request to arm may name: `bundle_folder`. Needs neither torch nor vLLM: the
+`tracekit arm` client checks a request here before sending it.
 """
 
 import os

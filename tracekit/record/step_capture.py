@@ -62,16 +62,14 @@ def capture(
     held: list[RequestState] = (),
 ) -> Step:
     """The marked step as a `Step`: its requests walked into plain data, its inputs and the KV
-    blocks `kv_mode` names copied to host through `copy`. Before the forward (a step trigger) or
-    later in the same step (an event trigger), from what the mark kept. `held`: requests the
-    runner holds outside the batch (the first of a bundle's several steps): in mode `read` the
-    blocks they computed are saved too, as a later step may read them.
+    blocks `kv_mode` names copied to host through `copy`. `held`: requests the runner holds
+    outside the batch (the first of a bundle's several steps): in mode `read` the blocks they
+    computed are saved too, as a later step may read them.
 
-    `copy` None: the device context can no longer be read (a device-side assert, an illegal
-    address), and the step is kept from host memory alone: its requests and their token ids, no
-    KV blocks (`--kv recompute`: the replay prefills the tokens to rebuild the KV), no inputs (the
-    replay prepares them again), the RNG states the mark copied (host tensors, a CUDA generator's
-    too), the dispatch without the attention metadata's device tensors."""
+    `copy` None: the device context can no longer be read (`capture_kinds.kept_from_host`), and
+    the step is kept from host memory alone: its requests and their token ids, the RNG states the
+    mark copied (host tensors, a CUDA generator's too), no KV blocks (`--kv recompute`) and no
+    inputs (`_inputs`)."""
     started = time.perf_counter()
     if copy is None:
         kv_mode = KVMode.RECOMPUTE.value

@@ -1,10 +1,7 @@
 """When the recorder fires: by step index, by a predicate on the batch, on exception, on
-non-finite outputs.
-
-Step and predicate triggers are decided before the forward from cheap batch facts, so an armed
-recorder that does not fire costs one comparison per step. Exception and non-finite triggers
-cannot know in advance: each step leaves a cheap mark and a device-side finite check, and only a
-step that fails (or is not finite) is copied, then (`capture_kinds` says how).
+non-finite outputs. Step and predicate triggers are decided before the forward from cheap batch
+facts, so an armed recorder that does not fire costs one comparison per step; exception and
+non-finite triggers decide after it (`capture_kinds` says how a step is kept until then).
 
 Predicates are a tiny language, parsed here and never evaluated as Python (its names: docs/GUIDE.md,
 "Recording" and "Request triggers"; a request's engine ids are matched as
