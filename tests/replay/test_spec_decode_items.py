@@ -20,6 +20,7 @@ from tracekit.integrations.seam import ObservedStep
 from tracekit.integrations.vllm.records import spec_decode
 from tracekit.replay.checks import check_step, first_divergence
 from tracekit.replay.verdict import VerdictName, decide
+from tracekit.share.summary import _step_summary
 
 PROMPTS = {"chunk": list(range(10, 20)), "drafted": [5, 6, 7], "plain": [8, 9]}
 DRAFTS = [41, 42, 43]
@@ -189,3 +190,13 @@ def test_recorded_drafts_of_another_type_are_refused_when_the_bundle_is_read():
         with pytest.raises(BundleError, match=r"^bundle content: SchedulerOutputRecord.scheduled_spec_decode_tokens"):
             SchedulerOutputRecord.from_plain({"scheduled_spec_decode_tokens": hostile})
 
+
+
+def test_inspect_counts_the_accepted_drafts_by_batch_order_whatever_order_the_requests_are_stored_in():
+    """The sampled ids are one row a request in batch order; the summary read them in the order
+    of the stored requests, and counted the prefill chunk's empty row as the drafted request's."""
+    step = drafted_step()
+    step.requests = [step.request("drafted"), step.request("chunk"), step.request("plain")]
+    assert step.accepted_drafts(step.outputs.sampled_token_ids) == {"drafted": 1}
+    summary = _step_summary(step)["spec_decode"]
+    assert (summary["drafts"], summary["accepted"]) == (3, 1)

@@ -233,12 +233,9 @@ def _padding_item(name: str, actual: Any, expected: Any, tolerance: float, rows:
 
 def _requests_moved(actual: torch.Tensor, expected: torch.Tensor, step: Step) -> dict[str, float]:
     """For each request whose rows differ, the largest absolute difference in them."""
-    moved, offset = {}, 0
-    for req_id in step.batch_order:
-        count = step.request(req_id).num_scheduled_tokens
-        rows = slice(offset, offset + count)
-        offset += count
-        here, there = actual[rows], expected[rows]
+    moved = {}
+    for req_id, rows in step.request_rows().items():
+        here, there = actual[rows.start:rows.stop], expected[rows.start:rows.stop]
         if here.numel() and not torch.equal(here, there):
             moved[req_id] = float((here.double() - there.double()).abs().nan_to_num(nan=float("inf")).max())
     return moved
@@ -335,12 +332,7 @@ def _accepted_item(observed: ObservedStep, step: Step) -> CheckedItem | None:
     if recorded is None or not any(request.draft_token_ids for request in step.requests):
         return None
     replayed = observed.sampled_token_ids or []
-
-    def accepted(sampled: list[list[int]]) -> dict[str, int]:
-        return {req_id: max(len(ids) - 1, 0) for req_id, ids in zip(step.batch_order, sampled)
-                if step.request(req_id).draft_token_ids}
-
-    return _exact_item("spec_decode/accepted", accepted(replayed), accepted(recorded))
+    return _exact_item("spec_decode/accepted", step.accepted_drafts(replayed), step.accepted_drafts(recorded))
 
 
 def _chosen_rows_items(name: str, actual: Any, expected: Any, rows: list[int], tolerance: float) -> list[CheckedItem | None]:

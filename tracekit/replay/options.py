@@ -4,7 +4,7 @@ Kept apart from the replay itself, which needs torch: `tracekit replay` builds i
 that never imports torch, and the work it forks takes it from there.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,3 +44,9 @@ class ReplayOptions:
     lora_paths: dict[str, str] = field(default_factory=dict)
     repeats: int = 2
     repeat_fresh: bool = True
+
+
+def options_from(options: ReplayOptions | None, fields: dict[str, Any]) -> ReplayOptions:
+    """The options a Python caller gave: a `ReplayOptions`, its fields as keywords, or both (the
+    keywords then change those fields of it: neither is ignored)."""
+    return replace(options, **fields) if options is not None else ReplayOptions(**fields)

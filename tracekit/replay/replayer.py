@@ -45,7 +45,7 @@ from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_
 from tracekit.replay.kv_sources import kv_sources
 from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.opened import OpenedBundle
-from tracekit.replay.options import ReplayOptions
+from tracekit.replay.options import ReplayOptions, options_from
 from tracekit.replay.repeats import Repeats, repeat_here, repeat_in_fresh_process
 from tracekit.replay.result import ReplayResult, SequenceFacts
 from tracekit.replay.timed_modes import compare_with_recorded, measure, mode_agreement, time_in_own_engines
@@ -56,10 +56,10 @@ __all__ = ["ReplayOptions", "ReplayResult", "replay"]
 
 def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = None, *, llm: Any = None,
            **fields: Any) -> ReplayResult:
-    """Replay a bundle's steps (options as a `ReplayOptions`, or its fields as keywords). Pass
+    """Replay a bundle's steps (options as a `ReplayOptions`, its fields as keywords, or both). Pass
     `llm` (a previous result's `.llm`) to reuse an engine built for the same engine arguments,
     and an `OpenedBundle` for a bundle the caller opened already."""
-    options = options or ReplayOptions(**fields)
+    options = options_from(options, fields)
     opened = checked_before_engine(bundle, options)
     choices = opened.content.engine.kernel_choices if options.kernel_choices is None else options.kernel_choices
     with locate_lora_adapters(opened.step, options.lora_paths, options.allow_weights_mismatch) as adapters:
@@ -87,13 +87,16 @@ def replay_candidate(engine: ReplayEngine, content: BundleContent, step: Step, *
                      until: int | None = None, keep_kv_read: bool = False,
                      lora_paths: dict[int, str] | None = None) -> ReplayResult:
     """Replay `step` (of `content`, not read from a file: a shrink's candidate) and the steps of
-    its window on an engine the caller holds, checked bit-exact, not timed and not repeated
-    (`until`, `keep_kv_read`: see `run_and_compare`)."""
+    its window on an engine the caller holds, checked bit-exact, not timed and not repeated, each
+    step's result keeping what its forward produced (`until`, `keep_kv_read`: see `run_and_compare`)."""
     options = ReplayOptions(modes=None, from_step=from_step, repeats=0)
     steps = expand_window(step, content)
     opened = OpenedStep("candidate", content, step, [], steps, rebuilt_steps(steps, from_step))
     ran = run_and_compare(engine, opened, options, lora_paths or {}, until, keep_kv_read)
-    return report(opened, options, engine, engine.environment(), ran, kernel_choices.ChoicesApplied())
+    result = report(opened, options, engine, engine.environment(), ran, kernel_choices.ChoicesApplied())
+    for step_result in [result, *result.later]:
+        step_result.observed = ran.observed.get(step_result.step_index)
+    return result
 
 
 @dataclass
@@ -153,11 +156,10 @@ def rebuilt_steps(steps: list[WindowStep], from_step: int | None) -> set[int]:
 
 
 def checked_before_engine(bundle: str | Path | OpenedBundle, options: ReplayOptions) -> OpenedStep:
-    """Every check a replay makes before it builds an engine, in its order: the bundle's step
-    (bad input: 2), this machine (cannot replay here, 3: device, a vLLM series tracekit does not
-    know, a step the installed release cannot take; a replay across releases is noted), what a
-    lean engine must hold for it. `replay` starts with it; tools/fuzz_bundle.py runs it alone on
-    hostile bundles, to stop where vLLM takes over."""
+    """Every check a replay makes before it builds an engine, in the order the module's docstring
+    gives (a replay across releases is noted), and what a lean engine must hold for the step.
+    `replay` starts with it; tools/fuzz_bundle.py runs it alone on hostile bundles, to stop where
+    vLLM takes over."""
     opened = open_step(bundle, options)
     opened.releases = require_replayable_here(opened.content, opened.step)
     if opened.releases is not None and len(opened.steps) > 1:

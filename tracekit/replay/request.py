@@ -49,10 +49,9 @@ class ReplayRequest:
 
 def plan(specs: list[str], options: ReplayOptions, engine_argv: list[str] = (), keep_going: bool = False,
          profile_dir: Path | None = None) -> ReplayRequest:
-    """Find the bundles `specs` name (files, folders, globs) and refuse, before any engine, what
-    no replay of them could honour: a multi-rank step among other bundles or with an option it
-    cannot honour (usage), per-layer outputs of many bundles, a `--model` or
-    `--lora` that names nothing usable (usage)."""
+    """Find the bundles `specs` name (files, folders, globs) and refuse (usage), before any
+    engine, what no replay of them could honour: per-layer outputs of many bundles, and what
+    `_refuse_for_a_rank_set` and `_refuse_unusable_arguments` refuse."""
     bundles = find_bundles(specs)
     if options.layers_out is not None and len(bundles) > 1:
         raise UsageError("--save-layers writes one bundle's per-layer outputs: replay one bundle with it")

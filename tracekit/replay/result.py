@@ -86,6 +86,9 @@ class ReplayResult:
     later: list["ReplayResult"] = field(default_factory=list)  # the steps after this one that ran, each checked
     sequence: SequenceFacts = field(default_factory=SequenceFacts)
     llm: Any = field(default=None, repr=False)  # the engine, for reuse; not serialised
+    # what the step's forward produced (`ObservedStep`), kept by `replay_candidate` only: a
+    # shrink's property looks at it; not serialised
+    observed: Any = field(default=None, repr=False)
 
     @property
     def several(self) -> bool:

@@ -34,7 +34,7 @@ from tracekit.integrations.vllm.replay_engine import (
     require_replayable_kind,
     union_of,
 )
-from tracekit.replay.options import ReplayOptions
+from tracekit.replay.options import ReplayOptions, options_from
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName, not_replayed, worst_exit_code
 
@@ -129,7 +129,7 @@ def run_suite(
     `on_start(position, bundle, building_engine)` and `on_done(record)` report progress. `names`:
     each bundle's name in the records, where a caller named them among more bundles (a suite going
     on after a crash keeps the names the whole suite gave them)."""
-    options = options or ReplayOptions(**fields)
+    options = options_from(options, fields)
     names = names or dict(zip(bundles, unique_names(bundles)))
     records: list[SuiteRecord] = []
     groups: list[EngineGroup] = []

@@ -114,8 +114,7 @@ def mode_agreement(modes: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 def compare_with_recorded(modes: dict[str, dict[str, Any]], recorded: dict[str, Any]) -> None:
     """Add `ratio_to_recorded` (replayed median / recorded forward) to every timed mode, and
     where that ratio says little, why: `ratio_not_comparable` when the recorded time is not one
-    to compare with (timed the old way or by another clock, or the engine's first forward of its
-    size, holding one-time costs), `ratio_means_little` when the timed samples spread widely."""
+    to compare with (`_not_comparable`), `ratio_means_little` when the timed samples spread widely."""
     recorded_us = recorded.get("forward_us")
     if not isinstance(recorded_us, (int, float)) or recorded_us <= 0:
         return
