@@ -97,6 +97,22 @@ def test_nonfinite_shrinks_to_the_poisoned_request_and_chunk(faults):
     assert_shrunk_to_the_poisoned_chunk(faults, faults["work"] / "mixed.zst", "nan-small.zst", "nonfinite")
 
 
+def test_nonfinite_shrinks_a_window_to_the_step_and_request_that_show_it(faults):
+    """The window's second step holds the poison: the shrunk bundle is that step alone, rebuilt on
+    the KV cache a bit-exact replay of the first left, with the poisoned request alone."""
+    window = read_step(faults["work"] / "window.zst")
+    shown = window.index + 1
+    shrunk = read_content(faults["work"] / "window-nan-small.zst")
+    (step,) = shrunk.steps
+    assert step.index == shown and not step.later
+    (request,) = step.requests
+    assert request.req_id == poisoned_request(window, faults).req_id
+    (derivation,) = shrunk.derivations
+    assert derivation["target"] == f"step {shown} non-finite" and derivation["first_step_kv"] == "replayed"
+    assert (derivation["steps_before"], derivation["steps_after"]) == (window.window_indices, [shown])
+    assert (derivation["requests_before"], derivation["requests_after"]) == (len(window.requests), 1)
+
+
 def test_modes_differ_shrinks_to_the_request_whose_eager_forward_is_skewed(faults):
     assert_shrunk_to_the_poisoned_chunk(faults, faults["work"] / "mixed.zst", "modes-small.zst", "modes-differ")
 

@@ -262,6 +262,7 @@ def test_shrink_with_a_command_property_finds_the_smallest_batch_twice_the_same(
     ("raises", "needs a bundle whose recorded forward raised"),
     ("command:false", "does not hold"),
     ("sometimes", "unknown --until"),
+    ("diverges", "a cut single step holds no recorded outputs to part from"),
 ])
 def test_shrink_refuses_a_property_that_does_not_hold_and_writes_nothing(until, complaint, tmp_path):
     out = tmp_path / "small.zst"
@@ -339,3 +340,48 @@ def test_a_later_window_step_cut_keeps_its_kept_requests_proposals_and_no_kv_dig
     carried = as_carried(cut, recorded, set(kept))
     assert carried.batch_order == kept and carried.kv_written == []
     assert carried.proposals.tolist() == proposals[1:3].tolist()
+
+
+def _forged_window(folder, length=3):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "format"))
+    from window_forge import window_content
+
+    from tracekit.format.content import write_content
+
+    return write_content(folder / "window.zst", window_content(length))
+
+
+def test_shrink_cuts_a_window_by_requests_for_a_command_property(sample, tmp_path):
+    """A `command:` property on a window (no engine): every step keeps only the request the
+    command needs, the steps all kept (no replay tells which it needs)."""
+    window = _forged_window(tmp_path)
+    (long_id,) = [r.req_id for r in sample.steps[0].requests if len(r.prompt_token_ids) > 100]
+    script = tmp_path / "every_step_runs.py"
+    script.write_text(
+        "import sys\nfrom tracekit.format import open_bundle\n"
+        "step = open_bundle(sys.argv[1]).metadata['steps'][0]\n"
+        "orders = [step['batch_order'], *[later['batch_order'] for later in step['window']['steps']]]\n"
+        f"sys.exit(0 if all({long_id!r} in order for order in orders) else 1)\n"
+    )
+    out = tmp_path / "small.zst"
+    finished = subprocess.run([TRACEKIT, "shrink", window, "-o", out, "--until", f"command:{sys.executable} {script}"],
+                              capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    with open_bundle(out) as reader:
+        content = BundleContent.from_plain(reader.metadata)
+    first = content.steps[0]
+    assert first.window_indices == [first.index, first.index + 1, first.index + 2]
+    assert [first.batch_order, *[later.batch_order for later in first.later]] == [[long_id]] * 3
+    derivation = content.derivations[-1]
+    assert (derivation["requests_before"], derivation["requests_after"]) == (len(sample.steps[0].requests), 1)
+
+
+def test_shrink_refuses_modes_differ_on_a_window_before_any_engine(tmp_path):
+    window = _forged_window(tmp_path)
+    out = tmp_path / "small.zst"
+    finished = subprocess.run([TRACEKIT, "shrink", window, "-o", out, "--until", "modes-differ"],
+                              capture_output=True, text=True)
+    assert finished.returncode == 2, finished.stderr
+    (line,) = [line for line in finished.stderr.splitlines() if line.startswith("tracekit: error:")]
+    assert "record the step alone (no --window)" in line
+    assert not out.exists()

@@ -60,7 +60,7 @@ class Variant:
 @dataclass
 class InvarianceReport:
     bundle: str
-    step_index: int
+    step: int
     runner: str
     engine_mode: str
     sampling: dict[str, str]  # req_id -> how its sampled ids are compared
@@ -85,20 +85,12 @@ class InvarianceReport:
     def to_plain(self) -> dict[str, Any]:
         broken = self.first_broken
         return {
-            "bundle": self.bundle,
-            "step": self.step_index,
             "verdict": "invariant" if self.invariant else "not_invariant",
             "invariant": self.invariant,
             "exit_code": self.exit_code,
-            "runner": self.runner,
-            "engine_mode": self.engine_mode,
             "first_broken_variant": broken.name if broken else None,
-            "first_layer": self.first_layer,
-            "sampling": self.sampling,
-            "thresholds": self.thresholds,
-            "baseline_reproduces_recording": self.baseline_reproduces_recording,
+            **vars(self),
             "variants": [outcome.to_plain() for outcome in self.variants],
-            "notes": self.notes,
         }
 
 
@@ -153,7 +145,8 @@ def token_thresholds(step: Step, compile_range_ends: list[int], max_tokens: int)
 
 def build_variants(step: Step, kinds: tuple[str, ...], thresholds: dict[str, Any], max_requests: int,
                    max_model_len: int, cached_prefix: dict[str, int]) -> list[Variant]:
-    """The variants of `kinds`, in the order of VARIANT_KINDS; those that cannot be built say why."""
+    """The variants of `kinds`, in the order of VARIANT_KINDS; those that cannot be built say why
+    (`cached_prefix`: req_id -> the prompt tokens it found in the prefix cache)."""
     order = list(step.batch_order)
     variants: list[Variant] = []
 
@@ -200,12 +193,6 @@ def build_variants(step: Step, kinds: tuple[str, ...], thresholds: dict[str, Any
             add(f"recomputed:{req_id}", "recomputed", f"{req_id} computes its {tokens} cached prefix token(s) again",
                 lambda r=req_id: batch_variants.recomputed(step, r))
     return variants
-
-
-def cached_prefixes(step: Step) -> dict[str, int]:
-    """Requests of the batch whose prompt prefix came from the prefix cache: req_id -> tokens."""
-    return {req_id: tokens for req_id, tokens in prefix_cache_hits(step.scheduler_output).items()
-            if req_id in step.batch_order}
 
 
 def logits_rows(observed: ObservedStep, step: Step) -> dict[str, slice]:
@@ -256,24 +243,22 @@ def _token_rows(observed: ObservedStep, step: Step, req_id: str, count: int) -> 
     return slice(runs[req_id].stop - count, runs[req_id].stop)
 
 
-def first_moved_layer(run: Callable[[Step, Callable | None], ObservedStep], model: Any, base_step: Step,
-                      variant_step: Step, req_id: str) -> dict[str, Any]:
+def first_moved_layer(replayer: Any, base_step: Step, variant_step: Step, req_id: str) -> dict[str, Any]:
     """Run the baseline and a variant again capturing every module's output, and name the first
     module (in forward order) whose rows for `req_id` differ."""
-    from tracekit.integrations.vllm.runners.layer_capture import capture_eager_forward
-
+    engine = replayer.engine()
     captured: list[dict[str, torch.Tensor]] = []
     observed = []
     for step in (base_step, variant_step):
         outputs: dict[str, torch.Tensor] = {}
 
         def on_forward(handle: Any, into: dict = outputs) -> None:
-            capture = capture_eager_forward(model, handle)
+            capture = engine.capture_layers(handle)
             if capture.failure is not None:
                 raise CannotRunHere(f"per-layer capture failed: {capture.failure}")
             into.update(capture.outputs)
 
-        observed.append(run(step, on_forward))
+        observed.append(replayer.run(step, on_forward))
         captured.append(outputs)
     count = base_step.request(req_id).num_scheduled_tokens
     base_rows = _token_rows(observed[0], base_step, req_id, count)
@@ -326,8 +311,10 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
     adapter = replayer.adapter()
     max_tokens = int(args.get("max_num_batched_tokens") or recorded.num_real_rows)
     thresholds = token_thresholds(recorded, adapter.compile_range_ends if adapter.compiled else [], max_tokens)
+    cached = {req_id: tokens for req_id, tokens in prefix_cache_hits(recorded.scheduler_output).items()
+              if req_id in recorded.batch_order}
     variants = build_variants(recorded, kinds, thresholds, int(args.get("max_num_seqs") or len(recorded.requests)),
-                              int(args.get("max_model_len") or max_tokens + 1), cached_prefixes(recorded))
+                              int(args.get("max_model_len") or max_tokens + 1), cached)
 
     baseline = replayer.run(recorded, None)
     reproduces = None
@@ -348,7 +335,7 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
         if on_variant is not None:
             on_variant(variant)
     report = InvarianceReport(
-        bundle=str(bundle), step_index=recorded.index, runner=content.engine.runner, engine_mode=adapter.reference_mode,
+        bundle=str(bundle), step=recorded.index, runner=content.engine.runner, engine_mode=adapter.reference_mode,
         sampling={req_id: reproducible[req_id] or "not compared: unseeded random sampling draws from a generator the "
                   "batch shares (logits compared)" for req_id in recorded.batch_order},
         thresholds=thresholds, baseline_reproduces_recording=reproduces, variants=variants, notes=notes,
@@ -360,5 +347,5 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
                 "the layer probe captures an eager forward, and this engine runs compiled (another forward): "
                 "record the step with --enforce-eager to find the layer")}
         else:
-            report.first_layer = first_moved_layer(replayer.run, adapter.model, recorded, broken.step, next(iter(broken.moved)))
+            report.first_layer = first_moved_layer(replayer, recorded, broken.step, next(iter(broken.moved)))
     return report

@@ -1,11 +1,6 @@
 """`redact(bundle, output)`: a bundle that still replays bit-exact but holds only what its steps'
 forwards and sampling read, so that it can be shared (what is removed, what is kept and what a KV
-cache still reveals: docs/GUIDE.md#redact).
-
-A token id no step computes becomes `NEUTRAL_TOKEN_ID`, every length kept (the runner decides
-prefill vs decode, and whether a request samples, from the prompt and output lengths); a request
-whose sampling or drafter reads its history keeps all its ids. A bundle's steps are redacted as
-one (`plan_for`): a request keeps the token ids any of its steps reads, and is renamed alike in each.
+cache still reveals: docs/GUIDE.md#redact). A bundle's steps are redacted as one (`plan_for`).
 """
 
 import dataclasses
@@ -215,13 +210,9 @@ def redact_content(content: BundleContent) -> BundleContent:
         redacted, record = redact_steps(step, content)
         steps.append(redacted)
         records.append(dataclasses.asdict(record))
-    environment = content.environment
-    removed_env = sorted(name for name in environment.env_vars if not numerics_relevant_env(name))
-    environment = dataclasses.replace(
-        environment,
-        env_vars={name: value for name, value in environment.env_vars.items() if numerics_relevant_env(name)},
-        extras={},
-    )
+    env_vars = content.environment.env_vars
+    kept_env = {name: value for name, value in env_vars.items() if numerics_relevant_env(name)}
+    environment = dataclasses.replace(content.environment, env_vars=kept_env, extras={})
     removed = [
         "token ids the step does not compute (set to the neutral id; lengths kept), except where sampling reads them",
         "request ids (renamed in batch order)",
@@ -233,7 +224,7 @@ def redact_content(content: BundleContent) -> BundleContent:
         "tool": f"tracekit {__version__}",
         "neutral_token_id": NEUTRAL_TOKEN_ID,
         "removed": removed,
-        "env_vars_removed": removed_env,
+        "env_vars_removed": sorted(set(env_vars) - set(kept_env)),
         "steps": records,
     }
     if content.extras:

@@ -87,7 +87,7 @@ class _Search:
         K holds where the steps before it replay bit-exact, so that the KV cache at K is the
         recording's as far as any check sees, and its blocks are copied from the replay engine's."""
         before = [each.index for each in self.steps]
-        last = self.prop.aim(bundle_replay)
+        last, target = self.prop.aim(bundle_replay)
         start, kv_read = before[0], None
         for rebuilt in range(last, before[0], -1):
             outcome = self.judge(("from", rebuilt), f"steps {rebuilt}..{last}, rebuilt at {rebuilt}", lambda k=rebuilt: (
@@ -97,7 +97,7 @@ class _Search:
                 break
         self.start_at(steps_between(self.first, self.steps, start, last, kv_read))
         return {
-            "target": self.prop.target if self.prop.text == "diverges" else f"step {last} raises",
+            "target": target,
             "steps_before": before,
             "steps_after": self.first.window_indices,
             # the KV blocks the first step reads: from the recording, or from the replay engine's
@@ -141,8 +141,9 @@ def shrink(
         itself = search.outcome(original)
         if not itself.holds:
             raise UsageError(f"--until {until} does not hold on {bundle} ({itself.detail}); nothing written")
-        more = search.fewest_steps(itself.result) if search.several else {}
-        not_cut = prop.requests_kept(search.first)
+        # a command is judged on the written bundle, not on a replay to find the steps it needs in
+        more = search.fewest_steps(itself.result) if search.several and itself.result is not None else {}
+        not_cut = prop.requests_kept(search.first) if search.several else None
         kept = list(search.requests) if not_cut else ddmin(list(search.requests), search.holds)
         keep = {req_id: search.requests[req_id] for req_id in kept}
         for req_id in [] if search.several else kept:  # a decode schedules one token; a chunk can end earlier

@@ -153,12 +153,11 @@ def _spec_decode_summary(step) -> dict | None:
     if record is None:
         return None
     sampled = step.outputs.sampled_token_ids if step.outputs is not None else None
-    drafted = [(row, request) for row, request in enumerate(step.requests) if request.draft_token_ids]
     accepted = None
-    if sampled is not None and all(row < len(sampled) for row, _ in drafted):
-        accepted = sum(max(len(sampled[row]) - 1, 0) for row, _ in drafted)
+    if sampled is not None and len(sampled) >= len(step.batch_order):
+        accepted = sum(step.accepted_drafts(sampled).values())
     return {"method": record.method, "num_speculative_tokens": record.num_speculative_tokens,
-            "drafts": sum(len(request.draft_token_ids) for _, request in drafted), "accepted": accepted,
+            "drafts": sum(len(request.draft_token_ids) for request in step.requests), "accepted": accepted,
             "drafter_calls": len(record.drafter_calls), "proposals": record.proposals is not None}
 
 

@@ -3,11 +3,14 @@ fires only when one request's poison token sits at its poison position in the ba
 
   1. engine A, no fault: record the first mixed step (three decodes beside the long request's
      second prefill chunk, which holds the poison position) -> mixed.zst
-  2. engine A, fault "raise": record with --on exception -> raises.zst (the engine is then broken)
-  3. engine B, fault "raise": shrink raises.zst --until raises, twice (to raises-small{1,2}.zst)
-  4. engine B, fault "nan" (that row's hidden state becomes NaN): shrink mixed.zst --until nonfinite
-  5. engine B, no fault: shrink mixed.zst --until nonfinite must refuse and write nothing
-  6. engine B, fault "skew" in the eager path only (that row's hidden state + 1e-3 when the
+  2. engine A, no fault: record a window of 3 steps from the first step of the workload (the mixed
+     one is its second) -> window.zst; fault "nan": shrink window.zst --until nonfinite on this
+     engine, which replays the window's first step bit-exact
+  3. engine A, fault "raise": record with --on exception -> raises.zst (the engine is then broken)
+  4. engine B, fault "raise": shrink raises.zst --until raises, twice (to raises-small{1,2}.zst)
+  5. engine B, fault "nan" (that row's hidden state becomes NaN): shrink mixed.zst --until nonfinite
+  6. engine B, no fault: shrink mixed.zst --until nonfinite must refuse and write nothing
+  7. engine B, fault "skew" in the eager path only (that row's hidden state + 1e-3 when the
      inner model runs uncompiled): shrink mixed.zst --until modes-differ
 
 Engine B is compiled (the recording engine A is eager, so its failing step can break it
@@ -78,6 +81,13 @@ if __name__ == "__main__":
     with recording(llm, work / "mixed.zst", when="mixed") as recorder:
         generate(llm)
     result["mixed_written"] = [str(p) for p in recorder.written]
+    with recording(llm, work / "window.zst", when="num_reqs>=4 and has_prefill", window=3, max_bundles=1) as recorder:
+        generate(llm)
+    result["window_written"] = [str(p) for p in recorder.written]
+    undo = inject(find_runner(llm).model, "nan")
+    result["window-nan-small.zst"] = shrink(work / "window.zst", work / "window-nan-small.zst", "nonfinite",
+                                            llm=llm).to_plain()
+    undo()
     inject(find_runner(llm).model, "raise")
     with recording(llm, work / "raises.zst", on=("exception",)) as recorder:
         try:
