@@ -1,9 +1,6 @@
-"""`tracekit export BUNDLE... -o cases.yaml`: recorded batches for other tools.
-
-It writes each recorded step's batch (query and KV length per request) in the case format of
-`vllm bench forward --shapes`, so the exact production batches can be benchmarked on any vLLM
-without the bundles. That is its one format (`--shapes`, once required, is still taken and says
-so). Reads metadata only: no torch, no vLLM needed.
+"""`tracekit export BUNDLE... -o cases.yaml`: the recorded batches as `vllm bench forward --shapes`
+cases (docs/GUIDE.md, "Exporting the recorded batches"), its one format: `--shapes`, once
+required, is still taken and says so.
 """
 
 import click

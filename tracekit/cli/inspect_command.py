@@ -1,8 +1,7 @@
 """`tracekit inspect BUNDLE`: what a bundle holds (`tracekit.share.summary`), as a table or JSON.
 
-A bundle damaged where `--verify` looked exits with code 2, after its summary. Every string from
-the bundle is shown escaped (rich markup, ANSI and other control characters), and tables stop
-after `MAX_TABLE_ROWS` rows (`--json` lists everything).
+A bundle damaged where `--verify` looked exits with code 2, after its summary. Tables stop after
+`MAX_TABLE_ROWS` rows (`--json` lists everything); every string from the bundle is shown `inert`.
 """
 
 import os

@@ -1,7 +1,6 @@
 """`tracekit invariance BUNDLE`: does each request of the recorded step come out bit-identical
 in other batches (docs/GUIDE.md#batch-invariance, with the exit codes)? The work runs in a child
-process, as `tracekit replay`'s does (`isolation`): a failure inside vLLM or the device ends as
-exit 4 with one line, never a traceback.
+process, as `tracekit replay`'s does (`isolation`).
 """
 
 import sys
@@ -9,6 +8,7 @@ import sys
 import click
 
 from tracekit.cli.arguments import bundle_argument, one_step, one_step_options
+from tracekit.cli.isolation import crash_record, print_crash, run_isolated
 from tracekit.cli.terminal import console_for, inert
 
 
@@ -20,7 +20,6 @@ from tracekit.cli.terminal import console_for, inert
 def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, json_out, force, verbose):
     """Replay BUNDLE's step in other batches on one engine and check, per request, that its
     logits row and sampled ids stay bit-identical to its result in the recorded batch."""
-    from tracekit.cli.isolation import crash_record, print_crash, run_isolated
     from tracekit.outputs import claim_outputs, write_json
 
     claim_outputs({"--json": json_out}, [bundle], force)
@@ -41,16 +40,14 @@ def invariance_command(bundle, variants, steps, model, allow_weights_mismatch, j
 
 def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verbose, to_stderr) -> int:
     from tracekit.cli.engine_output import engine_output
-    from tracekit.cli.isolation import print_crash
-    from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, one_line
+    from tracekit.errors import TracekitError, one_line
     from tracekit.replay.opened import OpenedBundle
-    from tracekit.replay.verdict_names import VerdictName, not_replayed
+    from tracekit.replay.verdict_names import not_replayed
     from tracekit.share.invariance import check_invariance
 
     with OpenedBundle(bundle) as opened:
         facts = opened.facts(step)
     progress.started(bundle, **facts)
-    base = {"bundle": bundle, **facts}
     with engine_output(verbose, "invariance") as output:
         stream = output.errors if to_stderr else output.report
         console_for(stream).print(f"[bold]invariance[/bold] {inert(bundle)}  step {inert(facts.get('step'))}: the "
@@ -61,14 +58,14 @@ def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verb
                                       on_variant=lambda outcome: _print_variant(outcome, stream))
         except TracekitError as error:  # refused: one line (printed by the caller), and its record
             verdict = not_replayed(error.exit_code)
-            progress.finished({**base, "verdict": verdict.value, "exit_code": error.exit_code, "error": str(error)})
+            progress.finished({"bundle": bundle, **facts, "verdict": verdict.value, "exit_code": error.exit_code,
+                               "error": str(error)})
             raise
         except Exception as error:  # inside vLLM, the device or tracekit: says nothing about the step
-            crashed = {**base, "verdict": VerdictName.CRASHED.value, "exit_code": EXIT_REPLAY_FAILED,
-                       "error": one_line(error)}
+            crashed = crash_record({"started": bundle, **facts}, one_line(error))
             print_crash(crashed, stream)
             progress.finished(crashed)
-            return EXIT_REPLAY_FAILED
+            return crashed["exit_code"]
         print_summary(report.to_plain(), stream)
         if output.log_line():
             console_for(stream).print(f"   {inert(output.log_line())}")

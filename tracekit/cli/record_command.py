@@ -1,9 +1,6 @@
-"""`tracekit record`: run a workload on a real vLLM engine and record the steps it picks.
-
-With no arguments it records the first mixed step (prefills and decodes together) of the
-built-in workload on the embedded tiny model. Options it does not know are vLLM engine
-arguments (`--enforce-eager`, `--max-num-batched-tokens 128`, ...), parsed by vLLM itself; one
-that is not one of those either is refused before vLLM is imported, with the closest match.
+"""`tracekit record`: run a workload on a real vLLM engine and record the steps it picks (with no
+arguments, the first mixed step of the built-in workload on the embedded tiny model). Options it
+does not know are vLLM engine arguments (`arguments.refuse_unknown_options`).
 """
 
 import click

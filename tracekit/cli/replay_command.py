@@ -1,10 +1,6 @@
-"""`tracekit replay BUNDLE...`: reproduce, check and time recorded steps.
-
-One bundle gets the detailed report. Many (files, folders, globs) run as a regression suite: one
-engine per engine configuration, a summary table, one JSON line per bundle. Exit codes (for `git
-bisect run` and CI): each verdict's own (`tracekit.replay.verdict_names`, docs/GUIDE.md
-"Verdicts"); a suite exits with the worst of its bundles' (`verdict_names.worst_exit_code`).
-"""
+"""`tracekit replay BUNDLE...`: reproduce, check and time recorded steps — one bundle in detail,
+many as a regression suite; exit codes: docs/GUIDE.md, "Verdicts" and "Bundles as a regression
+suite"."""
 
 import sys
 from pathlib import Path

@@ -1,6 +1,5 @@
 """Running a `tracekit replay` request in child processes (`isolation.run_isolated`), and
-reporting it. Where a child dies on a bundle, that bundle gets a `crashed` record here, and with
-`--keep-going` a new child goes on with the bundles left.
+reporting it (a child that dies on a bundle: `replay_isolated`).
 """
 
 import contextlib

@@ -13,9 +13,9 @@ from tracekit.cli.arguments import bundle_argument, one_step, one_step_options
 @bundle_argument()
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the shrunk bundle.")
 @click.option("--until", "until", required=True,
-              help="What must stay true: raises | nonfinite | modes-differ | command:CMD "
-                   "(CMD exits 0 on the cut bundle; {bundle} in CMD is its path, else it is appended); for a "
-                   "window of steps: diverges (parts from the recording at the same step and item) | raises.")
+              help="What must stay true: raises | nonfinite | modes-differ (a single step) | command:CMD "
+                   "(CMD exits 0 on the cut bundle; {bundle} in CMD is its path, else it is appended) | diverges "
+                   "(a window of steps parts from the recording at the same step and item).")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="modes-differ: the relative RMS the two modes must differ by (0: any bit).")
 @one_step_options("The step to shrink, of a bundle holding several (default: the first).", "the shrink report")
