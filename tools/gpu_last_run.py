@@ -7,6 +7,11 @@ and says when engine-facing code changed after it.
 
     python tools/gpu_last_run.py --commit C --seconds S --junit J --summary Q --gpu G --out RUN.json [--cut WHY]
     python tools/gpu_last_run.py --merge RUN.json [RUN.json ...] --out tests/gpu/last-run.json
+    python tools/gpu_last_run.py --soak SUMMARY.json [SUMMARY.json ...] --commit C --gpu G --vllm V --out tests/gpu/last-run.json
+
+`--soak` files `tools/serve_soak.py`'s summaries (one per model, a call each) under the key
+`serve_soak` of the file, with the commit they ran on: a soak is not a quick run, so it leaves the
+quick runs' commit and counts as they are.
 """
 
 import argparse
@@ -77,9 +82,32 @@ def merged(runs: list[dict]) -> dict:
     return {"commit": commits.pop(), "runs": dict(sorted(by_version.items()))}
 
 
+def soak_record(summaries: list[dict], commit: str, gpu: str, vllm: str) -> dict:
+    """The serving soak's numbers a model, as the README's table shows them: each configuration's
+    ratios against no_tracekit (its absolute numbers for no_tracekit itself), the bundles written
+    and how many replayed bit-exact, the server log lines found, and any problem."""
+    models = {}
+    for summary in summaries:
+        for result in summary["models"]:
+            exact = sum(replay.get("verdict") == "bit_exact" for replay in result["replays"])
+            models[result["model"]] = {
+                "no_tracekit": result["runs"].get("no_tracekit"),
+                "ratios": result["ratios"],
+                "bundles": len(result["bundles"]),
+                "replayed_bit_exact": f"{exact}/{len(result['replays'])}",
+                "log_lines": result["log_lines"],
+                "problems": result["problems"],
+                "seconds": result["seconds"],
+            }
+    return {"commit": commit, "ran_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": gpu, "vllm": vllm, "models": models}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--merge", type=Path, nargs="+", help="runs of one commit to merge into --out")
+    parser.add_argument("--soak", type=Path, nargs="+", help="serve_soak.py summaries to file under serve_soak in --out")
+    parser.add_argument("--vllm", help="with --soak: the vLLM release it served")
     parser.add_argument("--commit")
     parser.add_argument("--seconds", type=float, help="device seconds the tests took")
     parser.add_argument("--junit", type=Path)
@@ -89,7 +117,17 @@ def main() -> None:
     parser.add_argument("--cut", help="how the run was cut short, where it was: its counts are of the tests it ran")
     args = parser.parse_args()
     if args.merge:
-        args.out.write_text(json.dumps(merged([json.loads(path.read_text()) for path in args.merge]), indent=1) + "\n")
+        record = merged([json.loads(path.read_text()) for path in args.merge])
+        soak = json.loads(args.out.read_text()).get("serve_soak") if args.out.exists() else None
+        args.out.write_text(json.dumps({**record, **({"serve_soak": soak} if soak else {})}, indent=1) + "\n")
+        return
+    if args.soak:
+        if None in (args.commit, args.gpu, args.vllm):
+            parser.error("--soak needs --commit --gpu --vllm")
+        kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+        gpu = args.gpu.read_text().strip() if args.gpu.exists() else str(args.gpu)
+        kept["serve_soak"] = soak_record([json.loads(path.read_text()) for path in args.soak], args.commit, gpu, args.vllm)
+        args.out.write_text(json.dumps(kept, indent=1) + "\n")
         return
     if None in (args.commit, args.seconds, args.junit, args.summary, args.gpu):
         parser.error("a run needs --commit --seconds --junit --summary --gpu")
