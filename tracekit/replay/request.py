@@ -9,13 +9,12 @@ caller hears of each bundle's start and record as they come (`Listener`) and rep
 
 import contextlib
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from tracekit.bundles import find_bundles, unique_names
-from tracekit.errors import EXIT_REPLAY_FAILED, TracekitError, UsageError
+from tracekit.errors import EXIT_REPLAY_FAILED, UsageError
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions
 
@@ -149,32 +148,25 @@ def carry_out(request: ReplayRequest, listener: Listener) -> ReplayOutcome:
 
 
 def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) -> ReplayOutcome:
-    from tracekit.replay.replayer import replay
-    from tracekit.replay.suite import crashed_record, record_of, refused_record
+    from tracekit.replay.suite import replay_one
 
-    opened = request.opened
-    name = request.names[request.bundles[0]]
+    opened, name = request.opened, request.names[request.bundles[0]]
     facts = opened.facts(options.step)
     listener.started(0, opened.path, True, facts)
-    if request.profile_dir is not None:
-        options = dataclasses.replace(options, profile_prefix=request.profile_dir / name)
-    started = time.perf_counter()
-    try:
-        result = replay(opened, options)
-    except TracekitError as error:  # refused: its record, then the error (one line, its exit code)
-        listener.finished({**refused_record(opened.path, name, error).to_plain(), **facts})
-        raise
-    except Exception as error:  # inside vLLM, the device or tracekit: not a verdict on the step
-        crashed = {**crashed_record(opened.path, name, error, seconds=time.perf_counter() - started).to_plain(),
-                   **facts}
-        listener.finished(crashed)
-        return ReplayOutcome(EXIT_REPLAY_FAILED, crashed)
-    seconds = round(time.perf_counter() - started, 3)
+    record, _, refusal = replay_one(opened, name, None, request.profile_dir, options)
+    result = record.result
+    if result is None:  # refused (its record, then the error: one line, its exit code), or crashed
+        plain = {**record.to_plain(), "engine_built": False, **facts}  # a lone replay that broke off built none
+        listener.finished(plain)
+        if refusal is not None:
+            raise refusal
+        return ReplayOutcome(EXIT_REPLAY_FAILED, plain)
+    record.engine = 1
     if result.several:  # one record per step
         for step_record in result.step_records():
-            listener.finished({"name": name, "engine": 1, "engine_built": True, "seconds": seconds, **step_record})
+            listener.finished({"name": name, "engine": 1, "engine_built": True, "seconds": round(record.seconds, 3),
+                               **step_record})
         return ReplayOutcome(result.exit_code, result)
-    record = record_of(result, name, engine=1, engine_built=True, seconds=seconds)
     listener.finished(record.to_plain())
     return ReplayOutcome(record.exit_code, result)
 

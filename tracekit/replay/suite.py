@@ -34,6 +34,7 @@ from tracekit.integrations.vllm.replay_engine import (
     require_replayable_kind,
     union_of,
 )
+from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions, options_from
 from tracekit.replay.replayer import ReplayResult, replay
 from tracekit.replay.verdict_names import NOT_REPLAYED, VerdictName, not_replayed, worst_exit_code
@@ -94,12 +95,6 @@ def record_of(result: ReplayResult, name: str, **suite_fields: Any) -> SuiteReco
 def refused_record(bundle: Path, name: str, error: TracekitError) -> SuiteRecord:
     """The record of a bundle refused before or by its replay: the verdict of the error's exit code."""
     return SuiteRecord(str(bundle), name, not_replayed(error.exit_code).value, error.exit_code, error=str(error))
-
-
-def crashed_record(bundle: Path, name: str, error: BaseException, **suite_fields: Any) -> SuiteRecord:
-    """The record of a bundle whose replay broke off inside vLLM, the device or tracekit (exit 4)."""
-    return SuiteRecord(str(bundle), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=one_line(error),
-                       **suite_fields)
 
 
 @dataclass
@@ -170,7 +165,12 @@ def run_suite(
                 if engine_error is not None:  # this group's engine could not be built here
                     record = refused_record(bundle, names[bundle], engine_error)
                 else:
-                    record, llm, engine_error = _replay_one(bundle, names[bundle], llm, profile_dir, group_options)
+                    building = llm is None
+                    record, llm, refusal = replay_one(bundle, names[bundle], llm, profile_dir, group_options)
+                    # Refused before an engine existed (weights not here, vLLM refused the arguments): every
+                    # bundle of the group needs that same engine.
+                    if building and refusal is not None and refusal.exit_code == EXIT_CANNOT_RUN_HERE:
+                        engine_error = refusal
                     engines_built += record.engine_built
                     if record.verdict not in {name.value for name in NOT_REPLAYED.values()}:
                         record.engine = engines_built
@@ -210,12 +210,12 @@ def group_of(groups: list[EngineGroup], key: str, recorded: EngineConfig) -> Eng
     return groups[-1]
 
 
-def _replay_one(
-    bundle: Path, name: str, llm: Any, profile_dir: Path | None, options: ReplayOptions
-) -> tuple[SuiteRecord, Any, TracekitError | None]:
-    """Replay one bundle on `llm` (None: build one): its record, the engine for the next bundle of
-    the group, and the error that keeps the group from an engine."""
+def replay_one(bundle: Path | OpenedBundle, name: str, llm: Any, profile_dir: Path | None,
+               options: ReplayOptions) -> tuple[SuiteRecord, Any, TracekitError | None]:
+    """Replay one bundle (a path, or one the caller opened) on `llm` (None: build one): its record,
+    the engine for the next bundle, and the error that refused it (None where it ran or crashed)."""
     building = llm is None
+    path = bundle.path if isinstance(bundle, OpenedBundle) else bundle
     options = dataclasses.replace(options, profile_prefix=profile_dir / name if profile_dir else None)
     if not building:  # model and overrides shaped the engine when it was built
         options = dataclasses.replace(options, model=None, engine_overrides={})
@@ -223,19 +223,13 @@ def _replay_one(
     try:
         result = replay(bundle, options, llm=llm)
     except TracekitError as error:
-        record = refused_record(bundle, name, error)
-        # Refused before an engine existed (weights not here, vLLM refused the arguments): every
-        # bundle of the group needs that same engine.
-        group_error = error if building and error.exit_code == EXIT_CANNOT_RUN_HERE else None
-        return record, llm, group_error
-    except Exception as error:  # the engine may be left mid-step: start the group's next one afresh
+        return refused_record(path, name, error), llm, error
+    except Exception as error:  # inside vLLM, the device or tracekit (exit 4): the engine may be left mid-step
         if llm is not None:
             try:
                 release_llm(llm)
             except Exception:  # a device the failure poisoned: the next engine says so itself
                 pass
-        record = crashed_record(bundle, name, error, engine_built=building, seconds=time.perf_counter() - started)
-        return record, None, None
-    record = record_of(result, name, engine_built=building, seconds=time.perf_counter() - started)
-    return record, result.llm, None
-
+        return SuiteRecord(str(path), name, VerdictName.CRASHED.value, EXIT_REPLAY_FAILED, error=one_line(error),
+                           engine_built=building, seconds=time.perf_counter() - started), None, None
+    return record_of(result, name, engine_built=building, seconds=time.perf_counter() - started), result.llm, None
