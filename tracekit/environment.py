@@ -96,7 +96,8 @@ def environment_differences(recorded: Environment, here: Environment) -> list[tu
     for name in ("tracekit_version", *NUMERIC_FIELDS, "python_version", "platform"):
         before, now = getattr(recorded, name), getattr(here, name)
         if before != now and not (name in _ADDED_FIELDS and before is None):
-            differences.append((name, before, now, _affects_numerics(name, recorded)))
+            numeric = recorded.device_kind == "cpu" if name == "num_threads" else name in NUMERIC_FIELDS
+            differences.append((name, before, now, numeric))
     looked_at = tuple(set(recorded.env_prefixes or EARLIER_ENV_PREFIXES) & set(here.env_prefixes or RELEVANT_ENV_PREFIXES))
     for name in sorted(set(recorded.env_vars) | set(here.env_vars)):
         if not name.startswith(looked_at):
@@ -121,12 +122,6 @@ def environment_records(recorded: Environment, here: Environment,
 
 # Fields added after the first bundles were recorded: absent there, so unknown rather than different.
 _ADDED_FIELDS = ("attention_backend", "num_threads")
-
-
-def _affects_numerics(name: str, recorded: Environment) -> bool:
-    if name == "num_threads":
-        return recorded.device_kind == "cpu"
-    return name in NUMERIC_FIELDS
 
 
 def numerics_summary(environment: Environment) -> dict[str, Any]:

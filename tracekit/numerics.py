@@ -24,7 +24,9 @@ def compare_tensors(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, A
             "relative_rms": float("inf"),
             "max_abs_vs_rms": float("inf"),
         }
-    bit_exact = actual.dtype == expected.dtype and _same_bytes(actual, expected)
+    # bitwise: NaNs with the same payload count as equal, -0.0 and 0.0 do not
+    bit_exact = actual.dtype == expected.dtype and torch.equal(
+        actual.contiguous().reshape(-1).view(torch.uint8), expected.contiguous().reshape(-1).view(torch.uint8))
     if actual.numel() == 0:
         return {"bit_exact": bit_exact, "max_abs": 0.0, "relative_rms": 0.0, "max_abs_vs_rms": 0.0}
     if actual.dtype == torch.bool or expected.dtype == torch.bool:
@@ -43,13 +45,6 @@ def compare_tensors(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, A
             (actual.argmax(dim=-1) == expected.argmax(dim=-1)).double().mean()
         )
     return result
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality: NaNs with the same payload count as equal, -0.0 and 0.0 do not."""
-    return torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
-    )
 
 
 @dataclass(frozen=True)
