@@ -696,11 +696,6 @@ class Step(SchemaRecord):
                 return request
         raise BundleError(f"bundle content: step {self.index} has no request state for {req_id!r}")
 
-    def raised_as_recorded(self, error: BaseException) -> bool:
-        """Whether `error` is the failure this step was recorded with: same type, same message."""
-        recorded = self.error or {}
-        return type(error).__name__ == recorded.get("type") and str(error) == recorded.get("message")
-
     @property
     def num_real_rows(self) -> int:
         """The token rows the scheduler scheduled; rows past them (up to the padded size a graph

@@ -432,7 +432,7 @@ def error_item(step: Step, raised: BaseException | None) -> CheckedItem:
                 "recorded_phase": step.error.get("phase", "forward")}
     if raised is None:
         return CheckedItem(ERROR_ITEM, False, False, {"raised": None, "problem": "the step did not raise", **recorded})
-    same = step.raised_as_recorded(raised)
+    same = type(raised).__name__ == step.error.get("type") and str(raised) == step.error.get("message")
     said = f"{type(raised).__name__}: {raised}"
     return CheckedItem(ERROR_ITEM, same, same, {"raised": said, **recorded}, replayed=replayed_digest(said))
 

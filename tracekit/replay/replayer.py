@@ -74,7 +74,10 @@ def replay(bundle: str | Path | OpenedBundle, options: ReplayOptions | None = No
             ran.measured.update(time_in_own_engines(engine, opened.content.engine, opened.step, ran.own_engine_modes,
                                                     options, adapters.paths))
     result = report(opened, options, engine, here, ran, pinned)
-    if _repeat_in_a_fresh_process(result, options):
+    # A diverged step whose replays here agreed among themselves (where they did not, that is told
+    # already) is replayed again in a fresh process.
+    if (result.repeats is not None and options.repeat_fresh and result.repeats.disagreement() is None
+            and result.verdict.name == VerdictName.DIVERGED):
         if here.device_kind != "cpu" and engine.llm is not None:  # a device holds one engine at a time
             engine.release()
             result.llm = None
@@ -278,13 +281,6 @@ def _run_again(engine: ReplayEngine, opened: OpenedStep, lora_paths: dict[int, s
         engine.forget_cached_prefixes()
 
 
-def _repeat_in_a_fresh_process(result: ReplayResult, options: ReplayOptions) -> bool:
-    """Whether the step is replayed again in a fresh process: it diverged, and its replays here
-    agreed among themselves (where they did not, that is told already)."""
-    return (result.repeats is not None and options.repeat_fresh and result.repeats.disagreement() is None
-            and result.verdict.name == VerdictName.DIVERGED)
-
-
 # The `ReplayOptions` fields that shape a step's replay (not its timing, layer capture or
 # profiling), handed to the fresh process that replays it again.
 _FRESH_PROCESS_FIELDS = ("step", "model", "allow_weights_mismatch", "engine_overrides", "tolerance", "full_engine",
@@ -334,7 +330,10 @@ def step_result(step: Step, observed: Any, checks: list[CheckedItem], content: B
     the replay shares, its kernel comparisons among them)."""
     ran = observed is not None and observed.dispatch is not None
     audited = dispatch_audit.audit(step.graph, observed.dispatch) if ran else {}
-    notes = _dispatch_notes(audited) + _kernel_notes(content, shared["reference_mode"], checks, shared["kernel_choices"])
+    notes = _kernel_notes(content, shared["reference_mode"], checks, shared["kernel_choices"])
+    if audited and not dispatch_audit.same_graph(audited):
+        notes[:0] = ["the replay could not run the step through the recorded dispatch: " + "; ".join(
+            line for line in audited["differences"] if line.split(":")[0] in dispatch_audit.STEP_FIELDS)]
     return ReplayResult(
         step_index=step.index,
         trigger=step.trigger,
@@ -403,12 +402,3 @@ def _kernel_notes(content: BundleContent, reference_mode: str, checks: list[Chec
                 "autotuned kernels ran with its recorded configuration: the rounding difference lies elsewhere "
                 "(see dispatch and environment differences)"]
     return []
-
-
-def _dispatch_notes(audited: dict[str, Any]) -> list[str]:
-    if not audited or dispatch_audit.same_graph(audited):
-        return []
-    return [
-        "the replay could not run the step through the recorded dispatch: "
-        + "; ".join(line for line in audited["differences"] if line.split(":")[0] in dispatch_audit.STEP_FIELDS)
-    ]

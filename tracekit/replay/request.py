@@ -140,11 +140,23 @@ def carry_out(request: ReplayRequest, listener: Listener) -> ReplayOutcome:
     from tracekit.integrations.vllm.replay_engine import parse_engine_cli_args
 
     options = dataclasses.replace(request.options, engine_overrides=parse_engine_cli_args(request.engine_argv))
-    if request.multi_rank:
-        return _rank_set(request, options, listener)
+    if request.multi_rank:  # every rank of one multi-rank step (any rank's bundle): one record
+        from tracekit.replay.multirank import replay_rank_set
+
+        listener.started(0, request.opened.path, True, {})
+        result = replay_rank_set(request.opened, options)
+        listener.finished(result.to_plain())
+        return ReplayOutcome(result.exit_code, result)
     if request.opened is not None:
         return _single(request, options, listener)
-    return _suite(request, options, listener)
+    from tracekit.replay.suite import run_suite
+
+    outcome = run_suite(
+        request.bundles, options, keep_going=request.keep_going, profile_dir=request.profile_dir,
+        on_start=lambda position, bundle, building: listener.started(position, bundle, building, {}),
+        on_done=lambda record: listener.finished(record.to_plain()), names=request.names,
+    )
+    return ReplayOutcome(outcome.exit_code, outcome)
 
 
 def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) -> ReplayOutcome:
@@ -170,24 +182,3 @@ def _single(request: ReplayRequest, options: ReplayOptions, listener: Listener) 
     listener.finished(record.to_plain())
     return ReplayOutcome(record.exit_code, result)
 
-
-def _suite(request: ReplayRequest, options: ReplayOptions, listener: Listener) -> ReplayOutcome:
-    from tracekit.replay.suite import run_suite
-
-    outcome = run_suite(
-        request.bundles, options, keep_going=request.keep_going, profile_dir=request.profile_dir,
-        on_start=lambda position, bundle, building: listener.started(position, bundle, building, {}),
-        on_done=lambda record: listener.finished(record.to_plain()), names=request.names,
-    )
-    return ReplayOutcome(outcome.exit_code, outcome)
-
-
-def _rank_set(request: ReplayRequest, options: ReplayOptions, listener: Listener) -> ReplayOutcome:
-    """Every rank of one multi-rank step (any rank's bundle): one record, its exit code."""
-    from tracekit.replay.multirank import replay_rank_set
-
-    opened = request.opened
-    listener.started(0, opened.path, True, {})
-    result = replay_rank_set(opened, options)
-    listener.finished(result.to_plain())
-    return ReplayOutcome(result.exit_code, result)
