@@ -220,10 +220,8 @@ def is_prefill(num_computed_tokens: int, num_prompt_tokens: int, num_output_toke
 
 @dataclass
 class RecordedObject(SchemaRecord):
-    """A vLLM object as recorded (`{"$type": its class, field: value, ...}`, by
-    `tracekit.integrations.vllm.records.serialize`): the fields tracekit reads typed, any other
-    kept as recorded in `extras` (the `$type` and `$vllm_version` tags too). vLLM's sets and
-    tuples, tagged in the file, are lists here (`TAGS`: field -> "$set" or "$tuple" of its value,
+    """A vLLM object as recorded (docs/FORMAT.md, "vLLM objects"): the fields tracekit reads typed,
+    any other kept in `extras`; tagged sets and tuples are lists here (`TAGS`: field -> its tag,
     "[$tuple]" of each element). Written back, it holds the fields it was read with, in their
     order, and any field given a value other than its default since."""
 
@@ -737,12 +735,10 @@ class Step(SchemaRecord):
             rows.extend(range(start, start + used))
         return rows
     def input_ids_disagreement(self) -> str | None:
-        """Where the request states say another token than the recorded forward read, if anywhere.
-        A replay rebuilds the runner's requests from their states, so its forward reads their
-        tokens: a bundle whose states and input ids disagree cannot replay the step, whatever
-        the engine does. A position the states hold as a placeholder (an id below 0: V1 under
-        async scheduling) or not at all (a draft token) is the runner's to fill, and not
-        compared. Needs the input ids loaded; None where they agree or there are none."""
+        """Where the request states say another token than the recorded forward read (why no replay
+        can then be faithful: docs/GUIDE.md, "Replaying"); a placeholder (an id below 0) or a draft
+        token is the runner's to fill, not compared. Needs the input ids loaded; None where they agree
+        or there are none."""
         if not hasattr(self.input_ids, "tolist") or len(self.input_ids.shape) != 1:
             return None
         read = self.input_ids.tolist()

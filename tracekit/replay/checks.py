@@ -4,10 +4,8 @@ Items come in the order the forward produces them (batch order, inputs, KV writt
 states, logits, sampled ids), so the first one that differs is where to start looking: if the
 KV written already differs, the hidden states will too. Per-layer outputs (a bundle recorded
 with `--layers`) are checked apart, in the order the forward ran them.
-
-A step that ran as a CUDA graph of a padded size has more token rows than tokens: the verdict is
-decided by the real rows, the padding rows are compared apart (`input_ids/padding`, ...: items
-that do not decide) and what they may have done to the real outputs is named (`padding_findings`).
+The padding rows of a graph step are compared apart, as items that do not decide, and what they
+may have done to the real rows is named (docs/GUIDE.md, "What a GPU step holds").
 """
 
 import hashlib

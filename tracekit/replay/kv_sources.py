@@ -1,7 +1,6 @@
-"""Where the KV cache a parted step of a sequence read came from (docs/GUIDE.md, "Where the
-KV came from"): did the difference arise in the step's own forward, or come in with the KV an
-earlier step wrote? The bundle says which step wrote each KV slot a request reads (its block ids,
-computed and scheduled tokens, step by step), the checks which steps parted in whose rows.
+"""Where the KV cache a parted step of a sequence read came from: did the difference arise in
+the step's own forward, or come in with the KV an earlier step wrote (docs/GUIDE.md, "Where the
+KV came from")?
 
 A step with no digest of its KV writes (the first, whose written blocks are compared whole, or a
 bundle recorded before the digest) is taken to have written the recorded KV where its writing rows

@@ -5,9 +5,8 @@ The replay runs in stages, each a function with one job:
     open_step -> checked_before_engine (this machine) -> engine_for -> run_and_compare
     -> time_in_own_engines (`timed_modes`) -> report
 
-A bundle is a sequence of N >= 1 steps, run one after the other with the runner carrying its
-state, each checked; a bundle of several steps is not timed. `from_step` (`replay --from K`)
-rebuilds the runner's state at step K as the first step's is rebuilt (docs/GUIDE.md, "Windows").
+A bundle's N >= 1 steps run one after the other with the runner carrying its state, each
+checked; several are not timed (docs/GUIDE.md, "Windows", for `--from`).
 
 The order matters for the exit codes a `git bisect run` relies on: the bundle is read and
 validated first (bad input: 2), then this machine is checked — device, vLLM series, weights, the

@@ -71,18 +71,9 @@ class SuiteRecord:
 
     def to_plain(self) -> dict[str, Any]:
         """One JSON line: the suite's fields, then the full replay result (docs/GUIDE.md, "JSON fields")."""
-        plain = {
-            "bundle": self.bundle,
-            "name": self.name,
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
-            "error": self.error,
-            "engine": self.engine,
-            "engine_built": self.engine_built,
-            "seconds": round(self.seconds, 3),
-            "forward_us": self.forward_us,
-            "recorded_forward_us": self.recorded_forward_us,
-        }
+        plain = {key: getattr(self, key) for key in ("bundle", "name", "verdict", "exit_code", "error", "engine",
+                                                    "engine_built", "seconds", "forward_us", "recorded_forward_us")}
+        plain["seconds"] = round(self.seconds, 3)
         if self.result is not None:
             plain.update({key: value for key, value in self.result.to_plain().items() if key not in plain})
         return plain
@@ -120,10 +111,9 @@ def run_suite(
     **fields: Any,
 ) -> SuiteOutcome:
     """Replay every bundle with `options` (or its fields as keywords; model and engine overrides
-    apply to every engine built; each bundle's profile prefix is its own, in `profile_dir`). Without `keep_going`, stop at the first bundle that does not exit 0.
-    `on_start(position, bundle, building_engine)` and `on_done(record)` report progress. `names`:
-    each bundle's name in the records, where a caller named them among more bundles (a suite going
-    on after a crash keeps the names the whole suite gave them)."""
+    shape every engine built; profiles go to `profile_dir`), stopping at the first that does not exit
+    0 unless `keep_going`; `on_start(position, bundle, building_engine)` and `on_done(record)` report
+    progress; `names`: the bundles' names where a caller named them among more (after a crash)."""
     options = options_from(options, fields)
     names = names or dict(zip(bundles, unique_names(bundles)))
     records: list[SuiteRecord] = []
