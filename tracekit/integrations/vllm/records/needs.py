@@ -55,7 +55,7 @@ def bundle_needs(content: BundleContent, bundle: str | Path) -> BundleNeeds:
         command.append(f"[--model DIR, where the weights are not at {engine.model.path}]")
     command += [f"[--lora {adapter.name}=DIR]" for adapter in adapters if not adapter.files]
     return BundleNeeds(
-        vllm_series=_series(engine.vllm_version),
+        vllm_series=series_of(engine.vllm_version) if engine.vllm_version else None,
         device=environment.device_kind,
         device_name=environment.device_name if environment.device_kind != "cpu" else None,
         compute_capability=environment.gpu_capability or environment.cpu_isa,
@@ -72,8 +72,9 @@ def bundle_needs(content: BundleContent, bundle: str | Path) -> BundleNeeds:
     )
 
 
-def _series(version: str | None) -> str | None:
-    return ".".join(version.split(".")[:2]) if version else None
+def series_of(version: str) -> str:
+    """`0.26.0+cu130` -> `0.26`."""
+    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 def _graph_mode(step: Step | None) -> str:

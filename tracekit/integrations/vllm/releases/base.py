@@ -24,6 +24,7 @@ from tracekit.format.schema import (
 )
 from tracekit.integrations.seam import RUNNER_KINDS, OutputReceiver, RunnerKind
 from tracekit.integrations.vllm.records import grammar, serialize
+from tracekit.integrations.vllm.records.needs import series_of
 from tracekit.integrations.vllm.records.request_ids import client_id_matcher
 from tracekit.integrations.vllm.records.weights import weights_fingerprint
 
@@ -71,11 +72,6 @@ def classes_here(listed: tuple[tuple[str, str], ...]) -> list[type]:
         except (ImportError, AttributeError):
             continue
     return found
-
-
-def series_of(version: str) -> str:
-    """`0.26.0+cu130` -> `0.26`."""
-    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 # How a sampler draws a token at a temperature, as read in V1's `TopKTopPSampler.forward_cpu` and
