@@ -31,7 +31,9 @@ from tracekit.integrations.vllm.recording import (
     LayerCapture,
     RequestLedger,
     StepMark,
+    applied_mask,
     digested_layers,
+    drafter_pass,
     hidden_states_of,
     kv_written,
 )
@@ -139,7 +141,8 @@ class StepCapture:
 
     def _end(self, step: Step | CarriedStep, sampled: Any) -> None:
         """The step's sampled ids are in: its copies to host are all queued."""
-        step_capture.capture_sampled(step, sampled)
+        if step.outputs is not None and sampled is not None:
+            step.outputs.sampled_token_ids = [list(map(int, ids)) for ids in sampled]
         step.timing.step_us = (time.perf_counter() - self.pending.started) * 1e6
         for copy in self.pending.copies:
             copy.finish()
@@ -272,7 +275,7 @@ class BundleStep(StepCapture):
 
     def logits_computed(self, logits: Any) -> None:
         if self.step is not None:
-            self._copy(lambda copy: step_capture.capture_logits(self.step, logits, copy))
+            self._copy(lambda copy: step_capture.capture_output(self.step, "logits", logits, copy))
 
     def sampling(self) -> None:
         self.bundle.log(RunnerCall.SAMPLE, self.pending.index)
@@ -283,7 +286,7 @@ class BundleStep(StepCapture):
 
     def grammar_applied(self, logits: Any) -> None:
         if self.step is not None:
-            self._copy(lambda copy: step_capture.capture_grammar_applied(self.step, logits, copy))
+            self._copy(lambda copy: step_capture.capture_output(self.step, "grammar_bitmask", applied_mask(logits), copy))
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         if self.step is not None and self.bundle.speculative:
@@ -328,12 +331,15 @@ class CopiedStep(BundleStep):
 
     def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
         if self.step.spec_decode is not None:  # copied before the drafter's next call writes its buffers again
-            self._copy(lambda copy: step_capture.capture_drafter_pass(self.step, inputs, output, copy))
+            self._copy(lambda copy: self.step.spec_decode.drafter_calls.append(drafter_pass(inputs, output, copy.copy)))
 
     def _ended(self) -> None:
         for copy in self.pending.copies:  # the finite check below reads the copies
             copy.wait()
-        step_capture.outputs_finite(self.step)
+        outputs = self.step.outputs
+        if outputs is not None:  # (a graph step's padding rows hold whatever the padded size computed)
+            hidden = outputs.hidden_states[: self.step.num_real_rows] if outputs.hidden_states is not None else None
+            outputs.finite = bool(all_finite([hidden, outputs.logits], exact=True))
         self.recorder.count_bundle()
         super()._ended()
 
@@ -516,7 +522,7 @@ class MarkedStep(StepCapture):
         step.grammar = self.grammar() if self.grammar is not None else None
         if self.output is not None:
             step_capture.capture_after_forward(recorder.adapter, step, self.output, copy)
-            step_capture.capture_logits(step, self.logits, copy)
+            step_capture.capture_output(step, "logits", self.logits, copy)
         copy.finish()  # the engine's stream goes on once the copies ran, its host at once
         return step
 

@@ -28,14 +28,12 @@ from tracekit.format.schema import (
     StepOutputs,
     StepTiming,
 )
-from tracekit.graphs.host_copy import HostCopy, all_finite
+from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm.recording import (
     RunnerAdapter,
     StepMark,
-    applied_mask,
     blocks_read_and_written,
     blocks_to_host,
-    drafter_pass,
     hidden_states_of,
     step_features,
 )
@@ -164,17 +162,13 @@ def capture_after_forward(adapter: RunnerAdapter, step: Step | CarriedStep, outp
     step.timing.host_copy_us += (time.perf_counter() - started) * 1e6
 
 
-def capture_logits(step: Step | CarriedStep, logits: torch.Tensor | None, copy: HostCopy) -> None:
-    if step.outputs is not None and logits is not None:
+def capture_output(step: Step | CarriedStep, name: str, tensor: torch.Tensor | None, copy: HostCopy) -> None:
+    """One more output of the step (`StepOutputs`' `name`: the logits, the grammar mask as it
+    reached them), copied to host once its forward's are in."""
+    if step.outputs is not None and tensor is not None:
         started = time.perf_counter()
-        step.outputs.logits = copy.copy(logits)
+        setattr(step.outputs, name, copy.copy(tensor))
         step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
-
-
-def capture_drafter_pass(step: Step, inputs: dict[str, Any], output: Any, copy: HostCopy) -> None:
-    """One call of the speculative drafter's model: its inputs and output, copied to host (the
-    rows that are the step's: `Step.drafter_rows`)."""
-    step.spec_decode.drafter_calls.append(drafter_pass(inputs, output, copy.copy))
 
 
 def capture_proposals(step: Step | CarriedStep, proposals: torch.Tensor | None, copy: HostCopy) -> None:
@@ -183,26 +177,3 @@ def capture_proposals(step: Step | CarriedStep, proposals: torch.Tensor | None, 
     kept = step.spec_decode if isinstance(step, Step) else step
     if kept is not None and proposals is not None:
         kept.proposals = copy.copy(proposals)
-
-
-def capture_grammar_applied(step: Step | CarriedStep, logits: torch.Tensor, copy: HostCopy) -> None:
-    """The grammar mask as it reached the logits (`StepOutputs.grammar_bitmask`): packed on the
-    device, copied to host."""
-    if step.outputs is not None:
-        started = time.perf_counter()
-        step.outputs.grammar_bitmask = copy.copy(applied_mask(logits))
-        step.timing.host_copy_us = (step.timing.host_copy_us or 0.0) + (time.perf_counter() - started) * 1e6
-
-
-def capture_sampled(step: Step | CarriedStep, sampled_token_ids: list[list[int]] | None) -> None:
-    if step.outputs is not None and sampled_token_ids is not None:
-        step.outputs.sampled_token_ids = [list(map(int, ids)) for ids in sampled_token_ids]
-
-
-def outputs_finite(step: Step) -> None:
-    """Note whether the step's real rows of hidden states and its logits are finite (padding rows
-    of a graph step hold whatever the padded size computed: they are not the step's output)."""
-    outputs = step.outputs
-    if outputs is not None:
-        hidden = outputs.hidden_states[: step.num_real_rows] if outputs.hidden_states is not None else None
-        outputs.finite = bool(all_finite([hidden, outputs.logits], exact=True))
