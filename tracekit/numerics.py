@@ -1,10 +1,6 @@
 """How two tensors are compared, everywhere in tracekit (replay checks, graph-vs-eager checks,
-per-piece divergence).
-
-One definition so that a number printed by `tracekit replay` means the same as the one in a
-graph report: `max_abs` and `relative_rms` as vLLM's forward bench computes them, plus exact
-equality, the worst element in units of the reference's RMS (`max_abs_vs_rms`, scale-free like
-`relative_rms`) and, for logits-like tensors, argmax agreement along the last dimension.
+per-piece divergence): one definition, so that a number `tracekit replay` prints means the same as
+a graph report's (`max_abs` and `relative_rms` as vLLM's forward bench computes them).
 """
 
 from dataclasses import dataclass

@@ -14,13 +14,15 @@ engine's KV layout — (cannot replay here: 3), and only then does the step run 
 reproduce: 1; reproduced: 0).
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracekit.environment import environment_records
 from tracekit.errors import BundleError, CannotRunHere, TracekitError, UsageError, one_line
-from tracekit.format.schema import KV_MODES, BundleContent, KVMode, Step
+from tracekit.format.content import write_steps
+from tracekit.format.schema import KV_MODES, BundleContent, KVMode, KVSnapshot, Step, StepOutputs, StepTiming
 from tracekit.graphs import kernel_choices
 from tracekit.graphs.modes import OWN_ENGINE_MODES, expand_modes
 from tracekit.integrations.vllm.replay_engine import (
@@ -42,7 +44,6 @@ from tracekit.integrations.vllm.replay_engine import (
 from tracekit.replay import dispatch as dispatch_audit
 from tracekit.replay.checks import ERROR_ITEM, CheckedItem, check_layers, check_step, error_item, padding_findings
 from tracekit.replay.kv_sources import kv_sources
-from tracekit.replay.layers_bundle import write_layers_bundle
 from tracekit.replay.opened import OpenedBundle
 from tracekit.replay.options import ReplayOptions, options_from
 from tracekit.replay.repeats import Repeats, repeat_here, repeat_in_fresh_process
@@ -313,14 +314,26 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     if step.outputs is not None and step.outputs.layers:
         first.layer_checks = check_layers(ran.captured_layers, step.outputs.layers, options.tolerance)
     if options.layers_out is not None and step.error is None:
-        first.layers_bundle = str(write_layers_bundle(options.layers_out, here, content.engine, step,
-                                                      ran.captured_layers))
+        first.layers_bundle = str(write_layers_bundle(options.layers_out, here, content, step, ran.captured_layers))
     return ReplayResult.of_steps(results, SequenceFacts(
         requested=step.steps_requested,
         recorded=[each.index for each in opened.steps], rebuilt=sorted(opened.rebuilt), from_step=options.from_step,
         not_run=ran.not_run, kv_sources=kv_sources([each.step for each in opened.steps], results),
         kv_read=ran.kv_read,
     ))
+
+
+def write_layers_bundle(path: str | Path, here: Any, content: BundleContent, step: Step, layers: dict[str, Any]) -> Path:
+    """`--save-layers OUT`: a small bundle of the step's metadata with this machine's environment and,
+    as outputs, only an eager forward's per-layer outputs (no KV blocks or RNG states: what makes a
+    bundle large), named as `record --layers` names them, so that `tracekit diff` pairs it with
+    another such bundle, or with a recording, and names the first layer that parts."""
+    groups = [dataclasses.replace(group, saved_block_ids=[], before={}, after={}) for group in step.kv.groups]
+    layers_step = dataclasses.replace(
+        step, kv=KVSnapshot(mode="none", groups=groups), rng={}, outputs=StepOutputs(layers=dict(layers)),
+        timing=StepTiming(), extras={**step.extras, "layers_from": "eager replay (tracekit replay --layers)"},
+    )
+    return write_steps(Path(path), here, content.engine, [layers_step])
 
 
 def step_result(step: Step, observed: Any, checks: list[CheckedItem], content: BundleContent,

@@ -1,11 +1,7 @@
-"""Replaying many bundles as a regression suite, one engine per engine configuration.
-
-Building an engine costs seconds to minutes; replaying a step costs milliseconds. So the bundles
-are read first (metadata only), grouped by the engine they need (`engine_key`; kernel choices
-that disagree part a group) and each group replays on one engine (`replay(bundle, llm=...)`),
-released before the next group's is built: lean unless `full_engine`, holding what every step
-of its group needs (`EngineNeeds`, their union). Exit codes and what a suite reports:
-docs/GUIDE.md, "Bundles as a regression suite".
+"""Replaying many bundles as a regression suite, one engine per engine configuration (why, exit
+codes and what a suite reports: docs/GUIDE.md, "Bundles as a regression suite"). The bundles are
+read first (metadata only) and grouped by `engine_key` (kernel choices that disagree part a group);
+each group's engine holds what all its steps need (`EngineNeeds`, their union).
 """
 
 import dataclasses

@@ -2,12 +2,9 @@
 exit code (each verdict: docs/GUIDE.md "Verdicts"; what each covers and how its bounds were
 measured: docs/VERDICTS.md).
 
-A replay on the recording platform is bit-exact or it is a bug. Elsewhere, other kernels round
-differently, so "not bit-exact" alone says nothing: the verdict then asks whether the platform
-(or, across vLLM releases, the release) explains the difference — every discrete item equal,
-every float item within the calibrated per-dtype bound (`tracekit.numerics.PLATFORM_BOUNDS`) —
-and whether replays of the step from the same restored state agree among themselves
-(`tracekit.replay.repeats`).
+Off the recording platform "not bit-exact" alone says nothing: the verdict asks whether the
+platform (or release) explains the difference (`tracekit.numerics.PLATFORM_BOUNDS`), and whether
+replays of the step from the same restored state agree among themselves (`tracekit.replay.repeats`).
 """
 
 from dataclasses import dataclass, field
