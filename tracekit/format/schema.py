@@ -115,9 +115,7 @@ class KernelCopy(SchemaRecord):
 
 @dataclass
 class KernelChoice(SchemaRecord):
-    """The launch configuration one autotuned Triton kernel of the recording process ran with
-    (`tracekit.graphs.kernel_choices`): `config` its first copy's, `other_configs` and `copies`
-    those of the copies configured on their own (one per compiled graph)."""
+    """The launch configuration one autotuned Triton kernel ran with (docs/FORMAT.md, "EngineConfig")."""
 
     kernel: str
     source_hash: str
@@ -129,9 +127,7 @@ class KernelChoice(SchemaRecord):
 
 @dataclass
 class EngineConfig(SchemaRecord):
-    """What is needed to rebuild the engine: vLLM `EngineArgs` values that differ from default,
-    the model, the KV cache geometry the recorded block ids live in, the configurations its
-    compiled kernels were autotuned to."""
+    """What is needed to rebuild the engine, the KV cache geometry the block ids live in included."""
 
     vllm_version: str
     engine_args: dict[str, Any]
@@ -290,9 +286,8 @@ class LoRARequestRecord(RecordedObject):
 
 @dataclass
 class SamplingParamsRecord(RecordedObject):
-    """vLLM's `SamplingParams`: how a request samples. Typed: what decides whether its draw is
-    reproducible, and what makes sampling read token ids beyond those the step computes
-    (`tracekit.integrations.vllm.records.step_records`)."""
+    """vLLM's `SamplingParams`, typed where it decides whether a draw is reproducible or makes
+    sampling read token ids beyond those the step computes (`records.step_records`)."""
 
     temperature: float = 1.0
     seed: int | None = None
@@ -485,9 +480,8 @@ class StepTiming(SchemaRecord):
 
 @dataclass
 class DrafterPass(SchemaRecord):
-    """One model call of a speculative drafter (EAGLE, ...) in the recorded step: what it read and
-    what it returned, as the call saw them (padded where the drafter runs at a graph's size; the
-    rows that are the step's: `Step.drafter_rows`)."""
+    """One model call of a speculative drafter (EAGLE, ...) in the recorded step, as the call saw
+    it (padded where the drafter runs at a graph's size; the step's rows: `Step.drafter_rows`)."""
 
     input_ids: Tensor | None = None
     positions: Tensor | None = None
@@ -756,9 +750,8 @@ class Step(SchemaRecord):
 
 @dataclass
 class ParallelRank(SchemaRecord):
-    """Which rank of a multi-rank engine (tensor / pipeline parallel) wrote this bundle, and what
-    ties it to the other ranks' bundles of the same step. A single-rank engine's bundle (and any
-    bundle older than this record) has the defaults: world size 1, rank 0."""
+    """Which rank of a multi-rank engine wrote this bundle, and what ties it to the other ranks'
+    bundles of the same step (a single-rank engine's bundle has the defaults)."""
 
     world_size: Ranks = 1
     rank: Rank = 0  # pp_rank * tensor_parallel_size + tp_rank

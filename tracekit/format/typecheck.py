@@ -1,9 +1,5 @@
-"""Plain data from a bundle checked against the content schema's type annotations: one walk.
-
-A bundle's metadata is whatever its writer put there, so before any code uses a value the
-schema's records (`tracekit.format.schema`) are built from it by `convert`, which checks each
-value against its field's annotation, containers all the way down; a value that does not fit is
-one `BundleError` line naming its place in the content tree (docs/FORMAT.md, "Content schema").
+"""Plain data from a bundle checked against the content schema's type annotations, in one walk
+(`convert`) before any code uses a value: a bundle's metadata is whatever its writer put there.
 """
 
 import dataclasses

@@ -1,9 +1,6 @@
-"""Comparing a replayed step with what the engine recorded, item by item, in forward order.
-
-Items come in the order the forward produces them (batch order, inputs, KV written, hidden
-states, logits, sampled ids), so the first one that differs is where to start looking: if the
-KV written already differs, the hidden states will too. Per-layer outputs (a bundle recorded
-with `--layers`) are checked apart, in the order the forward ran them.
+"""Comparing a replayed step with what the engine recorded, item by item, in forward order: the
+first one that differs is where to start looking (if the KV written differs, the hidden states
+will too). Per-layer outputs (`--layers`) are checked apart, in the order the forward ran them.
 The padding rows of a graph step are compared apart, as items that do not decide, and what they
 may have done to the real rows is named (docs/GUIDE.md, "What a GPU step holds").
 """
@@ -383,10 +380,9 @@ def _drafter_items(observed: ObservedStep, step: Step, tolerance: float) -> list
 
 
 def padding_findings(observed: ObservedStep, step: Step) -> list[str]:
-    """What the padding rows of a graph step may have done to its real outputs, in words: a
-    non-finite value in a padding row of hidden states (a phantom row's NaN reaches real rows
-    through any cross-row op), and KV blocks the replayed forward wrote beyond the blocks its
-    tokens own (a padding slot writing a page)."""
+    """What the padding rows of a graph step may have done to its real outputs, in words
+    (docs/GUIDE.md, "What a GPU step holds"; a phantom row's NaN reaches real rows through any
+    cross-row op)."""
     findings = []
     real = step.num_real_rows
     for source, hidden in (("replayed", observed.hidden_states),

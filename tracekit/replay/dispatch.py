@@ -1,9 +1,5 @@
-"""What the engine chose for a step when it was recorded and when it was replayed, side by side.
-
-A graph bug often lives in the choice, not the kernels: the dispatcher picks another graph mode
-or padded size at replay than at capture, or pads the request count differently. The recorder
-stores the engine's capture tables and the step's dispatch (`GraphDispatch`); the replay reads
-its own engine's dispatch of the same step, and every difference is named.
+"""What the engine chose for a step when it was recorded and when it was replayed, side by side
+(docs/GUIDE.md, "Dispatch and modes"): a graph bug often lives in the choice, not the kernels.
 """
 
 from typing import Any

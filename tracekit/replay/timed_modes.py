@@ -1,9 +1,5 @@
 """Timing a replayed step's forward in each `--mode` (docs/GUIDE.md, "Dispatch and modes"), and
-setting the times beside the recorded one.
-
-The recorder times the engine's model call with events on the device's stream (on CPU, the host
-clock), as the timed runs here are timed, so `ratio_to_recorded` compares like with like (where
-it cannot: `compare_with_recorded`).
+setting the times beside the recorded one, timed alike (docs/GUIDE.md, "Replaying": Timing).
 """
 
 from typing import Any
@@ -97,10 +93,8 @@ def _measure_in_own_engine(mode: str, engine: EngineConfig, engine_args: dict[st
 
 
 def mode_agreement(modes: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """Whether the step's real rows came out the same in every mode that ran (each is compared
-    with the recorded output, their common reference): the check for a graph bug — a FULL graph
-    that gives NaN or other values where the same step run eagerly does not. None where fewer
-    than two modes ran with an output to compare."""
+    """Whether the step's real rows came out the same in every mode that ran, each against the
+    recorded output (docs/GUIDE.md, "Dispatch and modes"); None where fewer than two could be."""
     outputs = {mode: report["vs_recorded"] for mode, report in modes.items()
                if report.get("available") and report.get("vs_recorded")}
     if len(outputs) < 2:
