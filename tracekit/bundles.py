@@ -1,9 +1,6 @@
-"""Bundles named on a command line (files, folders, globs), and short unique names for them.
-
-`tracekit replay traces/` and `tracekit export --shapes 'incident-*/step*.zst'` take many
-bundles; both expand their arguments here and name each bundle in their output (summary rows,
-profile files, benchmark case names) by the shortest path suffix that tells it from the others:
-`step5` alone, or `incident1/step5` beside `incident2/step5`.
+"""Bundles named on a command line (files, folders, globs: `tracekit replay`, `tracekit export
+--shapes`), and short unique names for them in the output (summary rows, profile files, benchmark
+case names): `step5` alone, or `incident1/step5` beside `incident2/step5`.
 """
 
 import glob

@@ -1,12 +1,10 @@
 """A bundle to replay, opened once and handed down from the command line to the replay.
 
 `tracekit replay` must know, before it forks the process that does the work, whether a bundle
-is one rank's part of a multi-rank step; the work then needs the step it reports on and, to run
-it, the step's tensors. An `OpenedBundle` reads the metadata when it is opened and keeps the file
-open, so the replay loads the step's tensors from the same open file (reads at offsets: a forked
-child reads it as well as its parent). A bundle that cannot be opened or read keeps the error,
-raised where the replay reports on its bundle, as its own replay would have raised it (bad
-input, exit 2).
+is one rank's part of a multi-rank step; the work then needs the step's tensors. So the metadata
+is read when the bundle is opened and the file kept open: the replay loads the tensors from it
+(reads at offsets: a forked child reads it as well as its parent). A bundle that cannot be read
+keeps the error, raised where its replay reports on it (bad input, exit 2).
 """
 
 from pathlib import Path
