@@ -323,7 +323,8 @@ def report(opened: OpenedStep, options: ReplayOptions, engine: ReplayEngine, her
     ))
 
 
-def write_layers_bundle(path: str | Path, here: Any, content: BundleContent, step: Step, layers: dict[str, Any]) -> Path:
+def write_layers_bundle(path: str | Path, here: Any, content: BundleContent, step: Step,
+                        layers: dict[str, Any]) -> Path:
     """`--save-layers OUT`: a small bundle of the step's metadata with this machine's environment and,
     as outputs, only an eager forward's per-layer outputs (no KV blocks or RNG states: what makes a
     bundle large), named as `record --layers` names them, so that `tracekit diff` pairs it with
