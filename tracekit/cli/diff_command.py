@@ -42,10 +42,9 @@ def _print_diff(result, first: str, second: str) -> None:
                         f"{tensor['max_abs']:.3g}", f"{tensor['relative_rms']:.3g}")
     if result.tensors:
         console.print(tensors)
-    for name in result.only_in_first:
-        console.print(f"only in {inert(first)}: {inert(name)}")
-    for name in result.only_in_second:
-        console.print(f"only in {inert(second)}: {inert(name)}")
+    for bundle, names in ((first, result.only_in_first), (second, result.only_in_second)):
+        for name in names:
+            console.print(f"only in {inert(bundle)}: {inert(name)}")
     for entry in result.metadata:
         console.print(f"{inert(entry['field'])}: {inert(repr(entry['first']))} -> {inert(repr(entry['second']))}")
     difference = result.first_difference

@@ -45,10 +45,9 @@ def engine_output(verbose: bool, command: str) -> Iterator[EngineOutput]:
     handle, name = tempfile.mkstemp(prefix=f"tracekit-{command}-", suffix=".log")
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    report, errors = os.fdopen(saved[0], "w", buffering=1), os.fdopen(saved[1], "w", buffering=1)
-    os.dup2(handle, 1)
-    os.dup2(handle, 2)
+    report, errors = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in (1, 2))
+    for fd in (1, 2):
+        os.dup2(handle, fd)
     os.close(handle)
     output = EngineOutput(report, errors, Path(name))
     try:
@@ -64,11 +63,9 @@ def engine_output(verbose: bool, command: str) -> Iterator[EngineOutput]:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        report.flush()
-        errors.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        report.close()
-        errors.close()
+        for stream, fd in ((report, 1), (errors, 2)):
+            stream.flush()
+            os.dup2(stream.fileno(), fd)
+            stream.close()
         if os.path.getsize(name) == 0:
             os.unlink(name)

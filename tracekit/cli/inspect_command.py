@@ -160,10 +160,7 @@ def _print_tensors(console, tensors: list[dict]) -> None:
     for tensor in tensors[:MAX_TABLE_ROWS]:
         shown.add_row(inert(tensor["name"]), tensor["dtype"], "x".join(map(str, tensor["shape"])) or "scalar",
                       _size(tensor["nbytes"]), _size(tensor["stored_nbytes"]), tensor["filter"])
-    if tensors:
-        console.print(shown)
-    else:
-        console.print("tensors: none")
+    console.print(shown if tensors else "tensors: none")
     _print_omitted(console, "tensors", len(tensors))
 
 

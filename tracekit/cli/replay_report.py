@@ -95,12 +95,11 @@ def _print_replay(console: Console, result: ReplayResult, needs: str | None) -> 
     if result.engine_build is not None:
         console.print(f"   engine: {inert(describe_engine_build(result.engine_build))}")
     _print_differences(console, result.environment_differences, result.overrides)
+    step = next((step for step in result.steps if step.verdict.exit_code() != 0), result.steps[0])
     if result.several:
         _print_steps(console, result)
-    step = next((step for step in result.steps if step.verdict.exit_code() != 0), result.steps[0])
-    if result.several and step.verdict.exit_code() == 0:
-        return
-    if result.several:
+        if step.verdict.exit_code() == 0:
+            return
         console.print(f"step {step.step_index}, where the window parts:")
     for note in step.notes:
         console.print(f"   note: {inert(note)}")
@@ -249,18 +248,17 @@ _DETAILS = {
     VerdictName.NONFINITE_APPEARED: "non-finite outputs appeared",
     VerdictName.NONDETERMINISTIC: "the engine does not repeat itself",
 }
+# The headline of a verdict that exits 0 or 1 (any other shows its name).
+_HEADLINES = {EXIT_OK: "[bold green]REPRODUCED[/bold green]",
+              EXIT_NOT_REPRODUCED: "[bold red]NOT REPRODUCED[/bold red]"}
 
 
 def print_verdict(console: Console, verdict: Any, first_divergence: str | None, tolerance: float, padding: bool) -> None:
     """The report's first line: the verdict, in words, and why (`padding`: padding rows were
     compared apart). Any verdict is shown by its exit code: 0 reproduced, 1 not, else its name."""
     code = verdict.exit_code()
-    if code == EXIT_OK:
-        headline = "[bold green]REPRODUCED[/bold green]"
-    elif code == EXIT_NOT_REPRODUCED:
-        headline = "[bold red]NOT REPRODUCED[/bold red]"
-    else:
-        headline = f"[bold yellow]{inert(verdict.name.value.replace('_', ' ').upper())}[/bold yellow]"
+    shown = inert(verdict.name.value.replace("_", " ").upper())
+    headline = _HEADLINES.get(code) or f"[bold yellow]{shown}[/bold yellow]"
     detail = _DETAILS.get(verdict.name)
     if verdict.name == VerdictName.WITHIN_TOLERANCE:
         detail = f"within tolerance {tolerance:g}"
@@ -299,13 +297,9 @@ def _agreement(item: Any, verdict: Any) -> str:
     tolerance, within the platform's or the release's bound (what the verdict allowed), or not."""
     if item.bit_exact:
         return "[green]yes[/green]"
-    if item.within_tolerance:
-        return "[yellow]within tol[/yellow]"
-    if verdict.name == VerdictName.PLATFORM_DIFFERENCE:
-        return "[yellow]platform[/yellow]"
-    if verdict.name == VerdictName.RELEASE_DIFFERENCE:
-        return "[yellow]release[/yellow]"
-    return "[red]NO[/red]"
+    allowed = "within tol" if item.within_tolerance else {
+        VerdictName.PLATFORM_DIFFERENCE: "platform", VerdictName.RELEASE_DIFFERENCE: "release"}.get(verdict.name)
+    return f"[yellow]{allowed}[/yellow]" if allowed else "[red]NO[/red]"
 
 
 KV_WRITER_LINES = 8  # the most requests named whose KV writes differ (`--json` has them all)
@@ -460,9 +454,9 @@ def _print_rank_set_verdict(console: Console, result: RankSetReplayResult) -> No
     verdict = result.verdict
     if result.exit_code == 0:
         how = {VerdictName.BIT_EXACT: "bit-exact", VerdictName.WITHIN_TOLERANCE: f"within tolerance {result.tolerance:g}"}
-        console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold green]REPRODUCED[/bold green] on all "
+        console.print(f"verdict [bold]{verdict.name.value}[/bold]: {_HEADLINES[EXIT_OK]} on all "
                       f"{result.world_size} ranks ({how.get(verdict.name, inert(verdict.reason))}; exit 0)")
     else:
-        console.print(f"verdict [bold]{verdict.name.value}[/bold]: [bold red]NOT REPRODUCED[/bold red]: first "
+        console.print(f"verdict [bold]{verdict.name.value}[/bold]: {_HEADLINES[EXIT_NOT_REPRODUCED]}: first "
                       f"divergence at [bold]{inert(result.first_divergence or '-')}[/bold] ({inert(verdict.reason)}; "
                       f"exit {result.exit_code})")

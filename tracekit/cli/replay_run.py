@@ -42,6 +42,7 @@ def _work(request: ReplayRequest, progress: Progress, verbose: bool, report_to_s
     """The child's part: replay, report, return the exit code."""
     from tracekit.cli.engine_output import engine_output
     from tracekit.cli.replay_report import print_report
+    from tracekit.integrations.vllm.records.needs import bundle_needs
     from tracekit.replay.request import carry_out
 
     with engine_output(verbose, "replay") as output:
@@ -49,19 +50,12 @@ def _work(request: ReplayRequest, progress: Progress, verbose: bool, report_to_s
         listener = _Listener(progress, len(request.bundles), output.errors)
         with listener.bar or contextlib.nullcontext():
             outcome = carry_out(request, listener)
-        print_report(outcome.report, stream, _needs(request))
+        opened = request.opened  # one bundle: what it needs is its report's second line
+        needs = None if opened is None else bundle_needs(opened.content, opened.path).line()
+        print_report(outcome.report, stream, needs)
         if output.log_line():
             click.echo(f"   {output.log_line()}", file=stream)
     return outcome.exit_code
-
-
-def _needs(request: ReplayRequest) -> str | None:
-    """What the one bundle replayed needs, as its report's second line (None for many)."""
-    from tracekit.integrations.vllm.records.needs import bundle_needs
-
-    if request.opened is None:
-        return None
-    return bundle_needs(request.opened.content, request.opened.path).line()
 
 
 class _Listener:
