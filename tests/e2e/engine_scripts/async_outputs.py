@@ -44,8 +44,8 @@ if __name__ == "__main__":
             outputs.append(runner.sample_tokens(None))
         kinds = [type(output).__name__ for output in outputs]
         read = {index: outputs[index].get_output().sampled_token_ids for index in (1, 0)}
-        runner.execute_model(adapter.finishing_output([*schedules[0].num_scheduled_tokens,
-                                                            *schedules[1].num_scheduled_tokens]))
+        runner.execute_model(adapter.release.finishing_output([*schedules[0].num_scheduled_tokens,
+                                                                    *schedules[1].num_scheduled_tokens]))
     write_result({
         "output_types": kinds,
         "read": [read[0], read[1]],

@@ -96,7 +96,7 @@ def drive_broken_step(llm, step, target, name, fail, output, **triggers):
             else:  # (a recorder that gave up took its shadows off, which left ours)
                 target.__dict__.pop(name, None)
             runner.execute_model_state = None
-            runner.execute_model(adapter.finishing_output(list(step.batch_order)))
+            runner.execute_model(adapter.release.finishing_output(list(step.batch_order)))
     return {"raised": raised, "written": [str(p) for p in recorder.written], "failures": recorder.failures}
 
 

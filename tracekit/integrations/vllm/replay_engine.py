@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracekit.errors import BundleError, CannotRunHere, NotReplayableYet, TracekitError, UsageError
+from tracekit.errors import BundleError, CannotRunHere, NotReplayableYet, UsageError
 from tracekit.format.schema import BundleContent, EngineConfig, Environment, ParallelRank, Step
 from tracekit.graphs.capture_table import CaptureTable
 from tracekit.graphs.device import default_device
@@ -23,7 +23,6 @@ from tracekit.integrations.vllm.engines.build import (
     adapter_of,
     apply_recorded_determinism,
     build_llm,
-    forget_cached_prefixes,
     parse_engine_cli_args,
     release_llm,
 )
@@ -31,6 +30,7 @@ from tracekit.integrations.vllm.engines.lean_build import EngineBuild, EngineNee
 from tracekit.integrations.vllm.engines.platform_facts import kv_layout_difference
 from tracekit.integrations.vllm.engines.sequence_driver import SequenceDriver
 from tracekit.integrations.vllm.engines.step_driver import ForwardHandle, unknown_tokens_to_recompute
+from tracekit.integrations.vllm.engines.workers import reported as worker_error
 from tracekit.integrations.vllm.records.grammar import unpack_mask
 from tracekit.integrations.vllm.records.spec_decode import STATEFUL_DRAFTERS
 from tracekit.integrations.vllm.records.step_features import not_replayable_reason
@@ -40,7 +40,8 @@ from tracekit.integrations.vllm.records.window_records import WindowStep, window
 from tracekit.integrations.vllm.releases import SUPPORTED_SERIES, release_for, series_of
 from tracekit.integrations.vllm.releases.installed import installed_release
 from tracekit.integrations.vllm.runners.layer_capture import LayerCapture, capture_eager_forward
-from tracekit.integrations.vllm.runners.lora_adapters import LocatedAdapters, locate
+from tracekit.integrations.vllm.runners.lora_adapters import LocatedAdapters
+from tracekit.integrations.vllm.runners.lora_adapters import locate as locate_lora_adapters
 from tracekit.models import tiny_model_path
 
 __all__ = [
@@ -69,12 +70,6 @@ def require_replayable_kind(step: Step) -> None:
     reason = not_replayable_reason(step)
     if reason is not None:
         raise NotReplayableYet(reason)
-
-
-def locate_lora_adapters(step: Step, given: Mapping[str, str], allow_mismatch: bool) -> LocatedAdapters:
-    """Find the LoRA adapters the step's slots held, on this machine (exit 3 where one is not
-    found or not the recorded one): kept files written to a folder the result removes on close."""
-    return locate(step, dict(given), allow_mismatch)
 
 
 def require_recomputable(bundle: str | Path, step: Step) -> None:
@@ -419,7 +414,7 @@ class ReplayEngine:
 
     def engine_args(self) -> dict[str, Any]:
         """The engine arguments that rebuild an engine whose forward matches this one's."""
-        return self.adapter.engine_args()
+        return self.adapter.release.engine_args_from_config(self.adapter.runner.vllm_config)
 
     def on_every_worker(self, function: Callable, *args: Any) -> list[Any]:
         """`function(worker, *args)` in every worker process, results in rank order."""
@@ -427,7 +422,7 @@ class ReplayEngine:
 
     def forget_cached_prefixes(self) -> None:
         """Forget cached prefixes, so that the next replayed step finds no blocks it did not restore."""
-        forget_cached_prefixes(self.llm)
+        self.llm.reset_prefix_cache()
 
     def release(self) -> None:
         """Shut the engine down and give its memory back, before another is built."""
@@ -441,8 +436,3 @@ class ReplayEngine:
 def worker_adapter(worker: Any) -> Any:
     """The adapter of a vLLM worker's model runner (this process's rank of a multi-rank engine)."""
     return installed_release().adapter_for(workers.runner_of(worker))
-
-
-def worker_error(error: TracekitError) -> dict[str, Any]:
-    """A worker's refusal, as `ReplayEngine.on_every_worker` raises it again in the driver."""
-    return workers.reported(error)

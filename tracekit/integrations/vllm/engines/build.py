@@ -211,11 +211,6 @@ def adapter_of(llm: Any) -> Any:
     return installed_release().adapter_for(find_runner(llm))
 
 
-def forget_cached_prefixes(llm: Any) -> None:
-    """Forget cached prefixes, so that the next replayed step finds no blocks it did not restore."""
-    llm.reset_prefix_cache()
-
-
 def release_llm(llm: Any) -> None:
     """Shut an in-process engine down and give its memory back, before another is built."""
     import gc

@@ -87,15 +87,15 @@ class Release:
 
     Every public method is a hook a series may override. Overridden by a supported series so far:
     `keep_only_graphs`, `draft_logits_by_slot`, `require_buildable`, `kv_groups`, `num_kv_blocks`,
-    `grammar_record`, `scheduler_output`, `history_readers`. Shared defaults, true of every supported series as
-    written here (`tests/test_release_hooks.py` keeps this list whole): runners — `adapter_for`,
-    `adapter_class`, `runner_env`, `on_each_runner_ready`, `worker_classes_here`, `compile_range_ends`,
-    `when_output_ready`; the API server's request ids — `client_request_matcher`; records —
-    `grammar_output`, `allowed_classes`, `to_plain`, `to_versioned_plain`,
-    `from_plain`, `new_request`, `new_requests_output`, `finishing_output`; another series' bundles
-    — `adopt_engine_args`, `require_takes`, `drafter_orders_dropped`; the engine record —
-    `engine_args_from_config`, `speculative_settings`, `draft_model`, `engine_config`; the verdict
-    — `sampler_draw` (each series' draws are the data it reads).
+    `grammar_record`, `scheduler_output`, `history_readers`. Shared defaults, true of every
+    supported series as written here (`tests/test_release_hooks.py` keeps this list whole):
+    runners — `adapter_for`, `adapter_class`, `runner_env`, `on_each_runner_ready`,
+    `worker_classes_here`, `compile_range_ends`, `when_output_ready`; the API server's request ids —
+    `client_request_matcher`; records — `grammar_output`, `allowed_classes`, `from_plain`,
+    `new_request`, `new_requests_output`, `finishing_output`; another series' bundles —
+    `adopt_engine_args`, `require_takes`, `drafter_orders_dropped`; the engine record —
+    `engine_args_from_config`, `speculative_settings`, `draft_model`, `engine_config`; the verdict —
+    `sampler_draw` (each series' draws are the data it reads).
     """
 
     series: ClassVar[str]
@@ -319,12 +319,6 @@ class Release:
         ]
         return serialize.AllowList({cls.__name__: cls for cls in types},
                                    {cls.__name__: cls for cls in (RequestOutputKind, SamplingType)})
-
-    def to_plain(self, value: Any, path: str = "value") -> Any:
-        return serialize.to_plain(value, path)
-
-    def to_versioned_plain(self, value: Any, path: str = "value") -> dict[str, Any]:
-        return serialize.to_versioned_plain(value, self.version, path)
 
     def from_plain(self, plain: Any) -> Any:
         """Objects of this vLLM from recorded ones (typed records, or their plain data), which

@@ -12,6 +12,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,7 @@ class LocatedAdapters:
         return folder
 
 
-def locate(step: Step, given: dict[str, str], allow_mismatch: bool) -> LocatedAdapters:
+def locate(step: Step, given: Mapping[str, str], allow_mismatch: bool) -> LocatedAdapters:
     """Find every adapter the step's slots held: its kept files (written to a folder of the
     replay's), else `given[name]`, else its recorded path; refused (exit 3) where it is not found
     or its fingerprint differs (unless `allow_mismatch`)."""
@@ -195,7 +196,7 @@ def _write_kept(adapter: LoRAAdapter, located: LocatedAdapters) -> Path:
     return folder
 
 
-def _found(adapter: LoRAAdapter, given: dict[str, str]) -> Path:
+def _found(adapter: LoRAAdapter, given: Mapping[str, str]) -> Path:
     """An adapter the bundle does not keep: at the path given for its name, else its recorded one."""
     if adapter.name is None:
         raise CannotRunHere(

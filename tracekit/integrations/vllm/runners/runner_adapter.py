@@ -33,7 +33,7 @@ from tracekit.format.schema import (
 )
 from tracekit.graphs.device import DeviceBackend, get_device_backend
 from tracekit.integrations.seam import BatchFacts, ModelCall, RequestProgress, RunnerKind, StepObserver
-from tracekit.integrations.vllm.records import spec_decode
+from tracekit.integrations.vllm.records import serialize, spec_decode
 from tracekit.integrations.vllm.records.step_features import not_replayable_in
 from tracekit.integrations.vllm.runners import runner_state
 from tracekit.integrations.vllm.runners.lora_adapters import resident_adapters, slot_table
@@ -274,10 +274,6 @@ class RunnerAdapter:
         request leaves in the runner (per runner kind; nothing here) — so that a step replayed on
         an engine that replayed other bundles runs as it runs alone in a fresh one."""
 
-    def finishing_output(self, req_ids: list[str]) -> Any:
-        """An empty step that finishes `req_ids` in the runner, leaving it able to serve."""
-        return self.release.finishing_output(req_ids)
-
     def execute_and_sample(self, scheduler_output: Any) -> None:
         """Run a step's two halves outside any observed session (`--kv recompute`'s prefills)."""
         runner = self.runner
@@ -291,7 +287,7 @@ class RunnerAdapter:
             runner.execute_model_state = None
 
     def finish(self, req_ids: list[str]) -> None:
-        self.runner.execute_model(self.finishing_output(req_ids))
+        self.runner.execute_model(self.release.finishing_output(req_ids))
 
     # -- what record and replay read off the runner ------------------------------------------
 
@@ -357,11 +353,12 @@ class RunnerAdapter:
 
     def sampling_record(self, params: Any, path: str) -> SamplingParamsRecord | None:
         """A request's `SamplingParams` as recorded (None: it has none)."""
-        return None if params is None else SamplingParamsRecord.from_plain(self.release.to_plain(params, path), path)
+        return None if params is None else SamplingParamsRecord.from_plain(serialize.to_plain(params, path), path)
 
     def scheduler_output_record(self, scheduler_output: Any) -> SchedulerOutputRecord:
         """The scheduler output as recorded, tagged with the vLLM version."""
-        return SchedulerOutputRecord.from_plain(self.release.to_versioned_plain(scheduler_output, "scheduler_output"))
+        return SchedulerOutputRecord.from_plain(
+            serialize.to_versioned_plain(scheduler_output, self.release.version, "scheduler_output"))
 
     def spec_decode_record(self) -> SpecDecodeRecord | None:
         """A step's speculative decoding record, before its drafter ran (None: the engine decodes
@@ -397,10 +394,6 @@ class RunnerAdapter:
     def kinds_not_replayable(self) -> list[str]:
         """What this engine's steps may hold that tracekit records but cannot replay yet, in words."""
         return not_replayable_in(self.runner.vllm_config)
-
-    def engine_args(self) -> dict[str, Any]:
-        """The engine arguments that rebuild an engine whose forward matches this one's."""
-        return self.release.engine_args_from_config(self.runner.vllm_config)
 
 
 def _entered(shadows: Shadows, contexts: list[AbstractContextManager] = ()) -> ExitStack:
