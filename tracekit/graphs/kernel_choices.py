@@ -1,20 +1,15 @@
 """The launch configurations Inductor's Triton kernels were autotuned to: read in the recording
-process, kept in the bundle as data, and put back in the replay's process, copy by copy.
+process, kept in the bundle as data, and put back in the replay's process, copy by copy
+(docs/GUIDE.md, "Kernel choices", says why, and what a replay reports).
 
-Why: Inductor picks a kernel's launch configuration by timing candidates at its first launch, in
-each process anew, and a reduction's block sizes decide the order it sums in, so two processes
-running the same compiled step can round differently (docs/GUIDE.md, "Kernel choices"). A choice
-is keyed by Inductor's lookup hash (sha256 of the kernel's size hints and its source without its
-name), and applying a bundle's choices fills `torch._inductor.config.autotune_lookup_table`, which
-a kernel reads when it is built, in the compiling process or a compile worker (torch 2.11 to
-2.14): only integers come from a bundle, and nothing it holds is executed. That table is keyed by
-source, while one source can run as several copies configured apart (where the compile workers
-built it, each compiled graph's module binds a `CachingAutotuner` of its own, tuned on its own).
-So each copy is kept by its graph module's code (`graph_digest`) and the global that binds it,
-and where a kernel's copies ran apart the replay binds, in each graph module as it is loaded
-(`PyCodeCache.load_by_key_path`, the one loader of Inductor's generated graph code) and before
-its first launch, a copy built for that configuration alone. How each kernel and copy ran is
-read back after the step (`compare`).
+A choice is keyed by Inductor's lookup hash (sha256 of the kernel's size hints and its source
+without its name); applying choices fills `torch._inductor.config.autotune_lookup_table`, which a
+kernel reads when it is built, in the compiling process or a compile worker (torch 2.11 to 2.14):
+only integers come from a bundle, and nothing it holds is executed. That table is keyed by source,
+while each compiled graph's module may bind a copy of its own (`graph_digest`); where a kernel's
+copies ran apart the replay binds, in each graph module as it is loaded (`PyCodeCache.load_by_key_path`,
+the one loader of Inductor's generated graph code) and before its first launch, a copy built for
+that configuration alone. How each kernel and copy ran is read back after the step (`compare`).
 """
 
 import contextlib

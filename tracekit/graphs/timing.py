@@ -34,16 +34,11 @@ class RegionTime:
 
 class RegionTimer:
     """Times one region of work as the recorder times the engine's model call and the replay its
-    timed runs, so that the two compare.
-
-    Events around a region on an idle device also count the host's time to issue it: a cold
-    engine's Python next to a replay loop's warm one made the same graph replay look 2-3x slower
-    in the engine (H200, vLLM 0.26). So where the device has a spin kernel, the start event is
-    queued behind a spin longer than the host's issue of the region: when the device reaches the
-    region, all of it is queued, and the events measure the device's own time for it
-    (`QUEUED_DEVICE_EVENTS`). If the host took longer than the spin, the device may have waited
-    on it inside the region and the time is reported as `DEVICE_EVENTS`. The spin costs the
-    device its length, the host nothing.
+    timed runs, so that the two compare (docs/GUIDE.md, "Timing", says why host launch gaps are
+    left out). Where the device has a spin kernel, the start event is queued behind a spin longer
+    than the host's issue of the region, so the events measure the device's own time for it
+    (`QUEUED_DEVICE_EVENTS`); if the host took longer than the spin, the device may have waited on
+    it inside the region (`DEVICE_EVENTS`). The spin costs the device its length, the host nothing.
     """
 
     def __init__(self, backend: DeviceBackend, head_start_us: float = DEFAULT_HEAD_START_US):

@@ -1,20 +1,15 @@
 """Building a replay engine that holds only what its recorded steps need: a "lean" engine
-(docs/GUIDE.md, "A lean engine", says what it leaves out and why).
-
-It is built from the same engine arguments, so it has the same capture tables, padding and
-dispatch for every recorded step; only less is built:
+(docs/GUIDE.md, "A lean engine", says what it leaves out and why). The same engine arguments give
+it the same capture tables, padding and dispatch; only less is built:
 
 * Graphs: just before the runner's `capture_model`, its table of graphs (V1's dispatcher keys,
-  V2's graph manager descriptors) is cut to the wanted (mode, size) pairs. A wanted step's
-  dispatch is unchanged (its key is kept, the keys checked before it failed to match in the full
-  engine too); a batch of another size runs without a graph.
-* Compile sizes: single-size compiles of sizes no wanted step runs at are dropped. Compile ranges
-  stay whole: a range merged with its neighbours would be compiled for other bounds (other code);
-  the profiling run at the largest batch needs the last range anyway.
-* The release's `lean_env`, `COMPILE_HERE_ENV` for steps that carry kernel choices (any engine,
-  lean or full), and Python's collector kept off every object that exists before the build
-  (`gc.freeze`: the build allocates millions of objects, each collection of which would walk the
-  imported modules again).
+  V2's graph manager descriptors) is cut to the wanted (mode, size) pairs: a wanted step's key is
+  kept, and the keys checked before it failed to match in the full engine too.
+* Compile sizes: single-size compiles no wanted step runs at are dropped; compile ranges stay
+  whole (the profiling run at the largest batch needs the last range anyway).
+* The release's `lean_env`, `COMPILE_HERE_ENV` for steps that carry kernel choices (any engine),
+  and `gc.freeze` of every object that exists before the build (which allocates millions of
+  objects: each collection would walk the imported modules again).
 
 What a build kept is remembered per engine (`build_of`), for the replay's report.
 """

@@ -1,13 +1,10 @@
 """vLLM 0.34: the newest series, derived from 0.32 (0.33, in between, is an alias of 0.32), read
-from the 0.34.0 sources. docs/RELEASES.md lists what differs in what tracekit touches, and what
-only a GPU run shows; each difference is handled where it lands: Model Runner V1 is removed
-(`adapters`, `require_buildable`), cascade attention too (`scheduler_output`), graphs are sized
-per prefill and decode (`refining_compilation_fields`, `keep_only_graphs`), the KV cache may be
-extensible (`kv_groups`), a request's grammar rows are a fixed block (`grammar_record`), the
-drafter's logits sit in a cache object (`draft_logits_by_slot`). Prompt ids come as a `TokenBuffer`
-(`serialize.to_plain` stores the ids), `NewRequestData.prefill_token_ids` is required (the base
-always passes it), and `CachedRequestData` has no `resumed_req_ids` and `all_token_ids`: a resumed
-request is sent whole, as a new one, so its records hold those fields empty.
+from the 0.34.0 sources. docs/RELEASES.md ("vLLM 0.34") lists what differs in what tracekit
+touches, and what only a GPU run shows; each difference is handled where it lands (`adapters`,
+`require_buildable`, `scheduler_output`, `refining_compilation_fields`, `keep_only_graphs`,
+`kv_groups`, `grammar_record`, `draft_logits_by_slot`) or in the base (`prefill_token_ids` always
+passed) and `serialize.to_plain` (a `TokenBuffer`'s ids stored). A resumed request comes whole, as
+a new one, so its records hold `resumed_req_ids` and `all_token_ids`, which 0.34 dropped, empty.
 """
 
 import dataclasses

@@ -1,20 +1,14 @@
-"""A digest of the KV a step wrote, per layer and per request, computed where the KV cache is.
+"""A digest of the KV a step wrote, per layer and per request, computed where the KV cache is:
+a window's later steps keep no KV blocks, and the digest says which of them wrote other KV, for
+which request and from which layer on (docs/GUIDE.md, "Windows"; docs/FORMAT.md, `KVWritten`,
+defines it).
 
-Why this exists: a window's later steps keep no KV blocks (a window would weigh as much as its
-steps' KV), so without it a replay checks only their outputs, and a step whose KV writes parted
-shows only when a later step reads them. A digest of each request's written KV per
-layer is a few bytes, and it tells at once which step wrote other KV, for which request and from
-which layer on.
-
-The slots a step writes are those of its input positions: row by row, the request's block at
-`position // block_size`, at `position % block_size` (as vLLM's slot mapping computes them);
-where a slot's entries lie in the cache tensor is the attention backend's (`slot_views`: a
-backend whose layout is not known gets no digest). Each written slot's bytes, read as 16-bit integers (bytes for a one-byte cache), are weighted
-by fixed pseudo-random weights and summed modulo a prime, and those sums are added up per
-request: two writes that differ anywhere give another digest but with odds of about 2^-31. The
-same function runs in the recording engine and in the replay, on the same positions and block
-ids: rows whose slot cannot be known (a position past the request's blocks) count for nothing
-on both sides, and nothing here can index outside the cache.
+The slots a step writes are those of its input positions, as vLLM's slot mapping computes them;
+where a slot's entries lie in the cache tensor is the attention backend's (`slot_views`: a backend
+whose layout is not known gets no digest). Two writes that differ anywhere give another digest but
+with odds of about 2^-31. The same function runs in the recording engine and in the replay, on the
+same positions and block ids: rows whose slot cannot be known (a position past the request's
+blocks) count for nothing on both sides, and nothing here can index outside the cache.
 """
 
 import functools
