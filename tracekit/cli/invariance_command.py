@@ -57,9 +57,8 @@ def _check(bundle, variants, step, model, allow_weights_mismatch, progress, verb
                                       allow_weights_mismatch=allow_weights_mismatch,
                                       on_variant=lambda outcome: _print_variant(outcome, stream))
         except TracekitError as error:  # refused: one line (printed by the caller), and its record
-            verdict = not_replayed(error.exit_code)
-            progress.finished({"bundle": bundle, **facts, "verdict": verdict.value, "exit_code": error.exit_code,
-                               "error": str(error)})
+            progress.finished({"bundle": bundle, **facts, "verdict": not_replayed(error.exit_code).value,
+                               "exit_code": error.exit_code, "error": str(error)})
             raise
         except Exception as error:  # inside vLLM, the device or tracekit: says nothing about the step
             crashed = crash_record({"started": bundle, **facts}, one_line(error))

@@ -83,16 +83,12 @@ def run_isolated(work: Callable[[Progress], int]) -> ChildOutcome:
             elif "finished" in message:
                 outcome.records.append(message["finished"])
                 outcome.died_on = None
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        outcome.exit_code = EXIT_REPLAY_FAILED
-        outcome.death = f"the replay process was killed by {signal.Signals(number).name}"
-    else:
-        code = os.WEXITSTATUS(status)
-        outcome.exit_code = code if code in EXIT_SEVERITY else EXIT_REPLAY_FAILED  # it lists every code
-        if code not in EXIT_SEVERITY:
-            outcome.death = f"the replay process exited with status {code}"
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # -N: killed by signal N
+    outcome.exit_code = code if code in EXIT_SEVERITY else EXIT_REPLAY_FAILED  # it lists every code
+    if code < 0:
+        outcome.death = f"the replay process was killed by {signal.Signals(-code).name}"
+    elif code not in EXIT_SEVERITY:
+        outcome.death = f"the replay process exited with status {code}"
     if outcome.died_on is not None and outcome.death is None:  # it left early, saying why on stderr
         outcome.death = f"the replay ended (exit {outcome.exit_code}) before this bundle's outcome"
         outcome.exit_code = EXIT_REPLAY_FAILED if outcome.exit_code == EXIT_OK else outcome.exit_code

@@ -106,15 +106,10 @@ def _claim_outputs(request, json_out, plot_path, force) -> None:
 
         require_matplotlib(plot_path)
     outputs = [("--json", json_out), ("--plot", plot_path), ("--save-layers", request.options.layers_out)]
-    claim_outputs(outputs + [("--profile", trace) for trace in _existing_traces(request)], request.bundles, force)
-
-
-def _existing_traces(request) -> list[Path]:
-    """The profile traces of an earlier replay of these bundles in the --profile folder."""
-    folder = request.profile_dir
-    if folder is None:
-        return []
-    return [trace for name in request.names.values() for trace in sorted(folder.glob(f"{name}.*.trace.json"))]
+    folder = request.profile_dir  # where an earlier replay of these bundles may have left their traces
+    traces = [] if folder is None else [trace for name in request.names.values()
+                                        for trace in sorted(folder.glob(f"{name}.*.trace.json"))]
+    claim_outputs(outputs + [("--profile", trace) for trace in traces], request.bundles, force)
 
 
 def _lora_paths(specs: tuple[str, ...]) -> dict[str, str]:

@@ -183,8 +183,7 @@ def _print_timing(console: Console, result: ReplayResult) -> None:
         return
     timing = table(console, "forward time", ["mode", "median", "min", "p90", "spread", "/ recorded", "output vs recorded"],
                    right=("median", "min", "p90", "spread", "/ recorded"))
-    recorded = result.recorded_timing.get("forward_us")
-    timing.add_row("recorded (engine)", _us(recorded), "", "", "", "", "")
+    timing.add_row("recorded (engine)", _us(result.recorded_timing.get("forward_us")), "", "", "", "", "")
     timing.add_row("replay, cold run", _us(result.replay_forward_us), "", "", "", "", "")
     for mode, report in timed.items():
         latency, versus = report["latency_us"], report.get("vs_recorded") or {}

@@ -24,9 +24,8 @@ def console_for(stream: TextIO | None = None):
     from rich.console import Console
 
     stream = stream or sys.stdout
-    if stream.isatty():
-        return Console(file=stream, highlight=False, soft_wrap=True)
-    return Console(file=stream, highlight=False, soft_wrap=True, width=UNWRAPPED_WIDTH, color_system=None)
+    plain = {} if stream.isatty() else {"width": UNWRAPPED_WIDTH, "color_system": None}
+    return Console(file=stream, highlight=False, soft_wrap=True, **plain)
 
 
 def table(console, title: str | None, columns: list[str], right: tuple[str, ...] = ()):
