@@ -1,10 +1,7 @@
-"""The device seam: everything the graph layer needs from a platform, named once per platform.
-
-Graph capture, graph pools, side streams and timing events have the same shape on CUDA
-(`torch.cuda`) and on Ascend NPUs (`torch.npu`, added by `torch_npu`), and do not exist on CPU.
-The rest of `tracekit.graphs` talks only to a `DeviceBackend`, so one-shot capture, the
-piecewise backend and timing are written once. On a machine without graphs the backend still
-exists, but every graph operation raises `CannotRunHere` with the reason: nothing is faked.
+"""The device seam: everything the graph layer needs from a platform, named once per platform
+(CUDA, Ascend NPUs through `torch_npu`), so that the rest of `tracekit.graphs` is written once. On
+a machine without graphs every graph operation raises `CannotRunHere` with the reason
+(docs/GRAPHS.md, "The device seam"): nothing is faked.
 """
 
 import contextlib
@@ -104,20 +101,12 @@ class DeviceBackend:
         """Within it, the garbage collection and cache emptying that a capture starts with are
         skipped: capturing dozens of pieces in a row would otherwise collect every time."""
         saved_collect, saved_empty = gc.collect, self.module.empty_cache
-        gc.collect = _skip_collect
-        self.module.empty_cache = _skip_empty_cache
+        gc.collect = lambda generation=2: 0
+        self.module.empty_cache = lambda: None
         try:
             yield
         finally:
             gc.collect, self.module.empty_cache = saved_collect, saved_empty
-
-
-def _skip_collect(generation: int = 2) -> int:
-    return 0
-
-
-def _skip_empty_cache() -> None:
-    return None
 
 
 def get_device_backend(device: str | torch.device) -> DeviceBackend:

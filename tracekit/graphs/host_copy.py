@@ -1,18 +1,14 @@
 """Copying device tensors to host, and reading a device-side flag, without stalling the engine's
-stream longer than the copy itself.
+stream longer than the copy itself (a plain `.to("cpu")` waits for the whole stream, then copies
+through pageable memory; docs/PERFORMANCE.md measures what a firing step costs).
 
-The recorder copies a firing step's KV blocks and outputs to host while the engine waits. On a
-CUDA device a plain `.to("cpu")` is a synchronous copy into pageable memory: the host waits for
-the whole stream, then for a staged copy. `HostCopy` instead gathers the rows on a side stream
-that starts behind the engine's stream, copies them into pinned host memory asynchronously, and
-makes the engine's stream wait for the copy (device-side, no host stall): the next step's
-kernels, which may reuse the blocks, run after it. The host waits only where the bytes are read
-(`wait()`, on the bundle writer's thread). On a device without streams (CPU) it copies at once.
-
-`DeviceFlag` is a boolean computed on the device (say, "every output is finite") whose value
-comes to host through the same pinned, non-blocking path: reading it when the stream has already
-passed it (after the engine synced the step's sampled ids) costs no sync. `context_lost` says
-whether a failure left the device context unusable: after one, nothing can be read back.
+`HostCopy` gathers the rows on a side stream that starts behind the engine's stream, copies them
+into pinned host memory asynchronously, and makes the engine's stream wait for the copy
+(device-side): the next step's kernels, which may reuse the blocks, run after it. The host waits
+only where the bytes are read (`wait()`, on the bundle writer's thread); without streams (CPU) it
+copies at once. `DeviceFlag` brings a device boolean ("every output is finite") to host the same
+way: read once the stream passed it, it costs no sync. `context_lost` says whether a failure left
+the device context unusable: after one, nothing can be read back.
 """
 
 from typing import Any, Callable

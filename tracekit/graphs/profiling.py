@@ -1,9 +1,6 @@
-"""A torch profiler trace of a timed forward, as a Chrome trace file (opens in Perfetto).
-
-The trace is taken over extra runs after the timed ones, never during them: the profiler's own
-cost per operator would otherwise land in the reported latencies. The runs traced are the very
-callable that was timed (an eager or compiled forward, a piecewise forward, a graph replay), so
-the trace shows what the numbers measured.
+"""A torch profiler trace of a timed forward, as a Chrome trace file (docs/GUIDE.md, `--profile`).
+The runs traced come after the timed ones, never among them (the profiler's cost per operator
+would land in the latencies), and are the very callable that was timed.
 """
 
 from collections.abc import Callable

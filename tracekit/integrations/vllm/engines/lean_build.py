@@ -122,7 +122,10 @@ def build(engine_args: dict[str, Any], runner_kind: str | None, needs: EngineNee
     the steps carry recorded kernel choices, so nothing compiled elsewhere is loaded."""
     started = time.perf_counter()
     release = installed_release()
-    capturers = _import_engine_modules(release)
+    # What building an engine imports, timed apart: vLLM's entry point (loaded lazily, on first
+    # use) and the model runners that capture graphs.
+    from vllm import LLM  # noqa: F401
+    capturers = classes_here(release.graph_capturers)
     imported = time.perf_counter() - started
     env = _set_engine_env(release.lean_env if needs is not None else {}, compile_here)
     if needs is None:
@@ -161,14 +164,6 @@ def _set_engine_env(lean_env: dict[str, str], compile_here: bool) -> dict[str, s
     if env:
         forget_cached_vllm_envs()
     return env
-
-
-def _import_engine_modules(release: Any) -> list[type]:
-    """Import what building an engine imports (vLLM's entry point and model runners); returns the
-    runner classes that capture graphs."""
-    from vllm import LLM  # noqa: F401 - vLLM loads its entry point lazily, on first use
-
-    return classes_here(release.graph_capturers)
 
 
 @contextmanager

@@ -40,14 +40,11 @@ FORM_ATTRIBUTES = ("skip_compiled", "cudagraph_runtime_mode", "batch_descriptor"
 
 
 class ForwardHandle:
-    """The step's model call, repeatable: `run()` restores the recorded state, then forwards.
-
-    Besides the form the engine dispatched (`compiled`), the call runs in the forms vLLM's own
-    dispatch offers for the same inputs: `eager` (no compiled code, no graph),
-    `compiled-no-graph` (the compiled code with vLLM's graph wrappers passing through) and
-    `vllm-piecewise` (vLLM's PIECEWISE graphs captured for the padded size, where it has them).
-    A FULL graph replayed as a whole (V2's `run_fullgraph`) has no model call to run otherwise.
-    """
+    """The step's model call, repeatable: `run()` restores the recorded state, then forwards, in
+    the form the engine dispatched (`compiled`) or in another that vLLM's dispatch offers for the
+    same inputs (`eager`, `compiled-no-graph`, `vllm-piecewise`: docs/GUIDE.md, "Dispatch and
+    modes"). A FULL graph replayed as a whole (V2's `run_fullgraph`) has no model call to run
+    otherwise."""
 
     def __init__(self, restore: Callable[[], None], call: Callable[[], Any], context: Any,
                  written_views: Callable[[], list[torch.Tensor]], device: torch.device,
@@ -172,7 +169,7 @@ def recompute_kv(adapter: Any, step: Step, loras: dict[str, Any]) -> None:
     from vllm import SamplingParams
 
     greedy = adapter.sampling_record(SamplingParams(temperature=0.0, max_tokens=1), "recompute.sampling_params")
-    budget = adapter.max_tokens_per_step
+    budget = int(adapter.runner.scheduler_config.max_num_batched_tokens)  # the most tokens a step may schedule
     for request in step.requests:
         tokens = tokens_to_recompute(request)
         for start in range(0, len(tokens), budget):

@@ -40,13 +40,10 @@ class Release(v0_26.Release):
 
     @classmethod
     def history_readers(cls, params: SamplingParamsRecord) -> list[str]:
-        """Also `watermarking` (from 0.30): V2's watermark sampler (`GPUWatermarkSampler`, built
-        where the engine has a `watermark_config`) samples a request with it on at a temperature
-        keyed by its last `context_width` output tokens, and skips contexts repeated among its
-        earlier ones (`deduplicate_contexts`; the prompt too with "all"). No one value is neutral:
-        from 0.32 the frontend resolves it per request (True only where the engine watermarks the
-        request; False, or None unresolved, otherwise), while 0.30-0.31 leave every request at
-        True whatever the engine, so theirs count wherever they sample at a temperature (the
-        engine's `watermark_config` is recorded without its key, which a bundle never holds)."""
+        """Also `watermarking` (from 0.30) at a temperature: V2's `GPUWatermarkSampler` keys a
+        watermarked request's draws by its last `context_width` output tokens (docs/GUIDE.md,
+        "Redact"). No one value is neutral: from 0.32 the frontend resolves it per request (True
+        only where the engine watermarks the request), while 0.30-0.31 leave every request at
+        True whatever the engine, so theirs count wherever they sample at a temperature."""
         watermarked = params.extras.get("watermarking") is True and params.temperature != 0
         return [*super().history_readers(params), *(["watermarking"] if watermarked else [])]

@@ -1,11 +1,8 @@
 """The LoRA adapters of a recorded step: which sat in which slot, their files, and putting them back.
 
-A LoRA engine holds up to `max_loras` adapters in slots on the device (vLLM's LoRA manager,
-`runner.lora_manager`), and what a step computes depends on the slots, not only on the requests'
-own adapters (docs/GUIDE.md, "LoRA", says how). So a bundle records every resident adapter with
-its slot (`Step.lora_adapters`), read on the writer thread, never in the engine's step, and a
-replay puts each back into the same slot before the step runs. Only `adapter_config.json` and
-`*.safetensors` are ever kept: loading them never executes anything (a `.bin` is a pickle).
+What a step computes depends on the adapters in the engine's LoRA slots (`runner.lora_manager`),
+not only on its requests' own: docs/GUIDE.md ("LoRA") says why, and which files are kept (never a
+pickle, which loading would execute).
 """
 
 import json

@@ -322,11 +322,6 @@ class RunnerAdapter:
     def kv_groups(self) -> list[runner_state.KVGroup]:
         return self.release.kv_groups(self.runner)
 
-    @property
-    def max_tokens_per_step(self) -> int:
-        """The most tokens one step of this engine may schedule (`max_num_batched_tokens`)."""
-        return int(self.runner.scheduler_config.max_num_batched_tokens)
-
     def num_scheduled_tokens(self, scheduler_output: Any) -> int:
         return int(scheduler_output.total_num_scheduled_tokens)
 
