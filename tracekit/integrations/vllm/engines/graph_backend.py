@@ -1,11 +1,8 @@
-"""The one place where tracekit's piecewise graph backend is plugged into vLLM (docs/GRAPHS.md,
-"Plugging the piecewise backend into vLLM", gives the code paths, read on 0.32.0 and 0.34.0).
-
-vLLM takes a custom `torch.compile` backend, by qualified name, in compilation mode 2
-(DYNAMO_TRACE_ONCE: traced once with the token dimension dynamic and no guards, what a per-size
-backend needs). vLLM's own CUDA graphs are switched off so that tracekit's backend alone
-captures, from the recorded table, which travels to the engine's processes in an environment
-variable. vLLM is imported lazily.
+"""The one place where tracekit's piecewise graph backend is plugged into vLLM: by qualified name,
+in compilation mode 2 (DYNAMO_TRACE_ONCE), with vLLM's own CUDA graphs off so that tracekit's
+backend alone captures (docs/GRAPHS.md, "Plugging the piecewise backend into vLLM", gives the code
+paths, read on 0.32.0 and 0.34.0). The recorded table travels to the engine's processes in an
+environment variable. vLLM is imported lazily.
 """
 
 import json

@@ -145,12 +145,10 @@ def build(engine_args: dict[str, Any], runner_kind: str | None, needs: EngineNee
     return llm
 
 
-# vLLM's compile cache is keyed by the engine's configuration, not by Inductor's lookup table
-# (Inductor's own cache is: the table is part of its config): an artifact compiled by another
-# process (an earlier replay of another recording of the same engine) carries that process's
-# kernel choices. On an H100 (vLLM 0.26, float32) the replay of a second recording that loaded
-# the first recording's replay's artifact parted at 12 of its 15 steps, from layer 1's KV on;
-# replays that compiled their own code under their recorded choices have all been bit-exact.
+# vLLM's compile cache is keyed by the engine's configuration, not by Inductor's lookup table: an
+# artifact another process compiled carries its kernel choices. On an H100 (vLLM 0.26, float32) a
+# replay that loaded another recording's replay's artifact parted at 12 of its 15 steps; replays
+# that compiled their own code under their recorded choices have all been bit-exact.
 COMPILE_HERE_ENV = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
 
 

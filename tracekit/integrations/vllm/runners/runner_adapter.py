@@ -1,10 +1,9 @@
 """The base of every model-runner adapter: what record and replay do alike on any runner.
 
-vLLM's two model runners (V1 and Model Runner V2) keep the same step in different places. Record
-and replay never touch a runner themselves; they hold its adapter. This base holds everything the
-two share (the shadows of `step_shadows`, reading the engine's settings, KV caches and device),
-and a subclass per runner kind (`v1_runner.V1Adapter`, `v2_runner.V2Adapter`) says only where its
-runner keeps things; a vLLM release (`releases/`) picks the subclasses that fit it.
+Record and replay never touch a runner themselves; they hold its adapter. This base holds what
+vLLM's two model runners share (the shadows of `step_shadows`, reading the engine's settings, KV
+caches and device); a subclass per runner kind (`v1_runner`, `v2_runner`) says only where its
+runner keeps things, and a release (`releases/`) picks the subclasses that fit it.
 
 Recording: `observe(observer)` shadows the runner's methods for one armed session and reports
 the step's progress to a `StepObserver`. Replay: `observe(observer, model_call=...)` with the
