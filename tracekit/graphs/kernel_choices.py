@@ -469,12 +469,9 @@ def _compare_copies(wanted: KernelChoice, choice: KernelChoice, outcome: dict[st
 
 
 def _several(wanted: KernelChoice, choice: KernelChoice) -> str:
-    return f"{choice.kernel}: {_all(choice)} here, {_all(wanted)} recorded"
-
-
-def _all(choice: KernelChoice) -> str:
-    """A kernel's configurations: the one the lookup table gives, then its other copies'."""
-    return " and ".join(_short(config) for config in [choice.config, *choice.other_configs])
+    """A kernel's configurations here and recorded: the one the lookup table gives, then its other copies'."""
+    here, recorded = (" and ".join(map(_short, [each.config, *each.other_configs])) for each in (choice, wanted))
+    return f"{choice.kernel}: {here} here, {recorded} recorded"
 
 
 def _short(config: dict[str, int]) -> str:

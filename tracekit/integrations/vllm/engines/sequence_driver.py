@@ -1,13 +1,10 @@
-"""Driving a bundle's recorded steps through a rebuilt runner, as the engine drove them.
+"""Driving a bundle's recorded steps (N >= 1) through a rebuilt runner, as the engine drove them
+(docs/GUIDE.md, "Windows", says what a replay puts back between steps, and what for).
 
-A bundle is a sequence of N >= 1 steps (a single step is N = 1). The first step is rebuilt
-(`StepDriver`) and its requests are kept, so that the later steps' recorded scheduler outputs
-apply as they did in the engine and the runner carries its own state from step to step (its
-persistent batch, the sampled ids it keeps on the device under async scheduling, drafts, Model
-Runner V2's request slots); a later step gets back only the padding rows of its inputs and, for
-the requests it adds, what the runner keeps per request. The runner calls follow the recorded
-order (`StepWindow.calls`). A step in `rebuild` (`replay --from K`) is rebuilt instead, on the KV
-cache the steps before left (docs/GUIDE.md, "Windows", says what for). A step that raises ends the
+The first step is rebuilt (`StepDriver`) and its requests kept, so that the later steps' recorded
+scheduler outputs apply as they did in the engine and the runner carries its own state; the
+runner calls follow the recorded order (`StepWindow.calls`). A step in `rebuild` (`replay --from
+K`) is rebuilt instead, on the KV cache the steps before left. A step that raises ends the
 sequence there; afterwards every request is finished in the runner, which is left able to serve.
 """
 
