@@ -114,15 +114,12 @@ def time_callable(
     warmup_s: float = 1.0,
     before: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    """Time `iters * samples` calls of `fn` after warming up for about `warmup_s` seconds.
-
-    Each call starts from an idle device and is timed by a `RegionTimer`, as the recorder times
-    the model call in the engine, with a head start twice the longest host issue the warm-up
-    saw; on CPU by the host clock. `before` (restoring the state the forward mutates, say) runs
-    ahead of every call, outside the timing. The summary's `timer` is the one most calls got;
-    `runs_with_host_gaps` counts the calls whose host issue outlasted their head start,
-    `host_issue_us` is the median host issue time.
-    """
+    """Time `iters * samples` calls of `fn` after warming up for about `warmup_s` seconds, each
+    from an idle device by a `RegionTimer` with a head start twice the longest host issue the
+    warm-up saw (on CPU by the host clock). `before` (restoring the state the forward mutates,
+    say) runs ahead of every call, outside the timing. The summary's `timer` is the one most calls
+    got; `runs_with_host_gaps` counts the calls whose host issue outlasted their head start,
+    `host_issue_us` is the median host issue time."""
     host_us = []
 
     def timed_once(head_start_us: float) -> RegionTime:

@@ -1,12 +1,11 @@
 """Per-layer outputs of one forward of a vLLM model, through forward hooks on its modules.
 
-When a replay is not bit-exact, the step-level items say *that* it parted; the outputs of every
-decoder layer and of each layer's sub-modules (norms, attention, MLP) say *where*. The hooks
-find the decoder layers as the model's first `nn.ModuleList` of same-typed modules (how vLLM
-builds every decoder-only model), and watch each layer, its direct children, and the layers'
-siblings (embedding, final norm). Outputs are copied to host in the order the forward runs them;
-a module that returns a tuple (vLLM's fused add-norm returns `(normed, residual)`) gives one
-entry per tensor, `name[0]`, `name[1]`.
+They say where a replay parts (docs/GUIDE.md, "Which layer parts"). The hooks find the decoder
+layers as the model's first `nn.ModuleList` of same-typed modules (how vLLM builds every
+decoder-only model), and watch each layer, its direct children, and the layers' siblings
+(embedding, final norm). Outputs are copied to host in the order the forward runs them; a module
+that returns a tuple (vLLM's fused add-norm returns `(normed, residual)`) gives one entry per
+tensor, `name[0]`, `name[1]`.
 
 Hooks see modules only where the model runs eagerly: inside a `torch.compile`d forward they do
 not fire, so callers run the forward eagerly (`ForwardHandle.forward("eager")`, or an engine

@@ -205,11 +205,10 @@ def attention_summary(metadata: Any) -> dict[str, Any] | None:
     return summary
 
 
-# FlashAttention 3's scheduler metadata: per-request vectors (splits, blocks, batch order, heads
-# in L2), each padded to a multiple of 4 requests, then the tile counter. The kernel that fills it
-# writes only the live requests' entries; the padding keeps whatever the allocator's block held
-# before, so two runs of the same step (a lean and a full engine) differ there. Only the live
-# entries are digested; the tensor that holds each one's request count is named here.
+# FlashAttention 3's scheduler metadata: per-request vectors, each padded to a multiple of 4
+# requests, then the tile counter. Its kernel writes only the live requests' entries; the padding
+# keeps what the allocator's block held before (a lean and a full engine differ there). Only the
+# live entries are digested, by the request count of the tensor named here.
 _PADDED_PER_REQUEST = {"scheduler_metadata": "seq_lens", "prefix_scheduler_metadata": "prefix_kv_lens"}
 LIVE_DIGEST = "live:"  # marks a digest of the live entries alone
 

@@ -9,11 +9,9 @@ NumPy's global RNG when unseeded: sampling depends only on seed, position and to
 block tables. Its `SamplingParams` are not kept, so the adapter remembers them from
 `scheduled_new_reqs`.
 
-A slot outlives its request: the next request added there finds what the last one left in the
-buffers `add_request` does not write (`SLOT_STATE_LEFT_BEHIND`). So the recorder keeps the entry
-a step's drafter reads (`runner_state["last_sampled"]`, where the engine drafts), the replay puts
-it back, and a replay engine puts those buffers back as it held them before its first replay
-(`start_afresh`): an earlier bundle's requests leave nothing to a later one's.
+A slot outlives its request (`SLOT_STATE_LEFT_BEHIND`): the recorder keeps the entry a step's
+drafter reads (`runner_state["last_sampled"]`), the replay puts it back, and `start_afresh` leaves
+a later bundle's requests nothing of an earlier one's.
 
 The step's inputs are built into persistent buffers; `model_state.prepare_inputs(input_batch,
 ...)` is called with them on every path just before the model runs. The model call is
