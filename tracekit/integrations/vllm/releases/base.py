@@ -120,10 +120,8 @@ class Release:
     refining_compilation_fields: ClassVar[dict[str, str]] = {}
     # What the scheduler output orders the drafter to do after the step (the field -> its type).
     drafter_orders: ClassVar[dict[str, type]] = {"num_spec_tokens_to_schedule": int}
-    # What sampling reads of a request's `SamplingParams` (`records/step_records` edits a step's
-    # records by it; docs/GUIDE.md, redact, says what each reads and which are read as values).
-    # The fields (and their neutral values) that make sampling read earlier token ids
-    # (`history_readers`):
+    # The `SamplingParams` fields (and their neutral values) that make sampling read earlier token
+    # ids (`history_readers`; docs/GUIDE.md, Redact, says what each reads):
     history_reading_params: ClassVar[dict[str, Any]] = {
         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "bad_words": [],
         "_bad_words_token_ids": None, "thinking_token_budget": None,

@@ -243,10 +243,9 @@ class V1Adapter(RunnerAdapter):
 
     def scheduler_output_for(self, step: Step, held: list[RequestState] = (),
                              loras: dict[str, Any] | None = None) -> Any:
-        """The step's requests, all new; `held` (requests the runner holds outside the batch) go
-        straight into the runner's request objects: V1 adds every new request of a scheduler
-        output to its persistent batch, so the scheduler output cannot carry a request it does
-        not schedule. `loras`: the LoRARequest of each adapter the requests name."""
+        """`held` go straight into the runner's request objects: V1 adds every new request of a
+        scheduler output to its persistent batch, so the scheduler output cannot carry a request
+        it does not schedule."""
         for request in held:
             self.runner.requests[request.req_id] = self._request_object(request, loras or {})
         return self.release.new_requests_output(step, loras=loras)
