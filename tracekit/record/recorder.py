@@ -60,6 +60,16 @@ def _engine_boundary(method: Callable) -> Callable:
     return guarded
 
 
+def _to_capture(event: str) -> Callable:
+    """A `StepObserver` event handed as it is to the step's capture, `guarded`."""
+
+    def hand(self: "Recorder", *args: Any) -> None:
+        getattr(_capture_of(self._pending), event)(*args)
+
+    hand.__name__ = hand.__qualname__ = event
+    return _engine_boundary(hand)
+
+
 class Recorder:
     """Records the steps its triggers pick from the runner it is armed on."""
 
@@ -266,31 +276,19 @@ class Recorder:
         named = self._watch.named(self.adapter.scheduled_req_ids(scheduler_output))
         return self.adapter.request_progress(scheduler_output, named) if named else []
 
-    @_engine_boundary
-    def after_forward(self, hidden_states: Any) -> None:
-        _capture_of(self._pending).after_forward(hidden_states)
+    # the events the step's capture alone takes
+    after_forward = _to_capture("after_forward")
+    drafter_called = _to_capture("drafter_called")
+    drafts_proposed = _to_capture("drafts_proposed")
+    grammar_received = _to_capture("grammar_received")
+    grammar_applied = _to_capture("grammar_applied")
+    sampling = _to_capture("sampling")
 
     @_engine_boundary
     def logits_computed(self, logits: Any) -> None:
         if self._pending is not None:
             self._pending.phase = Phase.SAMPLING
         _capture_of(self._pending).logits_computed(logits)
-
-    @_engine_boundary
-    def drafter_called(self, inputs: dict[str, Any], output: Any) -> None:
-        _capture_of(self._pending).drafter_called(inputs, output)
-
-    @_engine_boundary
-    def drafts_proposed(self, read: Callable[[], Any]) -> None:
-        _capture_of(self._pending).drafts_proposed(read)
-
-    @_engine_boundary
-    def grammar_received(self, read: Callable[[], Any]) -> None:
-        _capture_of(self._pending).grammar_received(read)
-
-    @_engine_boundary
-    def grammar_applied(self, logits: Any) -> None:
-        _capture_of(self._pending).grammar_applied(logits)
 
     @_engine_boundary
     def phase_entered(self, phase: Phase) -> None:
@@ -304,10 +302,6 @@ class Recorder:
         bundle, self._open = self._open, None
         if bundle is not None:
             bundle.stop_taking()
-
-    @_engine_boundary
-    def sampling(self) -> None:
-        _capture_of(self._pending).sampling()
 
     def output_receiver(self) -> OutputReceiver:
         pending, self._pending = self._pending, None
