@@ -150,24 +150,21 @@ class Recorder:
         try:
             if self.adapter is None:
                 raise self._adapter_error
+            # A bundle the writer could not write, or its death (it logged why), stops the recorder at once,
+            # between two of the engine's calls into it (on the writer's thread, or the engine's for a failed step).
             self._persister = BackgroundPersister(self.adapter.environment(), self.adapter.engine_config(),
-                                                  on_failure=self._writing_failed)
+                                                  on_failure=lambda reason: self._stop_observing())
             self.backend = self.adapter.device_backend
             self._sampled = None if self.adapter.sampled_ids_kept() else SampledIds()
             shadows = self.adapter.observe(self)
             shadows.__enter__()
             self._shadows = shadows
-            self._say_what_cannot_be_replayed()
+            if kinds := self.adapter.kinds_not_replayable():  # said once, at arming
+                logger.warning("tracekit: steps with %s can be recorded but not yet replayed by this tracekit "
+                               "(their replay ends with the verdict cannot_replay_yet, exit 5)", " or ".join(kinds))
         except Exception as error:
             self._give_up(f"cannot arm on this runner: {type(error).__name__}: {error}")
         return self
-
-    def _say_what_cannot_be_replayed(self) -> None:
-        """Once, at arming: the steps of this engine that can be recorded but not replayed yet."""
-        kinds = self.adapter.kinds_not_replayable()
-        if kinds:
-            logger.warning("tracekit: steps with %s can be recorded but not yet replayed by this tracekit "
-                           "(their replay ends with the verdict cannot_replay_yet, exit 5)", " or ".join(kinds))
 
     def disarm(self, wait: bool = True) -> None:
         """Stop recording; the bundles already taken are written, and waited for unless `wait`
@@ -221,12 +218,6 @@ class Recorder:
             self._context_lost_seen = True
             logger.warning("tracekit: the device context is lost (%s in %s); waiting for the step's failure to "
                            "keep it", one_line(error), name)
-
-    def _writing_failed(self, reason: str) -> None:
-        """The writer could not write a bundle, or died (on its thread, or the engine's for a
-        failed step's bundle; it logged and keeps `reason`): stop now, between two of the
-        engine's calls into the recorder."""
-        self._stop_observing()
 
     # -- StepObserver: the adapter calls these from inside the engine's step -------------------
 
@@ -387,7 +378,11 @@ class Recorder:
         copies = list(copies)
 
         def ready() -> None:  # on the writer thread, unless now
-            _copies_landed(step, copies)
+            for copy in copies:
+                copy.wait()
+            held = [copy.device_us for copy in copies if copy.device_us is not None]  # on the device's side stream
+            if held:
+                step.timing.device_copy_us = sum(held)
             self._adapter_files.complete(step)
 
         self._persister.submit(*self._destination(self._completed(step)), ready=ready, now=now)
@@ -446,15 +441,6 @@ class Recorder:
             for rank in range(self.rank.world_size)
         ] if self.rank.multi_rank else []
         return path, step, dataclasses.replace(self.rank, parts=parts)
-
-
-def _copies_landed(step: Step, copies: list[HostCopy]) -> None:
-    """Wait for the step's copies to host; note how long they held the device's side stream."""
-    for copy in copies:
-        copy.wait()
-    held = [copy.device_us for copy in copies if copy.device_us is not None]
-    if held:
-        step.timing.device_copy_us = sum(held)
 
 
 def _capture_of(pending: PendingStep | None) -> StepCapture:
