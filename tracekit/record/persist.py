@@ -38,7 +38,10 @@ class OutputTemplate:
     def __init__(self, template: str | Path, world_size: int = 1):
         self.template = str(template)
         if world_size > 1 and RANK_PLACEHOLDER not in self.template:
-            self.template = _with_rank(self.template)
+            folder, name = os.path.split(self.template)
+            stem, dot, suffixes = name.partition(".")
+            ranked = f"{stem}.rank{RANK_PLACEHOLDER}{dot}{suffixes}" if dot else f"{name}.rank{RANK_PLACEHOLDER}"
+            self.template = os.path.join(folder, ranked)
         parent = require_parent(self.path_for(0), f"bundles to {self.template}")
         probe = parent / f".tracekit-write-probe-{threading.get_ident()}"
         try:
@@ -68,13 +71,6 @@ class OutputTemplate:
             more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
             raise UsageError(f"-o {self.template}: {existing[0]} exists ({describe_existing(Path(existing[0]))}){more}: "
                              "name another output, or pass --force to write over them")
-
-
-def _with_rank(template: str) -> str:
-    folder, name = os.path.split(template)
-    stem, dot, suffixes = name.partition(".")
-    ranked = f"{stem}.rank{RANK_PLACEHOLDER}{dot}{suffixes}" if dot else f"{name}.rank{RANK_PLACEHOLDER}"
-    return os.path.join(folder, ranked)
 
 
 class BackgroundPersister:
@@ -135,7 +131,9 @@ class BackgroundPersister:
                 self._failed(f"the writer thread died: {type(error).__name__}: {error}")
                 return
             finally:
-                self._done_one()
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
 
     def _landed(self, step: Step, ready: Callable[[], Any] | None) -> bool:
         """Whether the step's copies landed (`ready()` returned). A device context lost before
@@ -153,11 +151,6 @@ class BackgroundPersister:
             logger.error("tracekit: %s", message)
             self.failures.append(message)
             return False
-
-    def _done_one(self) -> None:
-        with self._idle:
-            self._pending -= 1
-            self._idle.notify_all()
 
     def _write(self, path: Path, step: Step, parallel: ParallelRank | None) -> None:
         try:
