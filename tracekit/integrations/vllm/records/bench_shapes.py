@@ -105,7 +105,7 @@ def render_yaml(cases: Sequence[ShapeCase], engines: Sequence[str]) -> str:
     ]
     for case in cases:
         lines += [f"  # {_comment(case.source)}", f"  - name: {json.dumps(case.name)}", "    requests:"]
-        lines += ["      - {" + ", ".join(f"{key}: {_yaml_scalar(value)}" for key, value in entry.items()) + "}"
+        lines += ["      - {" + ", ".join(f"{key}: {json.dumps(value)}" for key, value in entry.items()) + "}"
                   for entry in case.requests]
     return "\n".join(lines) + "\n"
 
@@ -123,10 +123,6 @@ def render(cases: Sequence[ShapeCase], engines: Sequence[str], output: str) -> s
     """YAML for a .yaml/.yml (or `-`) output, JSON otherwise — as vLLM reads them."""
     yaml = output == "-" or output.endswith(YAML_SUFFIXES)
     return render_yaml(cases, engines) if yaml else render_json(cases, engines)
-
-
-def _yaml_scalar(value: Any) -> str:
-    return "true" if value is True else "false" if value is False else str(int(value))
 
 
 def _comment(text: str) -> str:
