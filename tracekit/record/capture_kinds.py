@@ -448,10 +448,8 @@ class MarkedStep(StepCapture):
         self.grammar = read
 
     def receiver(self) -> Receiver:
-        """Whether the outputs were finite. Read now when the device has passed the check (it
-        has when the runner synced the sampled ids: V1 without async scheduling, and always on
-        CPU); else the check is read with the sampled ids, and the step's inputs and outputs are
-        kept on the device until then."""
+        """Whether the outputs were finite: read now where the device has passed the check, else
+        with the sampled ids, the step's inputs and outputs kept on the device until then."""
         recorder = self.recorder
         if self.finite is None or recorder.exhausted:
             return ignore

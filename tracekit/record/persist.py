@@ -1,9 +1,6 @@
-"""Writing recorded steps to bundle files, off the engine's critical path.
-
-The engine thread hands over steps already copied to host; a single background thread encodes
-and compresses them into a bundle. A failure here — disk full, a value that cannot be stored, a
-bug — is logged once and leaves nothing at the target path (the bundle writer's temporary file
-is removed); it never reaches the engine.
+"""Writing recorded steps, already copied to host, to bundle files on one background thread, off
+the engine's critical path. A failure here is logged once, leaves nothing at the target path and
+never reaches the engine (docs/GUIDE.md, "When recording fails").
 """
 
 import dataclasses

@@ -1,13 +1,8 @@
-"""Copying one engine step to host memory, on the engine's critical path.
-
-This is the only part of recording the engine waits for: tensors are copied to host (through a
-`HostCopy`: on a GPU, pinned memory on a side stream) and vLLM objects walked into plain data;
-compression and disk writes happen later on a background thread. A step is captured from its
-`StepMark`: for a step trigger just before the model call, after vLLM applied the step's
-scheduler output (zeroed fresh blocks), so the KV blocks saved are exactly what the forward
-reads; for an event trigger later in the same step, once it failed or its outputs proved not
-finite (`KVTaken.AFTER_STEP`). Everything read off the engine is read through the runner's
-adapter.
+"""Copying one engine step to host memory: the only part of recording the engine waits for (its
+cost: docs/GUIDE.md, "Recording"). A step is captured from its `StepMark`: for a step trigger just
+before the model call, after vLLM applied the step's scheduler output (zeroed fresh blocks), so the
+KV blocks saved are exactly what the forward reads; for an event trigger later in the same step
+(`KVTaken.AFTER_STEP`). Everything read off the engine is read through the runner's adapter.
 """
 
 import dataclasses

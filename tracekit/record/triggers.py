@@ -8,9 +8,6 @@ Predicates are a tiny language, parsed here and never evaluated as Python (its n
 `tracekit.integrations.vllm.records.request_ids` derives them):
 
     clause ("and" clause)*      clause = NAME | NAME OP VALUE      OP = == != >= <= > <
-
-A request trigger costs one dictionary look-up per scheduled request and step (each engine id is
-matched once); the batch and the request's progress are read only for a step the request is in.
 """
 
 import operator

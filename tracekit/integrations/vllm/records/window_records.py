@@ -1,13 +1,8 @@
-"""The request states of a window's later steps, derived from what its bundle holds.
-
-A window (`Step.window`) records its first step whole and each later step as the scheduler
-output the runner received, the runner's per-request state and the outputs — no request states.
-Where a reader needs those (a later step's checks, `--from K`, a shrink that makes a later step
-the first), they follow from the first step's requests (and those held outside its batch) by the
+"""The request states of a window's later steps (which it records without them: docs/GUIDE.md,
+"Windows"), derived from the first step's requests and those held outside its batch by the
 runner's own bookkeeping (V1's `GPUModelRunner._update_states`, V2's `finish_requests`,
-`add_requests` and `update_requests`), replayed here on the recorded scheduler outputs, step after
-step (`RequestLedger`). A step that schedules a request the window does not hold by then is a bad
-bundle.
+`add_requests` and `update_requests`), replayed on the recorded scheduler outputs step after step
+(`RequestLedger`). A step that schedules a request the window does not hold by then is a bad bundle.
 """
 
 import copy
