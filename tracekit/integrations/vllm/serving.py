@@ -83,10 +83,8 @@ class LiveControlEndpoint:
             return True
         scheme, _, token = (authorization or "").partition(" ")
         given = hashlib.sha256(token.encode()).digest()
-        matched = False
-        for key in self._keys:
-            matched |= secrets.compare_digest(given, key)
-        return scheme.lower() == "bearer" and matched
+        matched = [secrets.compare_digest(given, key) for key in self._keys]  # every key, in constant time
+        return scheme.lower() == "bearer" and any(matched)
 
     def _route(self, op: str) -> Callable:
         from fastapi import Request

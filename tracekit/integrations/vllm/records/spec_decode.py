@@ -1,9 +1,7 @@
 """What a step of a speculatively decoding engine holds, read alike on both model runners: the
 drafts from the input ids the forward reads, where every runner puts them (docs/GUIDE.md,
-"Speculative decoding"). Under async scheduling the runner's host counts are also optimistic
-while the forward runs (it assumes every draft of the previous step was accepted and corrects
-itself on the device), so a request's computed tokens are read from the positions the forward
-reads.
+"Speculative decoding"), and a request's computed tokens from the positions it reads
+(`align_to_positions`).
 """
 
 from typing import Any, Callable
@@ -71,7 +69,8 @@ def first_positions(requests: list[RequestState], positions: torch.Tensor | None
 
 def align_to_positions(requests: list[RequestState], positions: torch.Tensor | None) -> None:
     """Where a request's first position in the forward is not the computed-token count the runner
-    holds (async scheduling's optimistic count), take the position: such a request decodes, and
+    holds (under async scheduling the count assumes every draft of the previous step was accepted,
+    corrected on the device while the forward runs), take the position: such a request decodes, and
     keeps exactly the outputs before that position and the one there (its last sampled token, the
     forward's first input), `-1` where the runner held none. (A bundle's positions are not trusted:
     a position that would add more placeholders than the step has input rows is no correction.)"""
