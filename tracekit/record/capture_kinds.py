@@ -286,7 +286,8 @@ class BundleStep(StepCapture):
 
     def grammar_applied(self, logits: Any) -> None:
         if self.step is not None:
-            self._copy(lambda copy: step_capture.capture_output(self.step, "grammar_bitmask", applied_mask(logits), copy))
+            self._copy(lambda copy: step_capture.capture_output(
+                self.step, "grammar_bitmask", applied_mask(logits), copy))
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
         if self.step is not None and self.bundle.speculative:
@@ -308,8 +309,7 @@ class BundleStep(StepCapture):
 
 class CopiedStep(BundleStep):
     """The step a step trigger fired for, the first of its bundle: copied whole just before its
-    forward (its request states, inputs and the KV blocks it reads; in mode `read` also those the
-    requests the runner holds outside the batch computed, as a later step may read them)."""
+    forward (`step_capture.capture`, with the requests the runner holds outside the batch)."""
 
     def __init__(self, recorder: Recording, pending: PendingStep, mark: StepMark, first_of_its_size: bool):
         adapter, steps = recorder.adapter, recorder.settings.window

@@ -57,12 +57,8 @@ def capture(
     """The marked step as a `Step`: its requests walked into plain data, its inputs and the KV
     blocks `kv_mode` names copied to host through `copy`. `held`: requests the runner holds
     outside the batch (the first of a bundle's several steps): in mode `read` the blocks they
-    computed are saved too, as a later step may read them.
-
-    `copy` None: the device context can no longer be read (`capture_kinds.kept_from_host`), and
-    the step is kept from host memory alone: its requests and their token ids, the RNG states the
-    mark copied (host tensors, a CUDA generator's too), no KV blocks (`--kv recompute`) and no
-    inputs (`_inputs`)."""
+    computed are saved too, as a later step may read them. `copy` None: the device context is lost
+    (`capture_kinds.kept_from_host`): no KV blocks and no inputs, the RNG states the mark copied."""
     started = time.perf_counter()
     if copy is None:
         kv_mode = KVMode.RECOMPUTE.value
@@ -108,12 +104,9 @@ def capture(
 
 def capture_carried(adapter: RunnerAdapter, mark: StepMark, index: int, scheduler_output: SchedulerOutputRecord,
                     copy: HostCopy, known: list[set[int]]) -> CarriedStep:
-    """A later step of a bundle, just before its forward: its scheduler output (recorded as the
-    runner received it, before it touched it), the batch order, what only the runner kind keeps
-    per request, the inputs, the dispatch and the RNG states: no request states, and no KV blocks
-    (the runner carried them from the step before) but those its new and resumed requests found
-    computed in the prefix cache that the bundle neither saved nor wrote before (`known`, per KV
-    cache group: the blocks saved here are added)."""
+    """A later step of a bundle, just before its forward, as docs/GUIDE.md ("Windows") lists what it
+    holds; its KV blocks are those its new and resumed requests found in the prefix cache that the
+    bundle neither saved nor wrote before (`known`, per KV cache group: the blocks saved here are added)."""
     started = time.perf_counter()
     found = [sorted(blocks - seen) for blocks, seen in zip(adapter.blocks_found_cached(mark.scheduler_output), known)]
     kv = None
