@@ -1,9 +1,6 @@
-"""Live control of the recorders in a running server: arm, change the trigger, status, disarm.
-
-The operator enables it at start by naming the folder bundles may go to (`TRACEKIT_SERVE_DIR`;
-`tracekit.record.settings` checks every request against it); what each request does:
-docs/GUIDE.md, "Live control of a running server". Each worker process of the engine (one per
-rank) keeps one recorder on its model runner, armed at start by the plugin or live.
+"""Live control of the recorders in a running server: arm, change the trigger, status, disarm
+(docs/GUIDE.md, "Live control of a running server"; `tracekit.record.settings` checks every request).
+Each worker process of the engine (one per rank) keeps one recorder on its model runner.
 
 The server side is split where the layers split: `tracekit.integrations.vllm.serving` carries
 requests from vLLM's API server to every worker (routes, API key, `collective_rpc`), and this

@@ -1,9 +1,7 @@
-"""The ids a client of vLLM's OpenAI server sees, matched to the ids its engine gives requests.
-
-A client knows its request by the `id` of the response, or by the `X-Request-Id` header it sent
-(or the body's `request_id`), which the server takes as the response id's base. The engine core
-and the model runner know it by an internal id vLLM derives from that (the same in every supported
-series: `Release.client_request_matcher`):
+"""The ids a client of vLLM's OpenAI server sees, matched exactly to the ids its engine gives
+requests (docs/GUIDE.md, "Request triggers"). A client knows its request by the response's `id`,
+or by the `X-Request-Id` header (or the body's `request_id`) the server takes as its base; the
+engine derives its own id from that (in every supported series: `Release.client_request_matcher`):
 
     /v1/completions        response id  cmpl-<base>          per prompt i: cmpl-<base>-<i>
     /v1/chat/completions   response id  chatcmpl-<base>      several inputs: chatcmpl-<base>_<i>
@@ -11,11 +9,9 @@ series: `Release.client_request_matcher`):
                            VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set
     parallel sampling (n > 1) names each child `<k>_` + the parent's internal id
 
-So the match is exact, not a prefix: `cmpl-abc` matches `cmpl-abc-0-1a2b3c4d`, never
-`cmpl-abc-def-0-1a2b3c4d` (the request whose client saw `cmpl-abc-def`). A bare id (a header's
-value) matches the requests of either endpoint with that base; an id that starts with an
-endpoint's prefix is also taken as a header's value (a client may send `X-Request-Id: cmpl-x`,
-whose response id is `cmpl-cmpl-x`).
+A bare id (a header's value) matches the requests of either endpoint with that base; an id that
+starts with an endpoint's prefix is also taken as a header's value (a client may send
+`X-Request-Id: cmpl-x`, whose response id is `cmpl-cmpl-x`).
 """
 
 import re
