@@ -1,7 +1,6 @@
-"""The token ids the engine sampled for each request, kept by the recorder where the runner does
-not: V1 under async scheduling holds them as placeholders (-1), and a `--kv recompute` replay
-prefills them (docs/GUIDE.md, "Always-on"). The recorder reads every step's output as the engine
-reads it, so it keeps them for the requests it saw start (it knows their outputs whole).
+"""The token ids the engine sampled for each request, kept by the recorder from every step's
+output where the runner holds placeholders, for a `--kv recompute` replay to prefill (docs/GUIDE.md,
+"Always-on"): for the requests it saw start, whose outputs it knows whole.
 """
 
 from collections.abc import Container, Iterable, Sequence
