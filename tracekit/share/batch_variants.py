@@ -112,11 +112,7 @@ def _with_requests(step: Step, requests: list[RequestState]) -> Step:
     recorded_ids = {request.req_id for request in step.requests}
     pairs = [(step.request(request.req_id) if request.req_id in recorded_ids else request, request)
              for request in requests]
-    ids, positions = [], []
-    for request in requests:
-        request_ids, request_positions = _tokens(request)
-        ids.extend(request_ids)
-        positions.extend(request_positions)
+    ids, positions = ([value for request in requests for value in _tokens(request)[part]] for part in (0, 1))
     return step_running(step, pairs, _like(torch.tensor(ids), step.input_ids), _like(torch.tensor(positions), step.positions))
 
 

@@ -4,6 +4,7 @@ requests, which no replay of the recorded batch shows. The variants (built by `b
 and what is compared: docs/GUIDE.md#batch-invariance.
 """
 
+import itertools
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,11 +117,8 @@ def sampling_reproducible(request: RequestState) -> str | None:
 
 
 def token_thresholds(step: Step, compile_range_ends: list[int], max_tokens: int) -> dict[str, Any]:
-    """The token counts past which the engine may run the step with other kernels: its graph
-    capture sizes, Inductor compile sizes and compile range ends, and the multiples of TOKEN_TILE
-    (docs/GUIDE.md#batch-invariance). The filler targets are one token past each at or above the
-    step's count that the engine can schedule, else the most it schedules per step.
-    """
+    """The token counts past which the engine may run the step with other kernels, and the
+    filler targets (which: docs/GUIDE.md#batch-invariance, `fillers:N`)."""
     graph = step.graph
     tokens = step.num_real_rows
     sources = {
@@ -204,10 +202,8 @@ def logits_rows(observed: ObservedStep, step: Step) -> dict[str, slice]:
     sampling = {req_id: count for req_id, count in every.items() if step.request(req_id).samples}
     for counts in (every, sampling):
         if rows == sum(counts.values()):
-            slices, start = {}, 0
-            for req_id, count in counts.items():
-                slices[req_id], start = slice(start, start + count), start + count
-            return slices
+            starts = itertools.accumulate(counts.values(), initial=0)
+            return {req_id: slice(start, start + count) for (req_id, count), start in zip(counts.items(), starts)}
     raise CannotRunHere(f"the replay produced {rows} logits row(s) for {len(observed.batch_order)} request(s)")
 
 
@@ -308,7 +304,7 @@ def _check_variants(bundle: str | Path, kinds: tuple[str, ...], content: Any, re
                     on_variant: Callable[[Variant], None] | None) -> InvarianceReport:
     """The baseline and every variant of `kinds`, run by `replayer`; the first broken variant's layer."""
     args = content.engine.engine_args
-    adapter = replayer.adapter()
+    adapter = replayer.engine().adapter
     max_tokens = int(args.get("max_num_batched_tokens") or recorded.num_real_rows)
     thresholds = token_thresholds(recorded, adapter.compile_range_ends if adapter.compiled else [], max_tokens)
     cached = {req_id: tokens for req_id, tokens in prefix_cache_hits(recorded.scheduler_output).items()

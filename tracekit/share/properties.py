@@ -41,9 +41,6 @@ def _described(error: BaseException) -> str:
 class StepProperty:
     """What `--until` names: refused up front where the bundle cannot have it, judged per candidate."""
 
-    def __init__(self, text: str):
-        self.text = text
-
     def check_bundle(self, step: Step) -> None:
         """Refuse (exit 2) a property this bundle cannot have, before any engine starts."""
 
@@ -127,9 +124,7 @@ class Diverges(StepProperty):
     """A window's steps part from the recording at the same step and item as the bundle's own
     replay (before `aim`: anywhere)."""
 
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.target: str | None = None  # where the bundle's own replay parts (`step S/item`), once `aim` saw it
+    target: str | None = None  # where the bundle's own replay parts (`step S/item`), once `aim` saw it
 
     def decide(self, result: Any) -> PropertyOutcome:
         found = result.first_divergence
@@ -140,10 +135,8 @@ class Diverges(StepProperty):
         return int(self.target.split("/", 1)[0].removeprefix("step ")), self.target
 
     def requests_kept(self, first: Step) -> str | None:
-        """Requests are cut only where the steps part first in what the runner fed the model, which
-        depends on the requests' tokens and the schedule alone: a smaller batch may round otherwise
-        and sample otherwise (V1 draws unseeded requests from one generator), which shows as a
-        sampled id parting, in the same step or an earlier one, never as the item they part at."""
+        """Requests are cut only where the steps part first in what the runner fed the model (why:
+        docs/GUIDE.md#windows-bugs-that-live-between-steps, "Shrinking")."""
         if self.target.split("/", 1)[1] not in FED_ITEMS:
             return (f"the window parts first at {self.target}, which a smaller batch may change by itself "
                     "(float rounding, random draws): its requests are kept")
@@ -154,12 +147,11 @@ class ModesDiffer(StepProperty):
     """The forward as the engine runs it (compiled, or its graph) and the eager one differ in
     their hidden states by more than the tolerance (relative RMS; 0: any bit)."""
 
-    def __init__(self, text: str, tolerance: float):
-        super().__init__(text)
+    def __init__(self, tolerance: float):
         self.tolerance = tolerance
 
     def evaluate(self, step: Step, replayer: EngineReplayer) -> PropertyOutcome:
-        if replayer.adapter().reference_mode == "eager" and step.graph.runtime_mode == "NONE":
+        if replayer.engine().adapter.reference_mode == "eager" and step.graph.runtime_mode == "NONE":
             raise UsageError(
                 "--until modes-differ compares the engine's compiled (or graph) forward with the eager one, "
                 "but this engine runs eagerly: record the step with compilation on"
@@ -188,8 +180,7 @@ class ModesDiffer(StepProperty):
 class Command(StepProperty):
     """The command exits 0 on the cut bundle (no engine needed here)."""
 
-    def __init__(self, text: str, command: str):
-        super().__init__(text)
+    def __init__(self, command: str):
         if not command.strip():
             raise UsageError("--until command:CMD needs a command after 'command:'")
         self.command = command
@@ -204,21 +195,21 @@ class Command(StepProperty):
 def parse_property(text: str, tolerance: float = 0.0, several: bool = False) -> StepProperty:
     """The property `--until` names, for a single step or for several (`several`)."""
     if text.startswith("command:"):
-        return Command(text, text.removeprefix("command:"))
+        return Command(text.removeprefix("command:"))
     if text == "raises":
-        return Raises(text)
+        return Raises()
     if text == "nonfinite":
-        return NonFinite(text)
+        return NonFinite()
     if text == "diverges":
         if not several:
             raise UsageError("--until diverges is a window's (record --window N): a cut single step holds no "
                              "recorded outputs to part from; choose raises, nonfinite, modes-differ or command:CMD")
-        return Diverges(text)
+        return Diverges()
     if text == "modes-differ":
         if several:
             raise UsageError("--until modes-differ runs one step's forward twice (compiled and eager), which a "
                              "window's replay does only for its first step: record the step alone (no --window)")
         if tolerance < 0:
             raise UsageError("--tolerance must be at least 0")
-        return ModesDiffer(text, tolerance)
+        return ModesDiffer(tolerance)
     raise UsageError(f"unknown --until {text!r}: choose one of {', '.join(PROPERTY_NAMES)}")

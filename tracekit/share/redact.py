@@ -141,41 +141,31 @@ def _renamed_strings(value: Any, mapping: dict[str, str]) -> Any:
     return value
 
 
-def _renamed_output(output: SchedulerOutputRecord, mapping: dict[str, str]) -> SchedulerOutputRecord:
-    """A scheduler output with every id renamed, wherever it is (vLLM's fields tracekit does not read too)."""
-    return SchedulerOutputRecord.from_plain(_renamed_strings(output.to_plain(), mapping))
-
-
 def _renamed(step: Step | CarriedStep, where: str, scheduler_output: SchedulerOutputRecord, plan: RedactionPlan,
              record: RedactionRecord, **more: Any) -> Any:
     """A step (the first or a later one, `where` in the bundle) with `scheduler_output`, every
-    request id renamed by the plan, and the fields this tracekit does not know dropped."""
+    request id renamed by the plan (in the scheduler output wherever it is, vLLM's fields tracekit
+    does not read too), and the fields this tracekit does not know dropped."""
     record.unknown_fields_removed.extend(f"{where}.{name}" for name in sorted(step.extras))
     error = step.error and {key: plan.renamed_in_text(value) if isinstance(value, str) else value
                             for key, value in step.error.items()}
     grammar = step.grammar and dataclasses.replace(
         step.grammar, request_ids=[plan.mapping.get(req_id, req_id) for req_id in step.grammar.request_ids], extras={})
-    return dataclasses.replace(step, scheduler_output=_renamed_output(scheduler_output, plan.mapping),
+    renamed_output = SchedulerOutputRecord.from_plain(_renamed_strings(scheduler_output.to_plain(), plan.mapping))
+    return dataclasses.replace(step, scheduler_output=renamed_output,
                                batch_order=[plan.mapping.get(req_id, req_id) for req_id in step.batch_order],
                                error=error, grammar=grammar, extras={}, **more)
 
 
-def _require_states_of_the_batch(step: Step) -> None:
-    """One request state per request of the batch, and none besides: what redact renames and
-    blanks, request by request (a replay refuses a bundle without them too)."""
-    if sorted(step.batch_order) != sorted(request.req_id for request in step.requests):
-        raise BundleError(f"bundle content: step {step.index}'s request states and batch order name different "
-                          "requests: redact rewrites them request by request")
-
-
 def redact_steps(first: Step, content: BundleContent) -> tuple[Step, RedactionRecord]:
-    """A bundle's steps redacted as one (`first` and those after it): the first step, the requests
-    its runner held, and each later step's scheduler output (new requests' prompts, resumed
-    requests' token ids, sampling parameters), batch order, runner states and grammar, every
-    request renamed alike."""
+    """A bundle's steps redacted as one (`first` and those after it; what of each:
+    docs/GUIDE.md#redact, "A window")."""
     from tracekit.integrations.vllm.replay_engine import expand_window
 
-    _require_states_of_the_batch(first)
+    # one request state per request of the batch, and none besides (a replay refuses a bundle without them too)
+    if sorted(first.batch_order) != sorted(request.req_id for request in first.requests):
+        raise BundleError(f"bundle content: step {first.index}'s request states and batch order name different "
+                          "requests: redact rewrites them request by request")
     plan = plan_for([each.step for each in expand_window(first, content)], first.held_requests)
     record = RedactionRecord(request_ids_renamed=len(plan.names), other_ids_renamed=len(plan.other_names))
     pairs = [(request, _redact_request(request, plan, record)) for request in first.requests]

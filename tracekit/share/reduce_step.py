@@ -1,12 +1,7 @@
 """A recorded step cut down to fewer requests and shorter prefill chunks, still consistent:
-`tracekit shrink` tries many such cuts, and `tracekit invariance` runs the step in other batches.
-
-A cut keeps, for each request it keeps, the first `n` of its scheduled tokens (a chunk can only
-end earlier: its start is fixed by the KV cache already computed; a drafted request's drafts come
-last). The rest follows from that choice (`step_running`); what the forward produced for the
-whole batch is not known for the cut one and is dropped. Several steps (`cut_steps`,
-`steps_between`) are cut by whole requests, each step keeping its sampled ids of the kept
-requests, which the steps after it read.
+`tracekit shrink` tries many such cuts (what a cut keeps: docs/GUIDE.md#shrink), and `tracekit
+invariance` runs the step in other batches. The rest of a step follows from the requests it keeps
+(`step_running`); what the forward produced for the whole batch is dropped.
 """
 
 import dataclasses
@@ -18,7 +13,6 @@ from tracekit.errors import UsageError
 from tracekit.format.schema import (
     CarriedStep,
     GrammarRecord,
-    KVGroupSnapshot,
     KVMode,
     KVSnapshot,
     RequestState,
@@ -134,16 +128,8 @@ def reduced_kv(kv: KVSnapshot, requests: list[RequestState]) -> KVSnapshot:
         before = {
             layer: tensor.index_select(group.layout.block_dim, rows) for layer, tensor in group.before.items()
         } if saved else {}
-        groups.append(KVGroupSnapshot(
-            layer_names=group.layer_names,
-            layout=group.layout,
-            read_block_ids=read,
-            written_block_ids=written,
-            saved_block_ids=saved,
-            before=before,
-            after={},
-            extras=dict(group.extras),
-        ))
+        groups.append(dataclasses.replace(group, read_block_ids=read, written_block_ids=written, saved_block_ids=saved,
+                                          before=before, after={}, extras=dict(group.extras)))
     return dataclasses.replace(kv, groups=groups, extras=dict(kv.extras))
 
 

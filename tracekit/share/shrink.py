@@ -83,9 +83,8 @@ class _Search:
 
     def fewest_steps(self, bundle_replay: Any) -> dict[str, Any]:
         """Go on with the steps from the latest K that keeps the property, rebuilt there, to the
-        step S it is about (`bundle_replay`: the bundle's own); the derivation's fields on them.
-        K holds where the steps before it replay bit-exact, so that the KV cache at K is the
-        recording's as far as any check sees, and its blocks are copied from the replay engine's."""
+        step S it is about (`bundle_replay`: the bundle's own;
+        docs/GUIDE.md#windows-bugs-that-live-between-steps, "Shrinking"); the derivation's fields."""
         before = [each.index for each in self.steps]
         last, target = self.prop.aim(bundle_replay)
         start, kv_read = before[0], None

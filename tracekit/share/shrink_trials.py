@@ -129,9 +129,6 @@ class EngineReplayer:
         if self.adapters is not None:
             self.adapters.close()
 
-    def adapter(self) -> Any:
-        return self.engine().adapter
-
     def run(self, step: Step, on_forward: Any) -> Any:
         """The step replayed (an `ObservedStep`); raises what its forward raises."""
         engine = self.engine()

@@ -124,12 +124,9 @@ def _step_summary(step) -> dict[str, Any]:
             "runtime_mode": step.graph.runtime_mode, "num_tokens": step.graph.num_tokens,
             "num_tokens_padded": step.graph.num_tokens_padded, "capture_sizes": step.graph.capture_sizes,
         },
-        "kv": {
-            "mode": step.kv.mode,
-            "blocks_read": sum(len(group.read_block_ids) for group in step.kv.groups),
-            "blocks_written": sum(len(group.written_block_ids) for group in step.kv.groups),
-            "blocks_saved": sum(len(group.saved_block_ids) for group in step.kv.groups),
-        },
+        "kv": {"mode": step.kv.mode, **{f"blocks_{which}": sum(len(getattr(group, f"{which}_block_ids"))
+                                                               for group in step.kv.groups)
+                                        for which in ("read", "written", "saved")}},
         "timing_us": {"forward": step.timing.forward_us, "step": step.timing.step_us},
         "outputs_finite": step.outputs.finite if step.outputs is not None else None,
         "error": {key: step.error.get(key) for key in ("type", "message", "phase")} if step.error is not None else None,
