@@ -394,11 +394,9 @@ def _print_suite_notes(console: Console, outcome: SuiteOutcome) -> None:
     if outcome.not_run:
         console.print(f"[bold red]stopped at the first failure[/bold red]: {len(outcome.not_run)} bundle(s) not run "
                       "(--keep-going runs them all)")
-    failed = sum(record.exit_code != EXIT_OK for record in outcome.records)
-    if failed:
-        console.print(f"[bold red]{failed} of {len(outcome.records)} bundle(s) failed[/bold red] (exit {outcome.exit_code})")
-    else:
-        console.print(f"[bold green]all {len(outcome.records)} bundle(s) reproduced[/bold green]")
+    failed, ran = sum(record.exit_code != EXIT_OK for record in outcome.records), len(outcome.records)
+    console.print(f"[bold red]{failed} of {ran} bundle(s) failed[/bold red] (exit {outcome.exit_code})" if failed
+                  else f"[bold green]all {ran} bundle(s) reproduced[/bold green]")
 
 
 def _print_rank_set(console: Console, result: RankSetReplayResult, needs: str | None) -> None:
