@@ -99,10 +99,8 @@ def _recording(content: BundleContent) -> dict[str, Any]:
     draft = content.engine.draft_model
     if draft is not None:
         recording["draft_model"] = {"path": draft.path, "architecture": draft.architecture}
-    recording["created_at"] = content.created_at
-    recording["derivations"] = content.derivations
-    recording["redacted"] = any(entry.get("kind") == "redact" for entry in content.derivations)
-    return recording
+    return {**recording, "created_at": content.created_at, "derivations": content.derivations,
+            "redacted": any(entry.get("kind") == "redact" for entry in content.derivations)}
 
 
 def _step_summary(step) -> dict[str, Any]:
