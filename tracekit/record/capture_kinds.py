@@ -151,29 +151,6 @@ class StepCapture:
 NOTHING = StepCapture(None, None)  # the capture of a step nothing records: every event ignored
 
 
-class ForwardTimer:
-    """The model call of a copied step, timed from now as `StepTiming` records it: on the
-    device's own clock where it has one, its process CPU time beside."""
-
-    def __init__(self, recorder: Recording):
-        self.recorder = recorder
-        self.cpu_started = time.process_time()
-        self.timer: RegionTimer | None = RegionTimer(recorder.backend, recorder.head_start_us)
-
-    def stop(self, timing: Any) -> bool:
-        """Note the forward's times in `timing`; False if already stopped (a step's later model
-        calls are not its forward)."""
-        if self.timer is None:
-            return False
-        timer, self.timer = self.timer, None
-        measured = timer.stop()
-        timing.forward_us, timing.forward_timer = measured.us, measured.timer
-        timing.forward_cpu_us = (time.process_time() - self.cpu_started) * 1e6
-        # The next recorded forward's head start covers twice this one's host issue.
-        self.recorder.head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
-        return True
-
-
 class OpenBundle:
     """The bundle a firing step trigger opens: that step and the next N-1 as they come (`record
     --window N`; docs/GUIDE.md, "Windows"), with the order of the runner calls and, where later
@@ -212,11 +189,6 @@ class OpenBundle:
             self.digested_layers = digested_layers(adapter.kv_groups(), adapter.model)
             self.known = [set(group.saved_block_ids) | set(group.written_block_ids) for group in first.kv.groups]
         return self.ledger
-
-    @property
-    def speculative(self) -> bool:
-        """Whether its steps keep the drafter's proposals (else the engine decodes one token a step)."""
-        return self.steps[0].step.spec_decode is not None
 
     def take(self, pending: PendingStep) -> "CarriedStepCapture":
         """The next step of the bundle has started."""
@@ -259,12 +231,25 @@ class BundleStep(StepCapture):
         self.bundle = bundle
         bundle.steps.append(self)
         self.step: Step | CarriedStep | None = None  # from the forward on
-        self.forward_timer: ForwardTimer | None = None
+        self.timer: RegionTimer | None = None  # the forward's, from `_time_forward` until it returned
+        self.cpu_started = 0.0
         self.finished = False  # its output is in
 
+    def _time_forward(self) -> None:
+        """Time the model call from now as `StepTiming` records it: on the device's own clock where
+        it has one, its process CPU time beside."""
+        self.cpu_started = time.process_time()
+        self.timer = RegionTimer(self.recorder.backend, self.recorder.head_start_us)
+
     def after_forward(self, output: Any) -> None:
-        if self.forward_timer is None or not self.forward_timer.stop(self.step.timing):  # a later model call
+        timer, self.timer = self.timer, None
+        if timer is None:  # a later model call of the step is not its forward
             return
+        measured, timing = timer.stop(), self.step.timing
+        timing.forward_us, timing.forward_timer = measured.us, measured.timer
+        timing.forward_cpu_us = (time.process_time() - self.cpu_started) * 1e6
+        # The next recorded forward's head start covers twice this one's host issue.
+        self.recorder.head_start_us = min(max(2 * measured.host_us, DEFAULT_HEAD_START_US), MAX_HEAD_START_US)
         # copied before the next forward writes the blocks (async outputs are read later)
         self._copy(lambda copy: self._forward_returned(output, copy))
         self.pending.phase = Phase.LOGITS
@@ -290,7 +275,7 @@ class BundleStep(StepCapture):
                 self.step, "grammar_bitmask", applied_mask(logits), copy))
 
     def drafts_proposed(self, read: Callable[[], Any]) -> None:
-        if self.step is not None and self.bundle.speculative:
+        if self.step is not None and self.bundle.steps[0].step.spec_decode is not None:  # the engine drafts
             self._copy(lambda copy: step_capture.capture_proposals(self.step, read(), copy))
 
     def receiver(self) -> Receiver:
@@ -321,7 +306,7 @@ class CopiedStep(BundleStep):
                                                                  recorder.settings.kv, copy, held=held))
         self.step.timing.first_of_its_size = first_of_its_size
         self.layers = LayerCapture(adapter.model).__enter__() if recorder.settings.layers else None
-        self.forward_timer = ForwardTimer(recorder)
+        self._time_forward()
 
     def _forward_returned(self, output: Any, copy: HostCopy) -> None:
         layers = self._stop_layers()
@@ -385,7 +370,7 @@ class CarriedStepCapture(BundleStep):
         for known, written in zip(bundle.known, self.written):
             known.update(written)
         self.step.timing.host_copy_us += self.recorded_us
-        self.forward_timer = ForwardTimer(recorder)
+        self._time_forward()
 
     def _forward_returned(self, output: Any, copy: HostCopy) -> None:
         """Also a digest of the KV the forward wrote, per layer and request (`kv_digest`):
