@@ -369,6 +369,11 @@ class KVLayout(SchemaRecord):
             raise BundleError(f"bundle content: {where}.block_dim {self.block_dim} is no dimension of shape {self.shape}")
 
 
+def blocks_covering(tokens: int, block_size: int) -> int:
+    """How many KV blocks of `block_size` slots the first `tokens` tokens of a request fill."""
+    return -(-tokens // block_size)
+
+
 @dataclass
 class KVGroupSnapshot(SchemaRecord):
     """One KV cache group: its layers, the blocks saved, and those blocks' contents."""

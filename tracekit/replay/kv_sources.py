@@ -11,7 +11,7 @@ parts "in itself".
 
 from dataclasses import dataclass
 
-from tracekit.format.schema import RequestState, Step
+from tracekit.format.schema import RequestState, Step, blocks_covering
 from tracekit.replay.checks import KV_DIGEST_ITEM
 from tracekit.replay.result import ReplayResult
 
@@ -104,7 +104,7 @@ def _sources(step: Step, request: RequestState, writers: dict[tuple[int, int], s
     """The window steps whose writes `request` reads in `step` (its tokens before this step's)."""
     read: set[Writer] = set()
     for group_index, block_size in enumerate(_block_sizes(step)):
-        for block in _group_blocks(request, group_index)[: -(-request.num_computed_tokens // block_size)]:
+        for block in _group_blocks(request, group_index)[: blocks_covering(request.num_computed_tokens, block_size)]:
             read |= writers.get((group_index, block), set())
     parted_writers = {index for index, req_id in read if parted.get(index) is None or req_id in parted[index]}
     return KVSource(sorted({index for index, _ in read}), sorted(parted_writers))
@@ -119,7 +119,7 @@ def _written(step: Step, writers: dict[tuple[int, int], set[Writer]]) -> None:
             start = request.num_computed_tokens
             end = start + request.num_scheduled_tokens
             ids = _group_blocks(request, group_index)
-            for number in range(start // block_size, min(-(-end // block_size), len(ids))):
+            for number in range(start // block_size, min(blocks_covering(end, block_size), len(ids))):
                 key = (group_index, ids[number])
                 writer = (step.index, request.req_id)
                 if start <= number * block_size:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tracekit.errors import UsageError
-from tracekit.format.schema import RequestState, Step
+from tracekit.format.schema import RequestState, Step, blocks_covering
 from tracekit.integrations.vllm.records.step_records import filler_sampling
 from tracekit.share.reduce_step import reduce_step, step_running
 
@@ -64,7 +64,7 @@ def with_fillers(step: Step, extra_tokens: int, max_requests: int, max_model_len
         length = min(per_filler, extra_tokens - index * per_filler)
         block_ids = []
         for group_index, group in enumerate(step.kv.groups):
-            needed = -(-length // group.layout.block_size)
+            needed = blocks_covering(length, group.layout.block_size)
             if len(free[group_index]) < needed:
                 raise UsageError(f"the KV cache has too few free blocks for {extra_tokens} filler token(s)")
             block_ids.append(free[group_index][:needed])

@@ -29,6 +29,7 @@ from tracekit.format.schema import (
     SchedulerOutputRecord,
     SpecDecodeRecord,
     Step,
+    blocks_covering,
 )
 from tracekit.graphs.device import DeviceBackend, get_device_backend
 from tracekit.integrations.seam import BatchFacts, ModelCall, RequestProgress, RunnerKind, StepObserver
@@ -333,7 +334,7 @@ class RunnerAdapter:
 
         def add(block_ids: Any, computed: int) -> None:
             for ids, size, blocks in zip(block_ids, sizes, found):
-                blocks.update(ids[: -(-computed // size)])
+                blocks.update(ids[: blocks_covering(computed, size)])
 
         for request in scheduler_output.scheduled_new_reqs:
             if request.num_computed_tokens:

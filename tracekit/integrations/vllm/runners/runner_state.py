@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tracekit.format.schema import GraphDispatch, KVLayout, RequestState
+from tracekit.format.schema import GraphDispatch, KVLayout, RequestState, blocks_covering
 from tracekit.graphs.device import get_device_backend
 from tracekit.graphs.host_copy import HostCopy
 from tracekit.integrations.vllm.records.serialize import to_plain
@@ -168,9 +168,9 @@ def blocks_read_and_written(
     for request in requests:
         ids = request.block_ids[group_index]
         end = request.num_computed_tokens + request.num_scheduled_tokens
-        read.update(ids[: -(-end // block_size)])
+        read.update(ids[: blocks_covering(end, block_size)])
         first_written = request.num_computed_tokens // block_size
-        written.update(ids[first_written : -(-end // block_size)])
+        written.update(ids[first_written : blocks_covering(end, block_size)])
     return sorted(read), sorted(written)
 
 
