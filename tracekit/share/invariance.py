@@ -86,12 +86,20 @@ class InvarianceReport:
     def to_plain(self) -> dict[str, Any]:
         broken = self.first_broken
         return {
+            "bundle": self.bundle,
+            "step": self.step,
             "verdict": "invariant" if self.invariant else "not_invariant",
             "invariant": self.invariant,
             "exit_code": self.exit_code,
+            "runner": self.runner,
+            "engine_mode": self.engine_mode,
             "first_broken_variant": broken.name if broken else None,
-            **vars(self),
+            "first_layer": self.first_layer,
+            "sampling": self.sampling,
+            "thresholds": self.thresholds,
+            "baseline_reproduces_recording": self.baseline_reproduces_recording,
             "variants": [outcome.to_plain() for outcome in self.variants],
+            "notes": self.notes,
         }
 
 
